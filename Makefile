@@ -1,0 +1,31 @@
+# `make test` and `make bench` set everything up from nothing: venv, torch, the package.
+PYTHON     ?= python3
+VENV       ?= .venv
+# The CPU build of torch: a bare `torch` would pull a multi-GB CUDA build. Override for a GPU box,
+# e.g. `make bench TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"`.
+TORCH_SPEC ?= torch==2.13.0
+CONFIG     ?= quick
+BIN        := $(VENV)/bin
+STAMP      := $(VENV)/.attnbench-installed
+
+.PHONY: setup test bench benchmark clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests --benchmark-disable
+
+bench: $(STAMP)
+	$(BIN)/attnbench run $(CONFIG)
+
+benchmark: $(STAMP)
+	$(BIN)/python -m pytest tests/benchmarks --benchmark-only --benchmark-autosave
+
+clean:
+	rm -rf $(VENV) .pytest_cache .benchmarks

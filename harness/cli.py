@@ -1,0 +1,118 @@
+"""The `attnbench` command: list variants, run a sweep."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from attnbench.config import ConfigError, load_config
+from attnbench.registry import registry
+
+EPILOG = """examples:
+  attnbench list
+  attnbench run quick                             # the CPU preset, under 90 s
+  attnbench run default --variants full,full-math --seq-lens 512,1024
+  attnbench run configs/default.toml --causal both --mode fwd,fwd+bwd --out results
+"""
+
+
+def _csv(kind: type) -> Any:
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(item) for item in text.split(",") if item.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}, got {text!r}") from None
+    return parse
+
+
+def _causal(text: str) -> list[bool]:
+    choices = {"true": [True], "false": [False], "both": [False, True]}
+    if text.lower() not in choices:
+        raise argparse.ArgumentTypeError(f"expected true, false or both, got {text!r}")
+    return choices[text.lower()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnbench",
+        description="Time, peak memory and error of efficient attention variants versus exact softmax attention.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    commands.add_parser("list", help="every variant: family, exactness, capabilities, package; broken plugins")
+
+    run = commands.add_parser("run", help="run a sweep and print a summary table", epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("config", nargs="?", default="quick",
+                     help="a preset in configs/ (quick, default) or a TOML file (default: quick)")
+    run.add_argument("--variants", type=_csv(str), help="comma-separated variant names (keeps the config's grids)")
+    run.add_argument("--seq-lens", type=_csv(int), help="comma-separated sequence lengths, e.g. 1024,4096")
+    run.add_argument("--device", type=_csv(str), help="cpu, cuda or cuda:N (comma-separated for several)")
+    run.add_argument("--dtype", type=_csv(str), help="float32, float16, bfloat16 or float64")
+    run.add_argument("--causal", type=_causal, help="true, false or both")
+    run.add_argument("--mode", type=_csv(str), help="fwd, fwd+bwd, or both comma-separated")
+    run.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
+    run.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def command_list() -> int:
+    entries = registry.load_all()
+    working = [e for e in entries if e.variant_class is not None]
+    broken = [e for e in entries if e.error is not None]
+    print(f"{'name':<16} {'family':<10} {'exact':<6} {'causal':<7} {'padding':<8} {'Nq!=Nk':<7} {'backward':<9} {'devices':<10} package")
+    for entry in working:
+        cls = entry.variant_class
+        caps = cls.supports
+        flags = [caps.causal, caps.key_padding_mask, caps.cross_attention, caps.backward]
+        marks = ["yes" if f else "no" for f in flags]
+        print(f"{entry.name:<16} {cls.family:<10} {'yes' if cls.exact else 'no':<6} {marks[0]:<7} {marks[1]:<8} "
+              f"{marks[2]:<7} {marks[3]:<9} {','.join(caps.devices):<10} {entry.package}")
+        for key, spec in cls.hyperparameters.items():
+            print(f"{'':<18}{key} = {spec.default!r}: {spec.doc}")
+    if broken:
+        print("\nbroken plugins (every other variant still works):")
+        for entry in broken:
+            print(f"  {entry.name} ({entry.package}): {entry.error}")
+    return 0
+
+
+def command_run(args: argparse.Namespace) -> int:
+    from attnbench.summary import write_summary
+    from attnbench.sweep import run_sweep
+
+    overrides = {key: value for key, value in {
+        "variants": args.variants, "seq_lens": args.seq_lens, "device": args.device, "dtype": args.dtype,
+        "causal": args.causal, "mode": args.mode, "seeds": args.seeds,
+    }.items() if value is not None}
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return 2
+    cells = config.cells()
+    print(f"attnbench: {len(cells)} cells from '{config.name}' ({len(config.variants)} variant settings × "
+          f"N in {sorted(config.seq_lens)}), results under {args.out}/", file=sys.stderr)
+    started = time.perf_counter()
+    run_dir = run_sweep(config, args.out, progress=not args.no_progress)
+    print(write_summary(run_dir))
+    print(f"attnbench: {len(cells)} cells in {time.perf_counter() - started:.0f} s -> {run_dir}/ "
+          "(results.csv, meta.json, summary.md)", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "list":
+        return command_list()
+    return command_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

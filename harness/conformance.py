@@ -1,0 +1,218 @@
+"""Conformance checks every variant must pass: the interface's promises, tested on small inputs.
+
+Used by the registry-wide test in tests/ and by the sweep's per-run exactness self-check.
+b - batch, h - heads, n - sequence, d - head dim, e - value dim
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from attnbench.interface import AttentionVariant, UnsupportedOptionError
+from attnbench.memory import peak_memory
+from attnbench.reference import dense_masked_attention
+
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: str
+    status: str  # "pass" | "fail" | "skip"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """Where and how the checks run: the variant's factory (same seed each call), a device and a dtype."""
+
+    make: Callable[[], AttentionVariant]
+    device: torch.device
+    dtype: torch.dtype
+
+    def tensors(self, *shapes: tuple[int, ...], seed: int = 0) -> list[Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        return [torch.randn(shape, generator=generator).to(self.device, self.dtype) for shape in shapes]
+
+    @property
+    def atol(self) -> float:
+        return TOLERANCE[self.dtype]
+
+
+def _max_diff(a: Tensor, b: Tensor) -> float:
+    return (a.to(torch.float64) - b.to(torch.float64)).abs().max().item()
+
+
+def _refuses(call: Callable[[], object]) -> bool:
+    try:
+        call()
+    except UnsupportedOptionError:
+        return True
+    return False
+
+
+def padding_for(batch: int, n: int, device: torch.device) -> Tensor:
+    """Key padding that differs per batch element: element b has (b + 1) * n // 4 padded keys at the end."""
+    lengths = torch.tensor([n - (index + 1) * n // 4 for index in range(batch)], device=device)
+    return torch.arange(n, device=device)[None, :] >= lengths[:, None]
+
+
+def exactness_error(variant: AttentionVariant, *, n: int, causal: bool, padded: bool,
+                    device: torch.device, dtype: torch.dtype, seed: int = 0) -> float:
+    """Max abs difference between an exact variant and the dense masked reference of its own pattern."""
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, n, 16, generator=generator).to(device, dtype) for _ in range(3))
+    mask = padding_for(2, n, device) if padded else None
+    pattern = variant.support_mask(n, n, causal)
+    if pattern is None:
+        raise ValueError(f"{variant.name} is declared exact but its support_mask returned None")
+    allowed = pattern.to(device)[None, None]
+    if mask is not None:
+        allowed = allowed & ~mask[:, None, None, :]
+    expected = dense_masked_attention(q.double(), k.double(), v.double(), allowed)
+    return _max_diff(variant(q, k, v, causal=causal, key_padding_mask=mask), expected)
+
+
+# ---- the checks --------------------------------------------------------------------------------
+
+def check_shapes(ctx: CheckContext) -> CheckResult:
+    q, k, v = ctx.tensors((2, 3, 37, 16), (2, 3, 37, 16), (2, 3, 37, 24))
+    out = ctx.make()(q, k, v)
+    if tuple(out.shape) != (2, 3, 37, 24) or out.dtype != ctx.dtype or out.device.type != ctx.device.type:
+        return CheckResult("shapes", "fail", f"got {tuple(out.shape)} {out.dtype} on {out.device}, expected (2, 3, 37, 24) {ctx.dtype}")
+    if not torch.isfinite(out).all():
+        return CheckResult("shapes", "fail", "output has NaN or Inf")
+    return CheckResult("shapes", "pass", "(2, 3, 37, 16|24) -> (2, 3, 37, 24), finite")
+
+
+def check_cross_attention(ctx: CheckContext) -> CheckResult:
+    q, k, v = ctx.tensors((1, 2, 29, 16), (1, 2, 41, 16), (1, 2, 41, 16))
+    variant = ctx.make()
+    if not variant.supports.cross_attention:
+        ok = _refuses(lambda: variant(q, k, v))
+        return CheckResult("cross_attention", "pass" if ok else "fail",
+                           "undeclared Nq != Nk refused" if ok else "Nq != Nk ran although not declared")
+    out = variant(q, k, v)
+    ok = tuple(out.shape) == (1, 2, 29, 16) and bool(torch.isfinite(out).all())
+    return CheckResult("cross_attention", "pass" if ok else "fail", f"Nq=29, Nk=41 -> {tuple(out.shape)}")
+
+
+def check_causal_leakage(ctx: CheckContext, n: int = 96, t: int = 50) -> CheckResult:
+    q, k, v, k2, v2 = ctx.tensors(*[(2, 2, n, 16)] * 5)
+    variant = ctx.make()
+    if not variant.supports.causal:
+        ok = _refuses(lambda: variant(q, k, v, causal=True))
+        return CheckResult("causal_leakage", "pass" if ok else "fail",
+                           "undeclared causal refused" if ok else "causal ran although not declared")
+    future = torch.arange(n, device=ctx.device) > t
+    k_changed = torch.where(future[:, None], k2, k)
+    v_changed = torch.where(future[:, None], v2, v)
+    before = variant(q, k, v, causal=True)[:, :, : t + 1]
+    after = ctx.make()(q, k_changed, v_changed, causal=True)[:, :, : t + 1]
+    diff = _max_diff(before, after)
+    ok = diff <= ctx.atol
+    return CheckResult("causal_leakage", "pass" if ok else "fail",
+                       f"outputs up to t={t} moved by {diff:.2e} when keys/values after t changed (tol {ctx.atol:.0e})")
+
+
+def check_key_padding(ctx: CheckContext, n: int = 64) -> CheckResult:
+    q, k, v, k2, v2 = ctx.tensors(*[(3, 2, n, 16)] * 5)
+    variant = ctx.make()
+    mask = padding_for(3, n, ctx.device)
+    if not variant.supports.key_padding_mask:
+        ok = _refuses(lambda: variant(q, k, v, key_padding_mask=mask))
+        return CheckResult("key_padding", "pass" if ok else "fail",
+                           "undeclared padding mask refused" if ok else "padding mask ran although not declared")
+    padded = mask[:, None, :, None]  # (b, 1, n, 1)
+    diffs = []
+    for causal in (False, True) if variant.supports.causal else (False,):
+        before = variant(q, k, v, causal=causal, key_padding_mask=mask)
+        after = ctx.make()(q, torch.where(padded, k2, k), torch.where(padded, v2, v), causal=causal, key_padding_mask=mask)
+        diffs.append(_max_diff(before, after))
+    ok = max(diffs) <= ctx.atol
+    return CheckResult("key_padding", "pass" if ok else "fail",
+                       f"output moved by {max(diffs):.2e} when padded keys/values changed (tol {ctx.atol:.0e})")
+
+
+def check_determinism(ctx: CheckContext) -> CheckResult:
+    q, k, v = ctx.tensors(*[(1, 2, 80, 16)] * 3)
+    diff = _max_diff(ctx.make()(q, k, v), ctx.make()(q, k, v))
+    return CheckResult("determinism", "pass" if diff == 0 else "fail", f"two instances with one seed differ by {diff:.2e}")
+
+
+def check_gradients(ctx: CheckContext) -> CheckResult:
+    q, k, v = (t.requires_grad_() for t in ctx.tensors(*[(1, 2, 48, 16)] * 3))
+    variant = ctx.make()
+    if not variant.supports.backward:
+        ok = _refuses(lambda: variant(q, k, v))
+        return CheckResult("gradients", "pass" if ok else "fail",
+                           "undeclared backward refused" if ok else "backward ran although not declared")
+    grads = torch.autograd.grad(variant(q, k, v).square().sum(), (q, k, v), allow_unused=True)
+    missing = [name for name, g in zip("qkv", grads) if g is None or not torch.isfinite(g).all() or g.abs().sum() == 0]
+    if missing:
+        return CheckResult("gradients", "fail", f"no finite, non-zero gradient reaches {', '.join(missing)}")
+    return CheckResult("gradients", "pass", "finite, non-zero gradients reach q, k, v")
+
+
+def check_exact_pattern(ctx: CheckContext, n: int = 75) -> CheckResult:
+    variant = ctx.make()
+    if not variant.exact:
+        return CheckResult("exact_pattern", "skip", "approximate variant")
+    options = [(c, p) for c in (False, True) for p in (False, True)
+               if (not c or variant.supports.causal) and (not p or variant.supports.key_padding_mask)]
+    worst = max(exactness_error(variant, n=n, causal=c, padded=p, device=ctx.device, dtype=ctx.dtype) for c, p in options)
+    ok = worst <= max(ctx.atol, 1e-6 if ctx.dtype == torch.float32 else 0.0)
+    return CheckResult("exact_pattern", "pass" if ok else "fail",
+                       f"max error {worst:.2e} against its own support_mask over causal/padding combinations")
+
+
+def check_subquadratic_memory(ctx: CheckContext) -> CheckResult:
+    variant = ctx.make()
+    if not variant.supports.subquadratic_memory:
+        return CheckResult("subquadratic_memory", "skip", "not claimed")
+    peaks = []
+    for n in (1024, 4096):
+        q, k, v = ctx.tensors(*[(1, 1, n, 16)] * 3)
+        with torch.no_grad():
+            peaks.append(peak_memory(lambda: variant(q, k, v), ctx.device, inputs=(q, k, v))[0])
+    ratio = peaks[1] / max(peaks[0], 1)
+    ok = ratio < 8  # quadratic would be 16
+    return CheckResult("subquadratic_memory", "pass" if ok else "fail",
+                       f"peak grew {ratio:.1f}x from N=1024 to 4096 (linear 4x, quadratic 16x)")
+
+
+CHECKS: dict[str, Callable[[CheckContext], CheckResult]] = {
+    "shapes": check_shapes,
+    "cross_attention": check_cross_attention,
+    "causal_leakage": check_causal_leakage,
+    "key_padding": check_key_padding,
+    "determinism": check_determinism,
+    "gradients": check_gradients,
+    "exact_pattern": check_exact_pattern,
+    "subquadratic_memory": check_subquadratic_memory,
+}
+
+
+def check_context(make: Callable[[], AttentionVariant]) -> CheckContext | str:
+    """A context on the first device and dtype the variant supports here, or why there is none."""
+    variant = make()
+    devices = [d for d in variant.supports.devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
+    for device in devices:
+        for dtype_name in ("float64", "float32", "bfloat16", "float16"):
+            reason = variant.unsupported_reason(device=device, dtype=dtype_name, causal=False, padded=False, n_q=8, n_k=8)
+            if reason is None:
+                return CheckContext(make, torch.device(device), getattr(torch, dtype_name))
+    return variant.unsupported_reason(device="cpu", dtype="float32", causal=False, padded=False, n_q=8, n_k=8) or \
+        f"no device here that {variant.name} supports ({', '.join(variant.supports.devices)})"
+
+
+def run_check(name: str, ctx: CheckContext) -> CheckResult:
+    """One check, an exception inside it reported as a failure with its message."""
+    try:
+        return CHECKS[name](ctx)
+    except Exception as error:  # a check that crashes is a failed check, with the reason shown
+        return CheckResult(name, "fail", f"{type(error).__name__}: {error}")

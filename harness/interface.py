@@ -1,0 +1,249 @@
+"""The one interface every attention variant implements, built-in or plugin.
+
+b - batch, h - heads, i - query position, j - key position, d - head dim, e - value dim
+
+A variant is called like `torch.nn.functional.scaled_dot_product_attention`:
+q (b, h, i, d), k (b, h, j, d), v (b, h, j, e) -> (b, h, i, e), scale 1/sqrt(d).
+`key_padding_mask` is (b, j) bool, True where the key is padding (nn.MultiheadAttention's convention).
+Causal attention needs Nq == Nk: query i sees keys j <= i. A query that sees no key outputs zeros.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+class VariantError(ValueError):
+    """A variant was asked for something it cannot do, or built with bad hyperparameters."""
+
+
+class UnsupportedOptionError(VariantError):
+    """The call used an option (causal, padding, Nq != Nk, device, dtype, backward) the variant does not declare."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a variant can do; the harness asks these before calling, and records `unsupported` cells."""
+
+    causal: bool = True
+    key_padding_mask: bool = True
+    cross_attention: bool = True  # Nq != Nk
+    backward: bool = True
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    dtypes: tuple[str, ...] = ALL_DTYPES
+    subquadratic_memory: bool = False  # never holds an Nq x Nk matrix
+    notes: dict[str, str] = field(default_factory=dict)  # option -> why it is unsupported
+
+
+@dataclass(frozen=True)
+class Hyperparameter:
+    """A declared hyperparameter: its default, its type, the values it may take, and what it means."""
+
+    default: Any
+    doc: str
+    kind: type = int
+    minimum: float | None = None
+    choices: tuple[Any, ...] | None = None
+    optional: bool = False  # None is allowed (e.g. "derive from N")
+
+    def check(self, name: str, value: Any) -> str | None:
+        """Return a message describing what is wrong with `value`, or None when it is valid."""
+        if value is None:
+            return None if self.optional else f"{name}: must be set (got None)"
+        if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, self.kind) or (self.kind is not bool and isinstance(value, bool)):
+            return f"{name}: expected {self.kind.__name__}, got {type(value).__name__} {value!r}"
+        if self.choices is not None and value not in self.choices:
+            return f"{name}: {value!r} is not one of {', '.join(map(repr, self.choices))}"
+        if self.minimum is not None and value < self.minimum:
+            return f"{name}: {value!r} is below the minimum {self.minimum}"
+        return None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of one attention call, for cost models."""
+
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    head_dim: int
+    value_dim: int
+    causal: bool = False
+    dtype_bytes: int = 4
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Analytic cost of one forward call: floating-point operations and bytes of main-memory traffic."""
+
+    flops: float
+    bytes_moved: float
+    working_bytes: float  # largest intermediate the algorithm holds at once, besides inputs and output
+
+
+def did_you_mean(word: str, options: list[str]) -> str:
+    """' Did you mean: x?' when `word` is close to one of `options`, else ''."""
+    close = difflib.get_close_matches(word, options, n=3, cutoff=0.6)
+    return f" Did you mean: {', '.join(close)}?" if close else ""
+
+
+class AttentionVariant(ABC):
+    """Base class of all variants. Subclasses set the class attributes and implement `forward`."""
+
+    name: ClassVar[str]
+    family: ClassVar[str]  # "exact" | "band" | "strided" | "lsh" | "low-rank" | "linear" | ...
+    exact: ClassVar[bool]  # exact softmax on its own support (full, band, strided)
+    supports: ClassVar[Capabilities] = Capabilities()
+    hyperparameters: ClassVar[dict[str, Hyperparameter]] = {}
+
+    def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
+        problems = self.validate_hyperparams(hyperparams)
+        if problems:
+            raise VariantError(f"Invalid hyperparameters for variant '{self.name}': " + "; ".join(problems))
+        self.seed = seed
+        self.hparams: dict[str, Any] = {
+            key: hyperparams.get(key, spec.default) for key, spec in self.hyperparameters.items()
+        }
+        for key, value in self.hparams.items():
+            setattr(self, key, value)
+
+    @classmethod
+    def validate_hyperparams(cls, hyperparams: dict[str, Any]) -> list[str]:
+        """Every problem with `hyperparams` as one message each (unknown names, types, ranges)."""
+        problems = []
+        known = list(cls.hyperparameters)
+        for key, value in hyperparams.items():
+            spec = cls.hyperparameters.get(key)
+            if spec is None:
+                listing = ", ".join(known) if known else "none"
+                problems.append(f"unknown hyperparameter '{key}'.{did_you_mean(key, known)} Known: {listing}")
+            elif (message := spec.check(key, value)) is not None:
+                problems.append(message)
+        return problems
+
+    # ---- capabilities -------------------------------------------------------------------------
+
+    def unsupported_reason(
+        self,
+        *,
+        device: str,
+        dtype: torch.dtype | str,
+        causal: bool,
+        padded: bool,
+        n_q: int,
+        n_k: int,
+        backward: bool = False,
+    ) -> str | None:
+        """Why a call with these options cannot run, or None when it can. Nothing is computed."""
+        caps = self.supports
+        dtype_name = str(dtype).removeprefix("torch.")
+        device_type = torch.device(device).type
+        checks = [
+            (device_type in caps.devices, "device", f"device '{device_type}' (supported: {', '.join(caps.devices)})"),
+            (dtype_name in caps.dtypes, "dtype", f"dtype {dtype_name} (supported: {', '.join(caps.dtypes)})"),
+            (not causal or caps.causal, "causal", "causal attention"),
+            (not padded or caps.key_padding_mask, "key_padding_mask", "a key padding mask"),
+            (n_q == n_k or caps.cross_attention, "cross_attention", f"Nq != Nk ({n_q} vs {n_k})"),
+            (not backward or caps.backward, "backward", "backward (autograd)"),
+        ]
+        for ok, option, what in checks:
+            if not ok:
+                note = caps.notes.get(option)
+                return f"{self.name} does not support {what}" + (f": {note}" if note else "")
+        if causal and n_q != n_k:
+            return f"causal attention needs Nq == Nk (got {n_q} and {n_k})"
+        return None
+
+    # ---- the call -----------------------------------------------------------------------------
+
+    def __call__(
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        """Attention output (b, h, i, e); checks shapes and declared capabilities, then runs `forward`."""
+        check_shapes(q, k, v, key_padding_mask)
+        reason = self.unsupported_reason(
+            device=q.device.type,
+            dtype=q.dtype,
+            causal=causal,
+            padded=key_padding_mask is not None,
+            n_q=q.shape[-2],
+            n_k=k.shape[-2],
+            backward=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+        )
+        if reason is not None:
+            raise UnsupportedOptionError(reason)
+        return self.forward(q, k, v, causal=causal, key_padding_mask=key_padding_mask)
+
+    @abstractmethod
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        """The computation proper; inputs are already checked."""
+
+    def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor | None:
+        """For exact-pattern variants: the dense (i, j) bool pattern, True where query i sees key j.
+
+        Only for self-checks at small N. Approximate variants return None.
+        """
+        return None
+
+    def cost(self, shape: Shape) -> Cost:
+        """Analytic cost; the default is dense attention's. Sub-quadratic variants override it."""
+        return dense_attention_cost(shape)
+
+    def label(self) -> str:
+        """Name plus non-default hyperparameters, e.g. `band(window=128)`."""
+        changed = {k: v for k, v in self.hparams.items() if v != self.hyperparameters[k].default}
+        if not changed:
+            return self.name
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in changed.items())})"
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.hparams.items())
+        return f"{type(self).__name__}({params}{', ' if params else ''}seed={self.seed})"
+
+
+def check_shapes(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:
+    """Raise a clear error unless q, k, v and the mask have the interface's layout."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise VariantError(f"q, k, v must be 4-D (b, h, n, d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    b, h, _, d = q.shape
+    if k.shape[:2] != (b, h) or v.shape[:2] != (b, h) or k.shape[-1] != d or k.shape[-2] != v.shape[-2]:
+        raise VariantError(
+            f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
+            "expected q (b, h, Nq, d), k (b, h, Nk, d), v (b, h, Nk, dv)"
+        )
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        raise VariantError("q, k and v must share one dtype and one device")
+    if key_padding_mask is not None:
+        if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != (b, k.shape[-2]):
+            raise VariantError(
+                f"key_padding_mask must be bool of shape (b, Nk) = ({b}, {k.shape[-2]}); "
+                f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+            )
+
+
+def dense_attention_cost(shape: Shape) -> Cost:
+    """FLOPs and bytes of softmax(QK^T)V done densely: two matmuls plus the softmax."""
+    s = shape
+    pairs = s.batch * s.heads * s.n_q * s.n_k
+    if s.causal:
+        pairs = pairs * (s.n_q + 1) / (2 * s.n_q)
+    flops = 2 * pairs * (s.head_dim + s.value_dim) + 5 * pairs
+    io = s.batch * s.heads * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim)
+    return Cost(flops=flops, bytes_moved=io * s.dtype_bytes, working_bytes=0.0)
+
+
+def default_scale(head_dim: int) -> float:
+    """SDPA's softmax scale, 1/sqrt(d)."""
+    return 1.0 / math.sqrt(head_dim)

@@ -1,0 +1,101 @@
+"""What machine a run measured on: versions, device, threads, commit, and its measured peaks."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnbench.timing import time_call
+
+PACKAGES = ("attnbench", "torch", "einops", "pandas", "seaborn", "numpy", "xformers")
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for package in PACKAGES:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str | None:
+    """The commit of the attnbench checkout (None for an installed copy or outside git)."""
+    try:
+        result = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=12"],
+            cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None
+
+
+def device_description(device: str) -> str:
+    if torch.device(device).type == "cuda":
+        if not torch.cuda.is_available():
+            return "cuda (not available)"
+        return torch.cuda.get_device_name(torch.device(device))
+    return cpu_model()
+
+
+def measure_peaks(device: str, dtype: torch.dtype, *, size: int = 2048, copy_mib: int = 256) -> dict[str, float]:
+    """Dense matmul FLOP/s and copy bandwidth (bytes/s) on this device and dtype: the yardsticks for efficiency."""
+    dev = torch.device(device)
+    a = torch.randn(size, size, device=dev).to(dtype)
+    b = torch.randn(size, size, device=dev).to(dtype)
+    matmul = time_call(lambda: a @ b, dev, min_run_time=0.3)
+    source = torch.empty(copy_mib * 2**20 // 4, dtype=torch.float32, device=dev)
+    target = torch.empty_like(source)
+    copy = time_call(lambda: target.copy_(source), dev, min_run_time=0.3)
+    return {
+        "matmul_flops_per_s": 2 * size**3 / matmul.median_s,
+        "copy_bytes_per_s": 2 * source.numel() * 4 / copy.median_s,
+        "matmul_size": size,
+    }
+
+
+def machine_info(devices: list[str]) -> dict[str, Any]:
+    return {
+        "versions": versions(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "torch_threads": torch.get_num_threads(),
+        "devices": {device: device_description(device) for device in devices},
+        "cuda_available": torch.cuda.is_available(),
+        "git_commit": git_commit(),
+    }
+
+
+def available_memory_bytes(device: str) -> int:
+    """Free memory the run may use on this device (CPU: MemAvailable; CUDA: free device memory)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(dev)
+        return free
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

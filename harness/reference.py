@@ -1,0 +1,65 @@
+"""Exact softmax attention as ground truth: dense with an explicit pattern, or chunked in float64.
+
+b - batch, h - heads, i - query position, j - key position, d - head dim, e - value dim
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from einops import einsum
+from torch import Tensor
+
+from attnbench.interface import default_scale
+from attnbench.masking import allowed_keys
+
+
+def dense_masked_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None) -> Tensor:
+    """softmax(QK^T / sqrt(d)) V, restricted to `allowed` (broadcastable to (b, h, i, j)) when given.
+
+    The textbook computation, N x N in memory. A query with no allowed key outputs zeros.
+    """
+    scores = einsum(q, k, "b h i d, b h j d -> b h i j") * default_scale(q.shape[-1])
+    if allowed is None:
+        return einsum(torch.softmax(scores, dim=-1), v, "b h i j, b h j e -> b h i e")
+    any_allowed = allowed.any(dim=-1, keepdim=True)  # (b, h, i, 1)
+    # rows with no allowed key get all-zero scores (no NaN), then zero weights
+    scores = scores.masked_fill(~allowed & any_allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).masked_fill(~allowed, 0.0)
+    return einsum(weights, v, "b h i j, b h j e -> b h i e")
+
+
+@dataclass
+class Reference:
+    """Exact output and the trivial baseline (uniform average of V over each query's visible keys), float64."""
+
+    output: Tensor  # (b, h, i, e)
+    uniform: Tensor  # (b, h, i, e)
+
+
+def exact_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    max_chunk_elements: int = 1 << 24,
+) -> Reference:
+    """Exact attention in float64, queries in chunks so no more than `max_chunk_elements` scores live at once."""
+    q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
+    b, h, n_q, _ = q.shape
+    n_k = k.shape[-2]
+    chunk = max(1, max_chunk_elements // (b * h * n_k))
+    outputs, uniforms = [], []
+    for start in range(0, n_q, chunk):
+        stop = min(n_q, start + chunk)
+        allowed = allowed_keys(
+            stop - start, n_k, causal=causal, key_padding_mask=key_padding_mask, device=q.device, query_offset=start
+        )  # (b|1, 1, c, j)
+        outputs.append(dense_masked_attention(q64[:, :, start:stop], k64, v64, allowed))
+        counts = allowed.sum(dim=-1, keepdim=True).clamp(min=1).to(torch.float64)
+        weights = allowed.expand(b, 1, stop - start, n_k).to(torch.float64)  # (b, 1, c, j)
+        uniforms.append(einsum(weights, v64, "b one i j, b h j e -> b h i e") / counts)
+    return Reference(output=torch.cat(outputs, dim=2), uniform=torch.cat(uniforms, dim=2))

@@ -1,0 +1,116 @@
+"""The results table: one tidy row per cell, appended to results.csv and flushed as each cell ends."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.config import Cell
+
+STATUSES = ("ok", "oom", "error", "unsupported", "skipped")
+
+
+@dataclass
+class Row:
+    """The CSV schema. Measurements are None when the cell did not get that far."""
+
+    cell_key: str
+    variant: str
+    label: str
+    family: str
+    exact: bool
+    hparams: str  # JSON
+    seq_len: int
+    batch: int
+    heads: int
+    head_dim: int
+    dtype: str
+    device: str
+    causal: bool
+    mode: str
+    input: str
+    seed: int
+    padding: float
+    status: str
+    reason: str = ""
+    time_median_s: float | None = None
+    time_iqr_s: float | None = None
+    time_repeats: int | None = None
+    peak_mem_bytes: int | None = None
+    mem_method: str = ""
+    err_rel_fro: float | None = None
+    err_max_abs: float | None = None
+    err_row_cosine: float | None = None
+    err_vs_uniform: float | None = None
+    self_check: str = ""  # exact variants: "pass (max err ...)" against their own support_mask
+    flops: float | None = None
+    bytes_moved: float | None = None
+
+    @classmethod
+    def for_cell(cls, cell: Cell, *, family: str = "", exact: bool = False, status: str = "ok", reason: str = "") -> "Row":
+        return cls(
+            cell_key=cell.key(),
+            variant=cell.variant.name,
+            label=cell.variant.label(),
+            family=family,
+            exact=exact,
+            hparams=json.dumps(dict(cell.variant.hparams), sort_keys=True),
+            seq_len=cell.seq_len,
+            batch=cell.batch,
+            heads=cell.heads,
+            head_dim=cell.head_dim,
+            dtype=cell.dtype,
+            device=cell.device,
+            causal=cell.causal,
+            mode=cell.mode,
+            input=cell.input.label(),
+            seed=cell.seed,
+            padding=cell.padding,
+            status=status,
+            reason=reason,
+        )
+
+
+COLUMNS = [f.name for f in fields(Row)]
+
+
+class ResultsWriter:
+    """Appends rows to a CSV, flushing and syncing each so a crash loses at most the cell in flight."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        new = not path.exists() or path.stat().st_size == 0
+        self._file = path.open("a", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
+        if new:
+            self._writer.writeheader()
+            self._sync()
+
+    def append(self, row: Row) -> None:
+        self._writer.writerow(asdict(row))
+        self._sync()
+
+    def _sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "ResultsWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_results(run_dir: Path) -> pd.DataFrame:
+    """results.csv as a DataFrame (a trailing partial line from a killed run is dropped)."""
+    frame = pd.read_csv(run_dir / "results.csv", on_bad_lines="skip", keep_default_na=True)
+    frame["reason"] = frame["reason"].fillna("")
+    return frame

@@ -1,0 +1,108 @@
+"""Exact softmax attention: the baselines every other variant is measured against.
+
+b - batch, h - heads, i - query position, j - key position, d - head dim, e - value dim
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from attnbench.interface import AttentionVariant, Capabilities, Cost, Shape, dense_attention_cost
+from attnbench.masking import allowed_keys, rows_with_visible_key
+from attnbench.reference import dense_masked_attention
+
+
+def _all_allowed(n_q: int, n_k: int, causal: bool) -> Tensor:
+    return allowed_keys(n_q, n_k, causal=causal, key_padding_mask=None)[0, 0]
+
+
+class FullAttention(AttentionVariant):
+    """`F.scaled_dot_product_attention`: the fused exact kernel a user would pick."""
+
+    name = "full"
+    family = "exact"
+    exact = True
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        if key_padding_mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        # SDPA takes no is_causal together with a mask, so causal + padding needs the (i, j) pattern.
+        allowed = allowed_keys(q.shape[-2], k.shape[-2], causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+        visible = rows_with_visible_key(q.shape[0], q.shape[-2], causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+        if visible is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        # Rows that see nothing attend everywhere (no NaN, in forward or backward), then are zeroed.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~visible)
+        return out.masked_fill(~visible, 0.0)
+
+    def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor:
+        return _all_allowed(n_q, n_k, causal)
+
+
+class FullMathAttention(AttentionVariant):
+    """softmax(QK^T / sqrt(d)) V written out: materializes the N x N matrix (the quadratic-memory reference)."""
+
+    name = "full-math"
+    family = "exact"
+    exact = True
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        if not causal and key_padding_mask is None:
+            return dense_masked_attention(q, k, v)
+        allowed = allowed_keys(q.shape[-2], k.shape[-2], causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+        return dense_masked_attention(q, k, v, allowed)
+
+    def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor:
+        return _all_allowed(n_q, n_k, causal)
+
+    def cost(self, shape: Shape) -> Cost:
+        dense = dense_attention_cost(shape)
+        scores = shape.batch * shape.heads * shape.n_q * shape.n_k * shape.dtype_bytes
+        # scores and weights are each written once and read once
+        return Cost(flops=dense.flops, bytes_moved=dense.bytes_moved + 4 * scores, working_bytes=2 * scores)
+
+
+@functools.cache
+def _xformers_unavailable() -> str | None:
+    try:
+        import xformers.ops  # noqa: F401
+    except Exception as error:  # any import failure means: not usable here
+        return f"xformers is not importable ({type(error).__name__}: {error}); install the extra: pip install 'attnbench[xformers]'"
+    return None
+
+
+class FullXformersAttention(AttentionVariant):
+    """`xformers.ops.memory_efficient_attention`: the exact CUDA kernel. xformers has no CPU kernels."""
+
+    name = "full-xformers"
+    family = "exact"
+    exact = True
+    supports = Capabilities(
+        key_padding_mask=False,
+        devices=("cuda",),
+        dtypes=("float32", "float16", "bfloat16"),
+        subquadratic_memory=True,
+        notes={
+            "device": "xformers has no CPU kernels; it is the exact CUDA backend",
+            "key_padding_mask": "a padding mask needs a dense (Nq, Nk) bias in xformers, defeating its purpose",
+        },
+    )
+
+    def unsupported_reason(self, **options: object) -> str | None:
+        return super().unsupported_reason(**options) or _xformers_unavailable()
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        import xformers.ops as xops
+
+        bias = xops.LowerTriangularMask() if causal else None
+        q, k, v = (rearrange(t, "b h n d -> b n h d") for t in (q, k, v))
+        out = xops.memory_efficient_attention(q, k, v, attn_bias=bias)
+        return rearrange(out, "b n h e -> b h n e")
+
+    def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor:
+        return _all_allowed(n_q, n_k, causal)
