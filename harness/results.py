@@ -111,6 +111,6 @@ class ResultsWriter:
 
 def read_results(run_dir: Path) -> pd.DataFrame:
     """results.csv as a DataFrame (a trailing partial line from a killed run is dropped)."""
-    frame = pd.read_csv(run_dir / "results.csv", on_bad_lines="skip", keep_default_na=True)
-    frame["reason"] = frame["reason"].fillna("")
-    return frame
+    text_columns = {"reason": str, "self_check": str, "mem_method": str, "hparams": str, "label": str}
+    frame = pd.read_csv(run_dir / "results.csv", on_bad_lines="skip", dtype=text_columns)
+    return frame.fillna({column: "" for column in text_columns})

@@ -67,7 +67,7 @@ of V over the visible keys; 0 is exact, 1 is no better than ignoring Q and K.
 def write_summary(run_dir: Path) -> str:
     """Build summary.md for a run folder and return its text."""
     frame = read_results(run_dir)
-    methods = ", ".join(sorted(set(frame.mem_method.dropna()))) or "none measured"
+    methods = ", ".join(sorted(set(frame.mem_method) - {""})) or "none measured"
     text = SUMMARY_PREAMBLE.format(run_id=run_dir.name, mem_note=methods) + summary_tables(frame)
     (run_dir / "summary.md").write_text(text)
     return text

@@ -1,0 +1,35 @@
+"""Shared fixtures: a factory for real plugin packages (a *.dist-info with entry_points.txt on sys.path)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from attnbench.registry import GROUP, Registry
+
+
+def write_plugin(root: Path, dist: str, entries: dict[str, str], modules: dict[str, str]) -> Path:
+    """Write an installed-looking distribution under `root`: modules plus `<dist>-0.1.dist-info`."""
+    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    lines = [f"[{GROUP}]"] + [f"{name} = {target}" for name, target in entries.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    for module, source in modules.items():
+        (root / f"{module}.py").write_text(textwrap.dedent(source))
+    return root
+
+
+@pytest.fixture
+def plugin_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Registry]:
+    """Install plugin distributions on sys.path for this test and return a fresh registry that sees them."""
+
+    def install(dist: str, entries: dict[str, str], modules: dict[str, str]) -> Registry:
+        root = write_plugin(tmp_path / dist, dist, entries, modules)
+        monkeypatch.syspath_prepend(str(root))
+        return Registry()
+
+    return install

@@ -1,0 +1,70 @@
+"""Configs are validated whole before any work; every problem is listed with where it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnbench.config import ConfigError, load_config, parse_config, resolve_config_path
+
+
+def test_presets_load_and_cover_every_builtin() -> None:
+    for preset in ("quick", "default"):
+        config = load_config(preset)
+        assert {"full", "full-math", "full-xformers"} <= {spec.name for spec in config.variants}
+
+
+def test_every_problem_is_listed_at_once() -> None:
+    raw = {
+        "seq_lens": [256, -4],
+        "dtype": "float33",
+        "device": "tpu",
+        "mode": ["fwd", "backward"],
+        "padding": 1.5,
+        "time_budget": 3,
+        "inputs": [{"name": "gausian"}],
+        "variants": {"fulll": {}, "full": {"window": 3}},
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw, source="bad.toml")
+    text = str(caught.value)
+    for expected in ["seq_lens: -4", "float33", "'tpu'", "'backward'", "padding: 1.5",
+                     "unknown key 'time_budget'. Did you mean: time_budget_s?", "unknown input distribution 'gausian'",
+                     "Unknown variant 'fulll'. Did you mean: full", "unknown hyperparameter 'window'"]:
+        assert expected in text, expected
+    assert len(caught.value.problems) == 9
+
+
+def test_wrong_types_are_named() -> None:
+    with pytest.raises(ConfigError, match=r"heads: expected int .* got '8'"):
+        parse_config({"heads": "8", "variants": ["full"]})
+    with pytest.raises(ConfigError, match="variants: missing"):
+        parse_config({})
+
+
+def test_lists_expand_to_cells_ordered_by_n() -> None:
+    config = parse_config({"variants": ["full", "full-math"], "seq_lens": [512, 128], "causal": [False, True],
+                           "mode": ["fwd", "fwd+bwd"]})
+    cells = config.cells()
+    assert len(cells) == 2 * 2 * 2 * 2
+    first_group = [c for c in cells if not c.causal]
+    assert [c.seq_len for c in first_group] == [128] * 4 + [512] * 4
+    assert len({c.key() for c in cells}) == len(cells)
+
+
+def test_cli_overrides_keep_the_file_grid(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text('seq_lens = [64]\n[variants.full]\n[variants.full-math]\n')
+    config = load_config(str(path), {"variants": ["full-math"], "seq_lens": [32, 48]})
+    assert [spec.name for spec in config.variants] == ["full-math"]
+    assert config.seq_lens == [32, 48] and config.name == "mine"
+
+
+def test_malformed_toml_and_missing_files_say_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("seq_lens = [64,\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(str(path))
+    with pytest.raises(ConfigError, match="Did you mean: quick"):
+        resolve_config_path("quik")

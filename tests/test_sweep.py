@@ -1,0 +1,151 @@
+"""The sweep writes one row per cell whatever happens in it, and a killed run keeps every finished row."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnbench.config import parse_config
+from attnbench.results import COLUMNS, read_results
+from attnbench.summary import write_summary
+from attnbench.sweep import run_sweep
+
+MISBEHAVING = """
+    import time
+    import torch
+    from attnbench.interface import AttentionVariant, Capabilities, Hyperparameter
+
+    class Base(AttentionVariant):
+        family = "test"
+        exact = False
+
+    class Raises(Base):
+        name = "raises"
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            raise RuntimeError("something broke inside")
+
+    class RunsOutOfMemory(Base):
+        name = "runs-oom"
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            if q.shape[-2] >= 64:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80 GiB")
+            return v.clone()
+
+    class GivesNaN(Base):
+        name = "gives-nan"
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            return torch.full_like(v, float("nan"))
+
+    class Slow(Base):
+        name = "slow"
+        hyperparameters = {"delay": Hyperparameter(0.03, "seconds per call", kind=float, minimum=0.0)}
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            time.sleep(self.delay)
+            return v.clone()
+
+    class CudaOnly(Base):
+        name = "cuda-only"
+        supports = Capabilities(devices=("cuda",))
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            return v.clone()
+"""
+ENTRIES = {name: f"misbehaving:{cls}" for name, cls in [
+    ("raises", "Raises"), ("runs-oom", "RunsOutOfMemory"), ("gives-nan", "GivesNaN"), ("slow", "Slow"),
+    ("cuda-only", "CudaOnly")]}
+
+
+def test_every_failure_is_a_row_and_the_sweep_goes_on(plugin_registry, tmp_path: Path) -> None:
+    registry = plugin_registry("misbehaving-plugin", ENTRIES, {"misbehaving": MISBEHAVING})
+    raw = {"variants": ["full", "raises", "runs-oom", "gives-nan", "slow", "cuda-only"], "seq_lens": [32, 64, 128],
+           "heads": 2, "head_dim": 16, "min_run_time": 0.01, "time_budget_s": 0.02}
+    config = parse_config(raw, registry=registry)
+    run_dir = run_sweep(config, tmp_path, registry=registry, progress=False)
+    frame = read_results(run_dir)
+    assert len(frame) == 18 and list(frame.columns) == COLUMNS
+    status = {(row.variant, row.seq_len): (row.status, row.reason) for row in frame.itertuples()}
+
+    assert all(status[("full", n)][0] == "ok" for n in (32, 64, 128))
+    assert status[("raises", 32)] == ("error", "RuntimeError: something broke inside")
+    assert status[("runs-oom", 32)][0] == "ok"
+    assert status[("runs-oom", 64)][0] == "oom"
+    assert status[("runs-oom", 128)] == ("skipped", "larger N skipped: out of memory at N=64")
+    assert status[("gives-nan", 32)] == ("error", "output has NaN or Inf")
+    assert status[("slow", 32)][0] == "ok"
+    assert status[("slow", 64)][0] == "skipped" and "over time_budget_s=0.02" in status[("slow", 64)][1]
+    assert status[("cuda-only", 32)][0] == "unsupported"
+
+    ok = frame[frame.status == "ok"]
+    assert ok.time_median_s.notna().all() and (ok.time_repeats >= 3).all()
+    assert ok.peak_mem_bytes.notna().all() and ok.err_vs_uniform.notna().all()
+    full = frame[frame.variant == "full"]
+    assert (full.err_vs_uniform < 1e-5).all() and full.self_check.str.startswith("pass").all()
+    assert "### device=cpu" in write_summary(run_dir)
+
+
+def test_fwd_bwd_and_padding_cells(tmp_path: Path) -> None:
+    config = parse_config({"variants": ["full", "full-math"], "seq_lens": [48], "heads": 2, "head_dim": 16,
+                           "mode": ["fwd", "fwd+bwd"], "causal": [False, True], "padding": 0.25, "min_run_time": 0.01})
+    frame = read_results(run_sweep(config, tmp_path, progress=False))
+    assert (frame.status == "ok").all(), frame[["label", "status", "reason"]]
+    backward = frame[frame["mode"] == "fwd+bwd"].set_index(["variant", "causal"]).peak_mem_bytes
+    forward = frame[frame["mode"] == "fwd"].set_index(["variant", "causal"]).peak_mem_bytes
+    assert (backward > forward).all()  # gradients and saved tensors are counted
+
+
+def test_meta_json_records_the_machine_and_config(tmp_path: Path) -> None:
+    import json
+
+    config = parse_config({"variants": ["full"], "seq_lens": [16], "heads": 1, "head_dim": 8, "min_run_time": 0.01})
+    meta = json.loads((run_sweep(config, tmp_path, progress=False) / "meta.json").read_text())
+    assert meta["machine"]["versions"]["torch"] and meta["machine"]["torch_threads"] >= 1
+    assert meta["peaks"]["cpu/float32"]["matmul_flops_per_s"] > 1e8
+    assert meta["config"]["seq_lens"] == [16] and meta["status_counts"] == {"ok": 1}
+
+
+SLEEPY = """
+    import time
+    from attnbench.interface import AttentionVariant
+
+    class Sleepy(AttentionVariant):
+        name = "sleepy"
+        family = "test"
+        exact = False
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            time.sleep(0.05)
+            return v.clone()
+"""
+
+
+def test_a_killed_run_keeps_every_finished_row(tmp_path: Path) -> None:
+    from tests.conftest import write_plugin
+
+    plugin = write_plugin(tmp_path / "plugin", "sleepy-plugin", {"sleepy": "sleepy_module:Sleepy"}, {"sleepy_module": SLEEPY})
+    config = tmp_path / "long.toml"
+    config.write_text('seq_lens = [8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]\nheads = 1\nhead_dim = 8\n'
+                      'min_run_time = 0.3\nerror = false\n[variants.sleepy]\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-m", "attnbench.cli", "run", str(config), "--out", str(tmp_path / "out"),
+                                "--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    csv_path = None
+    while time.monotonic() < deadline:
+        found = list((tmp_path / "out").glob("*/results.csv"))
+        if found and len(found[0].read_text().splitlines()) >= 3:  # header + 2 rows
+            csv_path = found[0]
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert csv_path is not None, process.stderr.read().decode()
+    frame = read_results(csv_path.parent)
+    assert 2 <= len(frame) < 12
+    assert (frame.status == "ok").all() and frame.time_median_s.notna().all()
+    assert frame.seq_len.tolist() == [8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96][: len(frame)]
+    assert isinstance(pd.read_csv(csv_path), pd.DataFrame)
