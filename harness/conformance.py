@@ -70,7 +70,9 @@ def exactness_error(variant: AttentionVariant, *, n: int, causal: bool, padded: 
     pattern = variant.support_mask(n, n, causal)
     if pattern is None:
         raise ValueError(f"{variant.name} is declared exact but its support_mask returned None")
-    allowed = pattern.to(device)[None, None]
+    if pattern.dim() == 3:  # one pattern per head, cycling: head h uses pattern[h % len(pattern)]
+        pattern = pattern[torch.arange(q.shape[1]) % pattern.shape[0]]
+    allowed = pattern.to(device).expand(q.shape[1], n, n)[None]
     if mask is not None:
         allowed = allowed & ~mask[:, None, None, :]
     expected = dense_masked_attention(q.double(), k.double(), v.double(), allowed)

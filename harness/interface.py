@@ -193,7 +193,8 @@ class AttentionVariant(ABC):
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor | None:
         """For exact-pattern variants: the dense (i, j) bool pattern, True where query i sees key j.
 
-        Only for self-checks at small N. Approximate variants return None.
+        A pattern that differs by head is (p, i, j): head h uses pattern[h % p]. Only for self-checks at
+        small N. Approximate variants return None.
         """
         return None
 

@@ -1,0 +1,141 @@
+"""Band and strided attention against dense masked references built here, independently of the variants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnbench.memory import peak_memory
+from attnbench.reference import dense_masked_attention
+from attnbench.registry import registry
+
+
+def band_reference_pattern(n: int, window: int, causal: bool) -> torch.Tensor:
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        low = max(0, i - window)
+        high = i if causal else min(n - 1, i + window)
+        allowed[i, low : high + 1] = True
+    return allowed
+
+
+def strided_parts(n: int, stride: int, causal: bool, pattern: str, summary: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paper's two index sets A(1), A(2), as dense (n, n) masks."""
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    if pattern == "strided":
+        first, second = (i - j).abs() < stride, (i - j) % stride == 0
+    else:
+        first, second = i // stride == j // stride, j % stride >= stride - summary
+    visible = j <= i if causal else torch.ones(n, n, dtype=torch.bool)
+    return first & visible, second & visible
+
+
+def strided_reference_pattern(n: int, stride: int, causal: bool, pattern: str, summary: int) -> torch.Tensor:
+    first, second = strided_parts(n, stride, causal, pattern, summary)
+    return first | second
+
+
+def inputs(n: int, dtype: torch.dtype = torch.float32, b: int = 2, h: int = 2, d: int = 16, grad: bool = False):
+    generator = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(b, h, n, d, generator=generator, dtype=dtype) for _ in range(3))
+    if grad:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    lengths = torch.tensor([n - n // 3, n])[:b]
+    padding = torch.arange(n)[None, :] >= lengths[:, None]  # element 0 padded at the end
+    return q, k, v, padding
+
+
+def check_against(variant, allowed: torch.Tensor, n: int, causal: bool, padded: bool, grad: bool) -> None:
+    q, k, v, padding = inputs(n, torch.float64, grad=grad)
+    mask = padding if padded else None
+    full = allowed[None, None] & (~padding[:, None, None, :] if padded else True)
+    expected = dense_masked_attention(q, k, v, full)
+    out = variant(q, k, v, causal=causal, key_padding_mask=mask)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+    if grad:
+        cotangent = torch.randn_like(out)
+        got = torch.autograd.grad(out, (q, k, v), cotangent)
+        want = torch.autograd.grad(expected, (q, k, v), cotangent)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("n, window", [(1000, 64), (1023, 100), (257, 300), (70, 0), (5, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_band_matches_dense_reference(n: int, window: int, causal: bool, padded: bool) -> None:
+    variant = registry.create("band", window=window)
+    check_against(variant, band_reference_pattern(n, window, causal), n, causal, padded, grad=n < 300)
+
+
+@pytest.mark.parametrize("block_size", [1, 7, 64])
+def test_band_any_block_size(block_size: int) -> None:
+    variant = registry.create("band", window=9, block_size=block_size)
+    check_against(variant, band_reference_pattern(101, 9, True), 101, True, True, grad=False)
+
+
+@pytest.mark.parametrize("n, stride", [(1000, 31), (1023, 32), (130, 12), (9, 4)])
+@pytest.mark.parametrize("pattern, summary", [("strided", 8), ("fixed", 3)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_strided_matches_dense_reference(n: int, stride: int, pattern: str, summary: int, causal: bool, padded: bool) -> None:
+    variant = registry.create("strided", stride=stride, pattern=pattern, summary=summary)
+    allowed = strided_reference_pattern(n, stride, causal, pattern, min(summary, stride))
+    check_against(variant, allowed, n, causal, padded, grad=n < 200)
+
+
+def test_strided_default_stride_is_about_sqrt_n() -> None:
+    variant = registry.create("strided")
+    n = 400
+    allowed = strided_reference_pattern(n, 20, False, "strided", 8)
+    assert torch.equal(variant.support_mask(n, n, False), allowed)
+
+
+@pytest.mark.parametrize("pattern", ["strided", "fixed"])
+def test_factorized_heads_use_one_part_each(pattern: str) -> None:
+    n, stride = 60, 7
+    variant = registry.create("strided", stride=stride, pattern=pattern, summary=2, factorize=True)
+    q, k, v, _ = inputs(n, torch.float64, h=3)
+    out = variant(q, k, v, causal=True)
+    parts = strided_parts(n, stride, True, pattern, 2)
+    for head in range(3):
+        expected = dense_masked_attention(q[:, head : head + 1], k[:, head : head + 1], v[:, head : head + 1], parts[head % 2])
+        torch.testing.assert_close(out[:, head : head + 1], expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name, params", [("band", {"window": 3}), ("strided", {"stride": 4}),
+                                          ("strided", {"stride": 4, "pattern": "fixed", "summary": 2})])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck(name: str, params: dict, causal: bool) -> None:
+    variant = registry.create(name, **params)
+    q, k, v, padding = inputs(13, torch.float64, b=2, h=1, d=4, grad=True)
+    assert torch.autograd.gradcheck(lambda q, k, v: variant(q, k, v, causal=causal, key_padding_mask=padding), (q, k, v))
+
+
+@pytest.mark.parametrize("name, params, exponent", [("band", {"window": 32}, 1.0), ("strided", {}, 1.5)])
+def test_memory_stays_subquadratic(name: str, params: dict, exponent: float) -> None:
+    variant = registry.create(name, **params)
+    peaks = {}
+    for n in (4096, 16384):
+        q, k, v = (torch.randn(1, 1, n, 16) for _ in range(3))
+        with torch.no_grad():
+            peaks[n], _ = peak_memory(lambda: variant(q, k, v), torch.device("cpu"), inputs=(q, k, v))
+    dense_matrix = 16384**2 * 4  # 1 GiB
+    assert peaks[16384] < dense_matrix / 20
+    growth = math.log(peaks[16384] / peaks[4096]) / math.log(4)
+    assert growth <= exponent + 0.25, f"{name}: peak grew as N^{growth:.2f}"
+
+
+@pytest.mark.parametrize("name, params", [("band", {"window": 20}), ("strided", {"stride": 16})])
+def test_flex_backend_matches_blocked(name: str, params: dict) -> None:
+    flex = registry.create(name, backend="flex", **params)
+    reason = flex.unsupported_reason(device="cpu", dtype="float32", causal=True, padded=False, n_q=300, n_k=300)
+    if reason is not None:
+        pytest.skip(reason)
+    blocked = registry.create(name, **params)
+    q, k, v, _ = inputs(300, torch.float32)
+    for causal in (False, True):
+        torch.testing.assert_close(flex(q, k, v, causal=causal), blocked(q, k, v, causal=causal), rtol=1e-4, atol=1e-5)
+    assert flex.unsupported_reason(device="cpu", dtype="float32", causal=False, padded=True, n_q=8, n_k=8)

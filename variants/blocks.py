@@ -1,0 +1,143 @@
+"""Building blocks for exact attention on a sparse support, never materializing an N x N matrix.
+
+Queries are cut into blocks; each block attends to a window of keys (a strided view, no copy) or to a
+gathered set, under a small boolean pattern. Partial results over disjoint key sets are merged with
+their log-sum-exp, which gives exactly one softmax over the union.
+
+x - batch-like axis (b*h), n - block index, i - query in block, j - key in window, d - head dim, e - value dim
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import einsum, rearrange
+from torch import Tensor
+
+from attnbench.interface import default_scale
+
+
+def pad_sequence(x: Tensor, before: int, after: int) -> Tensor:
+    """Zero-pad (b, h, n, d) along n."""
+    return F.pad(x, (0, 0, before, after)) if before or after else x
+
+
+def query_blocks(q: Tensor, block: int) -> Tensor:
+    """(b, h, n, d) -> ((b h), blocks, block, d), the tail zero-padded to a whole block."""
+    n = q.shape[-2]
+    padded = pad_sequence(q, 0, -n % block)
+    return rearrange(padded, "b h (n i) d -> (b h) n i d", i=block)
+
+
+def key_windows(k: Tensor, block: int, before: int, after: int) -> Tensor:
+    """((b h), blocks, before + block + after, d): for query block c, keys [c*block - before, (c+1)*block + after).
+
+    A strided view of one padded copy of k: overlapping windows share memory.
+    """
+    n = k.shape[-2]
+    blocks = -(-n // block)
+    span = before + block + after
+    padded = pad_sequence(k, before, blocks * block - n + after)
+    return rearrange(padded.unfold(2, span, block), "b h n d j -> (b h) n j d")
+
+
+@functools.lru_cache(maxsize=64)
+def window_positions(n: int, block: int, before: int, span: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Query positions (blocks, block, 1) and key positions (blocks, 1, span) of the `key_windows` layout."""
+    blocks = -(-n // block)
+    starts = torch.arange(blocks, device=device).view(blocks, 1, 1) * block
+    queries = starts + torch.arange(block, device=device).view(1, block, 1)
+    keys = starts - before + torch.arange(span, device=device).view(1, 1, span)
+    return queries, keys
+
+
+def key_validity_windows(key_padding_mask: Tensor | None, n: int, block: int, before: int, after: int) -> Tensor | None:
+    """(b, blocks, 1, span) bool, True where the windowed key is a real (non-padding) key; None if all are."""
+    if key_padding_mask is None:
+        return None
+    real = (~key_padding_mask)[:, None, :, None].to(torch.float32)  # (b, 1, n, 1)
+    windows = key_windows(real, block, before, after)  # (b, blocks, span, 1); padding outside [0, n) is 0
+    return rearrange(windows, "b n j one -> b n one j") > 0
+
+
+def expand_over_heads(mask: Tensor, heads: int) -> Tensor:
+    """(b, ...) -> ((b h), ...) for masks that are per batch element but must match a (b h) axis."""
+    return rearrange(mask[:, None].expand(mask.shape[0], heads, *mask.shape[1:]), "b h ... -> (b h) ...")
+
+
+class Pattern:
+    """A boolean support (broadcastable to (x, y, i, j)), with what the kernels need derived once and kept."""
+
+    def __init__(self, allowed: Tensor) -> None:
+        self.allowed = allowed
+        self.has_key = allowed.any(dim=-1)  # (.., i)
+        self._biases: dict[torch.dtype, Tensor] = {}
+
+    def bias(self, dtype: torch.dtype) -> Tensor:
+        """0 where allowed, -inf elsewhere; a row with no allowed key is all zeros (no NaN; zeroed after).
+
+        SDPA's fused CPU kernel takes a float mask as it is; a bool mask would be converted on every call.
+        """
+        if dtype not in self._biases:
+            blocked = ~self.allowed & self.has_key[..., None]
+            self._biases[dtype] = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device).masked_fill_(
+                blocked, float("-inf"))
+        return self._biases[dtype]
+
+    def restricted_to(self, valid_keys: Tensor | None, heads: int) -> "Pattern":
+        """This pattern and'ed with per-batch key validity (b, ..., 1, j), expanded to the (b h) axis."""
+        if valid_keys is None:
+            return self
+        return Pattern(expand_over_heads(self.allowed & valid_keys, heads))
+
+
+@dataclass
+class Partial:
+    """Attention over one part of the support: the normalized output and the log-sum-exp of its scores."""
+
+    out: Tensor  # (..., i, e)
+    lse: Tensor  # (..., i), float32 (float64 for float64 inputs), -inf where the part has no key for the query
+
+
+def _flash_with_lse() -> object | None:
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def partial_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern) -> Partial:
+    """Softmax attention of q (x, y, i, d) over k, v (x, y, j, d|e) restricted to `pattern`.
+
+    Without autograd on the CPU this runs PyTorch's fused flash kernel, which also returns the log-sum-exp;
+    with autograd it is written out (block-sized scores only) so gradients flow through the log-sum-exp too.
+    """
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    accumulate = torch.promote_types(q.dtype, torch.float32)  # the log-sum-exp in at least float32
+    flash = _flash_with_lse()
+    if flash is not None and q.device.type == "cpu" and not needs_grad and q.dim() == 4:
+        out, lse = flash(q, k, v, attn_mask=pattern.bias(q.dtype), scale=default_scale(q.shape[-1]))
+    else:
+        allowed = pattern.allowed
+        scores = einsum(q, k, "... i d, ... j d -> ... i j") * default_scale(q.shape[-1])
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        lse = torch.logsumexp(scores.to(accumulate), dim=-1)
+        weights = torch.exp(scores - lse[..., None].to(scores.dtype)).masked_fill(~allowed, 0.0)
+        out = einsum(weights, v, "... i j, ... j e -> ... i e")
+    has_key = pattern.has_key.expand(lse.shape)
+    return Partial(out=out.masked_fill(~has_key[..., None], 0.0), lse=lse.to(accumulate).masked_fill(~has_key, float("-inf")))
+
+
+def combine(parts: list[Partial]) -> Tensor:
+    """One softmax over the union of the parts' (disjoint) supports: weight each part by exp(lse - max).
+
+    A query that sees no key in any part outputs zeros.
+    """
+    lse = torch.stack([part.lse for part in parts])  # (p, ..., i)
+    top = lse.amax(dim=0).detach()
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    weights = torch.exp(lse - top)  # (p, ..., i); 0 for parts with no key
+    total = weights.sum(dim=0)
+    total = torch.where(total > 0, total, torch.ones_like(total))
+    out = sum(w[..., None].to(part.out.dtype) * part.out for w, part in zip(weights, parts))
+    return out / total[..., None].to(parts[0].out.dtype)
