@@ -115,7 +115,8 @@ def partial_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern) -> Part
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     accumulate = torch.promote_types(q.dtype, torch.float32)  # the log-sum-exp in at least float32
     flash = _flash_with_lse()
-    if flash is not None and q.device.type == "cpu" and not needs_grad and q.dim() == 4:
+    fused = flash is not None and q.device.type == "cpu" and q.dim() == 4 and q.shape[-1] == v.shape[-1]
+    if fused and not needs_grad:
         out, lse = flash(q, k, v, attn_mask=pattern.bias(q.dtype), scale=default_scale(q.shape[-1]))
     else:
         allowed = pattern.allowed
