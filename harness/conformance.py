@@ -176,6 +176,8 @@ def check_subquadratic_memory(ctx: CheckContext) -> CheckResult:
     variant = ctx.make()
     if not variant.supports.subquadratic_memory:
         return CheckResult("subquadratic_memory", "skip", "not claimed")
+    if ctx.device.type == "cpu" and not variant.cpu_memory_trackable:
+        return CheckResult("subquadratic_memory", "skip", "runs in compiled kernels the CPU tracker cannot see")
     peaks = []
     for n in (1024, 4096):
         q, k, v = ctx.tensors(*[(1, 1, n, 16)] * 3)

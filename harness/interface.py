@@ -198,6 +198,12 @@ class AttentionVariant(ABC):
         """
         return None
 
+    @property
+    def cpu_memory_trackable(self) -> bool:
+        """False when the work runs in compiled kernels whose allocations the CPU tensor tracker cannot see
+        (and which must not run under a TorchDispatchMode); the harness then leaves CPU memory unmeasured."""
+        return True
+
     def cost(self, shape: Shape) -> Cost:
         """Analytic cost; the default is dense attention's. Sub-quadratic variants override it."""
         return dense_attention_cost(shape)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.analysis import scaling_table
 from attnbench.results import read_results
 
 BASELINE = "full"
@@ -52,6 +53,12 @@ def summary_tables(frame: pd.DataFrame) -> str:
             headers = ["variant", "status", "time ms (median ± IQR)", f"speedup vs {BASELINE}", "peak MiB",
                        f"mem vs {BASELINE}", "err vs uniform", "notes"]
             parts.append(f"### {heading}, N={n}\n\n{markdown_table(headers, rows)}\n")
+        scaling = scaling_table(group_frame)
+        if len(scaling) and (scaling.points > 1).any():
+            rows = [[r.label, r.n_range, _fmt(r.time_slope, ".2f"), _fmt(r.memory_slope, ".2f")]
+                    for r in scaling.itertuples() if r.points > 1]
+            table = markdown_table(["variant", "N range", "time slope", "memory slope"], rows)
+            parts.append(f"### {heading}: log-log slopes (1 = linear, 2 = quadratic)\n\n{table}\n")
     return "\n".join(parts)
 
 

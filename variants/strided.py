@@ -171,6 +171,10 @@ class StridedAttention(AttentionVariant):
                                   kind=str, choices=("blocked", FLEX_BACKEND)),
     }
 
+    @property
+    def cpu_memory_trackable(self) -> bool:
+        return self.backend != FLEX_BACKEND
+
     def unsupported_reason(self, **options: object) -> str | None:
         reason = super().unsupported_reason(**options)
         if reason is None and self.backend == FLEX_BACKEND:
