@@ -55,6 +55,13 @@ def _refuses(call: Callable[[], object]) -> bool:
     return False
 
 
+def _supports(ctx: CheckContext, variant: AttentionVariant, *, causal: bool = False, padded: bool = False,
+              n_q: int = 8, n_k: int = 8, backward: bool = False) -> bool:
+    """Whether this instance accepts these options (capabilities may depend on its hyperparameters)."""
+    return variant.unsupported_reason(device=ctx.device.type, dtype=ctx.dtype, causal=causal, padded=padded,
+                                      n_q=n_q, n_k=n_k, backward=backward) is None
+
+
 def padding_for(batch: int, n: int, device: torch.device) -> Tensor:
     """Key padding that differs per batch element: element b has (b + 1) * n // 4 padded keys at the end."""
     lengths = torch.tensor([n - (index + 1) * n // 4 for index in range(batch)], device=device)
@@ -94,7 +101,7 @@ def check_shapes(ctx: CheckContext) -> CheckResult:
 def check_cross_attention(ctx: CheckContext) -> CheckResult:
     q, k, v = ctx.tensors((1, 2, 29, 16), (1, 2, 41, 16), (1, 2, 41, 16))
     variant = ctx.make()
-    if not variant.supports.cross_attention:
+    if not _supports(ctx, variant, n_q=29, n_k=41):
         ok = _refuses(lambda: variant(q, k, v))
         return CheckResult("cross_attention", "pass" if ok else "fail",
                            "undeclared Nq != Nk refused" if ok else "Nq != Nk ran although not declared")
@@ -106,7 +113,7 @@ def check_cross_attention(ctx: CheckContext) -> CheckResult:
 def check_causal_leakage(ctx: CheckContext, n: int = 96, t: int = 50) -> CheckResult:
     q, k, v, k2, v2 = ctx.tensors(*[(2, 2, n, 16)] * 5)
     variant = ctx.make()
-    if not variant.supports.causal:
+    if not _supports(ctx, variant, causal=True):
         ok = _refuses(lambda: variant(q, k, v, causal=True))
         return CheckResult("causal_leakage", "pass" if ok else "fail",
                            "undeclared causal refused" if ok else "causal ran although not declared")
@@ -125,13 +132,13 @@ def check_key_padding(ctx: CheckContext, n: int = 64) -> CheckResult:
     q, k, v, k2, v2 = ctx.tensors(*[(3, 2, n, 16)] * 5)
     variant = ctx.make()
     mask = padding_for(3, n, ctx.device)
-    if not variant.supports.key_padding_mask:
+    if not _supports(ctx, variant, padded=True):
         ok = _refuses(lambda: variant(q, k, v, key_padding_mask=mask))
         return CheckResult("key_padding", "pass" if ok else "fail",
                            "undeclared padding mask refused" if ok else "padding mask ran although not declared")
     padded = mask[:, None, :, None]  # (b, 1, n, 1)
     diffs = []
-    for causal in (False, True) if variant.supports.causal else (False,):
+    for causal in (False, True) if _supports(ctx, variant, causal=True, padded=True) else (False,):
         before = variant(q, k, v, causal=causal, key_padding_mask=mask)
         after = ctx.make()(q, torch.where(padded, k2, k), torch.where(padded, v2, v), causal=causal, key_padding_mask=mask)
         diffs.append(_max_diff(before, after))
@@ -149,7 +156,7 @@ def check_determinism(ctx: CheckContext) -> CheckResult:
 def check_gradients(ctx: CheckContext) -> CheckResult:
     q, k, v = (t.requires_grad_() for t in ctx.tensors(*[(1, 2, 48, 16)] * 3))
     variant = ctx.make()
-    if not variant.supports.backward:
+    if not _supports(ctx, variant, backward=True):
         ok = _refuses(lambda: variant(q, k, v))
         return CheckResult("gradients", "pass" if ok else "fail",
                            "undeclared backward refused" if ok else "backward ran although not declared")
@@ -164,8 +171,7 @@ def check_exact_pattern(ctx: CheckContext, n: int = 75) -> CheckResult:
     variant = ctx.make()
     if not variant.exact:
         return CheckResult("exact_pattern", "skip", "approximate variant")
-    options = [(c, p) for c in (False, True) for p in (False, True)
-               if (not c or variant.supports.causal) and (not p or variant.supports.key_padding_mask)]
+    options = [(c, p) for c in (False, True) for p in (False, True) if _supports(ctx, variant, causal=c, padded=p)]
     worst = max(exactness_error(variant, n=n, causal=c, padded=p, device=ctx.device, dtype=ctx.dtype) for c, p in options)
     ok = worst <= max(ctx.atol, 1e-6 if ctx.dtype == torch.float32 else 0.0)
     return CheckResult("exact_pattern", "pass" if ok else "fail",

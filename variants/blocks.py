@@ -82,9 +82,11 @@ class Pattern:
         SDPA's fused CPU kernel takes a float mask as it is; a bool mask would be converted on every call.
         """
         if dtype not in self._biases:
-            blocked = ~self.allowed & self.has_key[..., None]
-            self._biases[dtype] = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device).masked_fill_(
-                blocked, float("-inf"))
+            zero = torch.zeros((), dtype=dtype, device=self.allowed.device)
+            bias = torch.where(self.allowed, zero, float("-inf"))
+            if not bool(self.has_key.all()):
+                bias.masked_fill_(~self.has_key[..., None], 0.0)
+            self._biases[dtype] = bias
         return self._biases[dtype]
 
     def restricted_to(self, valid_keys: Tensor | None, heads: int) -> "Pattern":

@@ -1,0 +1,117 @@
+"""LSH attention: its limiting cases equal exact attention; it is causal, seeded, and improves with rounds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbench.interface import VariantError
+from attnbench.metrics import error_metrics
+from attnbench.reference import dense_masked_attention, exact_reference
+from attnbench.registry import registry
+from attnbench.variants.lsh import hash_buckets
+
+
+def qkv(n: int, b: int = 2, h: int = 2, d: int = 16, seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, n, d, generator=generator, dtype=torch.float64) for _ in range(3)]
+
+
+@pytest.mark.parametrize("n", [100, 128, 37])
+@pytest.mark.parametrize("n_hashes", [1, 3])
+@pytest.mark.parametrize("padded", [False, True])
+def test_one_bucket_one_chunk_is_full_attention(n: int, n_hashes: int, padded: bool) -> None:
+    causal = False  # causal needs shared_qk (below)
+    # every round sees every key: the union is everything, each key counted once however many rounds share it
+    q, k, v = qkv(n)
+    mask = torch.arange(n)[None, :] >= torch.tensor([n - n // 3, n])[:, None] if padded else None
+    variant = registry.create("lsh", n_buckets=1, bucket_size=128, n_hashes=n_hashes)
+    expected = exact_reference(q, k, v, causal=causal, key_padding_mask=mask).output
+    torch.testing.assert_close(variant(q, k, v, causal=causal, key_padding_mask=mask), expected, rtol=0, atol=1e-12)
+
+
+def test_chunks_with_look_around_covering_n_are_full_attention() -> None:
+    # 4 chunks of 32, looking 3 back and 3 forward: every chunk sees all; many rounds, one answer
+    q, k, v = qkv(128)
+    variant = registry.create("lsh", bucket_size=32, n_buckets=8, n_hashes=4, look_backward=3, look_forward=3)
+    expected = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(variant(q, k, v), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("bucket_size", [128, 32])
+def test_shared_qk_one_bucket_is_the_self_masked_reference(causal: bool, bucket_size: int) -> None:
+    n = 90
+    q, _, v = qkv(n)
+    look = 3 if bucket_size == 32 else 1  # 3 chunks of 32 looking 3 back and forward: everything is seen
+    variant = registry.create("lsh", n_buckets=1, bucket_size=bucket_size, n_hashes=2, shared_qk=True,
+                              look_backward=look, look_forward=look)
+    allowed = ~torch.eye(n, dtype=torch.bool)
+    if causal:
+        allowed &= torch.ones(n, n, dtype=torch.bool).tril()
+    expected = dense_masked_attention(q, F.normalize(q, dim=-1), v, allowed)
+    if causal:  # the first token sees nothing but itself, so it attends to itself
+        expected[:, :, 0] = v[:, :, 0]
+    torch.testing.assert_close(variant(q, torch.zeros_like(q), v, causal=causal), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_buckets", [2, 8])
+@pytest.mark.parametrize("padded", [False, True])
+def test_causal_outputs_do_not_depend_on_later_tokens(n_buckets: int, padded: bool) -> None:
+    # later tokens must change neither what an earlier query attends to nor which chunk it lands in
+    n, t = 300, 170
+    q, _, v = qkv(n, seed=1)
+    q2, _, v2 = qkv(n, seed=2)
+    mask = torch.arange(n)[None, :] >= torch.tensor([250, n])[:, None] if padded else None
+    later = torch.arange(n)[:, None] > t
+    variant = registry.create("lsh", bucket_size=16, n_hashes=4, n_buckets=n_buckets, shared_qk=True)
+    before = variant(q, q, v, causal=True, key_padding_mask=mask)
+    after = variant(torch.where(later, q2, q), q, torch.where(later, v2, v), causal=True, key_padding_mask=mask)
+    torch.testing.assert_close(before[:, :, : t + 1], after[:, :, : t + 1], rtol=0, atol=1e-12)
+
+
+def test_causal_needs_shared_qk() -> None:
+    reason = registry.create("lsh").unsupported_reason(device="cpu", dtype="float32", causal=True, padded=False,
+                                                        n_q=8, n_k=8)
+    assert reason is not None and "shared_qk=True" in reason
+
+
+def test_seed_decides_the_rotations() -> None:
+    q, k, v = qkv(256)
+    same = [registry.create("lsh", bucket_size=16, seed=7)(q, k, v) for _ in range(2)]
+    assert torch.equal(same[0], same[1])
+    buckets = [hash_buckets(q, registry.create("lsh", seed=s).rotations(16, 16, q.device)) for s in (1, 2)]
+    assert (buckets[0] != buckets[1]).float().mean() > 0.5
+
+
+def clustered(n: int, centroids: int = 8, d: int = 32, seed: int = 0) -> list[torch.Tensor]:
+    """Queries and keys near a few shared centroids (what LSH is built for); values random."""
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.randn(centroids, d, generator=generator) * 3
+    assignment = torch.randint(centroids, (2, 1, 2, n), generator=generator)
+    q = centres[assignment[0]] + 0.3 * torch.randn(1, 2, n, d, generator=generator)
+    k = centres[assignment[1]] + 0.3 * torch.randn(1, 2, n, d, generator=generator)
+    return [q, k, torch.randn(1, 2, n, d, generator=generator)]
+
+
+def test_error_falls_as_rounds_grow_on_clustered_inputs() -> None:
+    q, k, v = clustered(1024)
+    reference = exact_reference(q, k, v, causal=False, key_padding_mask=None)
+    errors = [error_metrics(registry.create("lsh", bucket_size=32, n_hashes=rounds, seed=3)(q, k, v), reference).vs_uniform
+              for rounds in (1, 2, 4, 8)]
+    assert errors == sorted(errors, reverse=True), errors
+    assert errors[-1] < 0.5 * errors[0]
+
+
+def test_odd_bucket_count_is_refused_by_name() -> None:
+    with pytest.raises(VariantError, match="n_buckets: 7 must be even or 1"):
+        registry.create("lsh", n_buckets=7)
+
+
+def test_gradcheck_through_the_attention() -> None:
+    q, k, v = (t[:1, :1, :20, :4].clone().requires_grad_() for t in qkv(20))
+    variant = registry.create("lsh", n_buckets=1, bucket_size=8, n_hashes=2)
+    assert torch.autograd.gradcheck(lambda q, k, v: variant(q, k, v), (q, k, v))
+    shared = registry.create("lsh", n_buckets=1, bucket_size=8, n_hashes=2, shared_qk=True)
+    assert torch.autograd.gradcheck(lambda q, v: shared(q, q, v, causal=True), (q, v))
