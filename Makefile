@@ -8,7 +8,7 @@ CONFIG     ?= quick
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.attnbench-installed
 
-.PHONY: setup test bench benchmark clean
+.PHONY: setup test bench benchmark compare-lsh clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,11 @@ bench: $(STAMP)
 
 benchmark: $(STAMP)
 	$(BIN)/python -m pytest tests/benchmarks --benchmark-only --benchmark-autosave
+
+# our lsh beside reformer-pytorch's LSHAttention; that package is installed for this comparison only
+compare-lsh: $(STAMP)
+	$(BIN)/python -m pip install --quiet reformer-pytorch==1.4.4
+	$(BIN)/python tests/benchmarks/compare_reformer.py --seq-len 8192
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

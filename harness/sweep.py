@@ -21,7 +21,7 @@ from attnbench.config import Cell, SweepConfig
 from attnbench.conformance import TOLERANCE, exactness_error
 from attnbench.inputs import Inputs, make_inputs
 from attnbench.interface import AttentionVariant, Shape
-from attnbench.machine import available_memory_bytes, machine_info, measure_peaks
+from attnbench.machine import available_memory_bytes, machine_info, measure_peaks, retain_freed_memory
 from attnbench.memory import peak_memory
 from attnbench.metrics import error_metrics
 from attnbench.reference import Reference, exact_reference
@@ -82,12 +82,14 @@ class Sweep:
 
     def run(self) -> Path:
         cells = self.config.cells()
+        allocator = retain_freed_memory()  # every variant is timed warm, as CUDA's caching allocator would have it
         meta = {
             "run_id": self.run_dir.name,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "config": self.config.to_dict(),
             "cells": len(cells),
             "machine": machine_info(self.config.device),
+            "cpu_allocator": allocator,
             "peaks": self._measure_peaks(),
         }
         write_json_atomic(self.run_dir / "meta.json", meta)

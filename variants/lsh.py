@@ -118,18 +118,20 @@ def _lookup(table: Tensor, positions: Tensor) -> Tensor:
     return table.gather(1, positions.reshape(positions.shape[0], -1)).view(positions.shape)
 
 
-def _rows_with_zero(x: Tensor, index: Tensor) -> Tensor:
-    """Rows of x (b, h, n, z) at `index` (b, h, ...) of positions, EMPTY giving a zero row: (..., z)."""
+def _rows(x: Tensor, index: Tensor) -> Tensor:
+    """Rows of x (b, h, n, z) at `index` (b, h, ...) of positions -> (b, h, ..., z), one index_select.
+
+    An EMPTY slot reads row 0: what it holds never counts, as its key is masked and its query dropped.
+    """
     b, h, n, z = x.shape
-    rows = torch.cat([x.reshape(b * h * n, z), x.new_zeros(1, z)])
     base = torch.arange(b * h, device=x.device).view(b, h, *[1] * (index.dim() - 2)) * n
-    flat = torch.where(index == EMPTY, b * h * n, index + base)
-    return rows.index_select(0, flat.reshape(-1)).view(*index.shape, z)
+    flat = index.clamp(min=0) + base
+    return x.reshape(b * h * n, z).index_select(0, flat.reshape(-1)).view(*index.shape, z)
 
 
 def gather_chunks(x: Tensor, layout: Tensor, chunk: int) -> Tensor:
     """x (b, h, n, z) in a round's sorted layout (b, h, r, s), as chunks ((b h r), c, i, z)."""
-    return rearrange(_rows_with_zero(x, layout), "b h r (c i) z -> (b h r) c i z", i=chunk)
+    return rearrange(_rows(x, layout), "b h r (c i) z -> (b h r) c i z", i=chunk)
 
 
 def gather_windows(x: Tensor, layout: Tensor, chunk: int, back: int, forward: int) -> Tensor:
@@ -139,7 +141,7 @@ def gather_windows(x: Tensor, layout: Tensor, chunk: int, back: int, forward: in
     are a strided view of that: no second copy.
     """
     padded = F.pad(rearrange(layout, "b h r (c i) -> b h r c i", i=chunk), (0, 0, back, forward), value=EMPTY)
-    gathered = rearrange(_rows_with_zero(x, padded), "b h r c i z -> (b h r) (c i) z")
+    gathered = rearrange(_rows(x, padded), "b h r c i z -> (b h r) (c i) z")
     windows = gathered.unfold(1, (back + 1 + forward) * chunk, chunk)  # (x, c, z, window)
     return rearrange(windows, "x c z j -> x c j z")
 
@@ -223,7 +225,7 @@ class LSHAttention(AttentionVariant):
         # back to original positions: out[p] = out_sorted[slot[p]]
         slot = slot_of_position(query_layout, n)  # (b, h, r, n)
         out = rearrange(part.out, "(b h r) c i e -> b (h r) (c i) e", b=b, h=h)
-        out = rearrange(_rows_with_zero(out, rearrange(slot, "b h r n -> b (h r) n")), "b (h r) n e -> b h r n e", h=h)
+        out = rearrange(_rows(out, rearrange(slot, "b h r n -> b (h r) n")), "b (h r) n e -> b h r n e", h=h)
         lse = rearrange(part.lse, "(b h r) c i -> b h r (c i)", b=b, h=h).gather(3, slot)
         result = combine([Partial(out=out[:, :, r], lse=lse[:, :, r]) for r in range(out.shape[2])])
         if self.shared_qk:  # a token that sees nothing else in any round attends to itself alone
@@ -279,10 +281,11 @@ class LSHAttention(AttentionVariant):
             later = slice(earlier + 1, None)
             q_chunk = _lookup(query_chunk[:, earlier], query_r[:, later])  # (bh, r', c, i, 1)
             k_chunk = _lookup(key_chunk[:, earlier], key_r[:, later])  # (bh, r', c, 1, j)
-            met = (k_chunk >= q_chunk - self.look_backward) & (k_chunk <= q_chunk + self.look_forward)
+            # k - q in [-back, forward], as one unsigned comparison: negatives wrap to large values
+            met = (k_chunk - (q_chunk - self.look_backward)).to(torch.uint8) <= self.look_backward + self.look_forward
             if bucket_of is not None:
                 met &= _lookup(bucket_of[:, earlier], key_r[:, later]) == _lookup(bucket_of[:, earlier], query_r[:, later])
-            allowed_r[:, later] &= ~met
+            allowed_r[:, later].masked_fill_(met, False)
         return allowed
 
     def cost(self, shape: Shape) -> Cost:
