@@ -1,0 +1,77 @@
+"""Attention through feature maps: out_i = sum_j (phi(q_i) . phi(k_j)) v_j / sum_j phi(q_i) . phi(k_j).
+
+The shared core of `linear` (elu + 1) and `performer` (FAVOR+). Non-causal: two small products,
+O(N * M * E). Causal: chunked — exact masked attention inside each chunk plus a state (M x E) carried
+from earlier chunks — never a cumulative sum of N outer products. Everything accumulates in float32
+(float64 for float64 inputs), and denominators are guarded.
+
+`key_log_scale` g (non-decreasing along n, per position) supports numerically stabilized features:
+key j's true feature is phi(k_j) * exp(g_j). Query i then works relative to exp(g_i), so no quantity is
+ever scaled by a key later than the query (a stabilizer taken over the whole sequence would leak the
+future through underflow).
+
+b - batch, h - heads, n - position, c - chunk, i - query in chunk, j - key in chunk, m - feature, e - value dim
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import einsum, rearrange
+from torch import Tensor
+
+from attnbench.variants.blocks import pad_sequence
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def with_ones(v: Tensor, dtype: torch.dtype) -> Tensor:
+    """(..., e) -> (..., e + 1): the last column carries the normalizer through the same products."""
+    return torch.cat([v.to(dtype), torch.ones(*v.shape[:-1], 1, dtype=dtype, device=v.device)], dim=-1)
+
+
+def feature_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float) -> Tensor:
+    """Non-causal: phi_q (b, h, n, m), phi_k (b, h, n', m) (padded keys already zero), v (b, h, n', e)."""
+    state = einsum(phi_k, with_ones(v, phi_k.dtype), "b h n m, b h n e -> b h m e")  # (b, h, m, e + 1)
+    total = einsum(phi_q, state, "b h n m, b h m e -> b h n e")
+    return (total[..., :-1] / total[..., -1:].clamp(min=eps)).to(v.dtype)
+
+
+def causal_feature_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk: int, eps: float,
+                             key_log_scale: Tensor | None = None) -> Tensor:
+    """Causal, chunked. phi_q, phi_k (b, h, n, m) >= 0; v (b, h, n, e); key_log_scale g (b, h, n) or None."""
+    b, h, n, _ = phi_q.shape
+    pad = -n % chunk
+    as_chunks = lambda t: rearrange(pad_sequence(t, 0, pad), "b h (c i) z -> b h c i z", i=chunk)  # noqa: E731
+    q_c, k_c = as_chunks(phi_q), as_chunks(phi_k)
+    v_c = as_chunks(with_ones(v, phi_k.dtype))  # (b, h, c, j, e + 1)
+
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=v.device).tril()
+    scores = einsum(q_c, k_c, "b h c i m, b h c j m -> b h c i j")
+    if key_log_scale is None:
+        scores = scores.masked_fill(~causal, 0.0)
+        chunk_sums = einsum(k_c, v_c, "b h c j m, b h c j e -> b h c m e")
+        state = chunk_sums.cumsum(dim=2) - chunk_sums  # sum over earlier chunks: (b, h, c, m, e+1)
+        from_state = einsum(q_c, state, "b h c i m, b h c m e -> b h c i e")
+    else:
+        g = rearrange(pad_sequence(key_log_scale[..., None], 0, pad), "b h (c i) 1 -> b h c i", i=chunk)
+        if pad:  # padding positions repeat the last real scale so g stays non-decreasing
+            g = torch.where(torch.arange(g.shape[2] * chunk, device=v.device).view(-1, chunk) < n, g,
+                            key_log_scale[..., -1:, None])
+        decay = (g[..., None, :] - g[..., :, None]).masked_fill(~causal, float("-inf"))  # g_j - g_i, j <= i
+        scores = scores * decay.exp()
+        chunk_end = g[..., -1]  # (b, h, c)
+        chunk_sums = einsum(k_c * (g - chunk_end[..., None]).exp()[..., None], v_c, "b h c j m, b h c j e -> b h c m e")
+        states, carried = [], torch.zeros_like(chunk_sums[:, :, 0])
+        for index in range(chunk_sums.shape[2]):  # state before chunk c, relative to exp(g at end of c - 1)
+            states.append(carried)
+            previous_end = chunk_end[:, :, index - 1] if index else chunk_end[:, :, 0]
+            carried = carried * (previous_end - chunk_end[:, :, index]).exp()[..., None, None] + chunk_sums[:, :, index]
+        state = torch.stack(states, dim=2)
+        previous_end = torch.cat([chunk_end[:, :, :1], chunk_end[:, :, :-1]], dim=2)  # (b, h, c)
+        from_state = einsum(q_c, state, "b h c i m, b h c m e -> b h c i e")
+        from_state = from_state * (previous_end[..., None] - g).exp()[..., None]
+    total = from_state + einsum(scores, v_c, "b h c i j, b h c j e -> b h c i e")
+    out = total[..., :-1] / total[..., -1:].clamp(min=eps)
+    return rearrange(out, "b h c i e -> b h (c i) e")[:, :, :n].to(v.dtype)

@@ -1,0 +1,190 @@
+"""Linear attention (Katharopoulos et al. 2020, elu + 1) and Performer FAVOR+ (Choromanski et al. 2021).
+
+Both replace exp(q . k / sqrt(d)) by a product of feature maps phi(q) . phi(k), which makes attention
+linear in N (see feature_attention.py for the non-causal and chunked causal cores).
+
+- `linear`: phi(x) = elu(x) + 1. A different kernel from softmax, not an approximation of it.
+- `performer`: positive orthogonal random features, an unbiased estimate of the softmax kernel:
+  phi(x) = exp(w . x' - |x'|^2 / 2) / sqrt(m), x' = x / d^(1/4), with m rows w drawn as blocks of
+  orthogonal directions scaled by Gaussian norms, from the seed. Stabilized: a query's features by their
+  own max; keys by the max over all keys (non-causal) or by the running max up to each key (causal).
+
+b - batch, h - heads, n - position, d - head dim, m - feature
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from einops import einsum
+from torch import Tensor
+
+from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
+
+from attnbench.variants.feature_attention import (
+    accumulation_dtype,
+    causal_feature_attention,
+    feature_attention,
+    with_ones,
+)
+
+CHUNK = Hyperparameter(64, "causal: positions per chunk (exact inside, carried state across)", minimum=1)
+EPS = Hyperparameter(1e-6, "smallest denominator", kind=float, minimum=0.0)
+
+
+def _drop_padded(phi_k: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    """Padded keys leave numerator and denominator: their features are zero."""
+    if key_padding_mask is None:
+        return phi_k
+    return phi_k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
+
+
+def _feature_cost(shape: Shape, features: int, feature_flops: float) -> Cost:
+    s = shape
+    bh = s.batch * s.heads
+    flops = bh * (feature_flops + 2 * s.n_k * features * (s.value_dim + 1) + 2 * s.n_q * features * (s.value_dim + 1))
+    io = bh * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim) * s.dtype_bytes
+    working = bh * (s.n_q + s.n_k) * features * 4 + bh * features * (s.value_dim + 1) * 4
+    return Cost(flops=flops, bytes_moved=io, working_bytes=working)
+
+
+class LinearAttention(AttentionVariant):
+    """Katharopoulos et al.: phi(x) = elu(x) + 1."""
+
+    name = "linear"
+    family = "linear"
+    exact = False
+    supports = Capabilities(subquadratic_memory=True)
+    hyperparameters = {"chunk_size": CHUNK, "eps": EPS}
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        work = accumulation_dtype(q.dtype)
+        phi_q = F.elu(q.to(work)) + 1
+        phi_k = _drop_padded(F.elu(k.to(work)) + 1, key_padding_mask)
+        if causal:
+            return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size, eps=self.eps)
+        return feature_attention(phi_q, phi_k, v, eps=self.eps)
+
+    def cost(self, shape: Shape) -> Cost:
+        return _feature_cost(shape, shape.head_dim, 2 * (shape.n_q + shape.n_k) * shape.head_dim)
+
+
+STREAM_BLOCK = 1024  # positions per block in the streamed forward: 8 heads x 1024 x 256 features = 8 MiB
+
+
+def _finite_or_zero(x: Tensor) -> Tensor:
+    """-inf (only padded keys so far) read as 0: their features are zero whatever the scale."""
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def _in_place_ok(x: Tensor) -> bool:
+    return not (torch.is_grad_enabled() and x.requires_grad)
+
+
+def _minus(x: Tensor, y: Tensor) -> Tensor:
+    """x - y, in place when no gradient needs x (saves a pass over N x m at long N)."""
+    return x.sub_(y) if _in_place_ok(x) else x - y
+
+
+def _exp(x: Tensor) -> Tensor:
+    return x.exp_() if _in_place_ok(x) else x.exp()
+
+
+def orthogonal_features(head_dim: int, features: int, generator: torch.Generator) -> Tensor:
+    """(m, d): blocks of d orthogonal directions (QR of Gaussians), rows scaled by chi(d)-distributed norms."""
+    blocks = []
+    for _ in range(math.ceil(features / head_dim)):
+        q, _ = torch.linalg.qr(torch.randn(head_dim, head_dim, generator=generator, dtype=torch.float64))
+        blocks.append(q.T)
+    directions = torch.cat(blocks)[:features]
+    norms = torch.randn(features, head_dim, generator=generator, dtype=torch.float64).norm(dim=1, keepdim=True)
+    return directions * norms
+
+
+class PerformerAttention(AttentionVariant):
+    """FAVOR+: positive orthogonal random features estimating the softmax kernel."""
+
+    name = "performer"
+    family = "linear"
+    exact = False
+    supports = Capabilities(subquadratic_memory=True)
+    hyperparameters = {
+        "features": Hyperparameter(256, "m: random features (more: closer to softmax, slower)", minimum=1),
+        "chunk_size": CHUNK,
+        "eps": EPS,
+    }
+
+    def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
+        super().__init__(seed=seed, **hyperparams)
+        self._projections: dict[tuple, Tensor] = {}
+
+    def projection(self, head_dim: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """(m, d) feature directions, with the data normalizer d^(-1/4) folded in."""
+        key = (head_dim, str(device), dtype)
+        if key not in self._projections:
+            generator = torch.Generator().manual_seed(self.seed)
+            features = orthogonal_features(head_dim, self.features, generator) * head_dim**-0.25
+            self._projections[key] = features.to(device, dtype)
+        return self._projections[key]
+
+    def _projected(self, x: Tensor) -> Tensor:
+        """w . x' for every feature: (b, h, n, m), as one flat matmul (a batched einsum ran 2.5x slower)."""
+        features = self.projection(x.shape[-1], x.device, x.dtype)
+        return (x.reshape(-1, x.shape[-1]) @ features.T).view(*x.shape[:-1], features.shape[0])
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        if not causal and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+            return self._streamed(q, k, v, key_padding_mask)
+        work = accumulation_dtype(q.dtype)
+        q, k = q.to(work), k.to(work)
+        # Queries: exp(w.q' - |q'|^2/2) / sqrt(m) up to a per-query factor, which cancels in the query's
+        # normalization; subtracting the query's own max keeps exp() in range.
+        log_q = self._projected(q)
+        phi_q = _exp(_minus(log_q, log_q.amax(dim=-1, keepdim=True).detach()))
+        # Keys: the per-key |k'|^2 / 2 matters; one common stabilizer (it cancels) keeps exp() in range.
+        log_k = _minus(self._projected(k), k.square().sum(dim=-1, keepdim=True) * (k.shape[-1] ** -0.5 / 2))
+        if key_padding_mask is not None:  # padded keys neither count nor set the stabilizer
+            log_k = log_k.masked_fill(key_padding_mask[:, None, :, None], float("-inf"))
+        key_max = log_k.amax(dim=-1).detach()  # (b, h, n)
+        if causal:  # only keys up to each position may set its scale: a global max would leak the future
+            running = _finite_or_zero(key_max.cummax(dim=-1).values)
+            phi_k = _exp(_minus(log_k, running[..., None]))
+            return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size, eps=self.eps,
+                                            key_log_scale=running)
+        top = _finite_or_zero(key_max.amax(dim=-1, keepdim=True))  # over all (real) keys
+        return feature_attention(phi_q, _exp(_minus(log_k, top[..., None])), v, eps=self.eps)
+
+    def _streamed(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        """Non-causal without autograd, in blocks of positions that stay in cache: the N x m features are
+        never held whole. Keys are stabilized by a running max, the state rescaled when it grows (as in
+        online softmax), which ends equal to stabilizing by the max over all keys."""
+        work = accumulation_dtype(q.dtype)
+        n, block = k.shape[-2], STREAM_BLOCK
+        state = top = None
+        for start in range(0, n, block):
+            keys = k[:, :, start : start + block].to(work)
+            log_k = self._projected(keys).sub_(keys.square().sum(dim=-1, keepdim=True) * (keys.shape[-1] ** -0.5 / 2))
+            if key_padding_mask is not None:
+                log_k.masked_fill_(key_padding_mask[:, None, start : start + block, None], float("-inf"))
+            block_top = log_k.amax(dim=(-2, -1), keepdim=True)  # (b, h, 1, 1)
+            new_top = block_top if top is None else torch.maximum(top, block_top)
+            new_top = _finite_or_zero(new_top)
+            block_state = einsum(log_k.sub_(new_top).exp_(), with_ones(v[:, :, start : start + block], work),
+                                 "b h n m, b h n e -> b h m e")
+            state = block_state if state is None else state.mul_((top - new_top).exp()).add_(block_state)
+            top = new_top
+        outputs = []
+        for start in range(0, q.shape[-2], block):
+            log_q = self._projected(q[:, :, start : start + block].to(work))
+            phi_q = log_q.sub_(log_q.amax(dim=-1, keepdim=True)).exp_()
+            total = einsum(phi_q, state, "b h n m, b h m e -> b h n e")
+            outputs.append(total[..., :-1] / total[..., -1:].clamp(min=self.eps))
+        return torch.cat(outputs, dim=2).to(v.dtype)
+
+    def cost(self, shape: Shape) -> Cost:
+        projection = 2 * (shape.n_q + shape.n_k) * shape.head_dim * self.features
+        return _feature_cost(shape, self.features, projection + 4 * (shape.n_q + shape.n_k) * self.features)
+
