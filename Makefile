@@ -8,7 +8,7 @@ CONFIG     ?= quick
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.attnbench-installed
 
-.PHONY: setup test bench benchmark compare-lsh clean
+.PHONY: setup test bench benchmark compare-lsh compare-performer clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,11 @@ benchmark: $(STAMP)
 compare-lsh: $(STAMP)
 	$(BIN)/python -m pip install --quiet reformer-pytorch==1.4.4
 	$(BIN)/python tests/benchmarks/compare_reformer.py --seq-len 8192
+
+# our performer beside performer-pytorch's FastAttention; that package is installed for this comparison only
+compare-performer: $(STAMP)
+	$(BIN)/python -m pip install --quiet performer-pytorch==1.1.4
+	$(BIN)/python tests/benchmarks/compare_performer.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

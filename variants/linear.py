@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from einops import einsum
 from torch import Tensor
 
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
@@ -172,15 +171,15 @@ class PerformerAttention(AttentionVariant):
             block_top = log_k.amax(dim=(-2, -1), keepdim=True)  # (b, h, 1, 1)
             new_top = block_top if top is None else torch.maximum(top, block_top)
             new_top = _finite_or_zero(new_top)
-            block_state = einsum(log_k.sub_(new_top).exp_(), with_ones(v[:, :, start : start + block], work),
-                                 "b h n m, b h n e -> b h m e")
+            # (b, h, m, n) @ (b, h, n, e + 1): a plain matmul on the transposed view (einsum ran 2x slower here)
+            block_state = log_k.sub_(new_top).exp_().transpose(-1, -2) @ with_ones(v[:, :, start : start + block], work)
             state = block_state if state is None else state.mul_((top - new_top).exp()).add_(block_state)
             top = new_top
         outputs = []
         for start in range(0, q.shape[-2], block):
             log_q = self._projected(q[:, :, start : start + block].to(work))
             phi_q = log_q.sub_(log_q.amax(dim=-1, keepdim=True)).exp_()
-            total = einsum(phi_q, state, "b h n m, b h m e -> b h n e")
+            total = phi_q @ state  # (b, h, n, m) @ (b, h, m, e + 1)
             outputs.append(total[..., :-1] / total[..., -1:].clamp(min=self.eps))
         return torch.cat(outputs, dim=2).to(v.dtype)
 
