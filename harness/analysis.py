@@ -30,3 +30,53 @@ def scaling_table(cells: pd.DataFrame) -> pd.DataFrame:
             "memory_slope": loglog_slope(group.seq_len, group.peak_mem_bytes),
         })
     return pd.DataFrame(rows)
+
+
+def crossover(n: list[float], ratio: list[float]) -> tuple[float | None, str]:
+    """Where `ratio` (variant / baseline, sorted by N) first falls to 1 or below, interpolated in log-log.
+
+    Returns (N, description); N is None when the curve does not cross inside the swept range.
+    """
+    points = [(a, r) for a, r in zip(n, ratio) if r is not None and not math.isnan(r) and r > 0]
+    if not points:
+        return None, "no comparable points"
+    if points[0][1] <= 1:
+        return points[0][0], f"already at N={points[0][0]:g} (smallest swept)"
+    for (n_a, r_a), (n_b, r_b) in zip(points, points[1:]):
+        if r_b <= 1 < r_a:
+            fraction = math.log(r_a) / (math.log(r_a) - math.log(r_b))
+            at = math.exp(math.log(n_a) + fraction * (math.log(n_b) - math.log(n_a)))
+            return at, f"N ≈ {at:,.0f} (between {n_a:g} and {n_b:g})"
+    return None, f"not within the swept range (N ≤ {points[-1][0]:g})"
+
+
+def crossover_table(cells: pd.DataFrame, baseline: str = "full") -> pd.DataFrame:
+    """Per variant label: the N from which it is faster, and smaller, than `baseline`."""
+    ok = cells[cells.status == "ok"]
+    base = ok[ok.variant == baseline].set_index("seq_len")
+    rows = []
+    for label, group in ok[ok.variant != baseline].groupby("label", sort=False):
+        group = group.sort_values("seq_len")
+        shared = [n for n in group.seq_len if n in base.index]
+        if not shared:
+            continue
+        group = group.set_index("seq_len").loc[shared]
+        time_ratio = (group.time_median_s / base.loc[shared, "time_median_s"]).tolist()
+        memory_ratio = (group.peak_mem_bytes / base.loc[shared, "peak_mem_bytes"]).tolist()
+        rows.append({
+            "label": label,
+            "faster_from": crossover(shared, time_ratio)[1],
+            "smaller_from": crossover(shared, memory_ratio)[1],
+        })
+    return pd.DataFrame(rows)
+
+
+def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
+    """Achieved FLOP/s (the variant's cost model over its median time) as a fraction of the run's matmul peak."""
+    def fraction(row: pd.Series) -> float:
+        peak = peaks.get(f"{row['device']}/{row['dtype']}", {}).get("matmul_flops_per_s")  # row.dtype: the Series'
+        if not peak or row["status"] != "ok" or not row["time_median_s"] or pd.isna(row["flops"]):
+            return float("nan")
+        return row["flops"] / row["time_median_s"] / peak
+
+    return cells.apply(fraction, axis=1) if len(cells) else pd.Series(dtype=float)

@@ -16,6 +16,8 @@ EPILOG = """examples:
   attnbench run quick                             # the CPU preset, under 90 s
   attnbench run default --variants full,full-math --seq-lens 512,1024
   attnbench run configs/default.toml --causal both --mode fwd,fwd+bwd --out results
+  attnbench report results/<run-id>
+  attnbench compare results/<run-a> results/<run-b> --fail-above 10
 """
 
 
@@ -59,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
     run.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-report", action="store_true", help="skip report.md / report.html / plots at the end")
+
+    report = commands.add_parser("report", help="(re)build report.md, report.html and plots/ for a run folder")
+    report.add_argument("run_dir", type=Path)
+
+    compare = commands.add_parser("compare", help="compare two runs cell by cell (ratios B / A, noise-aware)")
+    compare.add_argument("run_a", type=Path)
+    compare.add_argument("run_b", type=Path)
+    compare.add_argument("--fail-above", type=float, metavar="PCT",
+                         help="exit 1 if any cell is slower by more than PCT percent beyond noise (for CI)")
     return parser
 
 
@@ -102,16 +114,54 @@ def command_run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     run_dir = run_sweep(config, args.out, progress=not args.no_progress)
     print(write_summary(run_dir))
-    print(f"attnbench: {len(cells)} cells in {time.perf_counter() - started:.0f} s -> {run_dir}/ "
-          "(results.csv, meta.json, summary.md)", file=sys.stderr)
+    outputs = "results.csv, meta.json, summary.md"
+    if not args.no_report:
+        from attnbench.report import write_report
+
+        write_report(run_dir)
+        outputs += ", report.md, report.html, plots/"
+    print(f"attnbench: {len(cells)} cells in {time.perf_counter() - started:.0f} s -> {run_dir}/ ({outputs})",
+          file=sys.stderr)
+    return 0
+
+
+def _run_folder(path: Path) -> Path | None:
+    if not (path / "results.csv").is_file():
+        print(f"attnbench: {path} is not a run folder (no results.csv); runs live in results/<run-id>/", file=sys.stderr)
+        return None
+    return path
+
+
+def command_report(args: argparse.Namespace) -> int:
+    from attnbench.report import write_report
+
+    if _run_folder(args.run_dir) is None:
+        return 2
+    print(f"attnbench: wrote {write_report(args.run_dir)}, report.html and plots/")
+    return 0
+
+
+def command_compare(args: argparse.Namespace) -> int:
+    from attnbench.compare import compare_runs, format_comparison
+
+    if _run_folder(args.run_a) is None or _run_folder(args.run_b) is None:
+        return 2
+    result = compare_runs(args.run_a, args.run_b)
+    print(format_comparison(result, args.run_a, args.run_b))
+    if args.fail_above is not None:
+        regressions = result.regressions(args.fail_above)
+        if len(regressions):
+            print(f"attnbench: {len(regressions)} cell(s) slower by more than {args.fail_above:g}% beyond noise",
+                  file=sys.stderr)
+            return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "list":
-        return command_list()
-    return command_run(args)
+    commands = {"list": lambda: command_list(), "run": lambda: command_run(args),
+                "report": lambda: command_report(args), "compare": lambda: command_compare(args)}
+    return commands[args.command]()
 
 
 if __name__ == "__main__":

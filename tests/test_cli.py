@@ -22,7 +22,8 @@ def test_run_writes_results_and_prints_summary(tmp_path: Path, capsys: pytest.Ca
     out = capsys.readouterr().out
     assert "speedup vs full" in out and "N=64" in out and "causal=True" in out
     run_dir = next(tmp_path.iterdir())
-    assert {p.name for p in run_dir.iterdir()} >= {"results.csv", "meta.json", "summary.md"}
+    assert {p.name for p in run_dir.iterdir()} >= {"results.csv", "meta.json", "summary.md", "report.md",
+                                                   "report.html", "plots"}
 
 
 def test_bad_config_stops_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
