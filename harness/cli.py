@@ -71,7 +71,30 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_b", type=Path)
     compare.add_argument("--fail-above", type=float, metavar="PCT",
                          help="exit 1 if any cell is slower by more than PCT percent beyond noise (for CI)")
+    capture = commands.add_parser("capture", help="record per-layer, per-head Q/K/V of a local Hugging Face model")
+    capture.add_argument("model_dir", type=Path, help="a local model folder (config.json + weights); nothing is downloaded")
+    capture.add_argument("--out", type=Path, required=True, help="file to write: .pt or .safetensors")
+    source = capture.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="text to tokenize (needs a tokenizer in the model folder)")
+    source.add_argument("--token-ids", type=_csv(int), help="comma-separated token ids")
+    source.add_argument("--random-tokens", type=int, metavar="N", help="N random token ids (seeded)")
+    capture.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def command_capture(args: argparse.Namespace) -> int:
+    from attnbench.capture import CaptureError, capture_qkv
+
+    try:
+        tensors = capture_qkv(args.model_dir, args.out, text=args.text, token_ids=args.token_ids,
+                              random_tokens=args.random_tokens, seed=args.seed)
+    except CaptureError as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return 2
+    layers, batch, heads, seq, head_dim = tensors["q"].shape
+    print(f"attnbench: wrote {args.out}: {layers} layers, {heads} query heads ({tensors['k'].shape[2]} key/value), "
+          f"{seq} positions, head_dim {head_dim}. Use it with [[inputs]] name = \"captured\", path = \"{args.out}\"")
+    return 0
 
 
 def command_list() -> int:
@@ -160,7 +183,8 @@ def command_compare(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"list": lambda: command_list(), "run": lambda: command_run(args),
-                "report": lambda: command_report(args), "compare": lambda: command_compare(args)}
+                "report": lambda: command_report(args), "compare": lambda: command_compare(args),
+                "capture": lambda: command_capture(args)}
     return commands[args.command]()
 
 

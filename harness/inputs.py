@@ -1,15 +1,27 @@
 """Input distributions: seeded, deterministic Q/K/V (and a key padding mask) for one cell.
 
-b - batch, h - heads, n - sequence, d - head dim
+An approximation error means something only on inputs whose attention has the structure a variant
+relies on, so there are several, each with the statistic it claims (tests check them):
+- `gaussian`: iid N(0, 1), logits with std 1/temperature. Near-uniform attention at temperature 1.
+- `clustered`: queries and keys near a few shared centroids (what LSH is built for): low entropy.
+- `local`: rotary-style position phases make attention mass decay with distance (what band is built for).
+- `lowrank`: Q and K inside a `rank`-dimensional subspace (what Linformer argues for).
+- `captured`: Q/K/V read from a file (see `load_captured` for the layout), e.g. from `attnbench capture`.
+
+b - batch, h - heads, n - sequence, d - head dim, c - cluster, r - rank
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
+
+Shape4 = tuple[int, int, int, int]
 
 
 @dataclass
@@ -20,34 +32,208 @@ class Inputs:
     key_padding_mask: Tensor | None  # (b, n) bool, True = padding
 
 
-def gaussian(generator: torch.Generator, shape: tuple[int, int, int, int], temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
-    """iid N(0, 1) entries; Q is divided by `temperature`, so the logits q.k/sqrt(d) have std 1/temperature.
-
-    Low temperature gives peaked attention, high temperature nearly uniform attention.
-    """
+def gaussian(generator: torch.Generator, shape: Shape4, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+    """iid N(0, 1); Q divided by `temperature`, so the logits q.k/sqrt(d) have std 1/temperature."""
     q = torch.randn(shape, generator=generator) / temperature
-    k = torch.randn(shape, generator=generator)
-    v = torch.randn(shape, generator=generator)
-    return q, k, v
+    return q, torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
 
 
-DISTRIBUTIONS: dict[str, tuple[Callable[..., tuple[Tensor, Tensor, Tensor]], dict[str, Any]]] = {
-    "gaussian": (gaussian, {"temperature": 1.0}),
+def _norm_for_logit(d: int, temperature: float) -> float:
+    """The length |q| = |k| that makes the logit of two aligned vectors, |q| |k| / sqrt(d), equal 1/temperature."""
+    return (math.sqrt(d) / temperature) ** 0.5
+
+
+def clustered(generator: torch.Generator, shape: Shape4, clusters: int = 8, spread: float = 0.3,
+              temperature: float = 0.1) -> tuple[Tensor, Tensor, Tensor]:
+    """Q and K = one of `clusters` shared unit-norm centroids (per head) plus noise of relative size `spread`.
+
+    Logits within a cluster are about 1/temperature, across clusters near 0: peaked attention.
+    """
+    b, h, n, d = shape
+    centroids = torch.nn.functional.normalize(torch.randn(h, clusters, d, generator=generator), dim=-1)
+
+    def near_centroids() -> Tensor:
+        members = torch.randint(clusters, (b, h, n), generator=generator)
+        picked = torch.gather(centroids[None].expand(b, -1, -1, -1), 2, members[..., None].expand(-1, -1, -1, d))
+        return (picked + spread * torch.randn(shape, generator=generator) / math.sqrt(d)) * _norm_for_logit(d, temperature)
+
+    return near_centroids(), near_centroids(), torch.randn(shape, generator=generator)
+
+
+def rotate(x: Tensor, frequencies: Tensor) -> Tensor:
+    """Rotary position phases: pair (2p, 2p+1) of position i turned by angle i * frequencies[p]."""
+    n = x.shape[-2]
+    angles = torch.arange(n, dtype=x.dtype)[:, None] * frequencies[None, :]  # (n, d/2)
+    cos, sin = angles.cos(), angles.sin()
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+def local(generator: torch.Generator, shape: Shape4, length: float = 64.0, temperature: float = 0.1,
+          noise: float = 0.5) -> tuple[Tensor, Tensor, Tensor]:
+    """Q, K share one direction per head, turned by rotary phases with periods from 2 to ~`length` positions.
+
+    q_i . k_j then sums cosines of (i - j) * frequency: largest at i = j (a logit of about 1/temperature),
+    decaying over about `length` positions.
+    """
+    b, h, n, d = shape
+    if d % 2:
+        raise ValueError("the `local` input needs an even head_dim (rotary pairs)")
+    frequencies = torch.logspace(math.log10(math.pi), math.log10(2 * math.pi / length), d // 2)
+    direction = torch.nn.functional.normalize(torch.randn(h, d, generator=generator), dim=-1)[None, :, None, :]
+    scale = _norm_for_logit(d, temperature)
+
+    def with_phases() -> Tensor:
+        base = direction + noise * torch.randn(shape, generator=generator) / math.sqrt(d)
+        return rotate(base * scale, frequencies)
+
+    return with_phases(), with_phases(), torch.randn(shape, generator=generator)
+
+
+def lowrank(generator: torch.Generator, shape: Shape4, rank: int = 8, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+    """Q = A_q B, K = A_k B with B (rank x d) per head: Q and K live in a rank-dimensional subspace."""
+    b, h, n, d = shape
+    basis = torch.linalg.qr(torch.randn(h, d, min(rank, d), generator=generator)).Q.transpose(-1, -2)  # (h, r, d)
+    scale = (d / min(rank, d)) ** 0.5  # logits keep std 1/temperature
+    q = torch.einsum("bhnr,hrd->bhnd", torch.randn(b, h, n, min(rank, d), generator=generator), basis) * scale
+    k = torch.einsum("bhnr,hrd->bhnd", torch.randn(b, h, n, min(rank, d), generator=generator), basis) * scale
+    return q / temperature, k, torch.randn(shape, generator=generator)
+
+
+# ---- captured Q/K/V from a file ------------------------------------------------------------------
+
+CAPTURE_LAYOUT = ("a mapping with tensors 'q', 'k', 'v', each (batch, heads, seq, head_dim) or "
+                  "(layers, batch, heads, seq, head_dim); k and v may have fewer heads than q (grouped-query), "
+                  "a divisor of q's")
+
+
+def read_tensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of a .pt, .safetensors or .npz file, by name."""
+    if not path.is_file():
+        raise ValueError(f"captured file {path} does not exist")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".pt":
+            data = torch.load(path, map_location="cpu", weights_only=True)
+        elif suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            data = load_file(str(path))
+        elif suffix == ".npz":
+            import numpy as np
+
+            with np.load(path) as archive:
+                data = {name: torch.from_numpy(archive[name]) for name in archive.files}
+        else:
+            raise ValueError(f"captured file {path}: unknown format '{suffix}' (use .pt, .safetensors or .npz)")
+    except ImportError as error:
+        raise ValueError(f"captured file {path}: reading {suffix} needs {error.name} (pip install {error.name})") from None
+    except ValueError:
+        raise
+    except Exception as error:  # a corrupt or foreign file: say which, and what was expected
+        raise ValueError(f"captured file {path} could not be read ({type(error).__name__}: {error}); "
+                         f"expected {CAPTURE_LAYOUT}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"captured file {path} holds a {type(data).__name__}; expected {CAPTURE_LAYOUT}")
+    return data
+
+
+def captured_layout_problems(data: dict[str, Any], layer: int) -> list[str]:
+    """What is wrong with a captured file's tensors, if anything."""
+    missing = [name for name in ("q", "k", "v") if not isinstance(data.get(name), Tensor)]
+    if missing:
+        return [f"missing tensor(s) {', '.join(missing)}; expected {CAPTURE_LAYOUT}"]
+    q, k, v = data["q"], data["k"], data["v"]
+    if not (q.dim() == k.dim() == v.dim() and q.dim() in (4, 5)):
+        return [f"q, k, v have {q.dim()}, {k.dim()}, {v.dim()} dimensions; expected {CAPTURE_LAYOUT}"]
+    problems = []
+    if q.dim() == 5 and not 0 <= layer < q.shape[0]:
+        problems.append(f"layer {layer} is out of range: the file has {q.shape[0]} layers")
+    if k.shape != v.shape[:-1] + (k.shape[-1],) or q.shape[-2] != k.shape[-2] or q.shape[-1] != k.shape[-1]:
+        problems.append(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    elif q.shape[-3] % k.shape[-3]:
+        problems.append(f"q has {q.shape[-3]} heads, k and v {k.shape[-3]}: not a divisor")
+    return problems
+
+
+def load_captured(path: str | Path, layer: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v (batch, heads, seq, head_dim) from a captured file, grouped-query k/v heads repeated."""
+    data = read_tensors(Path(path))
+    problems = captured_layout_problems(data, layer)
+    if problems:
+        raise ValueError(f"captured file {path}: " + "; ".join(problems))
+    q, k, v = (data[name].float() for name in ("q", "k", "v"))
+    if q.dim() == 5:
+        q, k, v = q[layer], k[layer], v[layer]
+    repeat = q.shape[1] // k.shape[1]
+    return q, k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+
+
+def captured(generator: torch.Generator, shape: Shape4, path: str = "", layer: int = 0,
+             beyond: str = "error") -> tuple[Tensor, Tensor, Tensor]:
+    """The first batch/heads/N of a captured file. N beyond its length: an error, or with beyond="tile"
+    the sequence repeated (the report states it in the input's label)."""
+    b, h, n, d = shape
+    q, k, v = load_captured(path, layer)
+    if q.shape[0] < b or q.shape[1] < h or q.shape[-1] != d:
+        raise ValueError(f"captured file {path} holds batch {q.shape[0]}, heads {q.shape[1]}, head_dim {q.shape[-1]}; "
+                         f"the cell asks batch {b}, heads {h}, head_dim {d} (set batch/heads/head_dim to fit)")
+    length = q.shape[-2]
+    if n > length:
+        if beyond != "tile":
+            raise ValueError(f"captured file {path} has {length} positions and N={n} was asked; "
+                             "sweep N up to the captured length, or set beyond = \"tile\" to repeat the sequence")
+        index = torch.arange(n) % length
+        q, k, v = (t[..., index, :] for t in (q, k, v))
+    return tuple(t[:b, :h, :n].contiguous() for t in (q, k, v))
+
+
+# ---- the registry of distributions ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Distribution:
+    make: Callable[..., tuple[Tensor, Tensor, Tensor]]
+    defaults: dict[str, Any]
+    positive: tuple[str, ...]  # numeric parameters that must be > 0
+
+
+DISTRIBUTIONS: dict[str, Distribution] = {
+    "gaussian": Distribution(gaussian, {"temperature": 1.0}, ("temperature",)),
+    "clustered": Distribution(clustered, {"clusters": 8, "spread": 0.3, "temperature": 0.1},
+                              ("clusters", "spread", "temperature")),
+    "local": Distribution(local, {"length": 64.0, "temperature": 0.1, "noise": 0.5}, ("length", "temperature", "noise")),
+    "lowrank": Distribution(lowrank, {"rank": 8, "temperature": 1.0}, ("rank", "temperature")),
+    "captured": Distribution(captured, {"path": "", "layer": 0, "beyond": "error"}, ()),
 }
 
 
 def validate_input(name: str, params: dict[str, Any]) -> list[str]:
-    """Problems with an input spec: unknown distribution or parameter, non-positive values."""
+    """Problems with an input spec: unknown distribution or parameter, bad values, an unreadable captured file."""
     if name not in DISTRIBUTIONS:
         return [f"unknown input distribution '{name}' (known: {', '.join(DISTRIBUTIONS)})"]
-    defaults = DISTRIBUTIONS[name][1]
-    problems = [f"input '{name}': unknown parameter '{key}' (known: {', '.join(defaults)})" for key in params if key not in defaults]
-    problems += [
-        f"input '{name}': {key} must be a positive number, got {value!r}"
-        for key, value in params.items()
-        if key in defaults and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0)
-    ]
+    spec = DISTRIBUTIONS[name]
+    problems = [f"input '{name}': unknown parameter '{key}' (known: {', '.join(spec.defaults)})"
+                for key in params if key not in spec.defaults]
+    problems += [f"input '{name}': {key} must be a positive number, got {value!r}" for key, value in params.items()
+                 if key in spec.positive and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0)]
+    if name == "captured":
+        problems += _captured_problems(params)
     return problems
+
+
+def _captured_problems(params: dict[str, Any]) -> list[str]:
+    path, layer, beyond = params.get("path", ""), params.get("layer", 0), params.get("beyond", "error")
+    if beyond not in ("error", "tile"):
+        return [f"input 'captured': beyond must be \"error\" or \"tile\", got {beyond!r}"]
+    if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
+        return [f"input 'captured': layer must be an integer >= 0, got {layer!r}"]
+    if not isinstance(path, str) or not path:
+        return ["input 'captured': give path = \"file.pt|.safetensors|.npz\" (see `attnbench capture`)"]
+    try:
+        problems = captured_layout_problems(read_tensors(Path(path)), layer)
+    except ValueError as error:
+        return [f"input 'captured': {error}"]
+    return [f"input 'captured': {path}: {p}" for p in problems]
 
 
 def padding_mask(batch: int, n: int, fraction: float) -> Tensor | None:
@@ -77,8 +263,8 @@ def make_inputs(
 ) -> Inputs:
     """Q, K, V for one cell: drawn on the CPU in float32 from `seed`, then cast and moved (same on every device)."""
     generator = torch.Generator().manual_seed(seed)
-    fn, defaults = DISTRIBUTIONS[name]
-    q, k, v = fn(generator, (batch, heads, seq_len, head_dim), **{**defaults, **params})
+    spec = DISTRIBUTIONS[name]
+    q, k, v = spec.make(generator, (batch, heads, seq_len, head_dim), **{**spec.defaults, **params})
     mask = padding_mask(batch, seq_len, padding)
     return Inputs(
         q=q.to(device=device, dtype=dtype),

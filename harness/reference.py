@@ -30,12 +30,18 @@ def dense_masked_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | No
     return einsum(weights, v, "b h i j, b h j e -> b h i e")
 
 
+LOCALITY_WINDOW = 64  # the band |i - j| <= w in which the input statistics measure attention mass
+
+
 @dataclass
 class Reference:
-    """Exact output and the trivial baseline (uniform average of V over each query's visible keys), float64."""
+    """Exact output and the trivial baseline (uniform average of V over each query's visible keys), float64,
+    with two statistics of the exact attention: how peaked and how local it is."""
 
     output: Tensor  # (b, h, i, e)
     uniform: Tensor  # (b, h, i, e)
+    entropy: float = float("nan")  # mean over rows of H(p) / log(visible keys): 1 uniform, 0 one-hot
+    band_mass: float = float("nan")  # mean over rows of the mass on keys with |i - j| <= LOCALITY_WINDOW
 
 
 def exact_reference(
@@ -52,14 +58,48 @@ def exact_reference(
     b, h, n_q, _ = q.shape
     n_k = k.shape[-2]
     chunk = max(1, max_chunk_elements // (b * h * n_k))
-    outputs, uniforms = [], []
+    outputs, uniforms, entropy, band_mass, rows = [], [], 0.0, 0.0, 0
+    keys = torch.arange(n_k, device=q.device)
     for start in range(0, n_q, chunk):
         stop = min(n_q, start + chunk)
         allowed = allowed_keys(
             stop - start, n_k, causal=causal, key_padding_mask=key_padding_mask, device=q.device, query_offset=start
         )  # (b|1, 1, c, j)
-        outputs.append(dense_masked_attention(q64[:, :, start:stop], k64, v64, allowed))
-        counts = allowed.sum(dim=-1, keepdim=True).clamp(min=1).to(torch.float64)
-        weights = allowed.expand(b, 1, stop - start, n_k).to(torch.float64)  # (b, 1, c, j)
-        uniforms.append(einsum(weights, v64, "b one i j, b h j e -> b h i e") / counts)
-    return Reference(output=torch.cat(outputs, dim=2), uniform=torch.cat(uniforms, dim=2))
+        scores = einsum(q64[:, :, start:stop], k64, "b h i d, b h j d -> b h i j") * default_scale(q.shape[-1])
+        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)  # (b, h, c, j)
+        outputs.append(einsum(weights, v64, "b h i j, b h j e -> b h i e"))
+        counts = allowed.sum(dim=-1, keepdim=True).clamp(min=1).to(torch.float64)  # (b|1, 1, c, 1)
+        visible = allowed.expand(b, 1, stop - start, n_k).to(torch.float64)  # (b, 1, c, j)
+        uniforms.append(einsum(visible, v64, "b one i j, b h j e -> b h i e") / counts)
+        plogp = torch.where(weights > 0, weights * weights.clamp(min=1e-300).log(), torch.zeros_like(weights))
+        spread = counts[..., 0].log().expand(b, h, stop - start)
+        entropy += torch.where(spread > 0, -plogp.sum(-1) / spread.clamp(min=1e-300), 0.0).sum().item()
+        near = (torch.arange(start, stop, device=q.device)[:, None] - keys[None, :]).abs() <= LOCALITY_WINDOW
+        band_mass += (weights * near).sum().item()
+        rows += b * h * (stop - start)
+    return Reference(output=torch.cat(outputs, dim=2), uniform=torch.cat(uniforms, dim=2),
+                     entropy=entropy / rows, band_mass=band_mass / rows)
+
+
+def dropped_mass(q: Tensor, k: Tensor, support: Tensor, *, causal: bool, key_padding_mask: Tensor | None,
+                 max_chunk_elements: int = 1 << 24) -> float:
+    """Mean over query rows of the exact attention mass outside `support` ((i, j), or (p, i, j) cycling over heads).
+
+    For an exact-pattern variant this mass is what its error against full attention comes from.
+    """
+    q64, k64 = q.detach().to(torch.float64), k.detach().to(torch.float64)
+    b, h, n_q, _ = q.shape
+    n_k = k.shape[-2]
+    if support.dim() == 3:
+        support = support[torch.arange(h) % support.shape[0]]  # (h, i, j)
+    support = support.to(q.device)
+    chunk = max(1, max_chunk_elements // (b * h * n_k))
+    dropped = 0.0
+    for start in range(0, n_q, chunk):
+        stop = min(n_q, start + chunk)
+        allowed = allowed_keys(stop - start, n_k, causal=causal, key_padding_mask=key_padding_mask, device=q.device,
+                               query_offset=start)
+        scores = einsum(q64[:, :, start:stop], k64, "b h i d, b h j d -> b h i j") * default_scale(q.shape[-1])
+        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+        dropped += (weights * ~support[..., start:stop, :]).sum().item()
+    return dropped / (b * h * n_q)

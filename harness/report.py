@@ -19,6 +19,7 @@ import pandas as pd
 
 from attnbench.analysis import crossover_table, efficiency, scaling_table
 from attnbench.plots import plot_error, plot_pareto, plot_versus_n, variant_palette
+from attnbench.reference import LOCALITY_WINDOW
 from attnbench.results import read_results
 from attnbench.summary import BASELINE, markdown_table
 
@@ -87,6 +88,18 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
     blocks += [Block("text", "Error against exact softmax attention (float64): vs-uniform / relative Frobenius / "
                              "mean row cosine. vs-uniform is ‖O−O*‖/‖U−O*‖: 0 exact, 1 no better than averaging V."),
                Block("table", headers=headers, rows=rows)]
+    stats = cells.dropna(subset=["input_entropy"]).groupby("seq_len")[["input_entropy", "input_band_mass"]].first()
+    if len(stats):
+        rows = [[str(n), f"{r.input_entropy:.3f}", f"{r.input_band_mass:.3f}"] for n, r in stats.iterrows()]
+        blocks += [Block("text", "The input, seen through exact attention: normalized entropy (mean over rows of "
+                                 "H(p) / log(visible keys); 1 = uniform, 0 = one key) and the share of attention "
+                                 f"mass within |i − j| ≤ {LOCALITY_WINDOW}. Read the errors above against these."),
+                   Block("table", headers=["N", "attention entropy", f"mass within ±{LOCALITY_WINDOW}"], rows=rows)]
+    exact_patterns = cells[cells.dropped_mass.notna()]
+    if len(exact_patterns):
+        headers, rows = _pivot(exact_patterns, lambda r: _number(r.dropped_mass, ".3g"))
+        blocks += [Block("text", "Exact-pattern variants: the exact attention mass outside their support, "
+                                 "the whole source of their error."), Block("table", headers=headers, rows=rows)]
     with_efficiency = cells.assign(efficiency=efficiency(cells, peaks))
     headers, rows = _pivot(with_efficiency, lambda r: _number(100 * r.efficiency, ".1f") + "%")
     blocks += [Block("text", "Achieved FLOP/s from each variant's cost model, as a share of this run's measured "

@@ -48,6 +48,9 @@ class Row:
     err_row_cosine: float | None = None
     err_vs_uniform: float | None = None
     self_check: str = ""  # exact variants: "pass (max err ...)" against their own support_mask
+    dropped_mass: float | None = None  # exact-pattern variants: exact attention mass outside their support
+    input_entropy: float | None = None  # of exact attention on this cell's inputs: 1 uniform, 0 one-hot
+    input_band_mass: float | None = None  # share of exact attention within |i - j| <= 64
     flops: float | None = None
     bytes_moved: float | None = None
 

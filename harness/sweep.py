@@ -24,12 +24,13 @@ from attnbench.interface import AttentionVariant, Shape
 from attnbench.machine import available_memory_bytes, machine_info, measure_peaks, retain_freed_memory
 from attnbench.memory import peak_memory
 from attnbench.metrics import error_metrics
-from attnbench.reference import Reference, exact_reference
+from attnbench.reference import Reference, dropped_mass, exact_reference
 from attnbench.registry import Registry, registry as default_registry
 from attnbench.results import ResultsWriter, Row
 from attnbench.timing import time_call
 
 GIB = 2**30
+DROPPED_MASS_MAX_N = 4096  # the dropped mass needs the variant's dense (N, N) pattern
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -224,9 +225,13 @@ class Sweep:
             row.status, row.reason = "error", "output has NaN or Inf"
             return
         if self.config.error:
-            row_metrics = error_metrics(output, self._reference_for(inputs, cell))
-            for column, value in row_metrics.as_row().items():
+            reference = self._reference_for(inputs, cell)
+            for column, value in error_metrics(output, reference).as_row().items():
                 setattr(row, column, value)
+            row.input_entropy, row.input_band_mass = reference.entropy, reference.band_mass
+            if variant.exact and variant.family != "exact" and cell.seq_len <= DROPPED_MASS_MAX_N:
+                row.dropped_mass = dropped_mass(inputs.q, inputs.k, variant.support_mask(cell.seq_len, cell.seq_len,
+                                                cell.causal), causal=cell.causal, key_padding_mask=mask)
         del output
 
         call, held = self._call(cell, variant, inputs)

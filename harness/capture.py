@@ -1,0 +1,89 @@
+"""`attnbench capture`: per-layer, per-head Q/K/V of a local Hugging Face model on given tokens.
+
+The projections' outputs are recorded by forward hooks on the q/k/v linear layers (`q_proj`/`k_proj`/
+`v_proj`, as in Llama, Mistral, Qwen, OPT; or `query`/`key`/`value`, as in BERT), reshaped to
+(layers, batch, heads, seq, head_dim), and written in the layout the `captured` input reads. Values are
+taken before any rotary position embedding the model applies inside its attention, so for such models
+the captured Q/K carry no positions. Nothing is downloaded: the model is read from a local folder only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+ROLES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "query": "q", "key": "k", "value": "v"}
+
+
+class CaptureError(ValueError):
+    """The model or the tokens cannot be used; the message says what to do."""
+
+
+def _load(model_dir: Path) -> tuple[nn.Module, object]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
+    try:
+        from transformers import AutoModel
+    except ImportError:
+        raise CaptureError("capture needs transformers: pip install 'attnbench[capture]'") from None
+    if not (model_dir / "config.json").is_file():
+        raise CaptureError(f"{model_dir} is not a local model folder (no config.json); capture reads local models only")
+    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True).eval()
+    return model, model.config
+
+
+def _tokens(model_dir: Path, config: object, *, text: str | None, token_ids: list[int] | None,
+            random_tokens: int | None, seed: int) -> Tensor:
+    if sum(x is not None for x in (text, token_ids, random_tokens)) != 1:
+        raise CaptureError("give exactly one of --text, --token-ids, --random-tokens")
+    if text is not None:
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        except Exception as error:
+            raise CaptureError(f"no tokenizer in {model_dir} ({error}); use --token-ids or --random-tokens") from None
+        return tokenizer(text, return_tensors="pt").input_ids
+    if token_ids is not None:
+        return torch.tensor([token_ids])
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(config.vocab_size, (1, random_tokens), generator=generator)
+
+
+def capture_qkv(model_dir: Path, out: Path, *, text: str | None = None, token_ids: list[int] | None = None,
+                random_tokens: int | None = None, seed: int = 0) -> dict[str, Tensor]:
+    """Run the model once and write q, k, v (layers, batch, heads, seq, head_dim) to `out` (.pt or .safetensors)."""
+    model, config = _load(model_dir)
+    ids = _tokens(model_dir, config, text=text, token_ids=token_ids, random_tokens=random_tokens, seed=seed)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    recorded: dict[str, dict[str, Tensor]] = {}
+
+    def hook(layer: str, role: str):
+        def record(module: nn.Module, args: tuple, output: Tensor) -> None:
+            recorded.setdefault(layer, {})[role] = rearrange(output.detach(), "b n (h d) -> b h n d", d=head_dim)
+        return record
+
+    handles = [module.register_forward_hook(hook(name.rsplit(".", 1)[0], ROLES[name.rsplit(".", 1)[-1]]))
+               for name, module in model.named_modules()
+               if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in ROLES]
+    if not handles:
+        raise CaptureError(f"no q/k/v projections found in {type(model).__name__} (looked for {', '.join(ROLES)})")
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    layers = [roles for roles in recorded.values() if set(roles) == {"q", "k", "v"}]
+    tensors = {role: torch.stack([layer[role] for layer in layers]).contiguous() for role in ("q", "k", "v")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(out))
+    else:
+        torch.save(tensors, out)
+    return tensors
