@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnbench.config import ConfigError, load_config
+from attnbench.config import ConfigError, SweepConfig, load_config
 from attnbench.registry import registry
 
 EPILOG = """examples:
@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="skip report.md / report.html / plots at the end")
+    run.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                     help="continue a killed run: its stored config, only the cells missing from its results.csv")
+    run.add_argument("--isolate", action="store_true",
+                     help="each cell in its own process (cell_timeout_s): a crash or hang marks only that cell")
 
     report = commands.add_parser("report", help="(re)build report.md, report.html and plots/ for a run folder")
     report.add_argument("run_dir", type=Path)
@@ -71,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_b", type=Path)
     compare.add_argument("--fail-above", type=float, metavar="PCT",
                          help="exit 1 if any cell is slower by more than PCT percent beyond noise (for CI)")
+    check = commands.add_parser("check", help="run the conformance checks on a variant (for variant authors)")
+    check.add_argument("name", help="a registered variant name (see `attnbench list`)")
+    check.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                       help="a hyperparameter, as a TOML value (e.g. --param window=64 --param backend='\"flex\"')")
+
     capture = commands.add_parser("capture", help="record per-layer, per-head Q/K/V of a local Hugging Face model")
     capture.add_argument("model_dir", type=Path, help="a local model folder (config.json + weights); nothing is downloaded")
     capture.add_argument("--out", type=Path, required=True, help="file to write: .pt or .safetensors")
@@ -80,6 +89,46 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--random-tokens", type=int, metavar="N", help="N random token ids (seeded)")
     capture.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _parse_params(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs, each value read as TOML (64, 0.5, true, "flex") or else as a plain string."""
+    import tomllib
+
+    params = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--param {pair!r}: expected KEY=VALUE")
+        try:
+            params[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            params[key.strip()] = value
+    return params
+
+
+def command_check(args: argparse.Namespace) -> int:
+    from attnbench.conformance import CHECKS, check_context, run_check
+    from attnbench.interface import VariantError
+    from attnbench.summary import markdown_table
+
+    try:
+        params = _parse_params(args.param)
+        variant_class = registry.load(args.name)
+        variant_class(seed=0, **params)  # a bad hyperparameter is reported once, here
+    except (ValueError, VariantError) as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return 2
+    ctx = check_context(lambda: variant_class(seed=0, **params))
+    if isinstance(ctx, str):
+        print(f"attnbench: {args.name} cannot be checked on this machine: {ctx}")
+        return 0
+    results = [run_check(name, ctx) for name in CHECKS]
+    print(f"{args.name} on {ctx.device.type}, {str(ctx.dtype).removeprefix('torch.')}:")
+    print(markdown_table(["check", "result", "detail"], [[r.check, r.status, r.detail] for r in results]))
+    failed = [r.check for r in results if r.status == "fail"]
+    print(f"{len(results) - len(failed)} passed or skipped, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 def command_capture(args: argparse.Namespace) -> int:
@@ -127,15 +176,20 @@ def command_run(args: argparse.Namespace) -> int:
         "causal": args.causal, "mode": args.mode, "seeds": args.seeds,
     }.items() if value is not None}
     try:
-        config = load_config(args.config, overrides)
+        if args.resume is not None:
+            config = _stored_config(args.resume, overrides)
+        else:
+            config = load_config(args.config, overrides)
     except ConfigError as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return 2
     cells = config.cells()
+    where = args.resume if args.resume is not None else f"{args.out}/"
     print(f"attnbench: {len(cells)} cells from '{config.name}' ({len(config.variants)} variant settings × "
-          f"N in {sorted(config.seq_lens)}), results under {args.out}/", file=sys.stderr)
+          f"N in {sorted(config.seq_lens)}), results under {where}", file=sys.stderr)
     started = time.perf_counter()
-    run_dir = run_sweep(config, args.out, progress=not args.no_progress)
+    run_dir = run_sweep(config, args.out, progress=not args.no_progress, run_dir=args.resume,
+                        resume=args.resume is not None, isolate=args.isolate)
     print(write_summary(run_dir))
     outputs = "results.csv, meta.json, summary.md"
     if not args.no_report:
@@ -146,6 +200,20 @@ def command_run(args: argparse.Namespace) -> int:
     print(f"attnbench: {len(cells)} cells in {time.perf_counter() - started:.0f} s -> {run_dir}/ ({outputs})",
           file=sys.stderr)
     return 0
+
+
+def _stored_config(run_dir: Path, overrides: dict[str, Any]) -> SweepConfig:
+    """The config a run was started with (from its meta.json), validated again."""
+    import json
+
+    from attnbench.config import parse_config
+
+    meta_path = run_dir / "meta.json"
+    if not meta_path.is_file():
+        raise ConfigError(str(run_dir), ["not a run folder (no meta.json): --resume takes results/<run-id>"])
+    if overrides:
+        raise ConfigError(str(run_dir), [f"--resume runs the stored config; drop {', '.join(overrides)}"])
+    return parse_config(json.loads(meta_path.read_text())["config"], source=str(meta_path))
 
 
 def _run_folder(path: Path) -> Path | None:
@@ -184,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"list": lambda: command_list(), "run": lambda: command_run(args),
                 "report": lambda: command_report(args), "compare": lambda: command_compare(args),
-                "capture": lambda: command_capture(args)}
+                "capture": lambda: command_capture(args), "check": lambda: command_check(args)}
     return commands[args.command]()
 
 

@@ -113,6 +113,7 @@ class SweepConfig:
     memory_limit_gb: float | None = None
     error: bool = True
     self_check_len: int = 200
+    cell_timeout_s: float = 600.0  # with --isolate: a cell's process is killed after this long
 
     def cells(self) -> list[Cell]:
         """Every cell, ordered so that cells sharing inputs are adjacent and N grows for each variant."""
@@ -135,7 +136,7 @@ class SweepConfig:
 LIST_AXES = {"seq_lens": int, "batch": int, "heads": int, "head_dim": int, "dtype": str, "device": str,
              "causal": bool, "mode": str, "seeds": int}
 SCALARS = {"name": str, "description": str, "padding": float, "min_run_time": float, "time_budget_s": float,
-           "memory_limit_gb": float, "error": bool, "self_check_len": int}
+           "memory_limit_gb": float, "error": bool, "self_check_len": int, "cell_timeout_s": float}
 KNOWN_KEYS = set(LIST_AXES) | set(SCALARS) | {"variants", "inputs"}
 
 
@@ -162,6 +163,7 @@ def parse_config(raw: dict[str, Any], *, source: str = "config", registry: Regis
     """Validate a config dict (as read from TOML, overrides applied) and resolve it; ConfigError lists every problem."""
     problems: list[str] = []
     config = SweepConfig()
+    raw = {key: value for key, value in raw.items() if value is not None}  # None: "not set" (as meta.json writes it)
     for key in raw:
         if key not in KNOWN_KEYS:
             problems.append(f"unknown key '{key}'.{did_you_mean(key, sorted(KNOWN_KEYS))} Known keys: {', '.join(sorted(KNOWN_KEYS))}")
@@ -188,7 +190,7 @@ def parse_config(raw: dict[str, Any], *, source: str = "config", registry: Regis
     problems += [f"mode: unknown '{m}' (known: {', '.join(MODES)})" for m in config.mode if m not in MODES]
     if not 0.0 <= config.padding < 1.0:
         problems.append(f"padding: {config.padding} must be a fraction in [0, 1)")
-    for key in ("min_run_time", "time_budget_s"):
+    for key in ("min_run_time", "time_budget_s", "cell_timeout_s"):
         if getattr(config, key) <= 0:
             problems.append(f"{key}: must be > 0, got {getattr(config, key)}")
     if config.memory_limit_gb is not None and config.memory_limit_gb <= 0:
@@ -215,12 +217,18 @@ def _parse_variants(raw: Any, registry: Registry) -> tuple[list[VariantSpec], li
     """`variants` is a list of names, or a table name -> {hyperparameter: value or list of values}."""
     if raw is None:
         return [], ["variants: missing; give a list of names or a [variants.NAME] table per variant (see `attnbench list`)"]
-    if isinstance(raw, list):
-        raw = {name: {} for name in raw}
-    if not isinstance(raw, dict) or not raw:
+    if isinstance(raw, list):  # names, or tables with a "name" (each its own grid)
+        entries = [(item, {}) if isinstance(item, str) else
+                   (item.get("name"), {k: v for k, v in item.items() if k != "name"}) if isinstance(item, dict) else
+                   (None, item) for item in raw]
+    elif isinstance(raw, dict):
+        entries = list(raw.items())
+    else:
+        entries = []
+    if not entries:
         return [], [f"variants: expected a non-empty list of names or table of tables, got {raw!r}"]
     specs, problems = [], []
-    for name, params in raw.items():
+    for name, params in entries:
         if not isinstance(name, str) or not isinstance(params, dict):
             problems.append(f"variants.{name}: expected a table of hyperparameters, got {params!r}")
             continue

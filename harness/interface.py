@@ -199,6 +199,11 @@ class AttentionVariant(ABC):
         return None
 
     @property
+    def reads_keys(self) -> bool:
+        """False for variants that derive keys from the queries (e.g. shared-QK LSH) and ignore the k given."""
+        return True
+
+    @property
     def cpu_memory_trackable(self) -> bool:
         """False when the work runs in compiled kernels whose allocations the CPU tensor tracker cannot see
         (and which must not run under a TorchDispatchMode); the harness then leaves CPU memory unmeasured."""

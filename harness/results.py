@@ -12,7 +12,7 @@ import pandas as pd
 
 from attnbench.config import Cell
 
-STATUSES = ("ok", "oom", "error", "unsupported", "skipped")
+STATUSES = ("ok", "oom", "error", "unsupported", "skipped", "crashed", "timeout")
 
 
 @dataclass
@@ -82,11 +82,22 @@ class Row:
 COLUMNS = [f.name for f in fields(Row)]
 
 
+def _drop_partial_last_line(path: Path) -> None:
+    """A kill in the middle of a write can leave half a row; cut it so appending starts on a fresh line."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):
+        with path.open("r+b") as file:
+            file.truncate(data.rfind(b"\n") + 1)
+
+
 class ResultsWriter:
     """Appends rows to a CSV, flushing and syncing each so a crash loses at most the cell in flight."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        _drop_partial_last_line(path)
         new = not path.exists() or path.stat().st_size == 0
         self._file = path.open("a", newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +29,7 @@ from attnbench.memory import peak_memory
 from attnbench.metrics import error_metrics
 from attnbench.reference import Reference, dropped_mass, exact_reference
 from attnbench.registry import Registry, registry as default_registry
-from attnbench.results import ResultsWriter, Row
+from attnbench.results import ResultsWriter, Row, read_results
 from attnbench.timing import time_call
 
 GIB = 2**30
@@ -71,40 +74,97 @@ class SweepState:
 class Sweep:
     """Runs the cells of one config into one run directory."""
 
-    def __init__(self, config: SweepConfig, run_dir: Path, *, registry: Registry = default_registry,
-                 progress: bool = True) -> None:
+    def __init__(self, config: SweepConfig, run_dir: Path | None, *, registry: Registry = default_registry,
+                 progress: bool = True, isolate: bool = False) -> None:
         self.config = config
         self.run_dir = run_dir
         self.registry = registry
         self.progress = progress
+        self.isolate = isolate
         self.state = SweepState()
 
     # ---- the run ------------------------------------------------------------------------------
 
-    def run(self) -> Path:
+    def run(self, resume: bool = False) -> Path:
+        """Run every cell not yet in results.csv (all of them, unless resuming a killed run)."""
+        assert self.run_dir is not None
         cells = self.config.cells()
         allocator = retain_freed_memory()  # every variant is timed warm, as CUDA's caching allocator would have it
-        meta = {
-            "run_id": self.run_dir.name,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "config": self.config.to_dict(),
-            "cells": len(cells),
-            "machine": machine_info(self.config.device),
-            "cpu_allocator": allocator,
-            "peaks": self._measure_peaks(),
-        }
-        write_json_atomic(self.run_dir / "meta.json", meta)
-        counts: dict[str, int] = {}
+        meta_path = self.run_dir / "meta.json"
+        done = self._replay_finished(cells) if resume else set()
+        if resume and meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            meta.setdefault("resumed", []).append(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        else:
+            meta = {
+                "run_id": self.run_dir.name,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "config": self.config.to_dict(),
+                "cells": len(cells),
+                "machine": machine_info(self.config.device),
+                "cpu_allocator": allocator,
+                "peaks": self._measure_peaks(),
+                "isolated": self.isolate,
+            }
+        write_json_atomic(meta_path, meta)
+        todo = [cell for cell in cells if cell.key() not in done]
         with ResultsWriter(self.run_dir / "results.csv") as writer:
-            bar = tqdm(cells, disable=not self.progress, unit="cell", dynamic_ncols=True)
+            bar = tqdm(todo, disable=not self.progress, unit="cell", dynamic_ncols=True)
             for cell in bar:
                 bar.set_description(f"{cell.variant.label()[:32]} N={cell.seq_len}")
-                row = self.run_cell(cell)
+                row = self.run_isolated(cell) if self.isolate else self.run_cell(cell)
+                self._note_budget(cell, row.status, row.time_median_s)
                 writer.append(row)
-                counts[row.status] = counts.get(row.status, 0) + 1
+        counts = read_results(self.run_dir).status.value_counts().to_dict()
         meta.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status_counts=counts)
-        write_json_atomic(self.run_dir / "meta.json", meta)
+        write_json_atomic(meta_path, meta)
         return self.run_dir
+
+    def _replay_finished(self, cells: list[Cell]) -> set[str]:
+        """Keys of the cells already recorded, their budget outcomes replayed so skips stay the same."""
+        path = self.run_dir / "results.csv"
+        if not path.exists():
+            return set()
+        finished = read_results(self.run_dir).set_index("cell_key")
+        for cell in cells:
+            if cell.key() in finished.index:
+                row = finished.loc[cell.key()]
+                self._note_budget(cell, row.status, row.time_median_s)
+        return set(finished.index)
+
+    def _note_budget(self, cell: Cell, status: str, median_s: float | None) -> None:
+        """After a cell: over its time budget, out of memory, crashed or timed out, its larger N are skipped."""
+        reason = None
+        if status in ("oom", "crashed", "timeout"):
+            reason = f"{'out of memory' if status == 'oom' else status} at N={cell.seq_len}"
+        elif status == "ok" and median_s is not None and median_s > self.config.time_budget_s:
+            reason = (f"{cell.variant.label()} took {median_s:.2f} s at N={cell.seq_len}, "
+                      f"over time_budget_s={self.config.time_budget_s:g}")
+        if reason is not None:
+            self.state.over_budget.setdefault(cell.budget_key(), reason)
+
+    def run_isolated(self, cell: Cell) -> Row:
+        """The cell in its own process: a segfault, a hard out-of-memory kill or a hang marks only this cell."""
+        budget = self.state.over_budget.get(cell.budget_key())  # the child does not know what earlier cells hit
+        if budget is not None:
+            return Row.for_cell(cell, status="skipped", reason=f"larger N skipped: {budget}")
+        payload = json.dumps({"config": self.config.to_dict(), "cell": cell.key()})
+        try:
+            done = subprocess.run([sys.executable, "-m", "attnbench.worker"], input=payload, capture_output=True,
+                                  text=True, timeout=self.config.cell_timeout_s)
+        except subprocess.TimeoutExpired:
+            return Row.for_cell(cell, status="timeout", reason=f"no result within cell_timeout_s="
+                                f"{self.config.cell_timeout_s:g} s; the cell's process was killed")
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            if done.returncode < 0:
+                name = signal.Signals(-done.returncode).name
+                why = f"killed by {name}" + (" (likely the system's out-of-memory killer)" if name == "SIGKILL" else "")
+            else:
+                why = f"exited with status {done.returncode}"
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+            return Row.for_cell(cell, status="crashed", reason=f"the cell's process {why}: {tail}"[:500])
+        return Row(**json.loads(lines[-1]))
 
     def _measure_peaks(self) -> dict[str, Any]:
         peaks = {}
@@ -135,10 +195,8 @@ class Sweep:
         except Exception as error:
             row.status = "oom" if is_out_of_memory(error) else "error"
             row.reason = f"{type(error).__name__}: {error}".strip()[:500]
-            if row.status == "oom":
-                self.state.over_budget[cell.budget_key()] = f"out of memory at N={cell.seq_len}"
-                if torch.device(cell.device).type == "cuda":
-                    torch.cuda.empty_cache()
+            if row.status == "oom" and torch.device(cell.device).type == "cuda":
+                torch.cuda.empty_cache()
         return row
 
     def _why_not_run(self, cell: Cell, variant: AttentionVariant) -> tuple[str, str] | None:
@@ -243,11 +301,6 @@ class Sweep:
             row.peak_mem_bytes, row.mem_method = peak_memory(call, device, inputs=held)
         cost = variant.cost(self._shape(cell))
         row.flops, row.bytes_moved = cost.flops, cost.bytes_moved
-        if timing.median_s > self.config.time_budget_s:
-            self.state.over_budget[cell.budget_key()] = (
-                f"{cell.variant.label()} took {timing.median_s:.2f} s at N={cell.seq_len}, "
-                f"over time_budget_s={self.config.time_budget_s:g}"
-            )
 
     def _call(self, cell: Cell, variant: AttentionVariant, inputs: Inputs) -> tuple[Callable[[], Any], tuple]:
         """The timed callable for the cell's mode, and the tensors it holds that are not its own memory."""
@@ -274,8 +327,11 @@ class Sweep:
 
 
 def run_sweep(config: SweepConfig, out_root: Path = Path("results"), *, registry: Registry = default_registry,
-              progress: bool = True, run_dir: Path | None = None) -> Path:
-    """Run every cell of `config` into a new folder under `out_root` (or `run_dir`); returns the folder."""
+              progress: bool = True, run_dir: Path | None = None, resume: bool = False, isolate: bool = False) -> Path:
+    """Run every cell of `config` into a new folder under `out_root` (or `run_dir`); returns the folder.
+
+    With `resume`, `run_dir` is an earlier run: only the cells missing from its results.csv run.
+    """
     run_dir = run_dir or new_run_dir(out_root, config.name)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return Sweep(config, run_dir, registry=registry, progress=progress).run()
+    return Sweep(config, run_dir, registry=registry, progress=progress, isolate=isolate).run(resume=resume)

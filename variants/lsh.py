@@ -190,6 +190,10 @@ class LSHAttention(AttentionVariant):
             self._rotations[key] = rotation.to(device)
         return self._rotations[key]
 
+    @property
+    def reads_keys(self) -> bool:
+        return not self.shared_qk
+
     def unsupported_reason(self, **options: Any) -> str | None:
         reason = super().unsupported_reason(**options)
         if reason is None and options.get("causal") and not self.shared_qk:

@@ -1,0 +1,1 @@
+"""An example attnbench plugin (see the README's "Adding a variant")."""

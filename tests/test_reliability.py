@@ -1,0 +1,155 @@
+"""Runs that lose nothing (--isolate, --resume, partial rows) and the plugin kit on real installed packages."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnbench.config import parse_config
+from attnbench.results import ResultsWriter, read_results
+from attnbench.sweep import run_sweep
+from tests.conftest import write_plugin
+
+TESTS = Path(__file__).parent
+
+MISBEHAVING = """
+    import os, signal, time
+    from attnbench.interface import AttentionVariant
+
+    class Segfaults(AttentionVariant):
+        name = "segfaults"
+        family = "test"
+        exact = False
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+    class Hangs(AttentionVariant):
+        name = "hangs"
+        family = "test"
+        exact = False
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            time.sleep(600)
+
+    class Sleepy(AttentionVariant):
+        name = "sleepy"
+        family = "test"
+        exact = False
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            time.sleep(0.05)
+            return v.clone()
+"""
+ENTRIES = {"segfaults": "misbehaving_mod:Segfaults", "hangs": "misbehaving_mod:Hangs", "sleepy": "misbehaving_mod:Sleepy"}
+
+
+@pytest.fixture
+def misbehaving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The plugin importable here and in child processes; returns a registry that sees it."""
+    from attnbench.registry import Registry
+
+    folder = write_plugin(tmp_path / "plugin", "misbehaving-plugin", ENTRIES, {"misbehaving_mod": MISBEHAVING})
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
+    return folder, Registry()
+
+
+def test_isolate_turns_a_segfault_and_a_hang_into_rows(misbehaving, tmp_path: Path) -> None:
+    _, registry = misbehaving
+    config = parse_config({"variants": ["segfaults", "hangs", "full"], "seq_lens": [16, 32], "heads": 1,
+                           "head_dim": 8, "min_run_time": 0.01, "cell_timeout_s": 8}, registry=registry)
+    frame = read_results(run_sweep(config, tmp_path / "out", registry=registry, progress=False, isolate=True))
+    status = {(r.variant, r.seq_len): (r.status, r.reason) for r in frame.itertuples()}
+    assert status[("segfaults", 16)][0] == "crashed" and "SIGSEGV" in status[("segfaults", 16)][1]
+    assert status[("hangs", 16)][0] == "timeout" and "cell_timeout_s=8" in status[("hangs", 16)][1]
+    assert status[("segfaults", 32)] == ("skipped", "larger N skipped: crashed at N=16")
+    assert status[("hangs", 32)] == ("skipped", "larger N skipped: timeout at N=16")
+    assert status[("full", 16)][0] == status[("full", 32)][0] == "ok"
+
+
+def run_cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "attnbench.cli", *args], capture_output=True, text=True,
+                          env=env or os.environ.copy(), **kwargs)
+
+
+def test_resume_after_sigkill_gives_exactly_the_uninterrupted_cell_set(misbehaving, tmp_path: Path) -> None:
+    config = tmp_path / "sweep.toml"
+    config.write_text('seq_lens = [8, 16, 24, 32, 40, 48]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.2\n'
+                      'error = false\nvariants = ["sleepy", "full"]\n')
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-m", "attnbench.cli", "run", str(config), "--out", str(out),
+                                "--no-progress", "--no-report"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = list(out.glob("*/results.csv"))
+        if found and len(found[0].read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    run_dir = found[0].parent
+    with found[0].open("a") as file:  # as if killed in the middle of writing a row
+        file.write("half,a,row")
+    interrupted = len(read_results(run_dir))
+    assert 3 <= interrupted < 12
+    resumed = run_cli("run", "--resume", str(run_dir), "--no-progress", "--no-report")
+    assert resumed.returncode == 0, resumed.stderr
+    reference = run_cli("run", str(config), "--out", str(tmp_path / "reference"), "--no-progress", "--no-report")
+    assert reference.returncode == 0, reference.stderr
+    keys = read_results(run_dir).cell_key
+    assert keys.is_unique and len(keys) == 12
+    assert set(keys) == set(read_results(next((tmp_path / "reference").iterdir())).cell_key)
+
+
+def test_resume_refuses_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
+    result = run_cli("run", "--resume", str(tmp_path))
+    assert result.returncode == 2 and "not a run folder" in result.stderr
+
+
+def test_writer_cuts_a_half_written_row(tmp_path: Path) -> None:
+    path = tmp_path / "results.csv"
+    path.write_text("a,b\n1,2\n3,")
+    ResultsWriter(path).close()
+    assert path.read_text() == "a,b\n1,2\n"
+
+
+@pytest.fixture(scope="module")
+def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The example and the broken plugin pip-installed (into a target folder put on PYTHONPATH)."""
+    target = tmp_path_factory.mktemp("site")
+    for package in ("example_plugin", "broken_plugin"):
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                        "--target", str(target), str(TESTS / package)], check=True, capture_output=True)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_installed_plugin_is_listed_with_its_package_and_the_broken_one_with_its_error(installed_plugins) -> None:
+    listing = run_cli("list", env=installed_plugins)
+    assert listing.returncode == 0, listing.stderr
+    line = next(line for line in listing.stdout.splitlines() if line.startswith("chunked "))
+    assert "attnbench-example-plugin 0.1.0" in line
+    broken = listing.stdout.split("broken plugins")[1]
+    assert "broken (attnbench-broken-plugin 0.1.0)" in broken and "a_library_that_is_not_installed" in broken
+    assert "band " in listing.stdout  # the built-ins are unaffected
+
+
+def test_installed_plugin_is_benchmarked_beside_the_builtins_and_passes_check(installed_plugins, tmp_path: Path) -> None:
+    run = run_cli("run", "quick", "--variants", "chunked,full,band", "--seq-lens", "64,200", "--out", str(tmp_path),
+                  "--no-progress", "--no-report", env=installed_plugins)
+    assert run.returncode == 0, run.stderr
+    frame = read_results(next(tmp_path.iterdir()))
+    assert (frame.status == "ok").all() and set(frame.variant) == {"chunked", "full", "band"}
+    assert frame[frame.variant == "chunked"].self_check.str.startswith("pass").all()
+    check = run_cli("check", "chunked", "--param", "chunk=7", env=installed_plugins)
+    assert check.returncode == 0 and "0 failed" in check.stdout, check.stdout
+
+
+def test_a_broken_plugin_named_in_a_config_stops_it_before_any_work(installed_plugins, tmp_path: Path) -> None:
+    run = run_cli("run", "quick", "--variants", "broken,full", "--out", str(tmp_path), env=installed_plugins)
+    assert run.returncode == 2
+    assert "Variant 'broken' from attnbench-broken-plugin 0.1.0 cannot be used" in run.stderr
+    assert not any(tmp_path.iterdir())
