@@ -22,7 +22,7 @@ from torch import Tensor
 
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
 from attnbench.variants.blocks import Pattern, key_validity_windows, key_windows, query_blocks, window_positions
-from attnbench.variants.flex import FLEX_BACKEND, flex_attention_call, flex_unsupported_reason
+from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
 
 
 @functools.lru_cache(maxsize=64)
@@ -65,7 +65,7 @@ def band_support(n_q: int, n_k: int, window: int, causal: bool) -> Tensor:
     return (offset <= window) & (offset >= (0 if causal else -window))
 
 
-class BandAttention(AttentionVariant):
+class BandAttention(FlexBackend, AttentionVariant):
     """Sliding-window attention, computed block-wise at O(N * w) cost."""
 
     name = "band"
@@ -79,19 +79,8 @@ class BandAttention(AttentionVariant):
     hyperparameters = {
         "window": Hyperparameter(256, "one-sided window w: |i - j| <= w (causal: 0 <= i - j <= w)", minimum=0),
         "block_size": Hyperparameter(None, "queries per block (default: min(32, max(16, w)))", minimum=1, optional=True),
-        "backend": Hyperparameter("blocked", "blocked: ours; flex: FlexAttention with a block mask (compiled)",
-                                  kind=str, choices=("blocked", FLEX_BACKEND)),
+        "backend": BACKEND,
     }
-
-    @property
-    def cpu_memory_trackable(self) -> bool:
-        return self.backend != FLEX_BACKEND
-
-    def unsupported_reason(self, **options: object) -> str | None:
-        reason = super().unsupported_reason(**options)
-        if reason is None and self.backend == FLEX_BACKEND:
-            reason = flex_unsupported_reason(self.name, **options)
-        return reason
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         if self.backend == FLEX_BACKEND:

@@ -14,6 +14,8 @@ from typing import Any, Callable, Hashable
 import torch
 from torch import Tensor
 
+from attnbench.interface import Hyperparameter
+
 FLEX_BACKEND = "flex"
 FLEX_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -65,3 +67,24 @@ def flex_attention_call(q: Tensor, k: Tensor, v: Tensor, mask_mod: Callable[...,
         block_mask = create_block_mask(mask_mod, None, None, q.shape[-2], k.shape[-2], device=q.device)
         _block_masks[cache_key] = block_mask
     return _compiled_flex()(q, k, v, block_mask=block_mask)
+
+
+BACKEND = Hyperparameter("blocked", "blocked: ours; flex: FlexAttention with a block mask (compiled)",
+                         kind=str, choices=("blocked", FLEX_BACKEND))
+
+
+class FlexBackend:
+    """Mixin for variants with a `backend` hyperparameter: the flex backend's capabilities and its memory."""
+
+    backend: str
+    name: str
+
+    @property
+    def cpu_memory_trackable(self) -> bool:
+        return self.backend != FLEX_BACKEND  # a compiled kernel must not run under the tracker
+
+    def unsupported_reason(self, **options: Any) -> str | None:
+        reason = super().unsupported_reason(**options)  # type: ignore[misc]
+        if reason is None and self.backend == FLEX_BACKEND:
+            reason = flex_unsupported_reason(self.name, **options)
+        return reason

@@ -37,7 +37,7 @@ from attnbench.variants.blocks import (
     partial_attention,
     query_blocks,
 )
-from attnbench.variants.flex import FLEX_BACKEND, flex_attention_call, flex_unsupported_reason
+from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
 
 
 def default_stride(n: int) -> int:
@@ -150,7 +150,7 @@ def strided_support(n: int, *, stride: int, pattern: str, summary: int, causal: 
     return torch.stack([first, second])
 
 
-class StridedAttention(AttentionVariant):
+class StridedAttention(FlexBackend, AttentionVariant):
     """Sparse Transformer attention, `strided` or `fixed` pattern, exact on its support."""
 
     name = "strided"
@@ -167,19 +167,8 @@ class StridedAttention(AttentionVariant):
                                   kind=str, choices=("strided", "fixed")),
         "summary": Hyperparameter(8, "fixed pattern: the last `summary` positions of each block are seen by all", minimum=1),
         "factorize": Hyperparameter(False, "split the two parts across heads (even: first, odd: second)", kind=bool),
-        "backend": Hyperparameter("blocked", "blocked: ours; flex: FlexAttention with a block mask (compiled)",
-                                  kind=str, choices=("blocked", FLEX_BACKEND)),
+        "backend": BACKEND,
     }
-
-    @property
-    def cpu_memory_trackable(self) -> bool:
-        return self.backend != FLEX_BACKEND
-
-    def unsupported_reason(self, **options: object) -> str | None:
-        reason = super().unsupported_reason(**options)
-        if reason is None and self.backend == FLEX_BACKEND:
-            reason = flex_unsupported_reason(self.name, **options)
-        return reason
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         n = q.shape[-2]
