@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from dataclasses import asdict, dataclass, fields
@@ -126,5 +127,7 @@ class ResultsWriter:
 def read_results(run_dir: Path) -> pd.DataFrame:
     """results.csv as a DataFrame (a trailing partial line from a killed run is dropped)."""
     text_columns = {"reason": str, "self_check": str, "mem_method": str, "hparams": str, "label": str}
-    frame = pd.read_csv(run_dir / "results.csv", on_bad_lines="skip", dtype=text_columns)
+    data = (run_dir / "results.csv").read_text()
+    complete = data[: data.rfind("\n") + 1]  # a row cut short by a kill has no line end yet
+    frame = pd.read_csv(io.StringIO(complete), on_bad_lines="skip", dtype=text_columns)
     return frame.fillna({column: "" for column in text_columns})
