@@ -22,13 +22,15 @@ def scaling_table(cells: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for label, group in cells[cells.status == "ok"].groupby("label", sort=False):
         group = group.sort_values("seq_len")
-        rows.append({
-            "label": label,
-            "n_range": f"{group.seq_len.min()}–{group.seq_len.max()}",
-            "points": len(group),
-            "time_slope": loglog_slope(group.seq_len, group.time_median_s),
-            "memory_slope": loglog_slope(group.seq_len, group.peak_mem_bytes),
-        })
+        rows.append(
+            {
+                "label": label,
+                "n_range": f"{group.seq_len.min()}–{group.seq_len.max()}",
+                "points": len(group),
+                "time_slope": loglog_slope(group.seq_len, group.time_median_s),
+                "memory_slope": loglog_slope(group.seq_len, group.peak_mem_bytes),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -63,16 +65,19 @@ def crossover_table(cells: pd.DataFrame, baseline: str = "full") -> pd.DataFrame
         group = group.set_index("seq_len").loc[shared]
         time_ratio = (group.time_median_s / base.loc[shared, "time_median_s"]).tolist()
         memory_ratio = (group.peak_mem_bytes / base.loc[shared, "peak_mem_bytes"]).tolist()
-        rows.append({
-            "label": label,
-            "faster_from": crossover(shared, time_ratio)[1],
-            "smaller_from": crossover(shared, memory_ratio)[1],
-        })
+        rows.append(
+            {
+                "label": label,
+                "faster_from": crossover(shared, time_ratio)[1],
+                "smaller_from": crossover(shared, memory_ratio)[1],
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
     """Achieved FLOP/s (the variant's cost model over its median time) as a fraction of the run's matmul peak."""
+
     def fraction(row: pd.Series) -> float:
         peak = peaks.get(f"{row['device']}/{row['dtype']}", {}).get("matmul_flops_per_s")  # row.dtype: the Series'
         if not peak or row["status"] != "ok" or not row["time_median_s"] or pd.isna(row["flops"]):

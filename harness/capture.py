@@ -35,8 +35,15 @@ def _load(model_dir: Path) -> tuple[nn.Module, object]:
     return model, model.config
 
 
-def _tokens(model_dir: Path, config: object, *, text: str | None, token_ids: list[int] | None,
-            random_tokens: int | None, seed: int) -> Tensor:
+def _tokens(
+    model_dir: Path,
+    config: object,
+    *,
+    text: str | None,
+    token_ids: list[int] | None,
+    random_tokens: int | None,
+    seed: int,
+) -> Tensor:
     if sum(x is not None for x in (text, token_ids, random_tokens)) != 1:
         raise CaptureError("give exactly one of --text, --token-ids, --random-tokens")
     if text is not None:
@@ -53,8 +60,15 @@ def _tokens(model_dir: Path, config: object, *, text: str | None, token_ids: lis
     return torch.randint(config.vocab_size, (1, random_tokens), generator=generator)
 
 
-def capture_qkv(model_dir: Path, out: Path, *, text: str | None = None, token_ids: list[int] | None = None,
-                random_tokens: int | None = None, seed: int = 0) -> dict[str, Tensor]:
+def capture_qkv(
+    model_dir: Path,
+    out: Path,
+    *,
+    text: str | None = None,
+    token_ids: list[int] | None = None,
+    random_tokens: int | None = None,
+    seed: int = 0,
+) -> dict[str, Tensor]:
     """Run the model once and write q, k, v (layers, batch, heads, seq, head_dim) to `out` (.pt or .safetensors)."""
     model, config = _load(model_dir)
     ids = _tokens(model_dir, config, text=text, token_ids=token_ids, random_tokens=random_tokens, seed=seed)
@@ -64,11 +78,14 @@ def capture_qkv(model_dir: Path, out: Path, *, text: str | None = None, token_id
     def hook(layer: str, role: str):
         def record(module: nn.Module, args: tuple, output: Tensor) -> None:
             recorded.setdefault(layer, {})[role] = rearrange(output.detach(), "b n (h d) -> b h n d", d=head_dim)
+
         return record
 
-    handles = [module.register_forward_hook(hook(name.rsplit(".", 1)[0], ROLES[name.rsplit(".", 1)[-1]]))
-               for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in ROLES]
+    handles = [
+        module.register_forward_hook(hook(name.rsplit(".", 1)[0], ROLES[name.rsplit(".", 1)[-1]]))
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in ROLES
+    ]
     if not handles:
         raise CaptureError(f"no q/k/v projections found in {type(model).__name__} (looked for {', '.join(ROLES)})")
     try:

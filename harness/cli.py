@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,10 @@ def _csv(kind: type) -> Any:
         try:
             return [kind(item) for item in text.split(",") if item.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {kind.__name__}, got {text!r}"
+            ) from None
+
     return parse
 
 
@@ -48,10 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("list", help="every variant: family, exactness, capabilities, package; broken plugins")
 
-    run = commands.add_parser("run", help="run a sweep and print a summary table", epilog=EPILOG,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("config", nargs="?", default="quick",
-                     help="a preset in configs/ (quick, default) or a TOML file (default: quick)")
+    run = commands.add_parser(
+        "run",
+        help="run a sweep and print a summary table",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument(
+        "config",
+        nargs="?",
+        default="quick",
+        help="a preset in configs/ (quick, default) or a TOML file (default: quick)",
+    )
     run.add_argument("--variants", type=_csv(str), help="comma-separated variant names (keeps the config's grids)")
     run.add_argument("--seq-lens", type=_csv(int), help="comma-separated sequence lengths, e.g. 1024,4096")
     run.add_argument("--device", type=_csv(str), help="cpu, cuda or cuda:N (comma-separated for several)")
@@ -62,10 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="skip report.md / report.html / plots at the end")
-    run.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                     help="continue a killed run: its stored config, only the cells missing from its results.csv")
-    run.add_argument("--isolate", action="store_true",
-                     help="each cell in its own process (cell_timeout_s): a crash or hang marks only that cell")
+    run.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue a killed run: its stored config, only the cells missing from its results.csv",
+    )
+    run.add_argument(
+        "--isolate",
+        action="store_true",
+        help="each cell in its own process (cell_timeout_s): a crash or hang marks only that cell",
+    )
 
     report = commands.add_parser("report", help="(re)build report.md, report.html and plots/ for a run folder")
     report.add_argument("run_dir", type=Path)
@@ -73,15 +92,26 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="compare two runs cell by cell (ratios B / A, noise-aware)")
     compare.add_argument("run_a", type=Path)
     compare.add_argument("run_b", type=Path)
-    compare.add_argument("--fail-above", type=float, metavar="PCT",
-                         help="exit 1 if any cell is slower by more than PCT percent beyond noise (for CI)")
+    compare.add_argument(
+        "--fail-above",
+        type=float,
+        metavar="PCT",
+        help="exit 1 if any cell is slower by more than PCT percent beyond noise (for CI)",
+    )
     check = commands.add_parser("check", help="run the conformance checks on a variant (for variant authors)")
     check.add_argument("name", help="a registered variant name (see `attnbench list`)")
-    check.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                       help="a hyperparameter, as a TOML value (e.g. --param window=64 --param backend='\"flex\"')")
+    check.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a hyperparameter, as a TOML value (e.g. --param window=64 --param backend='\"flex\"')",
+    )
 
     capture = commands.add_parser("capture", help="record per-layer, per-head Q/K/V of a local Hugging Face model")
-    capture.add_argument("model_dir", type=Path, help="a local model folder (config.json + weights); nothing is downloaded")
+    capture.add_argument(
+        "model_dir", type=Path, help="a local model folder (config.json + weights); nothing is downloaded"
+    )
     capture.add_argument("--out", type=Path, required=True, help="file to write: .pt or .safetensors")
     source = capture.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="text to tokenize (needs a tokenizer in the model folder)")
@@ -127,7 +157,10 @@ def command_check(args: argparse.Namespace) -> int:
     print(f"{args.name} on {ctx.device.type}, {str(ctx.dtype).removeprefix('torch.')}:")
     print(markdown_table(["check", "result", "detail"], [[r.check, r.status, r.detail] for r in results]))
     failed = [r.check for r in results if r.status == "fail"]
-    print(f"{len(results) - len(failed)} passed or skipped, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
+    print(
+        f"{len(results) - len(failed)} passed or skipped, {len(failed)} failed"
+        + (f": {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 
@@ -135,14 +168,22 @@ def command_capture(args: argparse.Namespace) -> int:
     from attnbench.capture import CaptureError, capture_qkv
 
     try:
-        tensors = capture_qkv(args.model_dir, args.out, text=args.text, token_ids=args.token_ids,
-                              random_tokens=args.random_tokens, seed=args.seed)
+        tensors = capture_qkv(
+            args.model_dir,
+            args.out,
+            text=args.text,
+            token_ids=args.token_ids,
+            random_tokens=args.random_tokens,
+            seed=args.seed,
+        )
     except CaptureError as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return 2
     layers, batch, heads, seq, head_dim = tensors["q"].shape
-    print(f"attnbench: wrote {args.out}: {layers} layers, {heads} query heads ({tensors['k'].shape[2]} key/value), "
-          f"{seq} positions, head_dim {head_dim}. Use it with [[inputs]] name = \"captured\", path = \"{args.out}\"")
+    print(
+        f"attnbench: wrote {args.out}: {layers} layers, {heads} query heads ({tensors['k'].shape[2]} key/value), "
+        f'{seq} positions, head_dim {head_dim}. Use it with [[inputs]] name = "captured", path = "{args.out}"'
+    )
     return 0
 
 
@@ -150,14 +191,19 @@ def command_list() -> int:
     entries = registry.load_all()
     working = [e for e in entries if e.variant_class is not None]
     broken = [e for e in entries if e.error is not None]
-    print(f"{'name':<16} {'family':<10} {'exact':<6} {'causal':<7} {'padding':<8} {'Nq!=Nk':<7} {'backward':<9} {'devices':<10} package")
+    print(
+        f"{'name':<16} {'family':<10} {'exact':<6} {'causal':<7} {'padding':<8} {'Nq!=Nk':<7} "
+        f"{'backward':<9} {'devices':<10} package"
+    )
     for entry in working:
         cls = entry.variant_class
         caps = cls.supports
         flags = [caps.causal, caps.key_padding_mask, caps.cross_attention, caps.backward]
         marks = ["yes" if f else "no" for f in flags]
-        print(f"{entry.name:<16} {cls.family:<10} {'yes' if cls.exact else 'no':<6} {marks[0]:<7} {marks[1]:<8} "
-              f"{marks[2]:<7} {marks[3]:<9} {','.join(caps.devices):<10} {entry.package}")
+        print(
+            f"{entry.name:<16} {cls.family:<10} {'yes' if cls.exact else 'no':<6} {marks[0]:<7} {marks[1]:<8} "
+            f"{marks[2]:<7} {marks[3]:<9} {','.join(caps.devices):<10} {entry.package}"
+        )
         for key, spec in cls.hyperparameters.items():
             print(f"{'':<18}{key} = {spec.default!r}: {spec.doc}")
     if broken:
@@ -171,10 +217,19 @@ def command_run(args: argparse.Namespace) -> int:
     from attnbench.summary import write_summary
     from attnbench.sweep import run_sweep
 
-    overrides = {key: value for key, value in {
-        "variants": args.variants, "seq_lens": args.seq_lens, "device": args.device, "dtype": args.dtype,
-        "causal": args.causal, "mode": args.mode, "seeds": args.seeds,
-    }.items() if value is not None}
+    overrides = {
+        key: value
+        for key, value in {
+            "variants": args.variants,
+            "seq_lens": args.seq_lens,
+            "device": args.device,
+            "dtype": args.dtype,
+            "causal": args.causal,
+            "mode": args.mode,
+            "seeds": args.seeds,
+        }.items()
+        if value is not None
+    }
     try:
         if args.resume is not None:
             config = _stored_config(args.resume, overrides)
@@ -185,11 +240,20 @@ def command_run(args: argparse.Namespace) -> int:
         return 2
     cells = config.cells()
     where = args.resume if args.resume is not None else f"{args.out}/"
-    print(f"attnbench: {len(cells)} cells from '{config.name}' ({len(config.variants)} variant settings × "
-          f"N in {sorted(config.seq_lens)}), results under {where}", file=sys.stderr)
+    print(
+        f"attnbench: {len(cells)} cells from '{config.name}' ({len(config.variants)} variant settings × "
+        f"N in {sorted(config.seq_lens)}), results under {where}",
+        file=sys.stderr,
+    )
     started = time.perf_counter()
-    run_dir = run_sweep(config, args.out, progress=not args.no_progress, run_dir=args.resume,
-                        resume=args.resume is not None, isolate=args.isolate)
+    run_dir = run_sweep(
+        config,
+        args.out,
+        progress=not args.no_progress,
+        run_dir=args.resume,
+        resume=args.resume is not None,
+        isolate=args.isolate,
+    )
     print(write_summary(run_dir))
     outputs = "results.csv, meta.json, summary.md"
     if not args.no_report:
@@ -197,8 +261,10 @@ def command_run(args: argparse.Namespace) -> int:
 
         write_report(run_dir)
         outputs += ", report.md, report.html, plots/"
-    print(f"attnbench: {len(cells)} cells in {time.perf_counter() - started:.0f} s -> {run_dir}/ ({outputs})",
-          file=sys.stderr)
+    print(
+        f"attnbench: {len(cells)} cells in {time.perf_counter() - started:.0f} s -> {run_dir}/ ({outputs})",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -218,7 +284,9 @@ def _stored_config(run_dir: Path, overrides: dict[str, Any]) -> SweepConfig:
 
 def _run_folder(path: Path) -> Path | None:
     if not (path / "results.csv").is_file():
-        print(f"attnbench: {path} is not a run folder (no results.csv); runs live in results/<run-id>/", file=sys.stderr)
+        print(
+            f"attnbench: {path} is not a run folder (no results.csv); runs live in results/<run-id>/", file=sys.stderr
+        )
         return None
     return path
 
@@ -242,18 +310,29 @@ def command_compare(args: argparse.Namespace) -> int:
     if args.fail_above is not None:
         regressions = result.regressions(args.fail_above)
         if len(regressions):
-            print(f"attnbench: {len(regressions)} cell(s) slower by more than {args.fail_above:g}% beyond noise",
-                  file=sys.stderr)
+            print(
+                f"attnbench: {len(regressions)} cell(s) slower by more than {args.fail_above:g}% beyond noise",
+                file=sys.stderr,
+            )
             return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"list": lambda: command_list(), "run": lambda: command_run(args),
-                "report": lambda: command_report(args), "compare": lambda: command_compare(args),
-                "capture": lambda: command_capture(args), "check": lambda: command_check(args)}
-    return commands[args.command]()
+    commands = {
+        "list": lambda: command_list(),
+        "run": lambda: command_run(args),
+        "report": lambda: command_report(args),
+        "compare": lambda: command_compare(args),
+        "capture": lambda: command_capture(args),
+        "check": lambda: command_check(args),
+    }
+    try:
+        return commands[args.command]()
+    except BrokenPipeError:  # output piped into `head` and closed: not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (so the interpreter's final flush stays quiet)
+        return 0
 
 
 if __name__ == "__main__":

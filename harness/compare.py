@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-
 from attnbench.results import read_results
 from attnbench.summary import markdown_table
 
@@ -59,18 +58,33 @@ def compare_runs(run_a: Path, run_b: Path) -> Comparison:
     rows = []
     for key in shared:
         x, y = ok_a.loc[key], ok_b.loc[key]
-        rows.append({
-            "label": x["label"], "seq_len": x["seq_len"], "device": x["device"], "dtype": x["dtype"], "mode": x["mode"],  # x.dtype: the Series'
-            "causal": x.causal, "input": x["input"],
-            "time_a_ms": 1e3 * x.time_median_s, "time_b_ms": 1e3 * y.time_median_s,
-            "time_ratio": y.time_median_s / x.time_median_s,
-            "memory_ratio": y.peak_mem_bytes / x.peak_mem_bytes if x.peak_mem_bytes else float("nan"),
-            "error_a": x.err_vs_uniform, "error_b": y.err_vs_uniform,
-            "verdict": verdict(x.time_median_s, x.time_iqr_s, y.time_median_s, y.time_iqr_s),
-        })
-    meta = [json.loads((run / "meta.json").read_text()) if (run / "meta.json").exists() else {} for run in (run_a, run_b)]
-    return Comparison(pd.DataFrame(rows), len(ok_a.index.difference(ok_b.index)), len(ok_b.index.difference(ok_a.index)),
-                      machine_differences(*meta))
+        rows.append(
+            {
+                "label": x["label"],
+                "seq_len": x["seq_len"],
+                "device": x["device"],
+                "dtype": x["dtype"],
+                "mode": x["mode"],  # x.dtype: the Series'
+                "causal": x.causal,
+                "input": x["input"],
+                "time_a_ms": 1e3 * x.time_median_s,
+                "time_b_ms": 1e3 * y.time_median_s,
+                "time_ratio": y.time_median_s / x.time_median_s,
+                "memory_ratio": y.peak_mem_bytes / x.peak_mem_bytes if x.peak_mem_bytes else float("nan"),
+                "error_a": x.err_vs_uniform,
+                "error_b": y.err_vs_uniform,
+                "verdict": verdict(x.time_median_s, x.time_iqr_s, y.time_median_s, y.time_iqr_s),
+            }
+        )
+    meta = [
+        json.loads((run / "meta.json").read_text()) if (run / "meta.json").exists() else {} for run in (run_a, run_b)
+    ]
+    return Comparison(
+        pd.DataFrame(rows),
+        len(ok_a.index.difference(ok_b.index)),
+        len(ok_b.index.difference(ok_a.index)),
+        machine_differences(*meta),
+    )
 
 
 def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
@@ -85,11 +99,38 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
         lines.append("No cell ran ok in both runs.")
         return "\n".join(lines)
     fmt = lambda v, spec: "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)  # noqa: E731
-    rows = [[r.label, str(r.seq_len), f"{r.device}/{r.dtype}/{r.mode}{'/causal' if r.causal else ''}", r.input,
-             fmt(r.time_a_ms, ".2f"), fmt(r.time_b_ms, ".2f"), fmt(r.time_ratio, ".3f"), fmt(r.memory_ratio, ".3f"),
-             f"{fmt(r.error_a, '.3g')} → {fmt(r.error_b, '.3g')}", r.verdict] for r in table.itertuples()]
-    lines.append(markdown_table(["variant", "N", "setting", "input", "A ms", "B ms", "time B/A", "memory B/A",
-                                 "error vs uniform", "verdict"], rows))
+    rows = [
+        [
+            r.label,
+            str(r.seq_len),
+            f"{r.device}/{r.dtype}/{r.mode}{'/causal' if r.causal else ''}",
+            r.input,
+            fmt(r.time_a_ms, ".2f"),
+            fmt(r.time_b_ms, ".2f"),
+            fmt(r.time_ratio, ".3f"),
+            fmt(r.memory_ratio, ".3f"),
+            f"{fmt(r.error_a, '.3g')} → {fmt(r.error_b, '.3g')}",
+            r.verdict,
+        ]
+        for r in table.itertuples()
+    ]
+    lines.append(
+        markdown_table(
+            [
+                "variant",
+                "N",
+                "setting",
+                "input",
+                "A ms",
+                "B ms",
+                "time B/A",
+                "memory B/A",
+                "error vs uniform",
+                "verdict",
+            ],
+            rows,
+        )
+    )
     counts = table.verdict.value_counts().to_dict()
     lines.append("Verdicts: " + ", ".join(f"{count} {name}" for name, count in counts.items()))
     return "\n".join(lines)

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from attnbench.inputs import validate_input
 from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
-from attnbench.registry import Registry, registry as default_registry
+from attnbench.registry import Registry
+from attnbench.registry import registry as default_registry
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
 MODES = ("fwd", "fwd+bwd")
@@ -72,20 +73,54 @@ class Cell:
 
     def input_key(self) -> tuple:
         """Cells with equal input keys share Q, K, V and the exact reference."""
-        return (self.device, self.dtype, self.causal, self.input, self.seed, self.padding,
-                self.batch, self.heads, self.head_dim, self.seq_len)
+        return (
+            self.device,
+            self.dtype,
+            self.causal,
+            self.input,
+            self.seed,
+            self.padding,
+            self.batch,
+            self.heads,
+            self.head_dim,
+            self.seq_len,
+        )
 
     def budget_key(self) -> tuple:
         """Cells that differ only in N: once one is over the time budget, the larger ones are skipped."""
-        return (self.variant, self.device, self.dtype, self.causal, self.mode, self.input, self.seed,
-                self.padding, self.batch, self.heads, self.head_dim)
+        return (
+            self.variant,
+            self.device,
+            self.dtype,
+            self.causal,
+            self.mode,
+            self.input,
+            self.seed,
+            self.padding,
+            self.batch,
+            self.heads,
+            self.head_dim,
+        )
 
     def key(self) -> str:
         """A stable text key for the cell (for matching runs and resuming)."""
         return json.dumps(
-            [self.variant.name, dict(self.variant.hparams), self.seq_len, self.batch, self.heads, self.head_dim,
-             self.dtype, self.device, self.causal, self.mode, self.input.name, dict(self.input.params), self.seed,
-             self.padding],
+            [
+                self.variant.name,
+                dict(self.variant.hparams),
+                self.seq_len,
+                self.batch,
+                self.heads,
+                self.head_dim,
+                self.dtype,
+                self.device,
+                self.causal,
+                self.mode,
+                self.input.name,
+                dict(self.input.params),
+                self.seed,
+                self.padding,
+            ],
             sort_keys=True,
         )
 
@@ -120,8 +155,17 @@ class SweepConfig:
         cells = [
             Cell(variant, n, b, h, d, dtype, device, causal, mode, inp, seed, self.padding)
             for device, dtype, causal, inp, seed, b, h, d, n, variant, mode in itertools.product(
-                self.device, self.dtype, self.causal, self.inputs, self.seeds, self.batch, self.heads,
-                self.head_dim, sorted(self.seq_lens), self.variants, self.mode,
+                self.device,
+                self.dtype,
+                self.causal,
+                self.inputs,
+                self.seeds,
+                self.batch,
+                self.heads,
+                self.head_dim,
+                sorted(self.seq_lens),
+                self.variants,
+                self.mode,
             )
         ]
         return cells
@@ -133,10 +177,28 @@ class SweepConfig:
         return out
 
 
-LIST_AXES = {"seq_lens": int, "batch": int, "heads": int, "head_dim": int, "dtype": str, "device": str,
-             "causal": bool, "mode": str, "seeds": int}
-SCALARS = {"name": str, "description": str, "padding": float, "min_run_time": float, "time_budget_s": float,
-           "memory_limit_gb": float, "error": bool, "self_check_len": int, "cell_timeout_s": float}
+LIST_AXES = {
+    "seq_lens": int,
+    "batch": int,
+    "heads": int,
+    "head_dim": int,
+    "dtype": str,
+    "device": str,
+    "causal": bool,
+    "mode": str,
+    "seeds": int,
+}
+SCALARS = {
+    "name": str,
+    "description": str,
+    "padding": float,
+    "min_run_time": float,
+    "time_budget_s": float,
+    "memory_limit_gb": float,
+    "error": bool,
+    "self_check_len": int,
+    "cell_timeout_s": float,
+}
 KNOWN_KEYS = set(LIST_AXES) | set(SCALARS) | {"variants", "inputs"}
 
 
@@ -166,13 +228,18 @@ def parse_config(raw: dict[str, Any], *, source: str = "config", registry: Regis
     raw = {key: value for key, value in raw.items() if value is not None}  # None: "not set" (as meta.json writes it)
     for key in raw:
         if key not in KNOWN_KEYS:
-            problems.append(f"unknown key '{key}'.{did_you_mean(key, sorted(KNOWN_KEYS))} Known keys: {', '.join(sorted(KNOWN_KEYS))}")
+            problems.append(
+                f"unknown key '{key}'.{did_you_mean(key, sorted(KNOWN_KEYS))} "
+                f"Known keys: {', '.join(sorted(KNOWN_KEYS))}"
+            )
     for key, kind in LIST_AXES.items():
         if key in raw:
             values = _as_list(raw[key])
             bad = [v for v in values if not _type_ok(v, kind)]
             if bad or not values:
-                problems.append(f"{key}: expected {kind.__name__} or a non-empty list of {kind.__name__}, got {raw[key]!r}")
+                problems.append(
+                    f"{key}: expected {kind.__name__} or a non-empty list of {kind.__name__}, got {raw[key]!r}"
+                )
             else:
                 setattr(config, key, values)
     for key, kind in SCALARS.items():
@@ -183,10 +250,15 @@ def parse_config(raw: dict[str, Any], *, source: str = "config", registry: Regis
                 problems.append(f"{key}: expected {kind.__name__}, got {raw[key]!r}")
 
     problems += [f"seq_lens: {n} must be >= 1" for n in config.seq_lens if n < 1]
-    problems += [f"{axis}: {v} must be >= 1" for axis in ("batch", "heads", "head_dim") for v in getattr(config, axis) if v < 1]
+    problems += [
+        f"{axis}: {v} must be >= 1" for axis in ("batch", "heads", "head_dim") for v in getattr(config, axis) if v < 1
+    ]
     problems += [f"dtype: unknown '{d}' (known: {', '.join(ALL_DTYPES)})" for d in config.dtype if d not in ALL_DTYPES]
-    problems += [f"device: unknown '{d}' (known: {', '.join(DEVICES)}, or cuda:N)" for d in config.device
-                 if d not in DEVICES and not d.startswith("cuda:")]
+    problems += [
+        f"device: unknown '{d}' (known: {', '.join(DEVICES)}, or cuda:N)"
+        for d in config.device
+        if d not in DEVICES and not d.startswith("cuda:")
+    ]
     problems += [f"mode: unknown '{m}' (known: {', '.join(MODES)})" for m in config.mode if m not in MODES]
     if not 0.0 <= config.padding < 1.0:
         problems.append(f"padding: {config.padding} must be a fraction in [0, 1)")
@@ -216,11 +288,18 @@ def parse_config(raw: dict[str, Any], *, source: str = "config", registry: Regis
 def _parse_variants(raw: Any, registry: Registry) -> tuple[list[VariantSpec], list[str]]:
     """`variants` is a list of names, or a table name -> {hyperparameter: value or list of values}."""
     if raw is None:
-        return [], ["variants: missing; give a list of names or a [variants.NAME] table per variant (see `attnbench list`)"]
+        return [], [
+            "variants: missing; give a list of names or a [variants.NAME] table per variant (see `attnbench list`)"
+        ]
     if isinstance(raw, list):  # names, or tables with a "name" (each its own grid)
-        entries = [(item, {}) if isinstance(item, str) else
-                   (item.get("name"), {k: v for k, v in item.items() if k != "name"}) if isinstance(item, dict) else
-                   (None, item) for item in raw]
+        entries = [
+            (item, {})
+            if isinstance(item, str)
+            else (item.get("name"), {k: v for k, v in item.items() if k != "name"})
+            if isinstance(item, dict)
+            else (None, item)
+            for item in raw
+        ]
     elif isinstance(raw, dict):
         entries = list(raw.items())
     else:
@@ -254,11 +333,18 @@ def resolve_config_path(name_or_path: str) -> Path:
     if preset.is_file():
         return preset
     known = sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
-    raise ConfigError(name_or_path, [f"no such file, and no preset of that name.{did_you_mean(name_or_path, known)} "
-                                     f"Presets: {', '.join(known) or 'none found in ' + str(PRESETS_DIR)}"])
+    raise ConfigError(
+        name_or_path,
+        [
+            f"no such file, and no preset of that name.{did_you_mean(name_or_path, known)} "
+            f"Presets: {', '.join(known) or 'none found in ' + str(PRESETS_DIR)}"
+        ],
+    )
 
 
-def load_config(name_or_path: str, overrides: dict[str, Any] | None = None, *, registry: Registry = default_registry) -> SweepConfig:
+def load_config(
+    name_or_path: str, overrides: dict[str, Any] | None = None, *, registry: Registry = default_registry
+) -> SweepConfig:
     """Read a preset or TOML file, apply CLI overrides (same keys as the file), validate, resolve."""
     path = resolve_config_path(name_or_path)
     try:
@@ -272,4 +358,3 @@ def load_config(name_or_path: str, overrides: dict[str, Any] | None = None, *, r
             value = {name: raw["variants"].get(name, {}) for name in value}
         raw[key] = value
     return parse_config(raw, source=str(path), registry=registry)
-

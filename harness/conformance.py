@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch import Tensor
-
 from attnbench.interface import AttentionVariant, UnsupportedOptionError
 from attnbench.memory import peak_memory
 from attnbench.reference import dense_masked_attention
+from torch import Tensor
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 
@@ -55,11 +54,23 @@ def _refuses(call: Callable[[], object]) -> bool:
     return False
 
 
-def _supports(ctx: CheckContext, variant: AttentionVariant, *, causal: bool = False, padded: bool = False,
-              n_q: int = 8, n_k: int = 8, backward: bool = False) -> bool:
+def _supports(
+    ctx: CheckContext,
+    variant: AttentionVariant,
+    *,
+    causal: bool = False,
+    padded: bool = False,
+    n_q: int = 8,
+    n_k: int = 8,
+    backward: bool = False,
+) -> bool:
     """Whether this instance accepts these options (capabilities may depend on its hyperparameters)."""
-    return variant.unsupported_reason(device=ctx.device.type, dtype=ctx.dtype, causal=causal, padded=padded,
-                                      n_q=n_q, n_k=n_k, backward=backward) is None
+    return (
+        variant.unsupported_reason(
+            device=ctx.device.type, dtype=ctx.dtype, causal=causal, padded=padded, n_q=n_q, n_k=n_k, backward=backward
+        )
+        is None
+    )
 
 
 def padding_for(batch: int, n: int, device: torch.device) -> Tensor:
@@ -68,8 +79,16 @@ def padding_for(batch: int, n: int, device: torch.device) -> Tensor:
     return torch.arange(n, device=device)[None, :] >= lengths[:, None]
 
 
-def exactness_error(variant: AttentionVariant, *, n: int, causal: bool, padded: bool,
-                    device: torch.device, dtype: torch.dtype, seed: int = 0) -> float:
+def exactness_error(
+    variant: AttentionVariant,
+    *,
+    n: int,
+    causal: bool,
+    padded: bool,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int = 0,
+) -> float:
     """Max abs difference between an exact variant and the dense masked reference of its own pattern."""
     generator = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(2, 2, n, 16, generator=generator).to(device, dtype) for _ in range(3))
@@ -88,11 +107,14 @@ def exactness_error(variant: AttentionVariant, *, n: int, causal: bool, padded: 
 
 # ---- the checks --------------------------------------------------------------------------------
 
+
 def check_shapes(ctx: CheckContext) -> CheckResult:
     q, k, v = ctx.tensors((2, 3, 37, 16), (2, 3, 37, 16), (2, 3, 37, 24))
     out = ctx.make()(q, k, v)
     if tuple(out.shape) != (2, 3, 37, 24) or out.dtype != ctx.dtype or out.device.type != ctx.device.type:
-        return CheckResult("shapes", "fail", f"got {tuple(out.shape)} {out.dtype} on {out.device}, expected (2, 3, 37, 24) {ctx.dtype}")
+        return CheckResult(
+            "shapes", "fail", f"got {tuple(out.shape)} {out.dtype} on {out.device}, expected (2, 3, 37, 24) {ctx.dtype}"
+        )
     if not torch.isfinite(out).all():
         return CheckResult("shapes", "fail", "output has NaN or Inf")
     return CheckResult("shapes", "pass", "(2, 3, 37, 16|24) -> (2, 3, 37, 24), finite")
@@ -103,8 +125,11 @@ def check_cross_attention(ctx: CheckContext) -> CheckResult:
     variant = ctx.make()
     if not _supports(ctx, variant, n_q=29, n_k=41):
         ok = _refuses(lambda: variant(q, k, v))
-        return CheckResult("cross_attention", "pass" if ok else "fail",
-                           "undeclared Nq != Nk refused" if ok else "Nq != Nk ran although not declared")
+        return CheckResult(
+            "cross_attention",
+            "pass" if ok else "fail",
+            "undeclared Nq != Nk refused" if ok else "Nq != Nk ran although not declared",
+        )
     out = variant(q, k, v)
     ok = tuple(out.shape) == (1, 2, 29, 16) and bool(torch.isfinite(out).all())
     return CheckResult("cross_attention", "pass" if ok else "fail", f"Nq=29, Nk=41 -> {tuple(out.shape)}")
@@ -115,8 +140,11 @@ def check_causal_leakage(ctx: CheckContext, n: int = 96, t: int = 50) -> CheckRe
     variant = ctx.make()
     if not _supports(ctx, variant, causal=True):
         ok = _refuses(lambda: variant(q, k, v, causal=True))
-        return CheckResult("causal_leakage", "pass" if ok else "fail",
-                           "undeclared causal refused" if ok else "causal ran although not declared")
+        return CheckResult(
+            "causal_leakage",
+            "pass" if ok else "fail",
+            "undeclared causal refused" if ok else "causal ran although not declared",
+        )
     future = torch.arange(n, device=ctx.device) > t
     k_changed = torch.where(future[:, None], k2, k)
     v_changed = torch.where(future[:, None], v2, v)
@@ -124,8 +152,11 @@ def check_causal_leakage(ctx: CheckContext, n: int = 96, t: int = 50) -> CheckRe
     after = ctx.make()(q, k_changed, v_changed, causal=True)[:, :, : t + 1]
     diff = _max_diff(before, after)
     ok = diff <= ctx.atol
-    return CheckResult("causal_leakage", "pass" if ok else "fail",
-                       f"outputs up to t={t} moved by {diff:.2e} when keys/values after t changed (tol {ctx.atol:.0e})")
+    return CheckResult(
+        "causal_leakage",
+        "pass" if ok else "fail",
+        f"outputs up to t={t} moved by {diff:.2e} when keys/values after t changed (tol {ctx.atol:.0e})",
+    )
 
 
 def check_key_padding(ctx: CheckContext, n: int = 64) -> CheckResult:
@@ -134,23 +165,33 @@ def check_key_padding(ctx: CheckContext, n: int = 64) -> CheckResult:
     mask = padding_for(3, n, ctx.device)
     if not _supports(ctx, variant, padded=True):
         ok = _refuses(lambda: variant(q, k, v, key_padding_mask=mask))
-        return CheckResult("key_padding", "pass" if ok else "fail",
-                           "undeclared padding mask refused" if ok else "padding mask ran although not declared")
+        return CheckResult(
+            "key_padding",
+            "pass" if ok else "fail",
+            "undeclared padding mask refused" if ok else "padding mask ran although not declared",
+        )
     padded = mask[:, None, :, None]  # (b, 1, n, 1)
     diffs = []
     for causal in (False, True) if _supports(ctx, variant, causal=True, padded=True) else (False,):
         before = variant(q, k, v, causal=causal, key_padding_mask=mask)
-        after = ctx.make()(q, torch.where(padded, k2, k), torch.where(padded, v2, v), causal=causal, key_padding_mask=mask)
+        after = ctx.make()(
+            q, torch.where(padded, k2, k), torch.where(padded, v2, v), causal=causal, key_padding_mask=mask
+        )
         diffs.append(_max_diff(before, after))
     ok = max(diffs) <= ctx.atol
-    return CheckResult("key_padding", "pass" if ok else "fail",
-                       f"output moved by {max(diffs):.2e} when padded keys/values changed (tol {ctx.atol:.0e})")
+    return CheckResult(
+        "key_padding",
+        "pass" if ok else "fail",
+        f"output moved by {max(diffs):.2e} when padded keys/values changed (tol {ctx.atol:.0e})",
+    )
 
 
 def check_determinism(ctx: CheckContext) -> CheckResult:
     q, k, v = ctx.tensors(*[(1, 2, 80, 16)] * 3)
     diff = _max_diff(ctx.make()(q, k, v), ctx.make()(q, k, v))
-    return CheckResult("determinism", "pass" if diff == 0 else "fail", f"two instances with one seed differ by {diff:.2e}")
+    return CheckResult(
+        "determinism", "pass" if diff == 0 else "fail", f"two instances with one seed differ by {diff:.2e}"
+    )
 
 
 def check_gradients(ctx: CheckContext) -> CheckResult:
@@ -158,12 +199,18 @@ def check_gradients(ctx: CheckContext) -> CheckResult:
     variant = ctx.make()
     if not _supports(ctx, variant, backward=True):
         ok = _refuses(lambda: variant(q, k, v))
-        return CheckResult("gradients", "pass" if ok else "fail",
-                           "undeclared backward refused" if ok else "backward ran although not declared")
+        return CheckResult(
+            "gradients",
+            "pass" if ok else "fail",
+            "undeclared backward refused" if ok else "backward ran although not declared",
+        )
     grads = torch.autograd.grad(variant(q, k, v).square().sum(), (q, k, v), allow_unused=True)
     inputs = "qkv" if variant.reads_keys else "qv"  # a variant that ignores k (keys from q) owes it no gradient
-    missing = [name for name, g in zip("qkv", grads)
-               if name in inputs and (g is None or not torch.isfinite(g).all() or g.abs().sum() == 0)]
+    missing = [
+        name
+        for name, g in zip("qkv", grads)
+        if name in inputs and (g is None or not torch.isfinite(g).all() or g.abs().sum() == 0)
+    ]
     if missing:
         return CheckResult("gradients", "fail", f"no finite, non-zero gradient reaches {', '.join(missing)}")
     return CheckResult("gradients", "pass", f"finite, non-zero gradients reach {', '.join(inputs)}")
@@ -174,10 +221,15 @@ def check_exact_pattern(ctx: CheckContext, n: int = 75) -> CheckResult:
     if not variant.exact:
         return CheckResult("exact_pattern", "skip", "approximate variant")
     options = [(c, p) for c in (False, True) for p in (False, True) if _supports(ctx, variant, causal=c, padded=p)]
-    worst = max(exactness_error(variant, n=n, causal=c, padded=p, device=ctx.device, dtype=ctx.dtype) for c, p in options)
+    worst = max(
+        exactness_error(variant, n=n, causal=c, padded=p, device=ctx.device, dtype=ctx.dtype) for c, p in options
+    )
     ok = worst <= max(ctx.atol, 1e-6 if ctx.dtype == torch.float32 else 0.0)
-    return CheckResult("exact_pattern", "pass" if ok else "fail",
-                       f"max error {worst:.2e} against its own support_mask over causal/padding combinations")
+    return CheckResult(
+        "exact_pattern",
+        "pass" if ok else "fail",
+        f"max error {worst:.2e} against its own support_mask over causal/padding combinations",
+    )
 
 
 def check_subquadratic_memory(ctx: CheckContext) -> CheckResult:
@@ -193,8 +245,11 @@ def check_subquadratic_memory(ctx: CheckContext) -> CheckResult:
             peaks.append(peak_memory(lambda: variant(q, k, v), ctx.device, inputs=(q, k, v))[0])
     ratio = peaks[1] / max(peaks[0], 1)
     ok = ratio < 8  # quadratic would be 16
-    return CheckResult("subquadratic_memory", "pass" if ok else "fail",
-                       f"peak grew {ratio:.1f}x from N=1024 to 4096 (linear 4x, quadratic 16x)")
+    return CheckResult(
+        "subquadratic_memory",
+        "pass" if ok else "fail",
+        f"peak grew {ratio:.1f}x from N=1024 to 4096 (linear 4x, quadratic 16x)",
+    )
 
 
 CHECKS: dict[str, Callable[[CheckContext], CheckResult]] = {
@@ -215,11 +270,15 @@ def check_context(make: Callable[[], AttentionVariant]) -> CheckContext | str:
     devices = [d for d in variant.supports.devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
     for device in devices:
         for dtype_name in ("float64", "float32", "bfloat16", "float16"):
-            reason = variant.unsupported_reason(device=device, dtype=dtype_name, causal=False, padded=False, n_q=8, n_k=8)
+            reason = variant.unsupported_reason(
+                device=device, dtype=dtype_name, causal=False, padded=False, n_q=8, n_k=8
+            )
             if reason is None:
                 return CheckContext(make, torch.device(device), getattr(torch, dtype_name))
-    return variant.unsupported_reason(device="cpu", dtype="float32", causal=False, padded=False, n_q=8, n_k=8) or \
-        f"no device here that {variant.name} supports ({', '.join(variant.supports.devices)})"
+    return (
+        variant.unsupported_reason(device="cpu", dtype="float32", causal=False, padded=False, n_q=8, n_k=8)
+        or f"no device here that {variant.name} supports ({', '.join(variant.supports.devices)})"
+    )
 
 
 def run_check(name: str, ctx: CheckContext) -> CheckResult:

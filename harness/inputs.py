@@ -43,8 +43,9 @@ def _norm_for_logit(d: int, temperature: float) -> float:
     return (math.sqrt(d) / temperature) ** 0.5
 
 
-def clustered(generator: torch.Generator, shape: Shape4, clusters: int = 8, spread: float = 0.3,
-              temperature: float = 0.1) -> tuple[Tensor, Tensor, Tensor]:
+def clustered(
+    generator: torch.Generator, shape: Shape4, clusters: int = 8, spread: float = 0.3, temperature: float = 0.1
+) -> tuple[Tensor, Tensor, Tensor]:
     """Q and K = one of `clusters` shared unit-norm centroids (per head) plus noise of relative size `spread`.
 
     Logits within a cluster are about 1/temperature, across clusters near 0: peaked attention.
@@ -55,7 +56,9 @@ def clustered(generator: torch.Generator, shape: Shape4, clusters: int = 8, spre
     def near_centroids() -> Tensor:
         members = torch.randint(clusters, (b, h, n), generator=generator)
         picked = torch.gather(centroids[None].expand(b, -1, -1, -1), 2, members[..., None].expand(-1, -1, -1, d))
-        return (picked + spread * torch.randn(shape, generator=generator) / math.sqrt(d)) * _norm_for_logit(d, temperature)
+        return (picked + spread * torch.randn(shape, generator=generator) / math.sqrt(d)) * _norm_for_logit(
+            d, temperature
+        )
 
     return near_centroids(), near_centroids(), torch.randn(shape, generator=generator)
 
@@ -69,8 +72,9 @@ def rotate(x: Tensor, frequencies: Tensor) -> Tensor:
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
 
-def local(generator: torch.Generator, shape: Shape4, length: float = 64.0, temperature: float = 0.1,
-          noise: float = 0.5) -> tuple[Tensor, Tensor, Tensor]:
+def local(
+    generator: torch.Generator, shape: Shape4, length: float = 64.0, temperature: float = 0.1, noise: float = 0.5
+) -> tuple[Tensor, Tensor, Tensor]:
     """Q, K share one direction per head, turned by rotary phases with periods from 2 to ~`length` positions.
 
     q_i . k_j then sums cosines of (i - j) * frequency: largest at i = j (a logit of about 1/temperature),
@@ -90,7 +94,9 @@ def local(generator: torch.Generator, shape: Shape4, length: float = 64.0, tempe
     return with_phases(), with_phases(), torch.randn(shape, generator=generator)
 
 
-def lowrank(generator: torch.Generator, shape: Shape4, rank: int = 8, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+def lowrank(
+    generator: torch.Generator, shape: Shape4, rank: int = 8, temperature: float = 1.0
+) -> tuple[Tensor, Tensor, Tensor]:
     """Q = A_q B, K = A_k B with B (rank x d) per head: Q and K live in a rank-dimensional subspace."""
     b, h, n, d = shape
     basis = torch.linalg.qr(torch.randn(h, d, min(rank, d), generator=generator)).Q.transpose(-1, -2)  # (h, r, d)
@@ -102,9 +108,11 @@ def lowrank(generator: torch.Generator, shape: Shape4, rank: int = 8, temperatur
 
 # ---- captured Q/K/V from a file ------------------------------------------------------------------
 
-CAPTURE_LAYOUT = ("a mapping with tensors 'q', 'k', 'v', each (batch, heads, seq, head_dim) or "
-                  "(layers, batch, heads, seq, head_dim); k and v may have fewer heads than q (grouped-query), "
-                  "a divisor of q's")
+CAPTURE_LAYOUT = (
+    "a mapping with tensors 'q', 'k', 'v', each (batch, heads, seq, head_dim) or "
+    "(layers, batch, heads, seq, head_dim); k and v may have fewer heads than q (grouped-query), "
+    "a divisor of q's"
+)
 
 
 def read_tensors(path: Path) -> dict[str, Tensor]:
@@ -127,12 +135,15 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
         else:
             raise ValueError(f"captured file {path}: unknown format '{suffix}' (use .pt, .safetensors or .npz)")
     except ImportError as error:
-        raise ValueError(f"captured file {path}: reading {suffix} needs {error.name} (pip install {error.name})") from None
+        raise ValueError(
+            f"captured file {path}: reading {suffix} needs {error.name} (pip install {error.name})"
+        ) from None
     except ValueError:
         raise
     except Exception as error:  # a corrupt or foreign file: say which, and what was expected
-        raise ValueError(f"captured file {path} could not be read ({type(error).__name__}: {error}); "
-                         f"expected {CAPTURE_LAYOUT}") from None
+        raise ValueError(
+            f"captured file {path} could not be read ({type(error).__name__}: {error}); expected {CAPTURE_LAYOUT}"
+        ) from None
     if not isinstance(data, dict):
         raise ValueError(f"captured file {path} holds a {type(data).__name__}; expected {CAPTURE_LAYOUT}")
     return data
@@ -169,26 +180,32 @@ def load_captured(path: str | Path, layer: int = 0) -> tuple[Tensor, Tensor, Ten
     return q, k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
 
 
-def captured(generator: torch.Generator, shape: Shape4, path: str = "", layer: int = 0,
-             beyond: str = "error") -> tuple[Tensor, Tensor, Tensor]:
+def captured(
+    generator: torch.Generator, shape: Shape4, path: str = "", layer: int = 0, beyond: str = "error"
+) -> tuple[Tensor, Tensor, Tensor]:
     """The first batch/heads/N of a captured file. N beyond its length: an error, or with beyond="tile"
     the sequence repeated (the report states it in the input's label)."""
     b, h, n, d = shape
     q, k, v = load_captured(path, layer)
     if q.shape[0] < b or q.shape[1] < h or q.shape[-1] != d:
-        raise ValueError(f"captured file {path} holds batch {q.shape[0]}, heads {q.shape[1]}, head_dim {q.shape[-1]}; "
-                         f"the cell asks batch {b}, heads {h}, head_dim {d} (set batch/heads/head_dim to fit)")
+        raise ValueError(
+            f"captured file {path} holds batch {q.shape[0]}, heads {q.shape[1]}, head_dim {q.shape[-1]}; "
+            f"the cell asks batch {b}, heads {h}, head_dim {d} (set batch/heads/head_dim to fit)"
+        )
     length = q.shape[-2]
     if n > length:
         if beyond != "tile":
-            raise ValueError(f"captured file {path} has {length} positions and N={n} was asked; "
-                             "sweep N up to the captured length, or set beyond = \"tile\" to repeat the sequence")
+            raise ValueError(
+                f"captured file {path} has {length} positions and N={n} was asked; "
+                'sweep N up to the captured length, or set beyond = "tile" to repeat the sequence'
+            )
         index = torch.arange(n) % length
         q, k, v = (t[..., index, :] for t in (q, k, v))
     return tuple(t[:b, :h, :n].contiguous() for t in (q, k, v))
 
 
 # ---- the registry of distributions ---------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Distribution:
@@ -199,9 +216,12 @@ class Distribution:
 
 DISTRIBUTIONS: dict[str, Distribution] = {
     "gaussian": Distribution(gaussian, {"temperature": 1.0}, ("temperature",)),
-    "clustered": Distribution(clustered, {"clusters": 8, "spread": 0.3, "temperature": 0.1},
-                              ("clusters", "spread", "temperature")),
-    "local": Distribution(local, {"length": 64.0, "temperature": 0.1, "noise": 0.5}, ("length", "temperature", "noise")),
+    "clustered": Distribution(
+        clustered, {"clusters": 8, "spread": 0.3, "temperature": 0.1}, ("clusters", "spread", "temperature")
+    ),
+    "local": Distribution(
+        local, {"length": 64.0, "temperature": 0.1, "noise": 0.5}, ("length", "temperature", "noise")
+    ),
     "lowrank": Distribution(lowrank, {"rank": 8, "temperature": 1.0}, ("rank", "temperature")),
     "captured": Distribution(captured, {"path": "", "layer": 0, "beyond": "error"}, ()),
 }
@@ -212,10 +232,16 @@ def validate_input(name: str, params: dict[str, Any]) -> list[str]:
     if name not in DISTRIBUTIONS:
         return [f"unknown input distribution '{name}' (known: {', '.join(DISTRIBUTIONS)})"]
     spec = DISTRIBUTIONS[name]
-    problems = [f"input '{name}': unknown parameter '{key}' (known: {', '.join(spec.defaults)})"
-                for key in params if key not in spec.defaults]
-    problems += [f"input '{name}': {key} must be a positive number, got {value!r}" for key, value in params.items()
-                 if key in spec.positive and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0)]
+    problems = [
+        f"input '{name}': unknown parameter '{key}' (known: {', '.join(spec.defaults)})"
+        for key in params
+        if key not in spec.defaults
+    ]
+    problems += [
+        f"input '{name}': {key} must be a positive number, got {value!r}"
+        for key, value in params.items()
+        if key in spec.positive and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0)
+    ]
     if name == "captured":
         problems += _captured_problems(params)
     return problems
@@ -224,7 +250,7 @@ def validate_input(name: str, params: dict[str, Any]) -> list[str]:
 def _captured_problems(params: dict[str, Any]) -> list[str]:
     path, layer, beyond = params.get("path", ""), params.get("layer", 0), params.get("beyond", "error")
     if beyond not in ("error", "tile"):
-        return [f"input 'captured': beyond must be \"error\" or \"tile\", got {beyond!r}"]
+        return [f'input \'captured\': beyond must be "error" or "tile", got {beyond!r}']
     if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
         return [f"input 'captured': layer must be an integer >= 0, got {layer!r}"]
     if not isinstance(path, str) or not path:

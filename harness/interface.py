@@ -228,7 +228,9 @@ class AttentionVariant(ABC):
 def check_shapes(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:
     """Raise a clear error unless q, k, v and the mask have the interface's layout."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise VariantError(f"q, k, v must be 4-D (b, h, n, d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise VariantError(
+            f"q, k, v must be 4-D (b, h, n, d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     b, h, _, d = q.shape
     if k.shape[:2] != (b, h) or v.shape[:2] != (b, h) or k.shape[-1] != d or k.shape[-2] != v.shape[-2]:
         raise VariantError(

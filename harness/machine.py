@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from attnbench.timing import time_call
 
 PACKAGES = ("attnbench", "torch", "einops", "pandas", "seaborn", "numpy", "xformers")
@@ -42,7 +41,10 @@ def git_commit() -> str | None:
     try:
         result = subprocess.run(
             ["git", "describe", "--always", "--dirty", "--abbrev=12"],
-            cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10,
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return None

@@ -8,9 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-from torch import Tensor
-
 from attnbench.reference import Reference
+from torch import Tensor
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,16 @@ def _finish(fig: plt.Figure, ax: plt.Axes, title: str, path: Path) -> Path:
     return path
 
 
-def plot_versus_n(cells: pd.DataFrame, column: str, ylabel: str, title: str, path: Path,
-                  palette: dict[str, tuple], scale: float = 1.0, band: str | None = None) -> Path:
+def plot_versus_n(
+    cells: pd.DataFrame,
+    column: str,
+    ylabel: str,
+    title: str,
+    path: Path,
+    palette: dict[str, tuple],
+    scale: float = 1.0,
+    band: str | None = None,
+) -> Path:
     """One line per variant label of `column` (times `scale`) against N, log-log; `band` draws ± column / 2."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ok = cells[(cells.status == "ok") & cells[column].notna()]
@@ -76,8 +84,13 @@ def plot_error(cells: pd.DataFrame, title: str, path: Path, palette: dict[str, t
     for ax, source in zip(axes[0], inputs):
         for label, group in ok[ok["input"] == source].groupby("label", sort=True):
             group = group.sort_values("seq_len")
-            ax.plot(group.seq_len, group.err_vs_uniform.clip(lower=EXACT_FLOOR), marker="o", label=label,
-                    color=palette[label])
+            ax.plot(
+                group.seq_len,
+                group.err_vs_uniform.clip(lower=EXACT_FLOOR),
+                marker="o",
+                label=label,
+                color=palette[label],
+            )
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
         _n_axis(ax, list(cells.seq_len))
         ax.set_yscale("log")
@@ -107,7 +120,9 @@ def plot_pareto(points: pd.DataFrame, title: str, path: Path, palette: dict[str,
         ax.scatter(row.speedup, row.error, s=60, color=palette[row.label], label=row.label, zorder=3)
     front = pareto_front(shown)
     if len(front) > 1:
-        ax.step(front.speedup, front.error, where="post", color="black", linewidth=1, alpha=0.6, label="Pareto frontier")
+        ax.step(
+            front.speedup, front.error, where="post", color="black", linewidth=1, alpha=0.6, label="Pareto frontier"
+        )
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -8,11 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from einops import einsum
-from torch import Tensor
-
 from attnbench.interface import default_scale
 from attnbench.masking import allowed_keys
+from einops import einsum
+from torch import Tensor
 
 
 def dense_masked_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None) -> Tensor:
@@ -77,12 +76,23 @@ def exact_reference(
         near = (torch.arange(start, stop, device=q.device)[:, None] - keys[None, :]).abs() <= LOCALITY_WINDOW
         band_mass += (weights * near).sum().item()
         rows += b * h * (stop - start)
-    return Reference(output=torch.cat(outputs, dim=2), uniform=torch.cat(uniforms, dim=2),
-                     entropy=entropy / rows, band_mass=band_mass / rows)
+    return Reference(
+        output=torch.cat(outputs, dim=2),
+        uniform=torch.cat(uniforms, dim=2),
+        entropy=entropy / rows,
+        band_mass=band_mass / rows,
+    )
 
 
-def dropped_mass(q: Tensor, k: Tensor, support: Tensor, *, causal: bool, key_padding_mask: Tensor | None,
-                 max_chunk_elements: int = 1 << 24) -> float:
+def dropped_mass(
+    q: Tensor,
+    k: Tensor,
+    support: Tensor,
+    *,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    max_chunk_elements: int = 1 << 24,
+) -> float:
     """Mean over query rows of the exact attention mass outside `support` ((i, j), or (p, i, j) cycling over heads).
 
     For an exact-pattern variant this mass is what its error against full attention comes from.
@@ -97,8 +107,9 @@ def dropped_mass(q: Tensor, k: Tensor, support: Tensor, *, causal: bool, key_pad
     dropped = 0.0
     for start in range(0, n_q, chunk):
         stop = min(n_q, start + chunk)
-        allowed = allowed_keys(stop - start, n_k, causal=causal, key_padding_mask=key_padding_mask, device=q.device,
-                               query_offset=start)
+        allowed = allowed_keys(
+            stop - start, n_k, causal=causal, key_padding_mask=key_padding_mask, device=q.device, query_offset=start
+        )
         scores = einsum(q64[:, :, start:stop], k64, "b h i d, b h j d -> b h i j") * default_scale(q.shape[-1])
         weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
         dropped += (weights * ~support[..., start:stop, :]).sum().item()

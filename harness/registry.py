@@ -88,7 +88,9 @@ class Registry:
         entry = self.entries.get(name)
         if entry is None:
             available = ", ".join(self.names()) or "none"
-            raise UnknownVariantError(f"Unknown variant '{name}'.{did_you_mean(name, self.names())} Available: {available}")
+            raise UnknownVariantError(
+                f"Unknown variant '{name}'.{did_you_mean(name, self.names())} Available: {available}"
+            )
         if not entry.loaded:
             self._import(entry)
         if entry.error is not None:

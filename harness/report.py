@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-
 from attnbench.analysis import crossover_table, efficiency, scaling_table
 from attnbench.plots import plot_error, plot_pareto, plot_versus_n, variant_palette
 from attnbench.reference import LOCALITY_WINDOW
@@ -76,69 +75,136 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
         return base.loc[row.seq_len, column] / row[column]
 
     headers, rows = _pivot(cells, lambda r: f"{r.time_median_s * 1e3:.2f} ± {r.time_iqr_s * 1e3:.2f}")
-    blocks += [Block("text", "Time per call, ms (median ± IQR over repeats)."), Block("table", headers=headers, rows=rows)]
+    blocks += [
+        Block("text", "Time per call, ms (median ± IQR over repeats)."),
+        Block("table", headers=headers, rows=rows),
+    ]
     headers, rows = _pivot(cells, lambda r: _number(relative(r, "time_median_s"), ".2f") + "×")
-    blocks += [Block("text", f"Speedup against `{BASELINE}` (its time / this time)."), Block("table", headers=headers, rows=rows)]
-    headers, rows = _pivot(cells, lambda r: f"{_number(r.peak_mem_bytes / MIB, '.1f')} "
-                           f"({_number(1 / relative(r, 'peak_mem_bytes') if relative(r, 'peak_mem_bytes') else float('nan'), '.2f')}×)")
-    blocks += [Block("text", f"Peak memory beyond the inputs, MiB (ratio to `{BASELINE}`)."),
-               Block("table", headers=headers, rows=rows)]
-    headers, rows = _pivot(cells, lambda r: f"{_number(r.err_vs_uniform, '.3g')} / {_number(r.err_rel_fro, '.2e')} / "
-                           f"{_number(r.err_row_cosine, '.3f')}")
-    blocks += [Block("text", "Error against exact softmax attention (float64): vs-uniform / relative Frobenius / "
-                             "mean row cosine. vs-uniform is ‖O−O*‖/‖U−O*‖: 0 exact, 1 no better than averaging V."),
-               Block("table", headers=headers, rows=rows)]
+    blocks += [
+        Block("text", f"Speedup against `{BASELINE}` (its time / this time)."),
+        Block("table", headers=headers, rows=rows),
+    ]
+    headers, rows = _pivot(
+        cells,
+        lambda r: (
+            f"{_number(r.peak_mem_bytes / MIB, '.1f')} "
+            f"({_number(1 / relative(r, 'peak_mem_bytes') if relative(r, 'peak_mem_bytes') else float('nan'), '.2f')}×)"
+        ),
+    )
+    blocks += [
+        Block("text", f"Peak memory beyond the inputs, MiB (ratio to `{BASELINE}`)."),
+        Block("table", headers=headers, rows=rows),
+    ]
+    headers, rows = _pivot(
+        cells,
+        lambda r: (
+            f"{_number(r.err_vs_uniform, '.3g')} / {_number(r.err_rel_fro, '.2e')} / {_number(r.err_row_cosine, '.3f')}"
+        ),
+    )
+    blocks += [
+        Block(
+            "text",
+            "Error against exact softmax attention (float64): vs-uniform / relative Frobenius / "
+            "mean row cosine. vs-uniform is ‖O−O*‖/‖U−O*‖: 0 exact, 1 no better than averaging V.",
+        ),
+        Block("table", headers=headers, rows=rows),
+    ]
     stats = cells.dropna(subset=["input_entropy"]).groupby("seq_len")[["input_entropy", "input_band_mass"]].first()
     if len(stats):
         rows = [[str(n), f"{r.input_entropy:.3f}", f"{r.input_band_mass:.3f}"] for n, r in stats.iterrows()]
-        blocks += [Block("text", "The input, seen through exact attention: normalized entropy (mean over rows of "
-                                 "H(p) / log(visible keys); 1 = uniform, 0 = one key) and the share of attention "
-                                 f"mass within |i − j| ≤ {LOCALITY_WINDOW}. Read the errors above against these."),
-                   Block("table", headers=["N", "attention entropy", f"mass within ±{LOCALITY_WINDOW}"], rows=rows)]
+        blocks += [
+            Block(
+                "text",
+                "The input, seen through exact attention: normalized entropy (mean over rows of "
+                "H(p) / log(visible keys); 1 = uniform, 0 = one key) and the share of attention "
+                f"mass within |i − j| ≤ {LOCALITY_WINDOW}. Read the errors above against these.",
+            ),
+            Block("table", headers=["N", "attention entropy", f"mass within ±{LOCALITY_WINDOW}"], rows=rows),
+        ]
     exact_patterns = cells[cells.dropped_mass.notna()]
     if len(exact_patterns):
         headers, rows = _pivot(exact_patterns, lambda r: _number(r.dropped_mass, ".3g"))
-        blocks += [Block("text", "Exact-pattern variants: the exact attention mass outside their support, "
-                                 "the whole source of their error."), Block("table", headers=headers, rows=rows)]
+        blocks += [
+            Block(
+                "text",
+                "Exact-pattern variants: the exact attention mass outside their support, "
+                "the whole source of their error.",
+            ),
+            Block("table", headers=headers, rows=rows),
+        ]
     with_efficiency = cells.assign(efficiency=efficiency(cells, peaks))
     headers, rows = _pivot(with_efficiency, lambda r: _number(100 * r.efficiency, ".1f") + "%")
-    blocks += [Block("text", "Achieved FLOP/s from each variant's cost model, as a share of this run's measured "
-                             "dense-matmul peak (a sparse variant counts only the work its algorithm does)."),
-               Block("table", headers=headers, rows=rows)]
+    blocks += [
+        Block(
+            "text",
+            "Achieved FLOP/s from each variant's cost model, as a share of this run's measured "
+            "dense-matmul peak (a sparse variant counts only the work its algorithm does).",
+        ),
+        Block("table", headers=headers, rows=rows),
+    ]
 
     scaling = scaling_table(cells)
     if len(scaling):
-        rows = [[r.label, r.n_range, _number(r.time_slope, ".2f"), _number(r.memory_slope, ".2f")]
-                for r in scaling.itertuples()]
-        blocks += [Block("text", "Fitted log-log slopes over the ok cells (1 = linear in N, 2 = quadratic)."),
-                   Block("table", headers=["variant", "N range fitted", "time slope", "memory slope"], rows=rows)]
+        rows = [
+            [r.label, r.n_range, _number(r.time_slope, ".2f"), _number(r.memory_slope, ".2f")]
+            for r in scaling.itertuples()
+        ]
+        blocks += [
+            Block("text", "Fitted log-log slopes over the ok cells (1 = linear in N, 2 = quadratic)."),
+            Block("table", headers=["variant", "N range fitted", "time slope", "memory slope"], rows=rows),
+        ]
     crossings = crossover_table(cells)
     if len(crossings):
         rows = [[r.label, r.faster_from, r.smaller_from] for r in crossings.itertuples()]
-        blocks += [Block("text", f"Crossover against `{BASELINE}`, interpolated in log-log between swept points."),
-                   Block("table", headers=["variant", "faster from", "smaller from"], rows=rows)]
+        blocks += [
+            Block("text", f"Crossover against `{BASELINE}`, interpolated in log-log between swept points."),
+            Block("table", headers=["variant", "faster from", "smaller from"], rows=rows),
+        ]
     failed = cells[cells.status != "ok"]
     if len(failed):
         rows = [[r.label, str(r.seq_len), r.status, r.reason] for r in failed.itertuples()]
-        blocks += [Block("text", "Cells that did not run to the end."),
-                   Block("table", headers=["variant", "N", "status", "reason"], rows=rows)]
+        blocks += [
+            Block("text", "Cells that did not run to the end."),
+            Block("table", headers=["variant", "N", "status", "reason"], rows=rows),
+        ]
 
     first = cells.iloc[0]
-    slug = _slug(f"{first['device']}-{first['dtype']}-{first['mode']}-{'causal' if first['causal'] else 'bidirectional'}-"
-                 f"b{first['batch']}h{first['heads']}d{first['head_dim']}-{first['input']}")
+    slug = _slug(
+        f"{first['device']}-{first['dtype']}-{first['mode']}-{'causal' if first['causal'] else 'bidirectional'}-"
+        f"b{first['batch']}h{first['heads']}d{first['head_dim']}-{first['input']}"
+    )
     images = [
-        plot_versus_n(cells, "time_median_s", "time per call (ms)", f"Time — {heading}",
-                      plots_dir / f"{slug}-time.png", palette, scale=1e3, band="time_iqr_s"),
-        plot_versus_n(cells, "peak_mem_bytes", "peak memory beyond inputs (MiB)", f"Memory — {heading}",
-                      plots_dir / f"{slug}-memory.png", palette, scale=1 / MIB),
+        plot_versus_n(
+            cells,
+            "time_median_s",
+            "time per call (ms)",
+            f"Time — {heading}",
+            plots_dir / f"{slug}-time.png",
+            palette,
+            scale=1e3,
+            band="time_iqr_s",
+        ),
+        plot_versus_n(
+            cells,
+            "peak_mem_bytes",
+            "peak memory beyond inputs (MiB)",
+            f"Memory — {heading}",
+            plots_dir / f"{slug}-memory.png",
+            palette,
+            scale=1 / MIB,
+        ),
         plot_error(cells, f"Error — {heading}", plots_dir / f"{slug}-error.png", palette),
     ]
     for n, at_n in cells[cells.status == "ok"].groupby("seq_len"):
-        points = at_n.assign(speedup=at_n.apply(lambda r: relative(r, "time_median_s"), axis=1),
-                             error=at_n.err_vs_uniform)[["label", "speedup", "error"]].dropna()
+        points = at_n.assign(
+            speedup=at_n.apply(lambda r: relative(r, "time_median_s"), axis=1), error=at_n.err_vs_uniform
+        )[["label", "speedup", "error"]].dropna()
         if len(points):
-            images.append(plot_pareto(points, f"Speed vs error at N={n} — {heading}",
-                                      plots_dir / f"{slug}-pareto-N{n}.png", palette))
+            images.append(
+                plot_pareto(
+                    points, f"Speed vs error at N={n} — {heading}", plots_dir / f"{slug}-pareto-N{n}.png", palette
+                )
+            )
     blocks += [Block("image", str(path.relative_to(plots_dir.parent))) for path in images]
     return blocks
 
@@ -146,25 +212,35 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
 def header_blocks(run_dir: Path, meta: dict) -> list[Block]:
     machine = meta.get("machine", {})
     versions = machine.get("versions", {})
-    peaks = "; ".join(f"{key}: {value.get('matmul_flops_per_s', float('nan')) / 1e9:.0f} GFLOP/s matmul, "
-                      f"{value.get('copy_bytes_per_s', float('nan')) / 1e9:.1f} GB/s copy"
-                      for key, value in meta.get("peaks", {}).items() if "error" not in value)
+    peaks = "; ".join(
+        f"{key}: {value.get('matmul_flops_per_s', float('nan')) / 1e9:.0f} GFLOP/s matmul, "
+        f"{value.get('copy_bytes_per_s', float('nan')) / 1e9:.1f} GB/s copy"
+        for key, value in meta.get("peaks", {}).items()
+        if "error" not in value
+    )
     facts = [
-        ["run", run_dir.name], ["config", str(meta.get("config", {}).get("name", ""))],
+        ["run", run_dir.name],
+        ["config", str(meta.get("config", {}).get("name", ""))],
         ["started / finished", f"{meta.get('started', '')} / {meta.get('finished', 'not finished')}"],
         ["devices", ", ".join(f"{k}: {v}" for k, v in machine.get("devices", {}).items())],
         ["torch threads", str(machine.get("torch_threads", ""))],
         ["versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v)],
-        ["git commit", str(machine.get("git_commit"))], ["measured peaks", peaks],
+        ["git commit", str(machine.get("git_commit"))],
+        ["measured peaks", peaks],
         ["CPU allocator", str(meta.get("cpu_allocator", "not recorded"))],
     ]
-    notes = ("Time: median and IQR of repeated, warmed-up, device-synchronized calls (torch.utils.benchmark). "
-             "Memory on CPU: peak bytes of live tensors created during the call (a TorchDispatchMode); it cannot "
-             "see scratch that a fused kernel allocates inside itself (SDPA's flash kernel), so `full` is a lower "
-             "bound there. On CUDA: the allocator's peak minus the baseline. Error: against exact attention in "
-             "float64 on the same inputs.")
-    return [Block("heading", f"attnbench report: {run_dir.name}", level=1),
-            Block("table", headers=["", ""], rows=facts), Block("text", notes)]
+    notes = (
+        "Time: median and IQR of repeated, warmed-up, device-synchronized calls (torch.utils.benchmark). "
+        "Memory on CPU: peak bytes of live tensors created during the call (a TorchDispatchMode); it cannot "
+        "see scratch that a fused kernel allocates inside itself (SDPA's flash kernel), so `full` is a lower "
+        "bound there. On CUDA: the allocator's peak minus the baseline. Error: against exact attention in "
+        "float64 on the same inputs."
+    )
+    return [
+        Block("heading", f"attnbench report: {run_dir.name}", level=1),
+        Block("table", headers=["", ""], rows=facts),
+        Block("text", notes),
+    ]
 
 
 def render_markdown(blocks: list[Block]) -> str:
@@ -188,8 +264,10 @@ display:block;margin:1em 0}h2{border-bottom:1px solid #ddd;padding-bottom:4px;ma
 
 
 def render_html(blocks: list[Block], run_dir: Path) -> str:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>attnbench report</title>"
-             f"<style>{HTML_STYLE}</style></head><body>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>attnbench report</title>"
+        f"<style>{HTML_STYLE}</style></head><body>"
+    ]
     for block in blocks:
         if block.kind == "heading":
             parts.append(f"<h{block.level}>{html.escape(block.text)}</h{block.level}>")

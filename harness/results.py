@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import pandas as pd
-
 from attnbench.config import Cell
 
 STATUSES = ("ok", "oom", "error", "unsupported", "skipped", "crashed", "timeout")
@@ -56,7 +55,9 @@ class Row:
     bytes_moved: float | None = None
 
     @classmethod
-    def for_cell(cls, cell: Cell, *, family: str = "", exact: bool = False, status: str = "ok", reason: str = "") -> "Row":
+    def for_cell(
+        cls, cell: Cell, *, family: str = "", exact: bool = False, status: str = "ok", reason: str = ""
+    ) -> "Row":
         return cls(
             cell_key=cell.key(),
             variant=cell.variant.name,

@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 import pandas as pd
-
 from attnbench.analysis import scaling_table
 from attnbench.results import read_results
 
@@ -40,23 +39,36 @@ def summary_tables(frame: pd.DataFrame) -> str:
                 if cell.status != "ok":
                     rows.append([cell.label, cell.status, "", "", "", "", "", str(cell.reason)[:90]])
                     continue
-                rows.append([
-                    cell.label,
-                    "ok",
-                    f"{_fmt(cell.time_median_s * 1e3, '.2f')} ± {_fmt(cell.time_iqr_s * 1e3, '.2f')}",
-                    _fmt(base_time / cell.time_median_s, '.2f') + "×",
-                    _fmt(cell.peak_mem_bytes / 2**20, '.1f'),
-                    _fmt(cell.peak_mem_bytes / base_mem if base_mem else float("nan"), '.2f') + "×",
-                    _fmt(cell.err_vs_uniform, '.3g'),
-                    f"rel {_fmt(cell.err_rel_fro, '.2e')}; {cell.self_check}".rstrip("; "),
-                ])
-            headers = ["variant", "status", "time ms (median ± IQR)", f"speedup vs {BASELINE}", "peak MiB",
-                       f"mem vs {BASELINE}", "err vs uniform", "notes"]
+                rows.append(
+                    [
+                        cell.label,
+                        "ok",
+                        f"{_fmt(cell.time_median_s * 1e3, '.2f')} ± {_fmt(cell.time_iqr_s * 1e3, '.2f')}",
+                        _fmt(base_time / cell.time_median_s, ".2f") + "×",
+                        _fmt(cell.peak_mem_bytes / 2**20, ".1f"),
+                        _fmt(cell.peak_mem_bytes / base_mem if base_mem else float("nan"), ".2f") + "×",
+                        _fmt(cell.err_vs_uniform, ".3g"),
+                        f"rel {_fmt(cell.err_rel_fro, '.2e')}; {cell.self_check}".rstrip("; "),
+                    ]
+                )
+            headers = [
+                "variant",
+                "status",
+                "time ms (median ± IQR)",
+                f"speedup vs {BASELINE}",
+                "peak MiB",
+                f"mem vs {BASELINE}",
+                "err vs uniform",
+                "notes",
+            ]
             parts.append(f"### {heading}, N={n}\n\n{markdown_table(headers, rows)}\n")
         scaling = scaling_table(group_frame)
         if len(scaling) and (scaling.points > 1).any():
-            rows = [[r.label, r.n_range, _fmt(r.time_slope, ".2f"), _fmt(r.memory_slope, ".2f")]
-                    for r in scaling.itertuples() if r.points > 1]
+            rows = [
+                [r.label, r.n_range, _fmt(r.time_slope, ".2f"), _fmt(r.memory_slope, ".2f")]
+                for r in scaling.itertuples()
+                if r.points > 1
+            ]
             table = markdown_table(["variant", "N range", "time slope", "memory slope"], rows)
             parts.append(f"### {heading}: log-log slopes (1 = linear, 2 = quadratic)\n\n{table}\n")
     return "\n".join(parts)

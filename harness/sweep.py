@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from tqdm import tqdm
-
 from attnbench.config import Cell, SweepConfig
 from attnbench.conformance import TOLERANCE, exactness_error
 from attnbench.inputs import Inputs, make_inputs
@@ -28,9 +26,11 @@ from attnbench.machine import available_memory_bytes, machine_info, measure_peak
 from attnbench.memory import peak_memory
 from attnbench.metrics import error_metrics
 from attnbench.reference import Reference, dropped_mass, exact_reference
-from attnbench.registry import Registry, registry as default_registry
+from attnbench.registry import Registry
+from attnbench.registry import registry as default_registry
 from attnbench.results import ResultsWriter, Row, read_results
 from attnbench.timing import time_call
+from tqdm import tqdm
 
 GIB = 2**30
 DROPPED_MASS_MAX_N = 4096  # the dropped mass needs the variant's dense (N, N) pattern
@@ -74,8 +74,15 @@ class SweepState:
 class Sweep:
     """Runs the cells of one config into one run directory."""
 
-    def __init__(self, config: SweepConfig, run_dir: Path | None, *, registry: Registry = default_registry,
-                 progress: bool = True, isolate: bool = False) -> None:
+    def __init__(
+        self,
+        config: SweepConfig,
+        run_dir: Path | None,
+        *,
+        registry: Registry = default_registry,
+        progress: bool = True,
+        isolate: bool = False,
+    ) -> None:
         self.config = config
         self.run_dir = run_dir
         self.registry = registry
@@ -138,8 +145,10 @@ class Sweep:
         if status in ("oom", "crashed", "timeout"):
             reason = f"{'out of memory' if status == 'oom' else status} at N={cell.seq_len}"
         elif status == "ok" and median_s is not None and median_s > self.config.time_budget_s:
-            reason = (f"{cell.variant.label()} took {median_s:.2f} s at N={cell.seq_len}, "
-                      f"over time_budget_s={self.config.time_budget_s:g}")
+            reason = (
+                f"{cell.variant.label()} took {median_s:.2f} s at N={cell.seq_len}, "
+                f"over time_budget_s={self.config.time_budget_s:g}"
+            )
         if reason is not None:
             self.state.over_budget.setdefault(cell.budget_key(), reason)
 
@@ -150,11 +159,20 @@ class Sweep:
             return Row.for_cell(cell, status="skipped", reason=f"larger N skipped: {budget}")
         payload = json.dumps({"config": self.config.to_dict(), "cell": cell.key()})
         try:
-            done = subprocess.run([sys.executable, "-m", "attnbench.worker"], input=payload, capture_output=True,
-                                  text=True, timeout=self.config.cell_timeout_s)
+            done = subprocess.run(
+                [sys.executable, "-m", "attnbench.worker"],
+                input=payload,
+                capture_output=True,
+                text=True,
+                timeout=self.config.cell_timeout_s,
+            )
         except subprocess.TimeoutExpired:
-            return Row.for_cell(cell, status="timeout", reason=f"no result within cell_timeout_s="
-                                f"{self.config.cell_timeout_s:g} s; the cell's process was killed")
+            return Row.for_cell(
+                cell,
+                status="timeout",
+                reason=f"no result within cell_timeout_s="
+                f"{self.config.cell_timeout_s:g} s; the cell's process was killed",
+            )
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:
             if done.returncode < 0:
@@ -204,8 +222,13 @@ class Sweep:
         if device.type == "cuda" and not torch.cuda.is_available():
             return "unsupported", "CUDA is not available on this machine"
         reason = variant.unsupported_reason(
-            device=cell.device, dtype=cell.dtype, causal=cell.causal, padded=cell.padding > 0,
-            n_q=cell.seq_len, n_k=cell.seq_len, backward=cell.mode == "fwd+bwd",
+            device=cell.device,
+            dtype=cell.dtype,
+            causal=cell.causal,
+            padded=cell.padding > 0,
+            n_q=cell.seq_len,
+            n_k=cell.seq_len,
+            backward=cell.mode == "fwd+bwd",
         )
         if reason is not None:
             return "unsupported", reason
@@ -215,8 +238,10 @@ class Sweep:
         estimate = self._estimated_bytes(cell, variant)
         limit = self._memory_limit(cell.device)
         if estimate > limit:
-            return "skipped", (f"estimated working memory {estimate / GIB:.1f} GiB exceeds the limit "
-                               f"{limit / GIB:.1f} GiB (set memory_limit_gb to change it)")
+            return "skipped", (
+                f"estimated working memory {estimate / GIB:.1f} GiB exceeds the limit "
+                f"{limit / GIB:.1f} GiB (set memory_limit_gb to change it)"
+            )
         return None
 
     def _estimated_bytes(self, cell: Cell, variant: AttentionVariant) -> float:
@@ -233,16 +258,31 @@ class Sweep:
     @staticmethod
     def _shape(cell: Cell) -> Shape:
         itemsize = torch.empty((), dtype=getattr(torch, cell.dtype)).element_size()
-        return Shape(cell.batch, cell.heads, cell.seq_len, cell.seq_len, cell.head_dim, cell.head_dim,
-                     causal=cell.causal, dtype_bytes=itemsize)
+        return Shape(
+            cell.batch,
+            cell.heads,
+            cell.seq_len,
+            cell.seq_len,
+            cell.head_dim,
+            cell.head_dim,
+            causal=cell.causal,
+            dtype_bytes=itemsize,
+        )
 
     def _inputs_for(self, cell: Cell) -> Inputs:
         if self.state.input_key != cell.input_key():
             self.state.inputs = self.state.reference = None  # free the previous group first
             self.state.inputs = make_inputs(
-                cell.input.name, dict(cell.input.params), batch=cell.batch, heads=cell.heads, seq_len=cell.seq_len,
-                head_dim=cell.head_dim, dtype=getattr(torch, cell.dtype), device=torch.device(cell.device),
-                seed=cell.seed, padding=cell.padding,
+                cell.input.name,
+                dict(cell.input.params),
+                batch=cell.batch,
+                heads=cell.heads,
+                seq_len=cell.seq_len,
+                head_dim=cell.head_dim,
+                dtype=getattr(torch, cell.dtype),
+                device=torch.device(cell.device),
+                seed=cell.seed,
+                padding=cell.padding,
             )
             self.state.input_key = cell.input_key()
         assert self.state.inputs is not None
@@ -260,11 +300,20 @@ class Sweep:
         key = (cell.variant, cell.device, cell.dtype, cell.causal, cell.padding > 0)
         if key not in self.state.self_checks:
             dtype = getattr(torch, cell.dtype)
-            error = exactness_error(variant, n=self.config.self_check_len, causal=cell.causal,
-                                    padded=cell.padding > 0, device=torch.device(cell.device), dtype=dtype)
+            error = exactness_error(
+                variant,
+                n=self.config.self_check_len,
+                causal=cell.causal,
+                padded=cell.padding > 0,
+                device=torch.device(cell.device),
+                dtype=dtype,
+            )
             tolerance = max(TOLERANCE[dtype], 1e-5 if dtype == torch.float32 else 0.0)
             passed = error <= tolerance
-            self.state.self_checks[key] = (passed, f"{'pass' if passed else 'FAIL'} (max err {error:.1e} at N={self.config.self_check_len})")
+            self.state.self_checks[key] = (
+                passed,
+                f"{'pass' if passed else 'FAIL'} (max err {error:.1e} at N={self.config.self_check_len})",
+            )
         return self.state.self_checks[key]
 
     def _measure(self, cell: Cell, variant: AttentionVariant, row: Row) -> None:
@@ -288,8 +337,13 @@ class Sweep:
                 setattr(row, column, value)
             row.input_entropy, row.input_band_mass = reference.entropy, reference.band_mass
             if variant.exact and variant.family != "exact" and cell.seq_len <= DROPPED_MASS_MAX_N:
-                row.dropped_mass = dropped_mass(inputs.q, inputs.k, variant.support_mask(cell.seq_len, cell.seq_len,
-                                                cell.causal), causal=cell.causal, key_padding_mask=mask)
+                row.dropped_mass = dropped_mass(
+                    inputs.q,
+                    inputs.k,
+                    variant.support_mask(cell.seq_len, cell.seq_len, cell.causal),
+                    causal=cell.causal,
+                    key_padding_mask=mask,
+                )
         del output
 
         call, held = self._call(cell, variant, inputs)
@@ -307,9 +361,11 @@ class Sweep:
         mask = inputs.key_padding_mask
         held = tuple(t for t in (inputs.q, inputs.k, inputs.v, mask) if t is not None)
         if cell.mode == "fwd":
+
             def forward() -> None:
                 with torch.no_grad():
                     variant(inputs.q, inputs.k, inputs.v, causal=cell.causal, key_padding_mask=mask)
+
             return forward, held
 
         q, k, v = (t.detach().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
@@ -326,8 +382,16 @@ class Sweep:
         return forward_backward, (*held, q, k, v, grad_out)
 
 
-def run_sweep(config: SweepConfig, out_root: Path = Path("results"), *, registry: Registry = default_registry,
-              progress: bool = True, run_dir: Path | None = None, resume: bool = False, isolate: bool = False) -> Path:
+def run_sweep(
+    config: SweepConfig,
+    out_root: Path = Path("results"),
+    *,
+    registry: Registry = default_registry,
+    progress: bool = True,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    isolate: bool = False,
+) -> Path:
     """Run every cell of `config` into a new folder under `out_root` (or `run_dir`); returns the folder.
 
     With `resume`, `run_dir` is an earlier run: only the cells missing from its results.csv run.

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
 from attnbench.registry import GROUP, Registry
 
 

@@ -6,7 +6,6 @@ import math
 
 import pandas as pd
 import pytest
-
 from attnbench.analysis import loglog_slope, scaling_table
 
 
@@ -20,13 +19,15 @@ def test_slope_of_power_laws() -> None:
 
 
 def test_scaling_table_uses_only_ok_cells() -> None:
-    frame = pd.DataFrame({
-        "label": ["a"] * 4 + ["b"] * 2,
-        "status": ["ok", "ok", "ok", "oom", "ok", "error"],
-        "seq_len": [100, 200, 400, 800, 100, 200],
-        "time_median_s": [1.0, 2.0, 4.0, float("nan"), 1.0, float("nan")],
-        "peak_mem_bytes": [10, 40, 160, float("nan"), 5, float("nan")],
-    })
+    frame = pd.DataFrame(
+        {
+            "label": ["a"] * 4 + ["b"] * 2,
+            "status": ["ok", "ok", "ok", "oom", "ok", "error"],
+            "seq_len": [100, 200, 400, 800, 100, 200],
+            "time_median_s": [1.0, 2.0, 4.0, float("nan"), 1.0, float("nan")],
+            "peak_mem_bytes": [10, 40, 160, float("nan"), 5, float("nan")],
+        }
+    )
     table = scaling_table(frame).set_index("label")
     assert table.loc["a", "time_slope"] == pytest.approx(1.0)
     assert table.loc["a", "memory_slope"] == pytest.approx(2.0)

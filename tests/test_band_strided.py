@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from attnbench.memory import peak_memory
 from attnbench.reference import dense_masked_attention
 from attnbench.registry import registry
@@ -80,7 +79,9 @@ def test_band_any_block_size(block_size: int) -> None:
 @pytest.mark.parametrize("pattern, summary", [("strided", 8), ("fixed", 3)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
-def test_strided_matches_dense_reference(n: int, stride: int, pattern: str, summary: int, causal: bool, padded: bool) -> None:
+def test_strided_matches_dense_reference(
+    n: int, stride: int, pattern: str, summary: int, causal: bool, padded: bool
+) -> None:
     variant = registry.create("strided", stride=stride, pattern=pattern, summary=summary)
     allowed = strided_reference_pattern(n, stride, causal, pattern, min(summary, stride))
     check_against(variant, allowed, n, causal, padded, grad=n < 200)
@@ -101,17 +102,23 @@ def test_factorized_heads_use_one_part_each(pattern: str) -> None:
     out = variant(q, k, v, causal=True)
     parts = strided_parts(n, stride, True, pattern, 2)
     for head in range(3):
-        expected = dense_masked_attention(q[:, head : head + 1], k[:, head : head + 1], v[:, head : head + 1], parts[head % 2])
+        expected = dense_masked_attention(
+            q[:, head : head + 1], k[:, head : head + 1], v[:, head : head + 1], parts[head % 2]
+        )
         torch.testing.assert_close(out[:, head : head + 1], expected, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("name, params", [("band", {"window": 3}), ("strided", {"stride": 4}),
-                                          ("strided", {"stride": 4, "pattern": "fixed", "summary": 2})])
+@pytest.mark.parametrize(
+    "name, params",
+    [("band", {"window": 3}), ("strided", {"stride": 4}), ("strided", {"stride": 4, "pattern": "fixed", "summary": 2})],
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradcheck(name: str, params: dict, causal: bool) -> None:
     variant = registry.create(name, **params)
     q, k, v, padding = inputs(13, torch.float64, b=2, h=1, d=4, grad=True)
-    assert torch.autograd.gradcheck(lambda q, k, v: variant(q, k, v, causal=causal, key_padding_mask=padding), (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: variant(q, k, v, causal=causal, key_padding_mask=padding), (q, k, v)
+    )
 
 
 @pytest.mark.parametrize("name, params, exponent", [("band", {"window": 32}, 1.0), ("strided", {}, 1.5)])

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from attnbench.cli import main
 from attnbench.inputs import make_inputs
 
@@ -15,8 +14,15 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaModel(config).eval()
     folder = tmp_path_factory.mktemp("tiny-llama")
@@ -29,8 +35,17 @@ def test_capture_writes_what_the_model_computes(tiny_llama, tmp_path: Path, suff
     folder, model = tiny_llama
     out = tmp_path / f"qkv{suffix}"
     assert main(["capture", str(folder), "--token-ids", "1,5,9,13,17,21,25,29", "--out", str(out)]) == 0
-    inputs = make_inputs("captured", {"path": str(out), "layer": 0}, batch=1, heads=4, seq_len=8, head_dim=8,
-                         dtype=torch.float32, device=torch.device("cpu"), seed=0)
+    inputs = make_inputs(
+        "captured",
+        {"path": str(out), "layer": 0},
+        batch=1,
+        heads=4,
+        seq_len=8,
+        head_dim=8,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        seed=0,
+    )
     with torch.no_grad():
         layer = model.layers[0]
         hidden = layer.input_layernorm(model.embed_tokens(torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]])))

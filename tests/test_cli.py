@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from attnbench.cli import main
 
 
@@ -16,14 +15,33 @@ def test_list_shows_builtins_with_capabilities_and_package(capsys: pytest.Captur
 
 
 def test_run_writes_results_and_prints_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    status = main(["run", "quick", "--variants", "full,full-math", "--seq-lens", "32,64", "--out", str(tmp_path),
-                   "--no-progress", "--causal", "both"])
+    status = main(
+        [
+            "run",
+            "quick",
+            "--variants",
+            "full,full-math",
+            "--seq-lens",
+            "32,64",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--causal",
+            "both",
+        ]
+    )
     assert status == 0
     out = capsys.readouterr().out
     assert "speedup vs full" in out and "N=64" in out and "causal=True" in out
     run_dir = next(tmp_path.iterdir())
-    assert {p.name for p in run_dir.iterdir()} >= {"results.csv", "meta.json", "summary.md", "report.md",
-                                                   "report.html", "plots"}
+    assert {p.name for p in run_dir.iterdir()} >= {
+        "results.csv",
+        "meta.json",
+        "summary.md",
+        "report.md",
+        "report.html",
+        "plots",
+    }
 
 
 def test_bad_config_stops_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from attnbench.config import ConfigError, load_config, parse_config, resolve_config_path
 
 
@@ -29,9 +28,17 @@ def test_every_problem_is_listed_at_once() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(raw, source="bad.toml")
     text = str(caught.value)
-    for expected in ["seq_lens: -4", "float33", "'tpu'", "'backward'", "padding: 1.5",
-                     "unknown key 'time_budget'. Did you mean: time_budget_s?", "unknown input distribution 'gausian'",
-                     "Unknown variant 'fulll'. Did you mean: full", "unknown hyperparameter 'window'"]:
+    for expected in [
+        "seq_lens: -4",
+        "float33",
+        "'tpu'",
+        "'backward'",
+        "padding: 1.5",
+        "unknown key 'time_budget'. Did you mean: time_budget_s?",
+        "unknown input distribution 'gausian'",
+        "Unknown variant 'fulll'. Did you mean: full",
+        "unknown hyperparameter 'window'",
+    ]:
         assert expected in text, expected
     assert len(caught.value.problems) == 9
 
@@ -44,8 +51,9 @@ def test_wrong_types_are_named() -> None:
 
 
 def test_lists_expand_to_cells_ordered_by_n() -> None:
-    config = parse_config({"variants": ["full", "full-math"], "seq_lens": [512, 128], "causal": [False, True],
-                           "mode": ["fwd", "fwd+bwd"]})
+    config = parse_config(
+        {"variants": ["full", "full-math"], "seq_lens": [512, 128], "causal": [False, True], "mode": ["fwd", "fwd+bwd"]}
+    )
     cells = config.cells()
     assert len(cells) == 2 * 2 * 2 * 2
     first_group = [c for c in cells if not c.causal]
@@ -55,7 +63,7 @@ def test_lists_expand_to_cells_ordered_by_n() -> None:
 
 def test_cli_overrides_keep_the_file_grid(tmp_path: Path) -> None:
     path = tmp_path / "mine.toml"
-    path.write_text('seq_lens = [64]\n[variants.full]\n[variants.full-math]\n')
+    path.write_text("seq_lens = [64]\n[variants.full]\n[variants.full-math]\n")
     config = load_config(str(path), {"variants": ["full-math"], "seq_lens": [32, 48]})
     assert [spec.name for spec in config.variants] == ["full-math"]
     assert config.seq_lens == [32, 48] and config.name == "mine"

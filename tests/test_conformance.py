@@ -6,7 +6,6 @@ Each runs with its defaults; a few hyperparameter settings that change capabilit
 from __future__ import annotations
 
 import pytest
-
 from attnbench.conformance import CHECKS, check_context, run_check
 from attnbench.registry import registry
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from attnbench.inputs import padding_mask
 from attnbench.interface import UnsupportedOptionError
 from attnbench.reference import exact_reference

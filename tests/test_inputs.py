@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from attnbench.config import ConfigError, parse_config
 from attnbench.inputs import DISTRIBUTIONS, make_inputs, validate_input
 from attnbench.reference import exact_reference
@@ -17,8 +16,17 @@ SYNTHETIC = [name for name in DISTRIBUTIONS if name != "captured"]
 
 
 def draw(name: str, params: dict | None = None, n: int = 512, seed: int = 0, b: int = 1, h: int = 2, d: int = 64):
-    return make_inputs(name, params or {}, batch=b, heads=h, seq_len=n, head_dim=d, dtype=torch.float64,
-                       device=torch.device("cpu"), seed=seed)
+    return make_inputs(
+        name,
+        params or {},
+        batch=b,
+        heads=h,
+        seq_len=n,
+        head_dim=d,
+        dtype=torch.float64,
+        device=torch.device("cpu"),
+        seed=seed,
+    )
 
 
 def statistics(name: str, n: int = 512) -> tuple[float, float]:
@@ -56,9 +64,11 @@ def test_lowrank_queries_and_keys_span_rank_dimensions() -> None:
 
 def capture_file(folder: Path, suffix: str, layers: int = 2, kv_heads: int = 1) -> tuple[Path, dict]:
     generator = torch.Generator().manual_seed(0)
-    tensors = {"q": torch.randn(layers, 1, 2, 40, 8, generator=generator),
-               "k": torch.randn(layers, 1, kv_heads, 40, 8, generator=generator),
-               "v": torch.randn(layers, 1, kv_heads, 40, 8, generator=generator)}
+    tensors = {
+        "q": torch.randn(layers, 1, 2, 40, 8, generator=generator),
+        "k": torch.randn(layers, 1, kv_heads, 40, 8, generator=generator),
+        "v": torch.randn(layers, 1, kv_heads, 40, 8, generator=generator),
+    }
     path = folder / f"capture{suffix}"
     if suffix == ".pt":
         torch.save(tensors, path)
@@ -73,8 +83,17 @@ def capture_file(folder: Path, suffix: str, layers: int = 2, kv_heads: int = 1) 
 @pytest.mark.parametrize("suffix", [".pt", ".npz", ".safetensors"])
 def test_captured_files_round_trip(tmp_path: Path, suffix: str) -> None:
     path, tensors = capture_file(tmp_path, suffix)
-    inputs = make_inputs("captured", {"path": str(path), "layer": 1}, batch=1, heads=2, seq_len=32, head_dim=8,
-                         dtype=torch.float32, device=torch.device("cpu"), seed=0)
+    inputs = make_inputs(
+        "captured",
+        {"path": str(path), "layer": 1},
+        batch=1,
+        heads=2,
+        seq_len=32,
+        head_dim=8,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        seed=0,
+    )
     torch.testing.assert_close(inputs.q, tensors["q"][1, :, :, :32])
     torch.testing.assert_close(inputs.k[:, 1], tensors["k"][1, :, 0, :32])  # one k/v head shared by both q heads
     assert validate_input("captured", {"path": str(path), "layer": 1}) == []
@@ -83,7 +102,7 @@ def test_captured_files_round_trip(tmp_path: Path, suffix: str) -> None:
 def test_captured_length_rule(tmp_path: Path) -> None:
     path, tensors = capture_file(tmp_path, ".pt")
     common = dict(batch=1, heads=2, seq_len=100, head_dim=8, dtype=torch.float32, device=torch.device("cpu"), seed=0)
-    with pytest.raises(ValueError, match="has 40 positions and N=100 was asked.*beyond = \"tile\""):
+    with pytest.raises(ValueError, match='has 40 positions and N=100 was asked.*beyond = "tile"'):
         make_inputs("captured", {"path": str(path)}, **common)
     tiled = make_inputs("captured", {"path": str(path), "beyond": "tile"}, **common)
     torch.testing.assert_close(tiled.q[..., 40:80, :], tensors["q"][0])
@@ -93,13 +112,21 @@ def test_malformed_captured_files_fail_clearly(tmp_path: Path) -> None:
     torch.save({"q": torch.zeros(1, 2, 4, 8), "k": torch.zeros(1, 2, 4, 8)}, tmp_path / "no_v.pt")
     torch.save([1, 2, 3], tmp_path / "list.pt")
     torch.save({"q": torch.zeros(2, 4, 8), "k": torch.zeros(2, 4, 8), "v": torch.zeros(2, 4, 8)}, tmp_path / "3d.pt")
-    torch.save({"q": torch.zeros(1, 3, 4, 8), "k": torch.zeros(1, 2, 4, 8), "v": torch.zeros(1, 2, 4, 8)},
-               tmp_path / "heads.pt")
+    torch.save(
+        {"q": torch.zeros(1, 3, 4, 8), "k": torch.zeros(1, 2, 4, 8), "v": torch.zeros(1, 2, 4, 8)},
+        tmp_path / "heads.pt",
+    )
     (tmp_path / "junk.pt").write_bytes(b"not a tensor file")
     (tmp_path / "capture.txt").write_text("q k v")
-    expectations = {"no_v.pt": "missing tensor(s) v", "list.pt": "holds a list", "3d.pt": "3, 3, 3 dimensions",
-                    "heads.pt": "not a divisor", "junk.pt": "could not be read", "capture.txt": "unknown format",
-                    "absent.pt": "does not exist"}
+    expectations = {
+        "no_v.pt": "missing tensor(s) v",
+        "list.pt": "holds a list",
+        "3d.pt": "3, 3, 3 dimensions",
+        "heads.pt": "not a divisor",
+        "junk.pt": "could not be read",
+        "capture.txt": "unknown format",
+        "absent.pt": "does not exist",
+    }
     for name, message in expectations.items():
         problems = validate_input("captured", {"path": str(tmp_path / name)})
         assert len(problems) == 1 and message in problems[0], (name, problems)
@@ -109,8 +136,10 @@ def test_malformed_captured_files_fail_clearly(tmp_path: Path) -> None:
 
 
 def test_bad_inputs_stop_the_config_before_any_work(tmp_path: Path) -> None:
-    raw = {"variants": ["full"], "inputs": [{"name": "clustered", "clusters": 0}, {"name": "captured"},
-                                            {"name": "local", "lenght": 3}]}
+    raw = {
+        "variants": ["full"],
+        "inputs": [{"name": "clustered", "clusters": 0}, {"name": "captured"}, {"name": "local", "lenght": 3}],
+    }
     with pytest.raises(ConfigError) as caught:
         parse_config(raw)
     text = str(caught.value)

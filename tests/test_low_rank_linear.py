@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from attnbench.metrics import error_metrics
 from attnbench.reference import exact_reference
 from attnbench.registry import registry
@@ -49,15 +48,18 @@ def test_linformer_padded_keys_do_not_leak_into_the_projection() -> None:
 
 
 def test_linformer_refuses_causal_with_the_reason() -> None:
-    reason = registry.create("linformer").unsupported_reason(device="cpu", dtype="float32", causal=True,
-                                                             padded=False, n_q=8, n_k=8)
+    reason = registry.create("linformer").unsupported_reason(
+        device="cpu", dtype="float32", causal=True, padded=False, n_q=8, n_k=8
+    )
     assert reason is not None and "mixes future tokens" in reason
 
 
 def test_linformer_random_projection_is_seeded_and_keeps_the_key_scale() -> None:
     variant = registry.create("linformer", k=64, seed=3)
     e, f = variant.projections(4096, 1, torch.device("cpu"), torch.float64)
-    assert torch.equal(e, registry.create("linformer", k=64, seed=3).projections(4096, 1, torch.device("cpu"), torch.float64)[0])
+    assert torch.equal(
+        e, registry.create("linformer", k=64, seed=3).projections(4096, 1, torch.device("cpu"), torch.float64)[0]
+    )
     assert not torch.equal(e, f)  # separate E and F unless share_kv
     assert e.square().sum(-1).mean().item() == pytest.approx(1.0, rel=0.05)  # rows of unit norm on average
 
@@ -84,7 +86,9 @@ def test_linear_equals_the_naive_quadratic_form(chunk: int, causal: bool) -> Non
     expected = naive_feature_attention(F.elu(q) + 1, F.elu(k) + 1, v, causal)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
     cotangent = torch.randn_like(out)
-    for got, want in zip(torch.autograd.grad(out, (q, k, v), cotangent), torch.autograd.grad(expected, (q, k, v), cotangent)):
+    for got, want in zip(
+        torch.autograd.grad(out, (q, k, v), cotangent), torch.autograd.grad(expected, (q, k, v), cotangent)
+    ):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
@@ -154,8 +158,17 @@ def test_performer_error_falls_with_more_features() -> None:
 
     errors = {64: [], 1024: []}
     for seed in range(4):
-        inputs = make_inputs("gaussian", {}, batch=1, heads=4, seq_len=1024, head_dim=64, dtype=torch.float64,
-                             device=torch.device("cpu"), seed=seed)
+        inputs = make_inputs(
+            "gaussian",
+            {},
+            batch=1,
+            heads=4,
+            seq_len=1024,
+            head_dim=64,
+            dtype=torch.float64,
+            device=torch.device("cpu"),
+            seed=seed,
+        )
         reference = exact_reference(inputs.q, inputs.k, inputs.v, causal=False, key_padding_mask=None)
         for features in errors:
             out = registry.create("performer", features=features, seed=seed)(inputs.q, inputs.k, inputs.v)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from attnbench.interface import VariantError
 from attnbench.metrics import error_metrics
 from attnbench.reference import dense_masked_attention, exact_reference
@@ -45,8 +44,9 @@ def test_shared_qk_one_bucket_is_the_self_masked_reference(causal: bool, bucket_
     n = 90
     q, _, v = qkv(n)
     look = 3 if bucket_size == 32 else 1  # 3 chunks of 32 looking 3 back and forward: everything is seen
-    variant = registry.create("lsh", n_buckets=1, bucket_size=bucket_size, n_hashes=2, shared_qk=True,
-                              look_backward=look, look_forward=look)
+    variant = registry.create(
+        "lsh", n_buckets=1, bucket_size=bucket_size, n_hashes=2, shared_qk=True, look_backward=look, look_forward=look
+    )
     allowed = ~torch.eye(n, dtype=torch.bool)
     if causal:
         allowed &= torch.ones(n, n, dtype=torch.bool).tril()
@@ -72,8 +72,9 @@ def test_causal_outputs_do_not_depend_on_later_tokens(n_buckets: int, padded: bo
 
 
 def test_causal_needs_shared_qk() -> None:
-    reason = registry.create("lsh").unsupported_reason(device="cpu", dtype="float32", causal=True, padded=False,
-                                                        n_q=8, n_k=8)
+    reason = registry.create("lsh").unsupported_reason(
+        device="cpu", dtype="float32", causal=True, padded=False, n_q=8, n_k=8
+    )
     assert reason is not None and "shared_qk=True" in reason
 
 
@@ -98,8 +99,10 @@ def clustered(n: int, centroids: int = 8, d: int = 32, seed: int = 0) -> list[to
 def test_error_falls_as_rounds_grow_on_clustered_inputs() -> None:
     q, k, v = clustered(1024)
     reference = exact_reference(q, k, v, causal=False, key_padding_mask=None)
-    errors = [error_metrics(registry.create("lsh", bucket_size=32, n_hashes=rounds, seed=3)(q, k, v), reference).vs_uniform
-              for rounds in (1, 2, 4, 8)]
+    errors = [
+        error_metrics(registry.create("lsh", bucket_size=32, n_hashes=rounds, seed=3)(q, k, v), reference).vs_uniform
+        for rounds in (1, 2, 4, 8)
+    ]
     assert errors == sorted(errors, reverse=True), errors
     assert errors[-1] < 0.5 * errors[0]
 

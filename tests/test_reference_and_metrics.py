@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from attnbench.inputs import make_inputs, padding_mask
 from attnbench.masking import allowed_keys, rows_with_visible_key
 from attnbench.memory import LiveTensorPeak, peak_memory

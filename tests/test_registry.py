@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from attnbench.registry import BrokenVariantError, Registry, UnknownVariantError
 
 GOOD_PLUGIN = """
@@ -29,8 +28,9 @@ def test_builtins_come_through_the_entry_point_group() -> None:
 
 
 def test_discovery_is_lazy(plugin_registry) -> None:
-    registry = plugin_registry("lazy-plugin", {"lazy": "lazy_module:Variant"},
-                               {"lazy_module": "raise RuntimeError('imported too early')"})
+    registry = plugin_registry(
+        "lazy-plugin", {"lazy": "lazy_module:Variant"}, {"lazy_module": "raise RuntimeError('imported too early')"}
+    )
     assert "lazy" in registry.names()  # listed without importing
     assert not registry.entries["lazy"].loaded
     assert registry.load("full").name == "full"  # the others still work
@@ -63,12 +63,16 @@ def test_broken_plugins_are_reported_by_name_and_the_rest_work(plugin_registry) 
 
 
 def test_unknown_name_suggests_and_lists() -> None:
-    with pytest.raises(UnknownVariantError, match=r"Unknown variant 'ful'\. Did you mean: full.*Available: .*full-math"):
+    with pytest.raises(
+        UnknownVariantError, match=r"Unknown variant 'ful'\. Did you mean: full.*Available: .*full-math"
+    ):
         Registry().load("ful")
 
 
 def test_two_packages_with_one_name_is_an_error_naming_both(plugin_registry) -> None:
     plugin_registry("first-plugin", {"averaging": "good_module:Averaging"}, {"good_module": GOOD_PLUGIN})
     registry = plugin_registry("second-plugin", {"averaging": "good_module:Averaging"}, {})
-    with pytest.raises(BrokenVariantError, match="first-plugin 0.1.*second-plugin 0.1|second-plugin 0.1.*first-plugin 0.1"):
+    with pytest.raises(
+        BrokenVariantError, match="first-plugin 0.1.*second-plugin 0.1|second-plugin 0.1.*first-plugin 0.1"
+    ):
         registry.load("averaging")

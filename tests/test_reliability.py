@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from attnbench.config import parse_config
 from attnbench.results import ResultsWriter, read_results
 from attnbench.sweep import run_sweep
+
 from tests.conftest import write_plugin
 
 TESTS = Path(__file__).parent
@@ -44,7 +44,11 @@ MISBEHAVING = """
             time.sleep(0.05)
             return v.clone()
 """
-ENTRIES = {"segfaults": "misbehaving_mod:Segfaults", "hangs": "misbehaving_mod:Hangs", "sleepy": "misbehaving_mod:Sleepy"}
+ENTRIES = {
+    "segfaults": "misbehaving_mod:Segfaults",
+    "hangs": "misbehaving_mod:Hangs",
+    "sleepy": "misbehaving_mod:Sleepy",
+}
 
 
 @pytest.fixture
@@ -54,14 +58,25 @@ def misbehaving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
     folder = write_plugin(tmp_path / "plugin", "misbehaving-plugin", ENTRIES, {"misbehaving_mod": MISBEHAVING})
     monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(folder), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
+    )
     return folder, Registry()
 
 
 def test_isolate_turns_a_segfault_and_a_hang_into_rows(misbehaving, tmp_path: Path) -> None:
     _, registry = misbehaving
-    config = parse_config({"variants": ["segfaults", "hangs", "full"], "seq_lens": [16, 32], "heads": 1,
-                           "head_dim": 8, "min_run_time": 0.01, "cell_timeout_s": 8}, registry=registry)
+    config = parse_config(
+        {
+            "variants": ["segfaults", "hangs", "full"],
+            "seq_lens": [16, 32],
+            "heads": 1,
+            "head_dim": 8,
+            "min_run_time": 0.01,
+            "cell_timeout_s": 8,
+        },
+        registry=registry,
+    )
     frame = read_results(run_sweep(config, tmp_path / "out", registry=registry, progress=False, isolate=True))
     status = {(r.variant, r.seq_len): (r.status, r.reason) for r in frame.itertuples()}
     assert status[("segfaults", 16)][0] == "crashed" and "SIGSEGV" in status[("segfaults", 16)][1]
@@ -72,17 +87,27 @@ def test_isolate_turns_a_segfault_and_a_hang_into_rows(misbehaving, tmp_path: Pa
 
 
 def run_cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnbench.cli", *args], capture_output=True, text=True,
-                          env=env or os.environ.copy(), **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env or os.environ.copy(),
+        **kwargs,
+    )
 
 
 def test_resume_after_sigkill_gives_exactly_the_uninterrupted_cell_set(misbehaving, tmp_path: Path) -> None:
     config = tmp_path / "sweep.toml"
-    config.write_text('seq_lens = [8, 16, 24, 32, 40, 48]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.2\n'
-                      'error = false\nvariants = ["sleepy", "full"]\n')
+    config.write_text(
+        "seq_lens = [8, 16, 24, 32, 40, 48]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.2\n"
+        'error = false\nvariants = ["sleepy", "full"]\n'
+    )
     out = tmp_path / "out"
-    process = subprocess.Popen([sys.executable, "-m", "attnbench.cli", "run", str(config), "--out", str(out),
-                                "--no-progress", "--no-report"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnbench.cli", "run", str(config), "--out", str(out), "--no-progress", "--no-report"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         found = list(out.glob("*/results.csv"))
@@ -122,8 +147,22 @@ def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The example and the broken plugin pip-installed (into a target folder put on PYTHONPATH)."""
     target = tmp_path_factory.mktemp("site")
     for package in ("example_plugin", "broken_plugin"):
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                        "--target", str(target), str(TESTS / package)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--no-build-isolation",
+                "--target",
+                str(target),
+                str(TESTS / package),
+            ],
+            check=True,
+            capture_output=True,
+        )
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")])}
 
 
@@ -137,9 +176,22 @@ def test_installed_plugin_is_listed_with_its_package_and_the_broken_one_with_its
     assert "band " in listing.stdout  # the built-ins are unaffected
 
 
-def test_installed_plugin_is_benchmarked_beside_the_builtins_and_passes_check(installed_plugins, tmp_path: Path) -> None:
-    run = run_cli("run", "quick", "--variants", "chunked,full,band", "--seq-lens", "64,200", "--out", str(tmp_path),
-                  "--no-progress", "--no-report", env=installed_plugins)
+def test_installed_plugin_is_benchmarked_beside_the_builtins_and_passes_check(
+    installed_plugins, tmp_path: Path
+) -> None:
+    run = run_cli(
+        "run",
+        "quick",
+        "--variants",
+        "chunked,full,band",
+        "--seq-lens",
+        "64,200",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+        "--no-report",
+        env=installed_plugins,
+    )
     assert run.returncode == 0, run.stderr
     frame = read_results(next(tmp_path.iterdir()))
     assert (frame.status == "ok").all() and set(frame.variant) == {"chunked", "full", "band"}

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from attnbench.analysis import crossover
 from attnbench.cli import main
 from attnbench.compare import compare_runs, verdict
@@ -39,8 +38,11 @@ def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: floa
                 row.err_vs_uniform, row.err_rel_fro, row.err_row_cosine, row.err_max_abs = 0.1, 0.2, 0.9, 0.5
                 row.flops = 4 * n * n * 64
             writer.append(row)
-    meta = {"config": {"name": "synthetic"}, "machine": {"cpu": cpu, "versions": {"torch": "2.13.0"}},
-            "peaks": {"cpu/float32": {"matmul_flops_per_s": 1e11, "copy_bytes_per_s": 1e10}}}
+    meta = {
+        "config": {"name": "synthetic"},
+        "machine": {"cpu": cpu, "versions": {"torch": "2.13.0"}},
+        "peaks": {"cpu/float32": {"matmul_flops_per_s": 1e11, "copy_bytes_per_s": 1e10}},
+    }
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
 
@@ -48,8 +50,17 @@ def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: floa
 def test_report_has_every_table_and_plot(tmp_path: Path) -> None:
     run = synthetic_run(tmp_path / "run")
     text = write_report(run).read_text()
-    for expected in ["Time per call", "Speedup against `full`", "Peak memory", "Error against exact",
-                     "Achieved FLOP/s", "log-log slopes", "Crossover", "constructed failure", "over time_budget_s"]:
+    for expected in [
+        "Time per call",
+        "Speedup against `full`",
+        "Peak memory",
+        "Error against exact",
+        "Achieved FLOP/s",
+        "log-log slopes",
+        "Crossover",
+        "constructed failure",
+        "over time_budget_s",
+    ]:
         assert expected in text, expected
     plots = sorted(p.name for p in (run / "plots").iterdir())
     assert len(plots) == 3 + 4  # time, memory, error, and a Pareto chart per N

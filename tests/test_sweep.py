@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from attnbench.config import parse_config
 from attnbench.results import COLUMNS, read_results
 from attnbench.summary import write_summary
@@ -50,15 +48,28 @@ MISBEHAVING = """
         def forward(self, q, k, v, *, causal, key_padding_mask):
             return v.clone()
 """
-ENTRIES = {name: f"misbehaving:{cls}" for name, cls in [
-    ("raises", "Raises"), ("runs-oom", "RunsOutOfMemory"), ("gives-nan", "GivesNaN"), ("slow", "Slow"),
-    ("cuda-only", "CudaOnly")]}
+ENTRIES = {
+    name: f"misbehaving:{cls}"
+    for name, cls in [
+        ("raises", "Raises"),
+        ("runs-oom", "RunsOutOfMemory"),
+        ("gives-nan", "GivesNaN"),
+        ("slow", "Slow"),
+        ("cuda-only", "CudaOnly"),
+    ]
+}
 
 
 def test_every_failure_is_a_row_and_the_sweep_goes_on(plugin_registry, tmp_path: Path) -> None:
     registry = plugin_registry("misbehaving-plugin", ENTRIES, {"misbehaving": MISBEHAVING})
-    raw = {"variants": ["full", "raises", "runs-oom", "gives-nan", "slow", "cuda-only"], "seq_lens": [32, 64, 128],
-           "heads": 2, "head_dim": 16, "min_run_time": 0.01, "time_budget_s": 0.02}
+    raw = {
+        "variants": ["full", "raises", "runs-oom", "gives-nan", "slow", "cuda-only"],
+        "seq_lens": [32, 64, 128],
+        "heads": 2,
+        "head_dim": 16,
+        "min_run_time": 0.01,
+        "time_budget_s": 0.02,
+    }
     config = parse_config(raw, registry=registry)
     run_dir = run_sweep(config, tmp_path, registry=registry, progress=False)
     frame = read_results(run_dir)
@@ -84,8 +95,18 @@ def test_every_failure_is_a_row_and_the_sweep_goes_on(plugin_registry, tmp_path:
 
 
 def test_fwd_bwd_and_padding_cells(tmp_path: Path) -> None:
-    config = parse_config({"variants": ["full", "full-math"], "seq_lens": [48], "heads": 2, "head_dim": 16,
-                           "mode": ["fwd", "fwd+bwd"], "causal": [False, True], "padding": 0.25, "min_run_time": 0.01})
+    config = parse_config(
+        {
+            "variants": ["full", "full-math"],
+            "seq_lens": [48],
+            "heads": 2,
+            "head_dim": 16,
+            "mode": ["fwd", "fwd+bwd"],
+            "causal": [False, True],
+            "padding": 0.25,
+            "min_run_time": 0.01,
+        }
+    )
     frame = read_results(run_sweep(config, tmp_path, progress=False))
     assert (frame.status == "ok").all(), frame[["label", "status", "reason"]]
     backward = frame[frame["mode"] == "fwd+bwd"].set_index(["variant", "causal"]).peak_mem_bytes

@@ -17,12 +17,11 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
-from torch import Tensor
-
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
 from attnbench.variants.blocks import Pattern, key_validity_windows, key_windows, query_blocks, window_positions
 from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
+from einops import rearrange
+from torch import Tensor
 
 
 @functools.lru_cache(maxsize=64)
@@ -41,7 +40,13 @@ def default_block_size(window: int) -> int:
 
 
 def band_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, window: int, causal: bool, key_padding_mask: Tensor | None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    window: int,
+    causal: bool,
+    key_padding_mask: Tensor | None,
     block_size: int | None = None,
 ) -> Tensor:
     """Exact sliding-window attention, q, k (b, h, n, d), v (b, h, n, e) -> (b, h, n, e)."""
@@ -52,7 +57,9 @@ def band_attention(
     valid_keys = key_validity_windows(key_padding_mask, n, block, window, after)  # (b, blocks, 1, span)
     pattern = band_pattern(n, block, window, causal, q.device).restricted_to(valid_keys, h)
     out = F.scaled_dot_product_attention(
-        query_blocks(q, block), key_windows(k, block, window, after), key_windows(v, block, window, after),
+        query_blocks(q, block),
+        key_windows(k, block, window, after),
+        key_windows(v, block, window, after),
         attn_mask=pattern.bias(q.dtype),
     )
     if valid_keys is not None:  # without padding only padding queries past n can see nothing; they are cropped
@@ -78,7 +85,9 @@ class BandAttention(FlexBackend, AttentionVariant):
     )
     hyperparameters = {
         "window": Hyperparameter(256, "one-sided window w: |i - j| <= w (causal: 0 <= i - j <= w)", minimum=0),
-        "block_size": Hyperparameter(None, "queries per block (default: min(32, max(16, w)))", minimum=1, optional=True),
+        "block_size": Hyperparameter(
+            None, "queries per block (default: min(32, max(16, w)))", minimum=1, optional=True
+        ),
         "backend": BACKEND,
     }
 
@@ -91,8 +100,9 @@ class BandAttention(FlexBackend, AttentionVariant):
                 return (offset <= window) & (offset >= (0 if causal else -window))
 
             return flex_attention_call(q, k, v, band_mod, key=("band", window, causal))
-        return band_attention(q, k, v, window=self.window, causal=causal, key_padding_mask=key_padding_mask,
-                              block_size=self.block_size)
+        return band_attention(
+            q, k, v, window=self.window, causal=causal, key_padding_mask=key_padding_mask, block_size=self.block_size
+        )
 
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor:
         return band_support(n_q, n_k, self.window, causal)
@@ -103,7 +113,11 @@ class BandAttention(FlexBackend, AttentionVariant):
         span = block + window + (0 if shape.causal else window)
         computed = shape.batch * shape.heads * shape.n_q * span  # scores computed, masked ones included
         flops = 2 * computed * (shape.head_dim + shape.value_dim) + 5 * computed
-        io = shape.batch * shape.heads * (shape.n_q * shape.head_dim + shape.n_k * (shape.head_dim + 2 * shape.value_dim))
+        io = (
+            shape.batch
+            * shape.heads
+            * (shape.n_q * shape.head_dim + shape.n_k * (shape.head_dim + 2 * shape.value_dim))
+        )
         padded_keys = shape.batch * shape.heads * shape.n_k * (shape.head_dim + shape.value_dim) * shape.dtype_bytes
         working = shape.n_q * span + padded_keys  # the bool pattern and one padded copy of k and v
         return Cost(flops=flops, bytes_moved=io * shape.dtype_bytes, working_bytes=working)

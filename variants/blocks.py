@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from attnbench.interface import default_scale
 from einops import einsum, rearrange
 from torch import Tensor
-
-from attnbench.interface import default_scale
 
 
 def pad_sequence(x: Tensor, before: int, after: int) -> Tensor:
@@ -128,7 +127,9 @@ def partial_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern) -> Part
         weights = torch.exp(scores - lse[..., None].to(scores.dtype)).masked_fill(~allowed, 0.0)
         out = einsum(weights, v, "... i j, ... j e -> ... i e")
     has_key = pattern.has_key.expand(lse.shape)
-    return Partial(out=out.masked_fill(~has_key[..., None], 0.0), lse=lse.to(accumulate).masked_fill(~has_key, float("-inf")))
+    return Partial(
+        out=out.masked_fill(~has_key[..., None], 0.0), lse=lse.to(accumulate).masked_fill(~has_key, float("-inf"))
+    )
 
 
 def combine(parts: list[Partial]) -> Tensor:

@@ -16,10 +16,9 @@ b - batch, h - heads, n - position, c - chunk, i - query in chunk, j - key in ch
 from __future__ import annotations
 
 import torch
+from attnbench.variants.blocks import pad_sequence
 from einops import einsum, rearrange
 from torch import Tensor
-
-from attnbench.variants.blocks import pad_sequence
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -38,8 +37,9 @@ def feature_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float) ->
     return (total[..., :-1] / total[..., -1:].clamp(min=eps)).to(v.dtype)
 
 
-def causal_feature_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk: int, eps: float,
-                             key_log_scale: Tensor | None = None) -> Tensor:
+def causal_feature_attention(
+    phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk: int, eps: float, key_log_scale: Tensor | None = None
+) -> Tensor:
     """Causal, chunked. phi_q, phi_k (b, h, n, m) >= 0; v (b, h, n, e); key_log_scale g (b, h, n) or None."""
     b, h, n, _ = phi_q.shape
     pad = -n % chunk
@@ -57,8 +57,9 @@ def causal_feature_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk: 
     else:
         g = rearrange(pad_sequence(key_log_scale[..., None], 0, pad), "b h (c i) 1 -> b h c i", i=chunk)
         if pad:  # padding positions repeat the last real scale so g stays non-decreasing
-            g = torch.where(torch.arange(g.shape[2] * chunk, device=v.device).view(-1, chunk) < n, g,
-                            key_log_scale[..., -1:, None])
+            g = torch.where(
+                torch.arange(g.shape[2] * chunk, device=v.device).view(-1, chunk) < n, g, key_log_scale[..., -1:, None]
+            )
         decay = (g[..., None, :] - g[..., :, None]).masked_fill(~causal, float("-inf"))  # g_j - g_i, j <= i
         scores = scores * decay.exp()
         chunk_end = g[..., -1]  # (b, h, c)

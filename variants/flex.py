@@ -12,9 +12,8 @@ import shutil
 from typing import Any, Callable, Hashable
 
 import torch
-from torch import Tensor
-
 from attnbench.interface import Hyperparameter
+from torch import Tensor
 
 FLEX_BACKEND = "flex"
 FLEX_DTYPES = ("float32", "float16", "bfloat16")
@@ -69,8 +68,12 @@ def flex_attention_call(q: Tensor, k: Tensor, v: Tensor, mask_mod: Callable[...,
     return _compiled_flex()(q, k, v, block_mask=block_mask)
 
 
-BACKEND = Hyperparameter("blocked", "blocked: ours; flex: FlexAttention with a block mask (compiled)",
-                         kind=str, choices=("blocked", FLEX_BACKEND))
+BACKEND = Hyperparameter(
+    "blocked",
+    "blocked: ours; flex: FlexAttention with a block mask (compiled)",
+    kind=str,
+    choices=("blocked", FLEX_BACKEND),
+)
 
 
 class FlexBackend:

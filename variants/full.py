@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import functools
 
-import torch
 import torch.nn.functional as F
-from einops import rearrange
-from torch import Tensor
-
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Shape, dense_attention_cost
 from attnbench.masking import allowed_keys, rows_with_visible_key
 from attnbench.reference import dense_masked_attention
+from einops import rearrange
+from torch import Tensor
 
 
 def _all_allowed(n_q: int, n_k: int, causal: bool) -> Tensor:
@@ -32,8 +30,12 @@ class FullAttention(AttentionVariant):
         if key_padding_mask is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         # SDPA takes no is_causal together with a mask, so causal + padding needs the (i, j) pattern.
-        allowed = allowed_keys(q.shape[-2], k.shape[-2], causal=causal, key_padding_mask=key_padding_mask, device=q.device)
-        visible = rows_with_visible_key(q.shape[0], q.shape[-2], causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+        allowed = allowed_keys(
+            q.shape[-2], k.shape[-2], causal=causal, key_padding_mask=key_padding_mask, device=q.device
+        )
+        visible = rows_with_visible_key(
+            q.shape[0], q.shape[-2], causal=causal, key_padding_mask=key_padding_mask, device=q.device
+        )
         if visible is None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         # Rows that see nothing attend everywhere (no NaN, in forward or backward), then are zeroed.
@@ -54,7 +56,9 @@ class FullMathAttention(AttentionVariant):
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         if not causal and key_padding_mask is None:
             return dense_masked_attention(q, k, v)
-        allowed = allowed_keys(q.shape[-2], k.shape[-2], causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+        allowed = allowed_keys(
+            q.shape[-2], k.shape[-2], causal=causal, key_padding_mask=key_padding_mask, device=q.device
+        )
         return dense_masked_attention(q, k, v, allowed)
 
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor:
@@ -72,7 +76,10 @@ def _xformers_unavailable() -> str | None:
     try:
         import xformers.ops  # noqa: F401
     except Exception as error:  # any import failure means: not usable here
-        return f"xformers is not importable ({type(error).__name__}: {error}); install the extra: pip install 'attnbench[xformers]'"
+        return (
+            f"xformers is not importable ({type(error).__name__}: {error}); "
+            "install the extra: pip install 'attnbench[xformers]'"
+        )
     return None
 
 

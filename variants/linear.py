@@ -19,16 +19,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
-
 from attnbench.variants.feature_attention import (
     accumulation_dtype,
     causal_feature_attention,
     feature_attention,
     with_ones,
 )
+from torch import Tensor
 
 CHUNK = Hyperparameter(64, "causal: positions per chunk (exact inside, carried state across)", minimum=1)
 EPS = Hyperparameter(1e-6, "smallest denominator", kind=float, minimum=0.0)
@@ -151,8 +149,7 @@ class PerformerAttention(AttentionVariant):
         if causal:  # only keys up to each position may set its scale: a global max would leak the future
             running = _finite_or_zero(key_max.cummax(dim=-1).values)
             phi_k = _exp(_minus(log_k, running[..., None]))
-            return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size, eps=self.eps,
-                                            key_log_scale=running)
+            return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size, eps=self.eps, key_log_scale=running)
         top = _finite_or_zero(key_max.amax(dim=-1, keepdim=True))  # over all (real) keys
         return feature_attention(phi_q, _exp(_minus(log_k, top[..., None])), v, eps=self.eps)
 
@@ -186,4 +183,3 @@ class PerformerAttention(AttentionVariant):
     def cost(self, shape: Shape) -> Cost:
         projection = 2 * (shape.n_q + shape.n_k) * shape.head_dim * self.features
         return _feature_cost(shape, self.features, projection + 4 * (shape.n_q + shape.n_k) * self.features)
-

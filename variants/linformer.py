@@ -19,10 +19,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
 from einops import einsum
 from torch import Tensor
-
-from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
 
 PROJECTIONS = ("random", "pool", "identity")
 
@@ -48,8 +47,9 @@ class LinformerAttention(AttentionVariant):
     )
     hyperparameters = {
         "k": Hyperparameter(256, "projected length (clipped to N for pool and identity)", minimum=1),
-        "projection": Hyperparameter("random", "random (JL Gaussian), pool (segment means), identity",
-                                     kind=str, choices=PROJECTIONS),
+        "projection": Hyperparameter(
+            "random", "random (JL Gaussian), pool (segment means), identity", kind=str, choices=PROJECTIONS
+        ),
         "share_kv": Hyperparameter(False, "project values with the keys' matrix (F = E)", kind=bool),
         "share_heads": Hyperparameter(True, "one projection for all heads", kind=bool),
     }

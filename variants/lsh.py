@@ -31,11 +31,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from einops import einsum, rearrange
-from torch import Tensor
-
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
 from attnbench.variants.blocks import Partial, Pattern, combine, partial_attention
+from einops import einsum, rearrange
+from torch import Tensor
 
 EMPTY = -1  # a slot of a sorted layout that holds no position
 
@@ -160,8 +159,9 @@ class LSHAttention(AttentionVariant):
     hyperparameters = {
         "bucket_size": Hyperparameter(64, "chunk length after sorting (Reformer's bucket size)", minimum=1),
         "n_hashes": Hyperparameter(4, "hash rounds; more rounds, larger union, smaller error", minimum=1),
-        "n_buckets": Hyperparameter(None, "buckets per round, even or 1 (default: min(N / bucket_size, 64))",
-                                    minimum=1, optional=True),
+        "n_buckets": Hyperparameter(
+            None, "buckets per round, even or 1 (default: min(N / bucket_size, 64))", minimum=1, optional=True
+        ),
         "shared_qk": Hyperparameter(False, "Reformer's shared-QK: keys are the normalized queries", kind=bool),
         "look_backward": Hyperparameter(1, "earlier chunks each query chunk also attends to", minimum=0),
         "look_forward": Hyperparameter(0, "later chunks each query chunk also attends to", minimum=0),
@@ -197,8 +197,10 @@ class LSHAttention(AttentionVariant):
     def unsupported_reason(self, **options: Any) -> str | None:
         reason = super().unsupported_reason(**options)
         if reason is None and options.get("causal") and not self.shared_qk:
-            reason = ("lsh with shared_qk=False does not support causal attention: queries and keys sorted apart "
-                      "would let later keys move chunk boundaries; use shared_qk=True")
+            reason = (
+                "lsh with shared_qk=False does not support causal attention: queries and keys sorted apart "
+                "would let later keys move chunk boundaries; use shared_qk=True"
+            )
         return reason
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
@@ -215,8 +217,9 @@ class LSHAttention(AttentionVariant):
             else:
                 query_layout = global_layout(query_buckets, chunk)
                 key_layout = query_layout if self.shared_qk else global_layout(key_buckets, chunk)
-            pattern = self._pattern(query_layout, key_layout, n, causal, key_padding_mask,
-                                    query_buckets if causal else None)
+            pattern = self._pattern(
+                query_layout, key_layout, n, causal, key_padding_mask, query_buckets if causal else None
+            )
 
         queries = gather_chunks(q, query_layout, chunk)  # ((b h r), c, i, d)
         values = gather_windows(v, key_layout, chunk, back, forward)  # ((b h r), c, j, e)
@@ -237,8 +240,15 @@ class LSHAttention(AttentionVariant):
             result = torch.where(alone, v, result)
         return result
 
-    def _pattern(self, query_layout: Tensor, key_layout: Tensor, n: int, causal: bool,
-                 key_padding_mask: Tensor | None, buckets: Tensor | None) -> Pattern:
+    def _pattern(
+        self,
+        query_layout: Tensor,
+        key_layout: Tensor,
+        n: int,
+        causal: bool,
+        key_padding_mask: Tensor | None,
+        buckets: Tensor | None,
+    ) -> Pattern:
         """Which windowed keys each sorted query sees; a pair met in an earlier round is left out (counted once).
 
         With `buckets` (per-bucket layouts) a query sees only keys of its own bucket.
@@ -264,12 +274,21 @@ class LSHAttention(AttentionVariant):
             not_self[own_slot, back * chunk + own_slot] = False
             allowed = allowed & not_self
         if rounds > 1:
-            allowed = self._first_meetings(allowed.expand(-1, -1, chunk, -1).clone(), query_layout, key_layout,
-                                           query_pos, key_pos, n, buckets)
+            allowed = self._first_meetings(
+                allowed.expand(-1, -1, chunk, -1).clone(), query_layout, key_layout, query_pos, key_pos, n, buckets
+            )
         return Pattern(allowed)
 
-    def _first_meetings(self, allowed: Tensor, query_layout: Tensor, key_layout: Tensor, query_pos: Tensor,
-                        key_pos: Tensor, n: int, buckets: Tensor | None) -> Tensor:
+    def _first_meetings(
+        self,
+        allowed: Tensor,
+        query_layout: Tensor,
+        key_layout: Tensor,
+        query_pos: Tensor,
+        key_pos: Tensor,
+        n: int,
+        buckets: Tensor | None,
+    ) -> Tensor:
         """Clear, in round r, every pair that also meets in a round before r: the union counts each pair once."""
         rounds, slots = query_layout.shape[2], query_layout.shape[3]
         chunk = self.bucket_size
@@ -288,7 +307,9 @@ class LSHAttention(AttentionVariant):
             # k - q in [-back, forward], as one unsigned comparison: negatives wrap to large values
             met = (k_chunk - (q_chunk - self.look_backward)).to(torch.uint8) <= self.look_backward + self.look_forward
             if bucket_of is not None:
-                met &= _lookup(bucket_of[:, earlier], key_r[:, later]) == _lookup(bucket_of[:, earlier], query_r[:, later])
+                met &= _lookup(bucket_of[:, earlier], key_r[:, later]) == _lookup(
+                    bucket_of[:, earlier], query_r[:, later]
+                )
             allowed_r[:, later].masked_fill_(met, False)
         return allowed
 

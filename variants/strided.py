@@ -22,9 +22,6 @@ import functools
 import math
 
 import torch
-from einops import rearrange
-from torch import Tensor
-
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
 from attnbench.variants.band import band_pattern, default_block_size
 from attnbench.variants.blocks import (
@@ -38,6 +35,8 @@ from attnbench.variants.blocks import (
     query_blocks,
 )
 from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
+from einops import rearrange
+from torch import Tensor
 
 
 def default_stride(n: int) -> int:
@@ -54,13 +53,19 @@ def _real_positions(n: int, stride: int, key_padding_mask: Tensor | None, device
     rows = -(-n // stride)
     inside = (torch.arange(rows * stride, device=device) < n)[None]  # (1, rows*stride)
     if key_padding_mask is not None:
-        inside = inside & pad_sequence((~key_padding_mask)[:, None, :, None].float(), 0, rows * stride - n)[:, 0, :, 0].bool()
+        inside = (
+            inside
+            & pad_sequence((~key_padding_mask)[:, None, :, None].float(), 0, rows * stride - n)[:, 0, :, 0].bool()
+        )
     return rearrange(inside, "b (r c) -> b r c", c=stride)
 
 
 # ---- the parts, each returning its output and log-sum-exp in (b, h, n, .) order --------------------
 
-def local_part(q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None) -> Partial:
+
+def local_part(
+    q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None
+) -> Partial:
     """The local run |i - j| < l: band attention with window l - 1."""
     b, h, n, _ = q.shape
     window = min(stride - 1, n - 1)
@@ -68,10 +73,13 @@ def local_part(q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, ke
     after = 0 if causal else window
     valid_keys = key_validity_windows(key_padding_mask, n, block, window, after)
     pattern = band_pattern(n, block, window, causal, q.device).restricted_to(valid_keys, h)
-    part = partial_attention(query_blocks(q, block), key_windows(k, block, window, after),
-                             key_windows(v, block, window, after), pattern)
-    return Partial(out=rearrange(part.out, "(b h) n i e -> b h (n i) e", b=b)[:, :, :n],
-                   lse=rearrange(part.lse, "(b h) n i -> b h (n i)", b=b)[:, :, :n])
+    part = partial_attention(
+        query_blocks(q, block), key_windows(k, block, window, after), key_windows(v, block, window, after), pattern
+    )
+    return Partial(
+        out=rearrange(part.out, "(b h) n i e -> b h (n i) e", b=b)[:, :, :n],
+        lse=rearrange(part.lse, "(b h) n i -> b h (n i)", b=b)[:, :, :n],
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -82,22 +90,30 @@ def _column_rows(rows: int, causal: bool, include_self: bool, device: torch.devi
     return allowed if include_self else allowed & (offset != 0)
 
 
-def column_part(q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None,
-                include_self: bool) -> Partial:
+def column_part(
+    q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None, include_self: bool
+) -> Partial:
     """Every j with (i - j) mod l == 0: attention along the columns of the (rows, l) grid."""
     b, h, n, _ = q.shape
     qc, kc, vc = (rearrange(_as_grid(x, stride), "b h r c d -> (b h) c r d") for x in (q, k, v))
     rows = qc.shape[-2]
     real = rearrange(_real_positions(n, stride, key_padding_mask, q.device), "b r c -> b c 1 r")  # keys
     allowed = _column_rows(rows, causal, include_self, q.device) & real  # (b|1, c, r, r)
-    pattern = Pattern(allowed if key_padding_mask is None else rearrange(
-        allowed[:, None].expand(b, h, *allowed.shape[1:]), "b h c i j -> (b h) c i j"))
+    pattern = Pattern(
+        allowed
+        if key_padding_mask is None
+        else rearrange(allowed[:, None].expand(b, h, *allowed.shape[1:]), "b h c i j -> (b h) c i j")
+    )
     part = partial_attention(qc, kc, vc, pattern)
-    return Partial(out=rearrange(part.out, "(b h) c r e -> b h (r c) e", b=b)[:, :, :n],
-                   lse=rearrange(part.lse, "(b h) c r -> b h (r c)", b=b)[:, :, :n])
+    return Partial(
+        out=rearrange(part.out, "(b h) c r e -> b h (r c) e", b=b)[:, :, :n],
+        lse=rearrange(part.lse, "(b h) c r -> b h (r c)", b=b)[:, :, :n],
+    )
 
 
-def block_part(q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None) -> Partial:
+def block_part(
+    q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None
+) -> Partial:
     """Own block of l positions (causal: up to i)."""
     b, h, n, _ = q.shape
     qr, kr, vr = (rearrange(_as_grid(x, stride), "b h r c d -> (b h) r c d") for x in (q, k, v))
@@ -105,34 +121,61 @@ def block_part(q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, ke
     inside = inside.tril() if causal else inside
     real = _real_positions(n, stride, key_padding_mask, q.device)[:, :, None, :]  # (b|1, r, 1, c)
     allowed = inside & real
-    pattern = Pattern(allowed if key_padding_mask is None else rearrange(
-        allowed[:, None].expand(b, h, *allowed.shape[1:]), "b h r i j -> (b h) r i j"))
+    pattern = Pattern(
+        allowed
+        if key_padding_mask is None
+        else rearrange(allowed[:, None].expand(b, h, *allowed.shape[1:]), "b h r i j -> (b h) r i j")
+    )
     part = partial_attention(qr, kr, vr, pattern)
-    return Partial(out=rearrange(part.out, "(b h) r c e -> b h (r c) e", b=b)[:, :, :n],
-                   lse=rearrange(part.lse, "(b h) r c -> b h (r c)", b=b)[:, :, :n])
+    return Partial(
+        out=rearrange(part.out, "(b h) r c e -> b h (r c) e", b=b)[:, :, :n],
+        lse=rearrange(part.lse, "(b h) r c -> b h (r c)", b=b)[:, :, :n],
+    )
 
 
-def summary_part(q: Tensor, k: Tensor, v: Tensor, *, stride: int, summary: int, causal: bool,
-                 key_padding_mask: Tensor | None, exclude_own_block: bool) -> Partial:
+def summary_part(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    stride: int,
+    summary: int,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    exclude_own_block: bool,
+) -> Partial:
     """The last `summary` positions of every block, gathered once: N x (N * summary / l) scores."""
     b, h, n, _ = q.shape
     summary = min(summary, stride)
-    ks, vs = (rearrange(_as_grid(x, stride)[:, :, :, stride - summary:], "b h r s d -> (b h) 1 (r s) d") for x in (k, v))
+    ks, vs = (
+        rearrange(_as_grid(x, stride)[:, :, :, stride - summary :], "b h r s d -> (b h) 1 (r s) d") for x in (k, v)
+    )
     qs = rearrange(pad_sequence(q, 0, -n % stride), "b h n d -> (b h) 1 n d")
     rows = ks.shape[-2] // summary
     query_pos = torch.arange(rows * stride, device=q.device)[:, None]  # (n, 1)
-    key_pos = (torch.arange(rows, device=q.device)[:, None] * stride + torch.arange(stride - summary, stride, device=q.device))
+    key_pos = torch.arange(rows, device=q.device)[:, None] * stride + torch.arange(
+        stride - summary, stride, device=q.device
+    )
     key_pos = key_pos.reshape(1, -1)  # (1, r*s)
-    allowed = key_pos <= query_pos if causal else torch.ones(query_pos.shape[0], key_pos.shape[1], dtype=torch.bool, device=q.device)
+    allowed = (
+        key_pos <= query_pos
+        if causal
+        else torch.ones(query_pos.shape[0], key_pos.shape[1], dtype=torch.bool, device=q.device)
+    )
     if exclude_own_block:
         allowed = allowed & (key_pos // stride != query_pos // stride)
-    real = _real_positions(n, stride, key_padding_mask, q.device)[:, :, stride - summary:]  # (b|1, r, s)
+    real = _real_positions(n, stride, key_padding_mask, q.device)[:, :, stride - summary :]  # (b|1, r, s)
     allowed = allowed[None] & rearrange(real, "b r s -> b 1 (r s)")  # (b|1, n, r*s)
-    pattern = Pattern(allowed[:, None] if key_padding_mask is None else rearrange(
-        allowed[:, None].expand(b, h, *allowed.shape[1:]), "b h i j -> (b h) 1 i j"))
+    pattern = Pattern(
+        allowed[:, None]
+        if key_padding_mask is None
+        else rearrange(allowed[:, None].expand(b, h, *allowed.shape[1:]), "b h i j -> (b h) 1 i j")
+    )
     part = partial_attention(qs, ks, vs, pattern)
-    return Partial(out=rearrange(part.out, "(b h) 1 n e -> b h n e", b=b)[:, :, :n],
-                   lse=rearrange(part.lse, "(b h) 1 n -> b h n", b=b)[:, :, :n])
+    return Partial(
+        out=rearrange(part.out, "(b h) 1 n e -> b h n e", b=b)[:, :, :n],
+        lse=rearrange(part.lse, "(b h) 1 n -> b h n", b=b)[:, :, :n],
+    )
 
 
 def strided_support(n: int, *, stride: int, pattern: str, summary: int, causal: bool) -> Tensor:
@@ -163,9 +206,15 @@ class StridedAttention(FlexBackend, AttentionVariant):
     )
     hyperparameters = {
         "stride": Hyperparameter(None, "l: stride and local length (default round(sqrt(N)))", minimum=1, optional=True),
-        "pattern": Hyperparameter("strided", "strided: local run + every l-th; fixed: own block + block summaries",
-                                  kind=str, choices=("strided", "fixed")),
-        "summary": Hyperparameter(8, "fixed pattern: the last `summary` positions of each block are seen by all", minimum=1),
+        "pattern": Hyperparameter(
+            "strided",
+            "strided: local run + every l-th; fixed: own block + block summaries",
+            kind=str,
+            choices=("strided", "fixed"),
+        ),
+        "summary": Hyperparameter(
+            8, "fixed pattern: the last `summary` positions of each block are seen by all", minimum=1
+        ),
         "factorize": Hyperparameter(False, "split the two parts across heads (even: first, odd: second)", kind=bool),
         "backend": BACKEND,
     }
@@ -182,7 +231,8 @@ class StridedAttention(FlexBackend, AttentionVariant):
         else:
             first = lambda x, y, z: block_part(x, y, z, **options)  # noqa: E731
             second = lambda x, y, z, exclusive: summary_part(  # noqa: E731
-                x, y, z, summary=self.summary, exclude_own_block=exclusive, **options)
+                x, y, z, summary=self.summary, exclude_own_block=exclusive, **options
+            )
         if not self.factorize:
             return combine([first(q, k, v), second(q, k, v, True)])
         out = q.new_zeros(*q.shape[:-1], v.shape[-1])

@@ -14,7 +14,6 @@ import argparse
 import sys
 
 import torch
-
 from attnbench.inputs import make_inputs
 from attnbench.machine import retain_freed_memory
 from attnbench.metrics import error_metrics
@@ -43,21 +42,34 @@ def main() -> int:
     print("| N | causal | implementation | time ms (median ± IQR) | ours faster by | err vs uniform |")
     print("|---|---|---|---|---|---|")
     for n, causal in ((args.seq_len, False), (args.causal_seq_len, True)):
-        inputs = make_inputs("gaussian", {}, batch=1, heads=args.heads, seq_len=n, head_dim=args.head_dim,
-                             dtype=torch.float32, device=cpu, seed=0)
+        inputs = make_inputs(
+            "gaussian",
+            {},
+            batch=1,
+            heads=args.heads,
+            seq_len=n,
+            head_dim=args.head_dim,
+            dtype=torch.float32,
+            device=cpu,
+            seed=0,
+        )
         q, k, v = inputs.q, inputs.k, inputs.v
         theirs = FastAttention(dim_heads=args.head_dim, nb_features=args.features, causal=causal).eval()
         ours = registry.create("performer", features=args.features)
         with torch.no_grad():
             reference = exact_reference(q, k, v, causal=causal, key_padding_mask=None)
             rows = []
-            for label, fn in [("performer-pytorch FastAttention", lambda: theirs(q, k, v)),
-                              ("attnbench performer", lambda: ours(q, k, v, causal=causal))]:
+            for label, fn in [
+                ("performer-pytorch FastAttention", lambda: theirs(q, k, v)),
+                ("attnbench performer", lambda: ours(q, k, v, causal=causal)),
+            ]:
                 rows.append((label, time_call(fn, cpu, min_run_time=args.min_run_time), error_metrics(fn(), reference)))
         for label, timing, error in rows:
             ratio = rows[0][1].median_s / rows[1][1].median_s
-            print(f"| {n} | {causal} | {label} | {timing.median_s * 1e3:.1f} ± {timing.iqr_s * 1e3:.1f} | "
-                  f"{ratio:.2f}× | {error.vs_uniform:.3f} |")
+            print(
+                f"| {n} | {causal} | {label} | {timing.median_s * 1e3:.1f} ± {timing.iqr_s * 1e3:.1f} | "
+                f"{ratio:.2f}× | {error.vs_uniform:.3f} |"
+            )
     return 0
 
 

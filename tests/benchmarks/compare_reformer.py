@@ -16,13 +16,12 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
-
 from attnbench.machine import retain_freed_memory
 from attnbench.metrics import error_metrics
 from attnbench.reference import Reference
 from attnbench.registry import registry
 from attnbench.timing import time_call
+from einops import rearrange
 
 
 def main() -> int:
@@ -49,7 +48,9 @@ def main() -> int:
 
     theirs = ReformerLSH(bucket_size=bucket, n_hashes=args.n_hashes, causal=False).eval()
     qk_flat, v_flat = (rearrange(t, "b h n d -> (b h) n d") for t in (q, v))
-    ours_paper = registry.create("lsh", shared_qk=True, bucket_size=bucket, n_hashes=args.n_hashes, n_buckets=n // bucket)
+    ours_paper = registry.create(
+        "lsh", shared_qk=True, bucket_size=bucket, n_hashes=args.n_hashes, n_buckets=n // bucket
+    )
     ours_default = registry.create("lsh", shared_qk=True, bucket_size=bucket, n_hashes=args.n_hashes)
 
     def run_theirs() -> torch.Tensor:
@@ -60,22 +61,33 @@ def main() -> int:
     keys = F.normalize(q, dim=-1)
     self_mask = ~torch.eye(n, dtype=torch.bool)
     with torch.no_grad():
-        exact = torch.cat([F.scaled_dot_product_attention(q[:, :, s:s + 1024].double(), keys.double(), v.double(),
-                                                          attn_mask=self_mask[s:s + 1024]) for s in range(0, n, 1024)], 2)
+        exact = torch.cat(
+            [
+                F.scaled_dot_product_attention(
+                    q[:, :, s : s + 1024].double(), keys.double(), v.double(), attn_mask=self_mask[s : s + 1024]
+                )
+                for s in range(0, n, 1024)
+            ],
+            2,
+        )
         reference = Reference(output=exact, uniform=v.double().mean(dim=2, keepdim=True).expand_as(exact))
         rows = []
-        for label, fn in [("reformer-pytorch LSHAttention", run_theirs),
-                          (f"attnbench lsh (n_buckets={n // bucket})", lambda: ours_paper(q, q, v)),
-                          ("attnbench lsh (default n_buckets)", lambda: ours_default(q, q, v))]:
+        for label, fn in [
+            ("reformer-pytorch LSHAttention", run_theirs),
+            (f"attnbench lsh (n_buckets={n // bucket})", lambda: ours_paper(q, q, v)),
+            ("attnbench lsh (default n_buckets)", lambda: ours_default(q, q, v)),
+        ]:
             timing = time_call(fn, cpu, min_run_time=args.min_run_time)
             rows.append((label, timing, error_metrics(fn(), reference)))
     base = rows[0][1].median_s
     print(f"N={n}, H={h}, D={d}, bucket_size={bucket}, n_hashes={args.n_hashes}, threads={torch.get_num_threads()}")
-    print(f"| implementation | time ms (median ± IQR) | speedup vs reformer-pytorch | err vs uniform | rel Frobenius |")
+    print("| implementation | time ms (median ± IQR) | speedup vs reformer-pytorch | err vs uniform | rel Frobenius |")
     print("|---|---|---|---|---|")
     for label, timing, error in rows:
-        print(f"| {label} | {timing.median_s * 1e3:.1f} ± {timing.iqr_s * 1e3:.1f} | {base / timing.median_s:.2f}× "
-              f"| {error.vs_uniform:.3f} | {error.rel_fro:.3f} |")
+        print(
+            f"| {label} | {timing.median_s * 1e3:.1f} ± {timing.iqr_s * 1e3:.1f} | {base / timing.median_s:.2f}× "
+            f"| {error.vs_uniform:.3f} | {error.rel_fro:.3f} |"
+        )
     return 0
 
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
 from attnbench import AttentionVariant, Hyperparameter
+from torch import Tensor
 
 
 class ChunkedAttention(AttentionVariant):
