@@ -172,13 +172,13 @@ class PerformerAttention(AttentionVariant):
             block_state = log_k.sub_(new_top).exp_().transpose(-1, -2) @ with_ones(v[:, :, start : start + block], work)
             state = block_state if state is None else state.mul_((top - new_top).exp()).add_(block_state)
             top = new_top
-        outputs = []
+        out = v.new_empty(*q.shape[:-1], v.shape[-1], dtype=work)  # written block by block: no concatenation
         for start in range(0, q.shape[-2], block):
             log_q = self._projected(q[:, :, start : start + block].to(work))
             phi_q = log_q.sub_(log_q.amax(dim=-1, keepdim=True)).exp_()
             total = phi_q @ state  # (b, h, n, m) @ (b, h, m, e + 1)
-            outputs.append(total[..., :-1] / total[..., -1:].clamp(min=self.eps))
-        return torch.cat(outputs, dim=2).to(v.dtype)
+            torch.div(total[..., :-1], total[..., -1:].clamp(min=self.eps), out=out[:, :, start : start + block])
+        return out.to(v.dtype)
 
     def cost(self, shape: Shape) -> Cost:
         projection = 2 * (shape.n_q + shape.n_k) * shape.head_dim * self.features
