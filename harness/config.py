@@ -71,36 +71,18 @@ class Cell:
     seed: int
     padding: float
 
+    def _setting(self) -> tuple:
+        """Everything but the variant, the mode and N."""
+        return (self.device, self.dtype, self.causal, self.input, self.seed, self.padding,
+                self.batch, self.heads, self.head_dim)  # fmt: skip
+
     def input_key(self) -> tuple:
         """Cells with equal input keys share Q, K, V and the exact reference."""
-        return (
-            self.device,
-            self.dtype,
-            self.causal,
-            self.input,
-            self.seed,
-            self.padding,
-            self.batch,
-            self.heads,
-            self.head_dim,
-            self.seq_len,
-        )
+        return (*self._setting(), self.seq_len)
 
     def budget_key(self) -> tuple:
         """Cells that differ only in N: once one is over the time budget, the larger ones are skipped."""
-        return (
-            self.variant,
-            self.device,
-            self.dtype,
-            self.causal,
-            self.mode,
-            self.input,
-            self.seed,
-            self.padding,
-            self.batch,
-            self.heads,
-            self.head_dim,
-        )
+        return (self.variant, self.mode, *self._setting())
 
     def key(self) -> str:
         """A stable text key for the cell (for matching runs and resuming)."""

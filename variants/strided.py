@@ -28,6 +28,7 @@ from attnbench.variants.blocks import (
     Partial,
     Pattern,
     combine,
+    expand_over_heads,
     key_validity_windows,
     key_windows,
     pad_sequence,
@@ -99,11 +100,7 @@ def column_part(
     rows = qc.shape[-2]
     real = rearrange(_real_positions(n, stride, key_padding_mask, q.device), "b r c -> b c 1 r")  # keys
     allowed = _column_rows(rows, causal, include_self, q.device) & real  # (b|1, c, r, r)
-    pattern = Pattern(
-        allowed
-        if key_padding_mask is None
-        else rearrange(allowed[:, None].expand(b, h, *allowed.shape[1:]), "b h c i j -> (b h) c i j")
-    )
+    pattern = Pattern(allowed if key_padding_mask is None else expand_over_heads(allowed, h))
     part = partial_attention(qc, kc, vc, pattern)
     return Partial(
         out=rearrange(part.out, "(b h) c r e -> b h (r c) e", b=b)[:, :, :n],
@@ -121,11 +118,7 @@ def block_part(
     inside = inside.tril() if causal else inside
     real = _real_positions(n, stride, key_padding_mask, q.device)[:, :, None, :]  # (b|1, r, 1, c)
     allowed = inside & real
-    pattern = Pattern(
-        allowed
-        if key_padding_mask is None
-        else rearrange(allowed[:, None].expand(b, h, *allowed.shape[1:]), "b h r i j -> (b h) r i j")
-    )
+    pattern = Pattern(allowed if key_padding_mask is None else expand_over_heads(allowed, h))
     part = partial_attention(qr, kr, vr, pattern)
     return Partial(
         out=rearrange(part.out, "(b h) r c e -> b h (r c) e", b=b)[:, :, :n],
@@ -166,11 +159,7 @@ def summary_part(
         allowed = allowed & (key_pos // stride != query_pos // stride)
     real = _real_positions(n, stride, key_padding_mask, q.device)[:, :, stride - summary :]  # (b|1, r, s)
     allowed = allowed[None] & rearrange(real, "b r s -> b 1 (r s)")  # (b|1, n, r*s)
-    pattern = Pattern(
-        allowed[:, None]
-        if key_padding_mask is None
-        else rearrange(allowed[:, None].expand(b, h, *allowed.shape[1:]), "b h i j -> (b h) 1 i j")
-    )
+    pattern = Pattern(allowed[:, None] if key_padding_mask is None else expand_over_heads(allowed[:, None], h))
     part = partial_attention(qs, ks, vs, pattern)
     return Partial(
         out=rearrange(part.out, "(b h) 1 n e -> b h n e", b=b)[:, :, :n],
