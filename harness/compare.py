@@ -7,13 +7,12 @@ than a relative floor; smaller moves are noise, not regressions.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 from attnbench.results import read_results
-from attnbench.summary import markdown_table
+from attnbench.summary import format_number, markdown_table
 
 NOISE_FLOOR = 0.03  # relative changes below 3% are never called, whatever the IQR
 
@@ -98,18 +97,17 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
     if table.empty:
         lines.append("No cell ran ok in both runs.")
         return "\n".join(lines)
-    fmt = lambda v, spec: "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)  # noqa: E731
     rows = [
         [
             r.label,
             str(r.seq_len),
             f"{r.device}/{r.dtype}/{r.mode}{'/causal' if r.causal else ''}",
             r.input,
-            fmt(r.time_a_ms, ".2f"),
-            fmt(r.time_b_ms, ".2f"),
-            fmt(r.time_ratio, ".3f"),
-            fmt(r.memory_ratio, ".3f"),
-            f"{fmt(r.error_a, '.3g')} → {fmt(r.error_b, '.3g')}",
+            format_number(r.time_a_ms, ".2f"),
+            format_number(r.time_b_ms, ".2f"),
+            format_number(r.time_ratio, ".3f"),
+            format_number(r.memory_ratio, ".3f"),
+            f"{format_number(r.error_a, '.3g')} → {format_number(r.error_b, '.3g')}",
             r.verdict,
         ]
         for r in table.itertuples()

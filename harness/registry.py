@@ -55,10 +55,6 @@ class Registry:
         self.group = group
         self._entries: dict[str, Entry] | None = None
 
-    def refresh(self) -> None:
-        """Forget what was discovered (e.g. after installing a plugin into the running interpreter)."""
-        self._entries = None
-
     @property
     def entries(self) -> dict[str, Entry]:
         if self._entries is None:

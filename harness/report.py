@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from attnbench.analysis import crossover_table, efficiency, scaling_table
 from attnbench.plots import plot_error, plot_pareto, plot_versus_n, variant_palette
 from attnbench.reference import LOCALITY_WINDOW
 from attnbench.results import read_results
-from attnbench.summary import BASELINE, markdown_table
+from attnbench.summary import BASELINE, format_number, markdown_table
 
 GROUP_COLUMNS = ["device", "dtype", "mode", "causal", "batch", "heads", "head_dim", "input"]
 MIB = 2**20
@@ -35,10 +34,6 @@ class Block:
     level: int = 2
     headers: list[str] | None = None
     rows: list[list[str]] | None = None
-
-
-def _number(value: float, spec: str) -> str:
-    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
 def _pivot(cells: pd.DataFrame, formatter) -> tuple[list[str], list[list[str]]]:
@@ -69,17 +64,21 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
     blocks = [Block("heading", heading, level=2)]
     base = cells[(cells.variant == BASELINE) & (cells.status == "ok")].set_index("seq_len")
 
-    def relative(row: pd.Series, column: str) -> float:
+    def to_base(row: pd.Series, column: str) -> float:
+        """This cell's `column` over the baseline's at the same N (NaN without a baseline)."""
         if row.seq_len not in base.index or not base.loc[row.seq_len, column]:
             return float("nan")
-        return base.loc[row.seq_len, column] / row[column]
+        return row[column] / base.loc[row.seq_len, column]
+
+    def speedup(row: pd.Series) -> float:
+        return 1 / to_base(row, "time_median_s")
 
     headers, rows = _pivot(cells, lambda r: f"{r.time_median_s * 1e3:.2f} ± {r.time_iqr_s * 1e3:.2f}")
     blocks += [
         Block("text", "Time per call, ms (median ± IQR over repeats)."),
         Block("table", headers=headers, rows=rows),
     ]
-    headers, rows = _pivot(cells, lambda r: _number(relative(r, "time_median_s"), ".2f") + "×")
+    headers, rows = _pivot(cells, lambda r: format_number(speedup(r), ".2f") + "×")
     blocks += [
         Block("text", f"Speedup against `{BASELINE}` (its time / this time)."),
         Block("table", headers=headers, rows=rows),
@@ -87,8 +86,7 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
     headers, rows = _pivot(
         cells,
         lambda r: (
-            f"{_number(r.peak_mem_bytes / MIB, '.1f')} "
-            f"({_number(1 / relative(r, 'peak_mem_bytes') if relative(r, 'peak_mem_bytes') else float('nan'), '.2f')}×)"
+            f"{format_number(r.peak_mem_bytes / MIB, '.1f')} ({format_number(to_base(r, 'peak_mem_bytes'), '.2f')}×)"
         ),
     )
     blocks += [
@@ -97,8 +95,9 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
     ]
     headers, rows = _pivot(
         cells,
-        lambda r: (
-            f"{_number(r.err_vs_uniform, '.3g')} / {_number(r.err_rel_fro, '.2e')} / {_number(r.err_row_cosine, '.3f')}"
+        lambda r: " / ".join(
+            format_number(value, spec)
+            for value, spec in ((r.err_vs_uniform, ".3g"), (r.err_rel_fro, ".2e"), (r.err_row_cosine, ".3f"))
         ),
     )
     blocks += [
@@ -123,7 +122,7 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
         ]
     exact_patterns = cells[cells.dropped_mass.notna()]
     if len(exact_patterns):
-        headers, rows = _pivot(exact_patterns, lambda r: _number(r.dropped_mass, ".3g"))
+        headers, rows = _pivot(exact_patterns, lambda r: format_number(r.dropped_mass, ".3g"))
         blocks += [
             Block(
                 "text",
@@ -133,7 +132,7 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
             Block("table", headers=headers, rows=rows),
         ]
     with_efficiency = cells.assign(efficiency=efficiency(cells, peaks))
-    headers, rows = _pivot(with_efficiency, lambda r: _number(100 * r.efficiency, ".1f") + "%")
+    headers, rows = _pivot(with_efficiency, lambda r: format_number(100 * r.efficiency, ".1f") + "%")
     blocks += [
         Block(
             "text",
@@ -146,7 +145,7 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
     scaling = scaling_table(cells)
     if len(scaling):
         rows = [
-            [r.label, r.n_range, _number(r.time_slope, ".2f"), _number(r.memory_slope, ".2f")]
+            [r.label, r.n_range, format_number(r.time_slope, ".2f"), format_number(r.memory_slope, ".2f")]
             for r in scaling.itertuples()
         ]
         blocks += [
@@ -196,9 +195,9 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
         plot_error(cells, f"Error — {heading}", plots_dir / f"{slug}-error.png", palette),
     ]
     for n, at_n in cells[cells.status == "ok"].groupby("seq_len"):
-        points = at_n.assign(
-            speedup=at_n.apply(lambda r: relative(r, "time_median_s"), axis=1), error=at_n.err_vs_uniform
-        )[["label", "speedup", "error"]].dropna()
+        points = at_n.assign(speedup=at_n.apply(speedup, axis=1), error=at_n.err_vs_uniform)[
+            ["label", "speedup", "error"]
+        ].dropna()
         if len(points):
             images.append(
                 plot_pareto(

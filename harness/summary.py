@@ -13,9 +13,10 @@ BASELINE = "full"
 GROUP_COLUMNS = ["device", "dtype", "causal", "mode", "input", "batch", "heads", "head_dim"]
 
 
-def _fmt(value: float | None, spec: str, missing: str = "–") -> str:
+def format_number(value: float | None, spec: str) -> str:
+    """`value` formatted with `spec`, or a dash when it is missing (None or NaN)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return missing
+        return "–"
     return format(value, spec)
 
 
@@ -43,12 +44,13 @@ def summary_tables(frame: pd.DataFrame) -> str:
                     [
                         cell.label,
                         "ok",
-                        f"{_fmt(cell.time_median_s * 1e3, '.2f')} ± {_fmt(cell.time_iqr_s * 1e3, '.2f')}",
-                        _fmt(base_time / cell.time_median_s, ".2f") + "×",
-                        _fmt(cell.peak_mem_bytes / 2**20, ".1f"),
-                        _fmt(cell.peak_mem_bytes / base_mem if base_mem else float("nan"), ".2f") + "×",
-                        _fmt(cell.err_vs_uniform, ".3g"),
-                        f"rel {_fmt(cell.err_rel_fro, '.2e')}; {cell.self_check}".rstrip("; "),
+                        f"{format_number(cell.time_median_s * 1e3, '.2f')} ± "
+                        f"{format_number(cell.time_iqr_s * 1e3, '.2f')}",
+                        format_number(base_time / cell.time_median_s, ".2f") + "×",
+                        format_number(cell.peak_mem_bytes / 2**20, ".1f"),
+                        format_number(cell.peak_mem_bytes / base_mem if base_mem else float("nan"), ".2f") + "×",
+                        format_number(cell.err_vs_uniform, ".3g"),
+                        f"rel {format_number(cell.err_rel_fro, '.2e')}; {cell.self_check}".rstrip("; "),
                     ]
                 )
             headers = [
@@ -65,7 +67,7 @@ def summary_tables(frame: pd.DataFrame) -> str:
         scaling = scaling_table(group_frame)
         if len(scaling) and (scaling.points > 1).any():
             rows = [
-                [r.label, r.n_range, _fmt(r.time_slope, ".2f"), _fmt(r.memory_slope, ".2f")]
+                [r.label, r.n_range, format_number(r.time_slope, ".2f"), format_number(r.memory_slope, ".2f")]
                 for r in scaling.itertuples()
                 if r.points > 1
             ]
