@@ -131,4 +131,5 @@ def read_results(run_dir: Path) -> pd.DataFrame:
     data = (run_dir / "results.csv").read_text()
     complete = data[: data.rfind("\n") + 1]  # a row cut short by a kill has no line end yet
     frame = pd.read_csv(io.StringIO(complete), on_bad_lines="skip", dtype=text_columns)
+    frame = frame.reindex(columns=COLUMNS)  # a run written before a column existed reads it as missing
     return frame.fillna({column: "" for column in text_columns})

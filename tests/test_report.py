@@ -78,6 +78,15 @@ def test_report_slopes_and_crossovers_recover_the_constructed_curves(tmp_path: P
     assert "| band | N ≈ 1,000 (between 512 and 1024) | already at N=512 (smallest swept) |" in text
 
 
+def test_report_of_a_run_written_before_newer_columns(tmp_path: Path) -> None:
+    import pandas as pd
+
+    run = synthetic_run(tmp_path / "run")
+    old = pd.read_csv(run / "results.csv").drop(columns=["input_entropy", "input_band_mass", "dropped_mass"])
+    old.to_csv(run / "results.csv", index=False)
+    assert "Time per call" in write_report(run).read_text()
+
+
 def test_crossover_interpolates_in_log_log() -> None:
     assert crossover([100, 400], [2.0, 0.5])[0] == pytest.approx(200)
     assert crossover([100, 400], [2.0, 1.5]) == (None, "not within the swept range (N ≤ 400)")
