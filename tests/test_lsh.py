@@ -118,3 +118,68 @@ def test_gradcheck_through_the_attention() -> None:
     assert torch.autograd.gradcheck(lambda q, k, v: variant(q, k, v), (q, k, v))
     shared = registry.create("lsh", n_buckets=1, bucket_size=8, n_hashes=2, shared_qk=True)
     assert torch.autograd.gradcheck(lambda q, v: shared(q, q, v, causal=True), (q, v))
+
+
+def union_of_rounds(buckets_q: torch.Tensor, buckets_k: torch.Tensor, chunk: int, back: int, forward: int, causal: bool):
+    """(b, h, r, n) buckets -> (b, h, n, n) bool: pairs that meet in any round, derived here from the definition.
+
+    Non-causal: sort each round by (bucket, position), chunk index = rank // chunk, a query sees key chunks
+    [its chunk - back, its chunk + forward]. Causal: each bucket chunked on its own (rank within the bucket),
+    and only keys of the query's bucket, at or before it.
+    """
+    n = buckets_q.shape[-1]
+    positions = torch.arange(n)
+
+    def chunk_index(buckets: torch.Tensor) -> torch.Tensor:
+        if causal:  # rank among earlier positions of the same bucket; buckets never share a chunk
+            same = buckets[..., :, None] == buckets[..., None, :]  # (b, h, r, n, n)
+            return (same & (positions[None, :] < positions[:, None])).sum(-1) // chunk
+        order = (buckets * n + positions).argsort(dim=-1)
+        return order.argsort(dim=-1) // chunk  # rank of each position in sorted order, as a chunk
+
+    query_chunk, key_chunk = chunk_index(buckets_q), chunk_index(buckets_k)
+    offset = key_chunk[..., None, :] - query_chunk[..., :, None]  # (b, h, r, n, n)
+    meets = (offset >= -back) & (offset <= forward)
+    if causal:
+        meets &= buckets_q[..., :, None] == buckets_k[..., None, :]
+        meets &= positions[None, :] <= positions[:, None]
+    return meets.any(dim=2)
+
+
+@pytest.mark.parametrize(
+    "shared_qk, causal, n, bucket_size, look",
+    [
+        (False, False, 100, 8, (1, 0)),
+        (False, False, 160, 16, (1, 1)),
+        (True, False, 77, 8, (1, 0)),
+        (True, False, 150, 8, (2, 1)),
+        (True, True, 90, 8, (1, 0)),
+    ],
+)
+@pytest.mark.parametrize("padded", [False, True])
+def test_each_pair_met_in_any_round_counts_once(
+    shared_qk: bool, causal: bool, n: int, bucket_size: int, look: tuple[int, int], padded: bool
+) -> None:
+    # the general case, many buckets and rounds, against a dense reference built from the same buckets
+    q, k, v = qkv(n, seed=4)
+    keys = F.normalize(q, dim=-1) if shared_qk else k
+    variant = registry.create(
+        "lsh", bucket_size=bucket_size, n_buckets=6, n_hashes=4, shared_qk=shared_qk,
+        look_backward=look[0], look_forward=look[1], seed=5,
+    )  # fmt: skip
+    rotations = variant.rotations(q.shape[-1], 6, q.device)
+    buckets_q = hash_buckets(q, rotations)
+    buckets_k = buckets_q if shared_qk else hash_buckets(k, rotations)
+    allowed = union_of_rounds(buckets_q, buckets_k, bucket_size, *look, causal)
+    mask = torch.arange(n)[None, :] >= torch.tensor([n - n // 4, n])[:, None] if padded else None
+    if mask is not None:
+        allowed &= ~mask[:, None, None, :]
+    if shared_qk:  # itself only when nothing else is visible
+        allowed &= ~torch.eye(n, dtype=torch.bool)
+    expected = dense_masked_attention(q, keys, v, allowed)
+    if shared_qk:
+        alone = ~allowed.any(dim=-1, keepdim=True)
+        expected = torch.where(alone, v, expected)
+    assert allowed.float().mean() < 0.8, "the test should exercise sparse supports"
+    got = variant(q, k, v, causal=causal, key_padding_mask=mask)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
