@@ -120,7 +120,9 @@ def test_gradcheck_through_the_attention() -> None:
     assert torch.autograd.gradcheck(lambda q, v: shared(q, q, v, causal=True), (q, v))
 
 
-def union_of_rounds(buckets_q: torch.Tensor, buckets_k: torch.Tensor, chunk: int, back: int, forward: int, causal: bool):
+def union_of_rounds(
+    buckets_q: torch.Tensor, buckets_k: torch.Tensor, chunk: int, back: int, forward: int, causal: bool
+) -> torch.Tensor:
     """(b, h, r, n) buckets -> (b, h, n, n) bool: pairs that meet in any round, derived here from the definition.
 
     Non-causal: sort each round by (bucket, position), chunk index = rank // chunk, a query sees key chunks
