@@ -10,6 +10,7 @@ x - batch-like axis (b*h), n - block index, i - query in block, j - key in windo
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,12 +69,46 @@ def expand_over_heads(mask: Tensor, heads: int) -> Tensor:
 
 
 class Pattern:
-    """A boolean support (broadcastable to (x, y, i, j)), with what the kernels need derived once and kept."""
+    """A boolean support (broadcastable to (x, y, i, j)), with what the kernels need derived once and kept.
+
+    Give `allowed`, or (for supports built as a float bias in place, as LSH does) `Pattern.from_bias`.
+    """
 
     def __init__(self, allowed: Tensor) -> None:
-        self.allowed = allowed
-        self.has_key = allowed.any(dim=-1)  # (.., i)
+        self._allowed: Tensor | None = allowed
         self._biases: dict[torch.dtype, Tensor] = {}
+
+    @classmethod
+    def from_bias(cls, bias: Tensor) -> "Pattern":
+        """A support given as its additive bias: 0 where allowed, -inf elsewhere (rows with no key are zeroed)."""
+        pattern = cls.__new__(cls)
+        pattern._allowed = None
+        pattern.has_key = bias.amax(dim=-1) > float("-inf")  # a vectorized max: faster than any() on bools
+        pattern._biases = {bias.dtype: pattern._without_nan_rows(bias)}
+        return pattern
+
+    @functools.cached_property
+    def allowed(self) -> Tensor:
+        if self._allowed is None:  # built from a bias; rows with no key were zeroed there
+            bias = next(iter(self._biases.values()))
+            self._allowed = (bias == 0) & self.has_key[..., None]
+        return self._allowed
+
+    @functools.cached_property
+    def has_key(self) -> Tensor:
+        """(..., i) bool: the query sees at least one key."""
+        return self.allowed.any(dim=-1)
+
+    @functools.cached_property
+    def complete(self) -> bool:
+        """Every query sees at least one key (nothing to zero after the kernel)."""
+        return bool(self.has_key.all())
+
+    def _without_nan_rows(self, bias: Tensor) -> Tensor:
+        """A row with no allowed key all zeros instead of all -inf (no NaN; its output is zeroed after)."""
+        if not self.complete:
+            bias.masked_fill_(~self.has_key[..., None], 0.0)
+        return bias
 
     def bias(self, dtype: torch.dtype) -> Tensor:
         """0 where allowed, -inf elsewhere; a row with no allowed key is all zeros (no NaN; zeroed after).
@@ -81,11 +116,11 @@ class Pattern:
         SDPA's fused CPU kernel takes a float mask as it is; a bool mask would be converted on every call.
         """
         if dtype not in self._biases:
-            zero = torch.zeros((), dtype=dtype, device=self.allowed.device)
-            bias = torch.where(self.allowed, zero, float("-inf"))
-            if not bool(self.has_key.all()):
-                bias.masked_fill_(~self.has_key[..., None], 0.0)
-            self._biases[dtype] = bias
+            if self._biases:  # built from a bias of another dtype
+                self._biases[dtype] = next(iter(self._biases.values())).to(dtype)
+            else:
+                zero = torch.zeros((), dtype=dtype, device=self.allowed.device)
+                self._biases[dtype] = self._without_nan_rows(torch.where(self.allowed, zero, float("-inf")))
         return self._biases[dtype]
 
     def restricted_to(self, valid_keys: Tensor | None, heads: int) -> "Pattern":
@@ -126,22 +161,30 @@ def partial_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern) -> Part
         lse = torch.logsumexp(scores.to(accumulate), dim=-1)
         weights = torch.exp(scores - lse[..., None].to(scores.dtype)).masked_fill(~allowed, 0.0)
         out = einsum(weights, v, "... i j, ... j e -> ... i e")
+    lse = lse.to(accumulate)
+    if pattern.complete:
+        return Partial(out=out, lse=lse)
     has_key = pattern.has_key.expand(lse.shape)
-    return Partial(
-        out=out.masked_fill(~has_key[..., None], 0.0), lse=lse.to(accumulate).masked_fill(~has_key, float("-inf"))
-    )
+    return Partial(out=out.masked_fill(~has_key[..., None], 0.0), lse=lse.masked_fill(~has_key, float("-inf")))
 
 
-def combine(parts: list[Partial]) -> Tensor:
-    """One softmax over the union of the parts' (disjoint) supports: weight each part by exp(lse - max).
+def merge_partials(outs: Sequence[Tensor], lse: Tensor) -> Tensor:
+    """One softmax over the union of p parts' (disjoint) supports: weight each part by its share of exp(lse).
 
-    A query that sees no key in any part outputs zeros.
+    outs: p tensors (..., i, e), each normalized over its part; lse: (p, ..., i). A query that sees no key in
+    any part outputs zeros.
     """
-    lse = torch.stack([part.lse for part in parts])  # (p, ..., i)
     top = lse.amax(dim=0).detach()
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     weights = torch.exp(lse - top)  # (p, ..., i); 0 for parts with no key
     total = weights.sum(dim=0)
-    total = torch.where(total > 0, total, torch.ones_like(total))
-    out = sum(w[..., None].to(part.out.dtype) * part.out for w, part in zip(weights, parts))
-    return out / total[..., None].to(parts[0].out.dtype)
+    share = (weights / torch.where(total > 0, total, torch.ones_like(total)))[..., None].to(outs[0].dtype)
+    out = outs[0] * share[0]
+    for part, part_share in zip(outs[1:], share[1:]):
+        out.addcmul_(part, part_share)
+    return out
+
+
+def combine(parts: list[Partial]) -> Tensor:
+    """`merge_partials` for a list of parts."""
+    return merge_partials([part.out for part in parts], torch.stack([part.lse for part in parts]))

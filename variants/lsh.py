@@ -26,14 +26,16 @@ chunk, j - key in window, d - head dim, e - value dim
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
-from attnbench.variants.blocks import Partial, Pattern, combine, partial_attention
-from einops import einsum, rearrange
+from attnbench.variants.blocks import Pattern, merge_partials, partial_attention
+from einops import rearrange
 from torch import Tensor
 
 EMPTY = -1  # a slot of a sorted layout that holds no position
@@ -52,25 +54,34 @@ def default_buckets(n: int, bucket_size: int) -> int:
     return 1 if buckets <= 1 else buckets + buckets % 2
 
 
+HASH_BLOCK_ROWS = 2048  # positions hashed at a time: their rotations stay in cache for the argmax
+
+
 def hash_buckets(x: Tensor, rotations: Tensor | None) -> Tensor:
     """(b, h, n, d) -> (b, h, r, n) bucket ids; `rotations` (d, r, buckets/2), or None for one bucket.
 
-    argmax over [xR; -xR] without building it: the larger of max(xR) and -min(xR) wins.
+    argmax over [xR; -xR] without building it: the largest |xR| wins and its sign picks the half. Rows are
+    rotated a block at a time, so the (rows, r, buckets/2) rotations are reduced while still in cache.
     """
+    b, h, n, d = x.shape
     if rotations is None:
-        return x.new_zeros(x.shape[0], x.shape[1], 1, x.shape[2], dtype=torch.long)
-    rotated = einsum(x, rotations.to(x.dtype), "b h n d, d r k -> b h r n k")
-    index = rotated.abs().argmax(dim=-1, keepdim=True)  # the largest |xR| wins; its sign picks the half
-    negative = rotated.gather(-1, index) < 0
-    return (index + negative * rotated.shape[-1]).squeeze(-1)
+        return x.new_zeros(b, h, 1, n, dtype=torch.long)
+    rounds, half = rotations.shape[1:]
+    flat_rotations = rearrange(rotations.to(x.dtype), "d r k -> d (r k)")
+    rows = rearrange(x, "b h n d -> (b h n) d")
+    buckets = torch.empty(rows.shape[0], rounds, dtype=torch.long, device=x.device)
+    for start in range(0, rows.shape[0], HASH_BLOCK_ROWS):
+        rotated = (rows[start : start + HASH_BLOCK_ROWS] @ flat_rotations).view(-1, rounds, half)
+        index = rotated.abs().max(dim=-1, keepdim=True).indices  # max beats argmax on the CPU
+        negative = rotated.gather(-1, index) < 0
+        buckets[start : start + HASH_BLOCK_ROWS] = (index + negative * half).squeeze(-1)
+    return rearrange(buckets, "(b h n) r -> b h r n", b=b, h=h)
 
 
 def global_layout(buckets: Tensor, chunk: int) -> Tensor:
     """(b, h, r, n) buckets -> (b, h, r, s) positions in (bucket, position) order, s = n rounded up to chunks."""
-    n = buckets.shape[-1]
-    positions = torch.arange(n, device=buckets.device)
-    order = (buckets * n + positions).argsort(dim=-1)
-    return F.pad(order, (0, -n % chunk), value=EMPTY)
+    order = buckets.sort(dim=-1, stable=True).indices  # stable: by position within a bucket
+    return F.pad(order, (0, -buckets.shape[-1] % chunk), value=EMPTY)
 
 
 def per_bucket_layout(buckets: Tensor, n_buckets: int, chunk: int) -> Tensor:
@@ -128,21 +139,77 @@ def _rows(x: Tensor, index: Tensor) -> Tensor:
     return x.reshape(b * h * n, z).index_select(0, flat.reshape(-1)).view(*index.shape, z)
 
 
+def _gap(key_chunk: Tensor, query_chunk: Tensor, back: int, forward: int) -> Tensor:
+    """How far key chunk - query chunk lies from [-back, forward]: <= back + forward exactly when inside.
+
+    Broadcast (..., 1, j) against (..., i, 1) -> (..., i, j). In uint8 (chunk counts that leave no aliasing,
+    see `_chunk_ids`) one wrapping subtraction on bytes: k - (q - back), where anything left of the range
+    wraps to a large value. Otherwise |2 (k - q) + back - forward| in int32. The minimum over rounds says
+    whether a pair met in any of them.
+    """
+    if key_chunk.dtype == torch.uint8:
+        return key_chunk - (query_chunk - back)
+    return (2 * key_chunk - (2 * query_chunk - back + forward)).abs_()
+
+
 def gather_chunks(x: Tensor, layout: Tensor, chunk: int) -> Tensor:
-    """x (b, h, n, z) in a round's sorted layout (b, h, r, s), as chunks ((b h r), c, i, z)."""
-    return rearrange(_rows(x, layout), "b h r (c i) z -> (b h r) c i z", i=chunk)
+    """x (b, h, n, z) in one round's sorted layout (b, h, s), as chunks ((b h), c, i, z)."""
+    return rearrange(_rows(x, layout), "b h (c i) z -> (b h) c i z", i=chunk)
 
 
 def gather_windows(x: Tensor, layout: Tensor, chunk: int, back: int, forward: int) -> Tensor:
-    """x (b, h, n, z) sorted by `layout` (b, h, r, s), as chunk windows ((b h r), c, window, z).
+    """x (b, h, n, z) sorted by one round's `layout` (b, h, s), as chunk windows ((b h), c, window, z).
 
     One gather writes the sorted rows with `back` and `forward` empty chunks around them, and the windows
     are a strided view of that: no second copy.
     """
-    padded = F.pad(rearrange(layout, "b h r (c i) -> b h r c i", i=chunk), (0, 0, back, forward), value=EMPTY)
-    gathered = rearrange(_rows(x, padded), "b h r c i z -> (b h r) (c i) z")
+    padded = F.pad(rearrange(layout, "b h (c i) -> b h c i", i=chunk), (0, 0, back, forward), value=EMPTY)
+    gathered = rearrange(_rows(x, padded), "b h c i z -> (b h) (c i) z")
     windows = gathered.unfold(1, (back + 1 + forward) * chunk, chunk)  # (x, c, z, window)
     return rearrange(windows, "x c z j -> x c j z")
+
+
+@functools.lru_cache(maxsize=32)
+def window_slots(chunks: int, chunk: int, back: int, forward: int, device: torch.device) -> Tensor:
+    """(c, 1, j): the layout slot of each key of each chunk's window (negative or past the end: outside)."""
+    span = (back + 1 + forward) * chunk
+    return (torch.arange(chunks, device=device)[:, None, None] - back) * chunk + torch.arange(span, device=device)
+
+
+@functools.lru_cache(maxsize=32)
+def _own_chunk_bias(chunk: int, back: int, forward: int, shared_qk: bool, dtype: torch.dtype, device: torch.device):
+    """(i, j): 0, or -inf where a shared-QK query meets itself (its own slot in its own chunk of the window)."""
+    bias = torch.zeros(chunk, (back + 1 + forward) * chunk, dtype=dtype, device=device)
+    if shared_qk:
+        own = torch.arange(chunk, device=device)
+        bias[own, back * chunk + own] = float("-inf")
+    return bias
+
+
+@functools.lru_cache(maxsize=32)
+def _global_base_bias(
+    n: int, slots: int, chunk: int, back: int, forward: int, shared_qk: bool, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """(1, c, i, j) bias of a global layout without padding: the same in every round and call of this size."""
+    real = window_slots(slots // chunk, chunk, back, forward, device)
+    real = (real >= 0) & (real < n)  # (c, 1, j)
+    return torch.where(real, _own_chunk_bias(chunk, back, forward, shared_qk, dtype, device), float("-inf"))[None]
+
+
+@dataclass
+class SortedRounds:
+    """One call's hash rounds: where each position sits in each round's sorted layout, and its bucket."""
+
+    query_layout: Tensor  # (b, h, r, s) position at each slot, EMPTY where none
+    key_layout: Tensor  # (b, h, r, s); the same tensor when queries and keys share one order
+    query_slot: Tensor  # (b, h, r, n) the inverse: slot of each position
+    key_slot: Tensor  # (b, h, r, n)
+    buckets: Tensor | None  # (b, h, r, n) for per-bucket (causal) layouts, whose chunks hold one bucket each
+    chunk_ids: tuple[Tensor, Tensor] | None = None  # ((b h), r, n) chunk of each query and key position, per round
+
+    @property
+    def rounds(self) -> int:
+        return self.query_layout.shape[2]
 
 
 class LSHAttention(AttentionVariant):
@@ -204,114 +271,138 @@ class LSHAttention(AttentionVariant):
         return reason
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
-        b, h, n, _ = q.shape
+        b, n = q.shape[0], q.shape[2]
         chunk, back, forward = self.bucket_size, self.look_backward, self.look_forward
+        with torch.no_grad():
+            sorted_rounds = self._sort(q, k, causal)
+            if sorted_rounds.rounds > 1:
+                sorted_rounds.chunk_ids = self._chunk_ids(sorted_rounds)
+        keys = F.normalize(q, dim=-1) if self.shared_qk else k
+        outs, lses = [], []
+        for r in range(sorted_rounds.rounds):  # one round at a time: memory O(N * bucket_size), not x rounds
+            with torch.no_grad():
+                pattern = self._pattern(sorted_rounds, r, n, q.dtype, causal, key_padding_mask)
+            part = partial_attention(
+                gather_chunks(q, sorted_rounds.query_layout[:, :, r], chunk),  # ((b h), c, i, d)
+                gather_windows(keys, sorted_rounds.key_layout[:, :, r], chunk, back, forward),  # ((b h), c, j, d)
+                gather_windows(v, sorted_rounds.key_layout[:, :, r], chunk, back, forward),  # ((b h), c, j, e)
+                pattern,
+            )
+            # back to original positions: out[p] = out_sorted[slot[p]]
+            slot = sorted_rounds.query_slot[:, :, r]  # (b, h, n)
+            outs.append(_rows(rearrange(part.out, "(b h) c i e -> b h (c i) e", b=b), slot))
+            lses.append(rearrange(part.lse, "(b h) c i -> b h (c i)", b=b).gather(2, slot))
+        lse = torch.stack(lses)  # (r, b, h, n)
+        result = merge_partials(outs, lse)  # one softmax over the union of the rounds' supports
+        if self.shared_qk:  # a token that sees nothing else in any round attends to itself alone
+            alone = torch.isinf(lse).all(dim=0)[..., None]  # (b, h, n, 1)
+            if bool(alone.any()):
+                result = torch.where(alone, v, result)
+        return result
+
+    def _sort(self, q: Tensor, k: Tensor, causal: bool) -> SortedRounds:
+        """Hash queries and keys and lay each round out in (bucket, position) order."""
+        n, chunk = q.shape[2], self.bucket_size
         n_buckets = self.n_buckets or default_buckets(n, chunk)
         rotations = self.rotations(q.shape[-1], n_buckets, q.device)
-        with torch.no_grad():
-            # shared-QK keys are normalized queries: same buckets, as a rotation's argmax ignores the norm
-            query_buckets = hash_buckets(q, rotations)  # (b, h, r, n)
-            key_buckets = query_buckets if self.shared_qk else hash_buckets(k, rotations)
-            if causal:
-                query_layout = key_layout = per_bucket_layout(query_buckets, n_buckets, chunk)
-            else:
-                query_layout = global_layout(query_buckets, chunk)
-                key_layout = query_layout if self.shared_qk else global_layout(key_buckets, chunk)
-            pattern = self._pattern(
-                query_layout, key_layout, n, causal, key_padding_mask, query_buckets if causal else None
-            )
-
-        queries = gather_chunks(q, query_layout, chunk)  # ((b h r), c, i, d)
-        values = gather_windows(v, key_layout, chunk, back, forward)  # ((b h r), c, j, e)
+        # shared-QK keys are normalized queries: same buckets, as a rotation's argmax ignores the norm
+        query_buckets = hash_buckets(q, rotations)  # (b, h, r, n)
+        if causal:
+            layout = per_bucket_layout(query_buckets, n_buckets, chunk)
+            slot = slot_of_position(layout, n)
+            return SortedRounds(layout, layout, slot, slot, query_buckets)
+        query_layout = global_layout(query_buckets, chunk)
+        query_slot = slot_of_position(query_layout, n)
         if self.shared_qk:
-            keys = chunk_windows(F.normalize(queries, dim=-1), back, forward)
-        else:
-            keys = gather_windows(k, key_layout, chunk, back, forward)
-        part = partial_attention(queries, keys, values, pattern)  # sorted order, per round
-
-        # back to original positions: out[p] = out_sorted[slot[p]]
-        slot = slot_of_position(query_layout, n)  # (b, h, r, n)
-        out = rearrange(part.out, "(b h r) c i e -> b (h r) (c i) e", b=b, h=h)
-        out = rearrange(_rows(out, rearrange(slot, "b h r n -> b (h r) n")), "b (h r) n e -> b h r n e", h=h)
-        lse = rearrange(part.lse, "(b h r) c i -> b h r (c i)", b=b, h=h).gather(3, slot)
-        result = combine([Partial(out=out[:, :, r], lse=lse[:, :, r]) for r in range(out.shape[2])])
-        if self.shared_qk:  # a token that sees nothing else in any round attends to itself alone
-            alone = torch.isinf(lse).all(dim=2)[..., None]  # (b, h, n, 1)
-            result = torch.where(alone, v, result)
-        return result
+            return SortedRounds(query_layout, query_layout, query_slot, query_slot, None)
+        key_layout = global_layout(hash_buckets(k, rotations), chunk)
+        return SortedRounds(query_layout, key_layout, query_slot, slot_of_position(key_layout, n), None)
 
     def _pattern(
         self,
-        query_layout: Tensor,
-        key_layout: Tensor,
+        sorted_rounds: SortedRounds,
+        r: int,
         n: int,
+        dtype: torch.dtype,
         causal: bool,
         key_padding_mask: Tensor | None,
-        buckets: Tensor | None,
     ) -> Pattern:
-        """Which windowed keys each sorted query sees; a pair met in an earlier round is left out (counted once).
+        """Which windowed keys each sorted query of round r sees, as the kernel's float bias ((b h), c, i, j).
 
-        With `buckets` (per-bucket layouts) a query sees only keys of its own bucket.
+        A pair that already met in an earlier round is left out, so the union counts it once. Round 0 of a
+        global layout without padding needs no per-call mask: its bias is one cached (1, c, i, j) pattern.
         """
-        b, h, rounds, _ = query_layout.shape
+        base = self._base_bias(sorted_rounds, r, n, dtype, causal, key_padding_mask)
+        if r == 0:
+            return Pattern.from_bias(base)
         chunk, back, forward = self.bucket_size, self.look_backward, self.look_forward
-        as_chunks = lambda t: rearrange(t, "b h r (c i) -> (b h r) c i 1", i=chunk)  # noqa: E731
-        query_pos = as_chunks(query_layout)  # (x, c, i, 1)
-        key_pos = rearrange(chunk_windows(as_chunks(key_layout), back, forward, fill=EMPTY), "x c j 1 -> x c 1 j")
+        query_at = rearrange(sorted_rounds.query_layout[:, :, r].clamp(min=0), "b h (c i) -> (b h) c i 1", i=chunk)
+        key_at = self._window_positions(sorted_rounds.key_layout[:, :, r]).clamp(min=0)  # ((b h), c, 1, j)
+        query_chunk, key_chunk = sorted_rounds.chunk_ids
+        gap = None
+        for earlier in range(r):  # did the pair share a window in an earlier round?
+            gap_then = _gap(
+                _lookup(key_chunk[:, earlier], key_at), _lookup(query_chunk[:, earlier], query_at), back, forward
+            )
+            gap = gap_then if gap is None else torch.minimum(gap, gap_then, out=gap)
+        full = (query_at.shape[0], query_at.shape[1], chunk, key_at.shape[-1])
+        bias = torch.where(gap <= back + forward, torch.tensor(float("-inf"), dtype=dtype), base.expand(full))
+        return Pattern.from_bias(bias)
+
+    def _base_bias(
+        self,
+        sorted_rounds: SortedRounds,
+        r: int,
+        n: int,
+        dtype: torch.dtype,
+        causal: bool,
+        key_padding_mask: Tensor | None,
+    ) -> Tensor:
+        """Round r's bias before de-duplication: real keys only (not padding, not empty slots), causal and
+        within the bucket for per-bucket layouts, and no self-attention in shared-QK mode."""
+        chunk, back, forward = self.bucket_size, self.look_backward, self.look_forward
+        slots = sorted_rounds.key_layout.shape[-1]
+        device = sorted_rounds.key_layout.device
+        if not causal and key_padding_mask is None:  # global layout: slots [0, n) hold the positions
+            return _global_base_bias(n, slots, chunk, back, forward, self.shared_qk, dtype, device)
+        key_pos = self._window_positions(sorted_rounds.key_layout[:, :, r])  # ((b h), c, 1, j)
         allowed = key_pos != EMPTY
         if key_padding_mask is not None:
-            batch_of_row = torch.arange(b, device=key_pos.device).repeat_interleave(h * rounds)
+            b, h = sorted_rounds.key_layout.shape[:2]
+            batch_of_row = torch.arange(b, device=device).repeat_interleave(h)
             allowed = allowed & ~key_padding_mask[batch_of_row[:, None, None, None], key_pos.clamp(min=0)]
         if causal:
-            allowed = allowed & (key_pos <= query_pos)
-        if buckets is not None:
-            bucket_at = rearrange(buckets, "b h r n -> (b h r) n")
-            allowed = allowed & (_lookup(bucket_at, key_pos.clamp(min=0)) == _lookup(bucket_at, query_pos.clamp(min=0)))
-        if self.shared_qk:  # itself only when nothing else is seen (see forward); with one order for queries
-            # and keys, a query meets itself only in its own chunk's slot of the window: a fixed diagonal
-            own_slot = torch.arange(chunk, device=key_pos.device)
-            not_self = torch.ones(chunk, key_pos.shape[-1], dtype=torch.bool, device=key_pos.device)
-            not_self[own_slot, back * chunk + own_slot] = False
-            allowed = allowed & not_self
-        if rounds > 1:
-            allowed = self._first_meetings(
-                allowed.expand(-1, -1, chunk, -1).clone(), query_layout, key_layout, query_pos, key_pos, n, buckets
-            )
-        return Pattern(allowed)
+            query_pos = rearrange(sorted_rounds.query_layout[:, :, r], "b h (c i) -> (b h) c i 1", i=chunk)
+            bucket_at = rearrange(sorted_rounds.buckets[:, :, r], "b h n -> (b h) n")
+            same_bucket = _lookup(bucket_at, key_pos.clamp(min=0)) == _lookup(bucket_at, query_pos.clamp(min=0))
+            allowed = allowed & (key_pos <= query_pos) & same_bucket
+        return torch.where(allowed, _own_chunk_bias(chunk, back, forward, self.shared_qk, dtype, device), float("-inf"))
 
-    def _first_meetings(
-        self,
-        allowed: Tensor,
-        query_layout: Tensor,
-        key_layout: Tensor,
-        query_pos: Tensor,
-        key_pos: Tensor,
-        n: int,
-        buckets: Tensor | None,
-    ) -> Tensor:
-        """Clear, in round r, every pair that also meets in a round before r: the union counts each pair once."""
-        rounds, slots = query_layout.shape[2], query_layout.shape[3]
-        chunk = self.bucket_size
-        index_type = torch.int16 if slots // chunk < 2**15 - 2 else torch.int32
-        # chunk of every position in every round, by position: ((b h), r, n)
-        chunk_of = lambda layout: rearrange(slot_of_position(layout, n) // chunk, "b h r n -> (b h) r n").to(index_type)  # noqa: E731
-        query_chunk = chunk_of(query_layout)
-        key_chunk = query_chunk if key_layout is query_layout else chunk_of(key_layout)
-        bucket_of = None if buckets is None else rearrange(buckets, "b h r n -> (b h) r n")
-        by_round = lambda t: rearrange(t, "(bh r) c i j -> bh r c i j", r=rounds)  # noqa: E731
-        allowed_r, query_r, key_r = by_round(allowed), by_round(query_pos.clamp(min=0)), by_round(key_pos.clamp(min=0))
-        for earlier in range(rounds - 1):
-            later = slice(earlier + 1, None)
-            q_chunk = _lookup(query_chunk[:, earlier], query_r[:, later])  # (bh, r', c, i, 1)
-            k_chunk = _lookup(key_chunk[:, earlier], key_r[:, later])  # (bh, r', c, 1, j)
-            # k - q in [-back, forward], as one unsigned comparison: negatives wrap to large values
-            met = (k_chunk - (q_chunk - self.look_backward)).to(torch.uint8) <= self.look_backward + self.look_forward
-            if bucket_of is not None:
-                met &= _lookup(bucket_of[:, earlier], key_r[:, later]) == _lookup(
-                    bucket_of[:, earlier], query_r[:, later]
-                )
-            allowed_r[:, later].masked_fill_(met, False)
-        return allowed
+    def _window_positions(self, layout: Tensor) -> Tensor:
+        """(b, h, s) one round's layout -> ((b h), c, 1, j): the position at each slot of each chunk's window."""
+        chunks = rearrange(layout, "b h (c i) -> (b h) c i 1", i=self.bucket_size)
+        windows = chunk_windows(chunks, self.look_backward, self.look_forward, fill=EMPTY)
+        return rearrange(windows, "x c j 1 -> x c 1 j")
+
+    def _chunk_ids(self, sorted_rounds: SortedRounds) -> tuple[Tensor, Tensor]:
+        """((b h), r, n) chunk of each position in each round, for queries and keys, in `_gap`'s dtype.
+
+        In per-bucket layouts a bucket's index times max(back, forward) is added, so chunks of different
+        buckets are never within [-back, forward] of each other: they never shared a window.
+        """
+        chunk, back, forward = self.bucket_size, self.look_backward, self.look_forward
+
+        def ids(slot: Tensor) -> Tensor:
+            chunk_of = slot // chunk
+            if sorted_rounds.buckets is not None:
+                chunk_of = chunk_of + sorted_rounds.buckets * max(back, forward)
+            return rearrange(chunk_of, "b h r n -> (b h) r n")
+
+        query_ids = ids(sorted_rounds.query_slot)
+        key_ids = query_ids if sorted_rounds.key_slot is sorted_rounds.query_slot else ids(sorted_rounds.key_slot)
+        top = max(int(query_ids.max()), int(key_ids.max())) + 1
+        dtype = torch.uint8 if top + max(back, forward) <= 256 else torch.int32  # uint8 wraps without aliasing
+        return query_ids.to(dtype), key_ids.to(dtype)
 
     def cost(self, shape: Shape) -> Cost:
         chunk = self.bucket_size
@@ -322,5 +413,7 @@ class LSHAttention(AttentionVariant):
         flops = 2 * pairs * (shape.head_dim + shape.value_dim) + 5 * pairs + sort_flops
         gathered = shape.batch * shape.heads * self.n_hashes * padded * (2 * shape.head_dim + shape.value_dim)
         io = gathered * (1 + 1 + self.look_backward + self.look_forward) * shape.dtype_bytes
-        working = pairs * (4 + 2 + 1 + 4) + io  # offset, count, allowed, bias; gathered windows
-        return Cost(flops=flops, bytes_moved=io, working_bytes=working)
+        # one round at a time: its float bias, byte gaps and met flags, gathered windows, and every round's output
+        per_round = (pairs * (shape.dtype_bytes + 2) + io) / self.n_hashes
+        outputs = shape.batch * shape.heads * self.n_hashes * shape.n_q * (shape.value_dim + 1) * shape.dtype_bytes
+        return Cost(flops=flops, bytes_moved=io, working_bytes=per_round + outputs)
