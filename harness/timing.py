@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -47,3 +48,42 @@ def time_call(
         times.extend(timer.timeit(number=1).times)
     merged = benchmark.Measurement(number_per_run=1, raw_times=times, task_spec=measurement.task_spec)
     return Timing(median_s=merged.median, iqr_s=merged.iqr, repeats=len(times))
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    device: torch.device,
+    *,
+    min_run_time: float = 2.0,
+    min_repeats: int = 5,
+) -> dict[str, Timing]:
+    """Median and IQR of each of several calls, timed in turns (a, b, c, a, b, c, ...) for side-by-side ratios.
+
+    On a shared or thermally throttled machine the speed drifts over seconds; timing each call in its own
+    block would give the drift to whichever ran in the slow stretch. In turns, every call sees the same
+    stretches. Each call is warmed up first; turns continue until every call has run `min_run_time` seconds
+    in all and at least `min_repeats` times.
+    """
+
+    def call_and_sync(fn: Callable[[], Any]) -> float:
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    for fn in fns.values():
+        call_and_sync(fn)  # warm-up
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    while min(len(s) for s in samples.values()) < min_repeats or min(sum(s) for s in samples.values()) < min_run_time:
+        for name, fn in fns.items():
+            samples[name].append(call_and_sync(fn))
+    timings = {}
+    for name, times in samples.items():
+        quartiles = torch.tensor(times, dtype=torch.float64).quantile(
+            torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)
+        )
+        timings[name] = Timing(
+            median_s=float(quartiles[1]), iqr_s=float(quartiles[2] - quartiles[0]), repeats=len(times)
+        )
+    return timings

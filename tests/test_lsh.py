@@ -156,7 +156,7 @@ def union_of_rounds(
         (True, False, 77, 8, (1, 0)),
         (True, False, 150, 8, (2, 1)),
         (True, True, 90, 8, (1, 0)),
-        (False, False, 300, 1, (1, 0)),  # 300 chunks: the chunk gaps leave bytes for int32
+        (False, False, 300, 1, (1, 0)),  # 300 chunks: the chunk gaps leave bytes for int16
         (True, True, 300, 1, (1, 1)),
     ],
 )
@@ -191,10 +191,10 @@ def test_each_pair_met_in_any_round_counts_once(
 
 @pytest.mark.parametrize("back, forward", [(1, 0), (0, 0), (2, 1), (0, 3)])
 def test_chunk_gap_is_exact_at_the_edge_of_its_byte_range(back: int, forward: int) -> None:
-    # uint8 differences wrap; the largest chunk count allowed in bytes must not alias, and int32 covers the rest
+    # uint8 differences wrap; the largest chunk count allowed in bytes must not alias; int16/int32 cover the rest
     from attnbench.variants.lsh import _gap
 
-    for dtype, top in ((torch.uint8, 256 - max(back, forward)), (torch.int32, 700)):
+    for dtype, top in ((torch.uint8, 256 - max(back, forward)), (torch.int16, 700), (torch.int32, 700)):
         chunk = torch.arange(top)
         inside = (chunk[None, :] - chunk[:, None] >= -back) & (chunk[None, :] - chunk[:, None] <= forward)
         gap = _gap(chunk[None, :].to(dtype), chunk[:, None].to(dtype), back, forward)

@@ -144,7 +144,7 @@ def _gap(key_chunk: Tensor, query_chunk: Tensor, back: int, forward: int) -> Ten
 
     Broadcast (..., 1, j) against (..., i, 1) -> (..., i, j). In uint8 (chunk counts that leave no aliasing,
     see `_chunk_ids`) one wrapping subtraction on bytes: k - (q - back), where anything left of the range
-    wraps to a large value. Otherwise |2 (k - q) + back - forward| in int32. The minimum over rounds says
+    wraps to a large value. Otherwise |2 (k - q) + back - forward| in int16 or int32. The minimum over rounds says
     whether a pair met in any of them.
     """
     if key_chunk.dtype == torch.uint8:
@@ -401,7 +401,10 @@ class LSHAttention(AttentionVariant):
         query_ids = ids(sorted_rounds.query_slot)
         key_ids = query_ids if sorted_rounds.key_slot is sorted_rounds.query_slot else ids(sorted_rounds.key_slot)
         top = max(int(query_ids.max()), int(key_ids.max())) + 1
-        dtype = torch.uint8 if top + max(back, forward) <= 256 else torch.int32  # uint8 wraps without aliasing
+        if top + max(back, forward) <= 256:  # bytes wrap without aliasing
+            dtype = torch.uint8
+        else:  # |2 (k - q) + back - forward| must fit
+            dtype = torch.int16 if 2 * top + back + forward < 2**15 else torch.int32
         return query_ids.to(dtype), key_ids.to(dtype)
 
     def cost(self, shape: Shape) -> Cost:

@@ -4,7 +4,8 @@
     python tests/benchmarks/compare_performer.py --seq-len 16384 --features 256
 
 Non-causal and causal, forward, float32, B=1, H=8, D=64, on the CPU, default gaussian input; error
-against exact softmax attention (err vs uniform: 0 exact, 1 = uniform averaging). performer-pytorch's
+against exact softmax attention (err vs uniform: 0 exact, 1 = uniform averaging). The two are timed in
+turns (`attnbench.timing.time_interleaved`), so a slow stretch of the machine falls on both alike. performer-pytorch's
 causal form without its CUDA kernel is a cumulative sum of N outer products (its memory grows as N*m*D).
 """
 
@@ -19,7 +20,7 @@ from attnbench.machine import retain_freed_memory
 from attnbench.metrics import error_metrics
 from attnbench.reference import exact_reference
 from attnbench.registry import registry
-from attnbench.timing import time_call
+from attnbench.timing import time_interleaved
 
 
 def main() -> int:
@@ -58,12 +59,12 @@ def main() -> int:
         ours = registry.create("performer", features=args.features)
         with torch.no_grad():
             reference = exact_reference(q, k, v, causal=causal, key_padding_mask=None)
-            rows = []
-            for label, fn in [
-                ("performer-pytorch FastAttention", lambda: theirs(q, k, v)),
-                ("attnbench performer", lambda: ours(q, k, v, causal=causal)),
-            ]:
-                rows.append((label, time_call(fn, cpu, min_run_time=args.min_run_time), error_metrics(fn(), reference)))
+            calls = {
+                "performer-pytorch FastAttention": lambda: theirs(q, k, v),
+                "attnbench performer": lambda: ours(q, k, v, causal=causal),
+            }
+            timings = time_interleaved(calls, cpu, min_run_time=args.min_run_time)
+            rows = [(label, timings[label], error_metrics(fn(), reference)) for label, fn in calls.items()]
         for label, timing, error in rows:
             ratio = rows[0][1].median_s / rows[1][1].median_s
             print(

@@ -6,7 +6,8 @@
 Both run shared-QK (reformer-pytorch's only mode), bucket_size=64, n_buckets = N / bucket_size (the
 paper's setting, which reformer-pytorch fixes), forward, float32, B=1, H=8, D=64, on the CPU. Our
 default n_buckets (at most 64) is timed too. Errors are against exact attention with the same
-shared-QK keys (reformer-pytorch's duplicates are not de-duplicated, ours are).
+shared-QK keys (reformer-pytorch's duplicates are not de-duplicated, ours are). The three are timed in
+turns (`attnbench.timing.time_interleaved`), so a slow stretch of the machine falls on all alike.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from attnbench.machine import retain_freed_memory
 from attnbench.metrics import error_metrics
 from attnbench.reference import Reference
 from attnbench.registry import registry
-from attnbench.timing import time_call
+from attnbench.timing import time_interleaved
+from attnbench.variants.lsh import default_buckets
 from einops import rearrange
 
 
@@ -31,7 +33,7 @@ def main() -> int:
     parser.add_argument("--bucket-size", type=int, default=64)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--min-run-time", type=float, default=2.0)
+    parser.add_argument("--min-run-time", type=float, default=3.0, help="seconds of calls per implementation")
     parser.add_argument("--temperature", type=float, default=0.125, help="queries are N(0, 1)/temperature")
     args = parser.parse_args()
     try:
@@ -71,14 +73,13 @@ def main() -> int:
             2,
         )
         reference = Reference(output=exact, uniform=v.double().mean(dim=2, keepdim=True).expand_as(exact))
-        rows = []
-        for label, fn in [
-            ("reformer-pytorch LSHAttention", run_theirs),
-            (f"attnbench lsh (n_buckets={n // bucket})", lambda: ours_paper(q, q, v)),
-            ("attnbench lsh (default n_buckets)", lambda: ours_default(q, q, v)),
-        ]:
-            timing = time_call(fn, cpu, min_run_time=args.min_run_time)
-            rows.append((label, timing, error_metrics(fn(), reference)))
+        calls = {
+            "reformer-pytorch LSHAttention": run_theirs,
+            f"attnbench lsh (n_buckets={n // bucket})": lambda: ours_paper(q, q, v),
+            f"attnbench lsh (default n_buckets={default_buckets(n, bucket)})": lambda: ours_default(q, q, v),
+        }
+        timings = time_interleaved(calls, cpu, min_run_time=args.min_run_time)
+        rows = [(label, timings[label], error_metrics(fn(), reference)) for label, fn in calls.items()]
     base = rows[0][1].median_s
     print(f"N={n}, H={h}, D={d}, bucket_size={bucket}, n_hashes={args.n_hashes}, threads={torch.get_num_threads()}")
     print("| implementation | time ms (median ± IQR) | speedup vs reformer-pytorch | err vs uniform | rel Frobenius |")
