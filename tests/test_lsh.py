@@ -199,3 +199,17 @@ def test_chunk_gap_is_exact_at_the_edge_of_its_byte_range(back: int, forward: in
         inside = (chunk[None, :] - chunk[:, None] >= -back) & (chunk[None, :] - chunk[:, None] <= forward)
         gap = _gap(chunk[None, :].to(dtype), chunk[:, None].to(dtype), back, forward)
         assert torch.equal(gap <= back + forward, inside), dtype
+
+
+def test_a_bias_pattern_leaves_its_bias_alone_and_reads_its_support_from_it() -> None:
+    # LSH hands Pattern.from_bias a cached round-0 bias: rows with no key must be fixed in a copy
+    from attnbench.variants.blocks import Pattern
+
+    bias = torch.tensor([[0.0, float("-inf")], [float("-inf"), float("-inf")]])
+    kept = bias.clone()
+    pattern = Pattern.from_bias(bias)
+    assert torch.equal(bias, kept)
+    assert pattern.has_key.tolist() == [True, False] and not pattern.complete
+    assert pattern.allowed.tolist() == [[True, False], [False, False]]
+    assert torch.equal(pattern.bias(torch.float32), torch.tensor([[0.0, float("-inf")], [0.0, 0.0]]))
+    assert pattern.bias(torch.float64).dtype == torch.float64

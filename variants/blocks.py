@@ -105,10 +105,11 @@ class Pattern:
         return bool(self.has_key.all())
 
     def _without_nan_rows(self, bias: Tensor) -> Tensor:
-        """A row with no allowed key all zeros instead of all -inf (no NaN; its output is zeroed after)."""
-        if not self.complete:
-            bias.masked_fill_(~self.has_key[..., None], 0.0)
-        return bias
+        """A row with no allowed key all zeros instead of all -inf (no NaN; its output is zeroed after).
+
+        Out of place: the bias may be a cached pattern shared by later calls.
+        """
+        return bias if self.complete else bias.masked_fill(~self.has_key[..., None], 0.0)
 
     def bias(self, dtype: torch.dtype) -> Tensor:
         """0 where allowed, -inf elsewhere; a row with no allowed key is all zeros (no NaN; zeroed after).
