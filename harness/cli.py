@@ -273,12 +273,16 @@ def _stored_config(run_dir: Path, overrides: dict[str, Any]) -> SweepConfig:
     import json
 
     from attnbench.config import parse_config
+    from attnbench.results import results_table_problem
 
     meta_path = run_dir / "meta.json"
     if not meta_path.is_file():
         raise ConfigError(str(run_dir), ["not a run folder (no meta.json): --resume takes results/<run-id>"])
     if overrides:
         raise ConfigError(str(run_dir), [f"--resume runs the stored config; drop {', '.join(overrides)}"])
+    problem = results_table_problem(run_dir / "results.csv")
+    if problem:
+        raise ConfigError(str(run_dir), [problem])
     return parse_config(json.loads(meta_path.read_text())["config"], source=str(meta_path))
 
 

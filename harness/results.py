@@ -94,6 +94,47 @@ def _drop_partial_last_line(path: Path) -> None:
             file.truncate(data.rfind(b"\n") + 1)
 
 
+def results_table_problem(path: Path) -> str | None:
+    """Why rows cannot be appended to the CSV at `path` (None when they can, or when it does not exist yet)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with path.open(newline="") as file:
+        header = next(csv.reader(file), [])
+    if "cell_key" not in header:
+        return f"{path} is not an attnbench results table (no cell_key column); not appending to it"
+    return None
+
+
+def _columns_of(path: Path) -> list[str]:
+    """The columns rows appended to `path` must follow: today's, after rewriting a file an older version wrote.
+
+    A run resumed after an upgrade must not append rows under a header with other columns: the file is
+    rewritten once (atomically) with today's columns first, rows keeping their values, columns today's
+    version lacks kept at the end, ones the old file lacked left empty.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return COLUMNS
+    with path.open(newline="") as file:
+        reader = csv.DictReader(file)
+        old = list(reader.fieldnames or [])
+        if old == COLUMNS:
+            return COLUMNS
+        problem = results_table_problem(path)
+        if problem:
+            raise ValueError(problem)
+        rows = list(reader)
+    columns = COLUMNS + [column for column in old if column not in COLUMNS]
+    rewritten = path.with_name(path.name + ".upgrading")
+    with rewritten.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(rewritten, path)
+    return columns
+
+
 class ResultsWriter:
     """Appends rows to a CSV, flushing and syncing each so a crash loses at most the cell in flight."""
 
@@ -101,8 +142,9 @@ class ResultsWriter:
         self.path = path
         _drop_partial_last_line(path)
         new = not path.exists() or path.stat().st_size == 0
+        columns = _columns_of(path)
         self._file = path.open("a", newline="")
-        self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
+        self._writer = csv.DictWriter(self._file, fieldnames=columns, restval="")
         if new:
             self._writer.writeheader()
             self._sync()

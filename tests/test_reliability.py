@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from attnbench.config import parse_config
-from attnbench.results import ResultsWriter, read_results
+from attnbench.results import COLUMNS, ResultsWriter, Row, read_results
 from attnbench.sweep import run_sweep
 
 from tests.conftest import write_plugin
@@ -135,10 +136,27 @@ def test_resume_refuses_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
     assert result.returncode == 2 and "not a run folder" in result.stderr
 
 
+def test_resume_refuses_a_results_file_it_would_corrupt(tmp_path: Path) -> None:
+    (tmp_path / "meta.json").write_text('{"config": {"variants": ["full"], "seq_lens": [64]}}')
+    (tmp_path / "results.csv").write_text("a,b\n1,2\n")
+    result = run_cli("run", "--resume", str(tmp_path), "--no-progress")
+    assert result.returncode == 2 and "not an attnbench results table" in result.stderr
+    assert (tmp_path / "results.csv").read_text() == "a,b\n1,2\n"
+
+
 def test_writer_cuts_a_half_written_row(tmp_path: Path) -> None:
     path = tmp_path / "results.csv"
-    path.write_text("a,b\n1,2\n3,")
+    header, row = ",".join(COLUMNS), ",".join("1" * len(COLUMNS))
+    path.write_text(f"{header}\n{row}\n3,")
     ResultsWriter(path).close()
+    assert path.read_text() == f"{header}\n{row}\n"
+
+
+def test_writer_refuses_to_append_to_a_csv_that_is_not_a_results_table(tmp_path: Path) -> None:
+    path = tmp_path / "results.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not an attnbench results table"):
+        ResultsWriter(path)
     assert path.read_text() == "a,b\n1,2\n"
 
 
@@ -205,3 +223,21 @@ def test_a_broken_plugin_named_in_a_config_stops_it_before_any_work(installed_pl
     assert run.returncode == 2
     assert "Variant 'broken' from attnbench-broken-plugin 0.1.0 cannot be used" in run.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_writer_resuming_a_file_from_an_older_version_keeps_every_row_aligned(tmp_path: Path) -> None:
+    # an older results.csv: one of today's columns missing, one column today's version no longer writes
+    path = tmp_path / "results.csv"
+    older = [column for column in COLUMNS if column != "label"] + ["retired"]
+    old_row = {column: "" for column in older} | {"cell_key": "old", "variant": "full", "status": "ok", "retired": "x"}
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=older)
+        writer.writeheader()
+        writer.writerow(old_row)
+    cell = parse_config({"variants": ["full"], "seq_lens": [64]}).cells()[0]
+    with ResultsWriter(path) as writer:
+        writer.append(Row.for_cell(cell, family="exact", exact=True))
+    frame = read_results(tmp_path)
+    assert list(frame.cell_key) == ["old", cell.key()]
+    assert list(frame.variant) == ["full", "full"] and frame.label.iloc[0] == ""
+    assert next(csv.DictReader(path.open()))["retired"] == "x"  # kept in the file, not read into reports
