@@ -114,14 +114,14 @@ def _columns_of(path: Path) -> list[str]:
     """
     if not path.exists() or path.stat().st_size == 0:
         return COLUMNS
+    problem = results_table_problem(path)
+    if problem:
+        raise ValueError(problem)
     with path.open(newline="") as file:
         reader = csv.DictReader(file)
         old = list(reader.fieldnames or [])
         if old == COLUMNS:
             return COLUMNS
-        problem = results_table_problem(path)
-        if problem:
-            raise ValueError(problem)
         rows = list(reader)
     columns = COLUMNS + [column for column in old if column not in COLUMNS]
     rewritten = path.with_name(path.name + ".upgrading")

@@ -17,6 +17,18 @@ class Timing:
     repeats: int  # measured blocks (each the mean of `number_per_run` calls)
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a clock read after a call counts it (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timing_of(times: list[float]) -> Timing:
+    """Median and interquartile range (linear interpolation) of per-call times in seconds."""
+    quartiles = torch.tensor(times, dtype=torch.float64).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
+    return Timing(median_s=float(quartiles[1]), iqr_s=float(quartiles[2] - quartiles[0]), repeats=len(times))
+
+
 def time_call(
     fn: Callable[[], Any],
     device: torch.device,
@@ -33,8 +45,7 @@ def time_call(
 
     def call_and_sync() -> None:
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
 
     call_and_sync()  # warm-up: lazy init, allocator growth, kernel selection
     timer = benchmark.Timer(
@@ -46,8 +57,7 @@ def time_call(
     times = list(measurement.times)
     while len(times) < min_repeats:
         times.extend(timer.timeit(number=1).times)
-    merged = benchmark.Measurement(number_per_run=1, raw_times=times, task_spec=measurement.task_spec)
-    return Timing(median_s=merged.median, iqr_s=merged.iqr, repeats=len(times))
+    return timing_of(times)
 
 
 def time_interleaved(
@@ -68,8 +78,7 @@ def time_interleaved(
     def call_and_sync(fn: Callable[[], Any]) -> float:
         start = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         return time.perf_counter() - start
 
     for fn in fns.values():
@@ -78,12 +87,4 @@ def time_interleaved(
     while min(len(s) for s in samples.values()) < min_repeats or min(sum(s) for s in samples.values()) < min_run_time:
         for name, fn in fns.items():
             samples[name].append(call_and_sync(fn))
-    timings = {}
-    for name, times in samples.items():
-        quartiles = torch.tensor(times, dtype=torch.float64).quantile(
-            torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)
-        )
-        timings[name] = Timing(
-            median_s=float(quartiles[1]), iqr_s=float(quartiles[2] - quartiles[0]), repeats=len(times)
-        )
-    return timings
+    return {name: timing_of(times) for name, times in samples.items()}

@@ -202,12 +202,12 @@ def test_chunk_gap_is_exact_at_the_edge_of_its_byte_range(back: int, forward: in
 
 
 def test_a_bias_pattern_leaves_its_bias_alone_and_reads_its_support_from_it() -> None:
-    # LSH hands Pattern.from_bias a cached round-0 bias: rows with no key must be fixed in a copy
+    # LSH hands Pattern a cached round-0 bias: rows with no key must be fixed in a copy
     from attnbench.variants.blocks import Pattern
 
     bias = torch.tensor([[0.0, float("-inf")], [float("-inf"), float("-inf")]])
     kept = bias.clone()
-    pattern = Pattern.from_bias(bias)
+    pattern = Pattern(bias=bias)
     assert torch.equal(bias, kept)
     assert pattern.has_key.tolist() == [True, False] and not pattern.complete
     assert pattern.allowed.tolist() == [[True, False], [False, False]]

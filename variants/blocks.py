@@ -71,28 +71,24 @@ def expand_over_heads(mask: Tensor, heads: int) -> Tensor:
 class Pattern:
     """A boolean support (broadcastable to (x, y, i, j)), with what the kernels need derived once and kept.
 
-    Give `allowed`, or (for supports built as a float bias in place, as LSH does) `Pattern.from_bias`.
+    Give `allowed`, or `bias` (0 where allowed, -inf elsewhere) for a support built as the kernel's float
+    bias directly, as LSH does; the bias is never modified (it may be a cached pattern shared by calls).
     """
 
-    def __init__(self, allowed: Tensor) -> None:
-        self._allowed: Tensor | None = allowed
+    def __init__(self, allowed: Tensor | None = None, *, bias: Tensor | None = None) -> None:
+        if (allowed is None) == (bias is None):
+            raise TypeError("Pattern takes `allowed` or `bias`, one of them")
         self._biases: dict[torch.dtype, Tensor] = {}
-
-    @classmethod
-    def from_bias(cls, bias: Tensor) -> "Pattern":
-        """A support given as its additive bias: 0 where allowed, -inf elsewhere (rows with no key are zeroed)."""
-        pattern = cls.__new__(cls)
-        pattern._allowed = None
-        pattern.has_key = bias.amax(dim=-1) > float("-inf")  # a vectorized max: faster than any() on bools
-        pattern._biases = {bias.dtype: pattern._without_nan_rows(bias)}
-        return pattern
+        if allowed is not None:
+            self.allowed = allowed
+        else:
+            self.has_key = bias.amax(dim=-1) > float("-inf")  # a vectorized max: faster than any() on bools
+            self._biases[bias.dtype] = self._without_nan_rows(bias)
 
     @functools.cached_property
     def allowed(self) -> Tensor:
-        if self._allowed is None:  # built from a bias; rows with no key were zeroed there
-            bias = next(iter(self._biases.values()))
-            self._allowed = (bias == 0) & self.has_key[..., None]
-        return self._allowed
+        """Reached only for a pattern given as a bias (rows with no key were zeroed there)."""
+        return (next(iter(self._biases.values())) == 0) & self.has_key[..., None]
 
     @functools.cached_property
     def has_key(self) -> Tensor:
@@ -117,7 +113,7 @@ class Pattern:
         SDPA's fused CPU kernel takes a float mask as it is; a bool mask would be converted on every call.
         """
         if dtype not in self._biases:
-            if self._biases:  # built from a bias of another dtype
+            if self._biases:  # given as a bias of another dtype
                 self._biases[dtype] = next(iter(self._biases.values())).to(dtype)
             else:
                 zero = torch.zeros((), dtype=dtype, device=self.allowed.device)

@@ -334,9 +334,9 @@ class LSHAttention(AttentionVariant):
         """
         base = self._base_bias(sorted_rounds, r, n, dtype, causal, key_padding_mask)
         if r == 0:
-            return Pattern.from_bias(base)
+            return Pattern(bias=base)
         chunk, back, forward = self.bucket_size, self.look_backward, self.look_forward
-        query_at = rearrange(sorted_rounds.query_layout[:, :, r].clamp(min=0), "b h (c i) -> (b h) c i 1", i=chunk)
+        query_at = self._query_positions(sorted_rounds.query_layout[:, :, r]).clamp(min=0)  # ((b h), c, i, 1)
         key_at = self._window_positions(sorted_rounds.key_layout[:, :, r]).clamp(min=0)  # ((b h), c, 1, j)
         query_chunk, key_chunk = sorted_rounds.chunk_ids
         gap = None
@@ -347,7 +347,7 @@ class LSHAttention(AttentionVariant):
             gap = gap_then if gap is None else torch.minimum(gap, gap_then, out=gap)
         full = (query_at.shape[0], query_at.shape[1], chunk, key_at.shape[-1])
         bias = torch.where(gap <= back + forward, torch.tensor(float("-inf"), dtype=dtype), base.expand(full))
-        return Pattern.from_bias(bias)
+        return Pattern(bias=bias)
 
     def _base_bias(
         self,
@@ -372,16 +372,19 @@ class LSHAttention(AttentionVariant):
             batch_of_row = torch.arange(b, device=device).repeat_interleave(h)
             allowed = allowed & ~key_padding_mask[batch_of_row[:, None, None, None], key_pos.clamp(min=0)]
         if causal:
-            query_pos = rearrange(sorted_rounds.query_layout[:, :, r], "b h (c i) -> (b h) c i 1", i=chunk)
+            query_pos = self._query_positions(sorted_rounds.query_layout[:, :, r])  # ((b h), c, i, 1)
             bucket_at = rearrange(sorted_rounds.buckets[:, :, r], "b h n -> (b h) n")
             same_bucket = _lookup(bucket_at, key_pos.clamp(min=0)) == _lookup(bucket_at, query_pos.clamp(min=0))
             allowed = allowed & (key_pos <= query_pos) & same_bucket
         return torch.where(allowed, _own_chunk_bias(chunk, back, forward, self.shared_qk, dtype, device), float("-inf"))
 
+    def _query_positions(self, layout: Tensor) -> Tensor:
+        """(b, h, s) one round's layout -> ((b h), c, i, 1): the position at each query slot of each chunk."""
+        return rearrange(layout, "b h (c i) -> (b h) c i 1", i=self.bucket_size)
+
     def _window_positions(self, layout: Tensor) -> Tensor:
         """(b, h, s) one round's layout -> ((b h), c, 1, j): the position at each slot of each chunk's window."""
-        chunks = rearrange(layout, "b h (c i) -> (b h) c i 1", i=self.bucket_size)
-        windows = chunk_windows(chunks, self.look_backward, self.look_forward, fill=EMPTY)
+        windows = chunk_windows(self._query_positions(layout), self.look_backward, self.look_forward, fill=EMPTY)
         return rearrange(windows, "x c j 1 -> x c 1 j")
 
     def _chunk_ids(self, sorted_rounds: SortedRounds) -> tuple[Tensor, Tensor]:
