@@ -11,10 +11,11 @@ Causal attention needs Nq == Nk: query i sees keys j <= i. A query that sees no 
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, TypeVar
 
 import torch
 from torch import Tensor
@@ -86,11 +87,44 @@ class Shape:
 
 @dataclass(frozen=True)
 class Cost:
-    """Analytic cost of one forward call: floating-point operations and bytes of main-memory traffic."""
+    """Analytic cost of one forward call: floating-point operations and bytes of main-memory traffic.
+
+    FLOPs count the work the algorithm does, not only the useful part: masked scores it computes, padding
+    up to whole blocks, hashing and projections. `matmul_flops` is the part done in matmuls (two per
+    multiply-add, as torch's FlopCounterMode counts them; `attnbench.flops.count_matmul_flops` measures
+    it), None when a variant does not give it; `flops` is that plus softmax and elementwise work.
+    """
 
     flops: float
     bytes_moved: float
     working_bytes: float  # largest intermediate the algorithm holds at once, besides inputs and output
+    matmul_flops: float | None = None
+
+
+_kept_caches: list[Any] = []
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def kept_between_calls(maxsize: int = 64) -> Callable[[_F], _F]:
+    """`functools.lru_cache` for state a variant keeps between calls at module level (patterns, masks).
+
+    Declared this way, the harness can empty it to measure what a first call builds (the `state` memory
+    column) apart from what every call needs (the per-call peak). State kept on the instance needs nothing:
+    the harness measures a fresh instance.
+    """
+
+    def wrap(fn: _F) -> _F:
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+        _kept_caches.append(cached)
+        return cached  # type: ignore[return-value]
+
+    return wrap
+
+
+def clear_kept_state() -> None:
+    """Empty every `kept_between_calls` cache."""
+    for cache in _kept_caches:
+        cache.cache_clear()
 
 
 def did_you_mean(word: str, options: list[str]) -> str:
@@ -247,15 +281,21 @@ def check_shapes(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | Non
             )
 
 
+def softmax_attention_flops(pairs: float, shape: Shape) -> tuple[float, float]:
+    """(matmul, other) FLOPs of softmax attention over `pairs` computed (query, key) scores: q . k and
+    weights . v in matmuls, and about 5 per score for scaling, max, exp, sum and division."""
+    return 2 * pairs * (shape.head_dim + shape.value_dim), 5 * pairs
+
+
 def dense_attention_cost(shape: Shape) -> Cost:
-    """FLOPs and bytes of softmax(QK^T)V done densely: two matmuls plus the softmax."""
+    """FLOPs and bytes of softmax(QK^T)V done densely: two matmuls plus the softmax (causal: j <= i only)."""
     s = shape
     pairs = s.batch * s.heads * s.n_q * s.n_k
     if s.causal:
         pairs = pairs * (s.n_q + 1) / (2 * s.n_q)
-    flops = 2 * pairs * (s.head_dim + s.value_dim) + 5 * pairs
+    matmul, other = softmax_attention_flops(pairs, s)
     io = s.batch * s.heads * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim)
-    return Cost(flops=flops, bytes_moved=io * s.dtype_bytes, working_bytes=0.0)
+    return Cost(flops=matmul + other, bytes_moved=io * s.dtype_bytes, working_bytes=0.0, matmul_flops=matmul)
 
 
 def default_scale(head_dim: int) -> float:

@@ -21,10 +21,11 @@ def band_reference_pattern(n: int, window: int, causal: bool) -> torch.Tensor:
 
 
 def strided_parts(n: int, stride: int, causal: bool, pattern: str, summary: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The paper's two index sets A(1), A(2), as dense (n, n) masks."""
+    """The paper's two index sets A(1), A(2), as dense (n, n) masks. Strided A(1) is {max(0, i - l), ..., i}:
+    l + 1 positions (bidirectional: |i - j| <= l)."""
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
     if pattern == "strided":
-        first, second = (i - j).abs() < stride, (i - j) % stride == 0
+        first, second = (i - j).abs() <= stride, (i - j) % stride == 0
     else:
         first, second = i // stride == j // stride, j % stride >= stride - summary
     visible = j <= i if causal else torch.ones(n, n, dtype=torch.bool)
@@ -92,6 +93,14 @@ def test_strided_default_stride_is_about_sqrt_n() -> None:
     n = 400
     allowed = strided_reference_pattern(n, 20, False, "strided", 8)
     assert torch.equal(variant.support_mask(n, n, False), allowed)
+
+
+def test_factorize_with_one_head_is_refused_not_silently_half_done() -> None:
+    from attnbench.interface import UnsupportedOptionError
+
+    q, k, v, _ = inputs(40, torch.float64, h=1)
+    with pytest.raises(UnsupportedOptionError, match="at least 2 heads"):
+        registry.create("strided", stride=5, factorize=True)(q, k, v)
 
 
 @pytest.mark.parametrize("pattern", ["strided", "fixed"])

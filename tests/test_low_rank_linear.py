@@ -47,6 +47,22 @@ def test_linformer_padded_keys_do_not_leak_into_the_projection() -> None:
         torch.testing.assert_close(before, after, rtol=0, atol=1e-12)
 
 
+def test_linformer_random_projection_with_padding_is_exact_in_float64() -> None:
+    """Padded keys leave the random projection, rescaled by sqrt(n / n_real): computed in the input's dtype
+    (it was float32, so float64 results were off by ~1e-7)."""
+    n = 90
+    q, k, v = qkv(n)
+    mask = padding(2, n)
+    variant = registry.create("linformer", k=16)
+    e, f = variant.projections(n, 2, torch.device("cpu"), torch.float64)  # (1, r, n)
+    real = (~mask).double()[:, None, None, :]  # (b, 1, 1, n)
+    scale = (n / real.sum(-1, keepdim=True)).sqrt()
+    keys = torch.einsum("bhrn,bhnd->bhrd", e[None] * real * scale, k)
+    values = torch.einsum("bhrn,bhnd->bhrd", f[None] * real * scale, v)
+    expected = F.scaled_dot_product_attention(q, keys, values)
+    torch.testing.assert_close(variant(q, k, v, key_padding_mask=mask), expected, rtol=0, atol=1e-12)
+
+
 def test_linformer_refuses_causal_with_the_reason() -> None:
     reason = registry.create("linformer").unsupported_reason(
         device="cpu", dtype="float32", causal=True, padded=False, n_q=8, n_k=8

@@ -181,8 +181,10 @@ def test_each_pair_met_in_any_round_counts_once(
     if shared_qk:  # itself only when nothing else is visible
         allowed &= ~torch.eye(n, dtype=torch.bool)
     expected = dense_masked_attention(q, keys, v, allowed)
-    if shared_qk:
+    if shared_qk:  # a real token with nothing else to see attends to itself; a padding token outputs zeros
         alone = ~allowed.any(dim=-1, keepdim=True)
+        if mask is not None:
+            alone &= ~mask[:, None, :, None]
         expected = torch.where(alone, v, expected)
     assert allowed.float().mean() < 0.8, "the test should exercise sparse supports"
     got = variant(q, k, v, causal=causal, key_padding_mask=mask)
@@ -213,3 +215,25 @@ def test_a_bias_pattern_leaves_its_bias_alone_and_reads_its_support_from_it() ->
     assert pattern.allowed.tolist() == [[True, False], [False, False]]
     assert torch.equal(pattern.bias(torch.float32), torch.tensor([[0.0, float("-inf")], [0.0, 0.0]]))
     assert pattern.bias(torch.float64).dtype == torch.float64
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_shared_qk_padding_token_that_sees_nothing_outputs_zeros_not_its_value(causal: bool) -> None:
+    """Left padding: a padding query sees no key and outputs zeros (its own value is padding too); a real token
+    with nothing else to see attends to itself alone (Reformer's rule), and only a real token does."""
+    n, pads = 40, 6
+    q, _, v = qkv(n)
+    mask = torch.zeros(2, n, dtype=torch.bool)
+    mask[:, :pads] = True  # element 0 and 1: positions 0-5 are padding
+    mask[1, -3:] = True  # element 1: padding at the end too
+    variant = registry.create("lsh", n_buckets=1, bucket_size=64, n_hashes=2, shared_qk=True)
+    allowed = ~torch.eye(n, dtype=torch.bool)[None, None] & ~mask[:, None, None, :]
+    if causal:
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool).tril()
+    expected = dense_masked_attention(q, F.normalize(q, dim=-1), v, allowed)
+    alone = ~allowed.any(dim=-1) & ~mask[:, None, :]  # (b, 1, n): real tokens with nothing else to see
+    expected = torch.where(alone[..., None], v, expected)
+    out = variant(q, torch.zeros_like(q), v, causal=causal, key_padding_mask=mask)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    if causal:  # the leading padding tokens see nothing at all
+        assert torch.equal(out[:, :, :pads], torch.zeros_like(out[:, :, :pads]))

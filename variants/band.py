@@ -13,18 +13,25 @@ b - batch, h - heads, n - sequence, i - query in block, j - key in window, d - h
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import torch.nn.functional as F
-from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
+from attnbench.interface import (
+    AttentionVariant,
+    Capabilities,
+    Cost,
+    Hyperparameter,
+    Shape,
+    kept_between_calls,
+    softmax_attention_flops,
+)
 from attnbench.variants.blocks import Pattern, key_validity_windows, key_windows, query_blocks, window_positions
 from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
 from einops import rearrange
 from torch import Tensor
 
 
-@functools.lru_cache(maxsize=64)
+@kept_between_calls(maxsize=64)
 def band_pattern(n: int, block: int, window: int, causal: bool, device: torch.device) -> Pattern:
     """(1, blocks, block, span): which windowed keys each query of each block sees (cached, reused every call)."""
     after = 0 if causal else window
@@ -111,8 +118,9 @@ class BandAttention(FlexBackend, AttentionVariant):
         window = min(self.window, shape.n_k - 1)
         block = self.block_size or default_block_size(window)
         span = block + window + (0 if shape.causal else window)
-        computed = shape.batch * shape.heads * shape.n_q * span  # scores computed, masked ones included
-        flops = 2 * computed * (shape.head_dim + shape.value_dim) + 5 * computed
+        padded = -(-shape.n_q // block) * block  # the last block is computed whole
+        computed = shape.batch * shape.heads * padded * span  # scores computed, masked ones included
+        matmul, other = softmax_attention_flops(computed, shape)
         io = (
             shape.batch
             * shape.heads
@@ -120,4 +128,6 @@ class BandAttention(FlexBackend, AttentionVariant):
         )
         padded_keys = shape.batch * shape.heads * shape.n_k * (shape.head_dim + shape.value_dim) * shape.dtype_bytes
         working = shape.n_q * span + padded_keys  # the bool pattern and one padded copy of k and v
-        return Cost(flops=flops, bytes_moved=io * shape.dtype_bytes, working_bytes=working)
+        return Cost(
+            flops=matmul + other, bytes_moved=io * shape.dtype_bytes, working_bytes=working, matmul_flops=matmul
+        )

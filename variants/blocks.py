@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from attnbench.interface import default_scale
+from attnbench.interface import default_scale, kept_between_calls
 from einops import einsum, rearrange
 from torch import Tensor
 
@@ -44,7 +44,7 @@ def key_windows(k: Tensor, block: int, before: int, after: int) -> Tensor:
     return rearrange(padded.unfold(2, span, block), "b h n d j -> (b h) n j d")
 
 
-@functools.lru_cache(maxsize=64)
+@kept_between_calls(maxsize=64)
 def window_positions(n: int, block: int, before: int, span: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Query positions (blocks, block, 1) and key positions (blocks, 1, span) of the `key_windows` layout."""
     blocks = -(-n // block)

@@ -3,7 +3,9 @@
 The shared core of `linear` (elu + 1) and `performer` (FAVOR+). Non-causal: two small products,
 O(N * M * E). Causal: chunked — exact masked attention inside each chunk plus a state (M x E) carried
 from earlier chunks — never a cumulative sum of N outer products. Everything accumulates in float32
-(float64 for float64 inputs), and denominators are guarded.
+(float64 for float64 inputs). Only an exactly-zero denominator is guarded (a query that sees no key, or
+whose every feature product underflowed): it outputs zeros. Tiny positive denominators are legitimate
+(stabilized features at large |q| |k|) and are divided as they are.
 
 `key_log_scale` g (non-decreasing along n, per position) supports numerically stabilized features:
 key j's true feature is phi(k_j) * exp(g_j). Query i then works relative to exp(g_i), so no quantity is
@@ -30,15 +32,36 @@ def with_ones(v: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.cat([v.to(dtype), torch.ones(*v.shape[:-1], 1, dtype=dtype, device=v.device)], dim=-1)
 
 
-def feature_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float) -> Tensor:
+def normalized(total: Tensor) -> Tensor:
+    """(..., e + 1) numerators and denominator -> (..., e): their ratio, zeros where the denominator is 0.
+
+    The zero rows get no gradient either (a floor such as clamp(min=eps) would give them 1/eps).
+    """
+    numerator, denominator = total[..., :-1], total[..., -1:]
+    seen = denominator > 0
+    ratio = numerator / torch.where(seen, denominator, torch.ones_like(denominator))
+    return torch.where(seen, ratio, 0.0)
+
+
+def feature_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
     """Non-causal: phi_q (b, h, n, m), phi_k (b, h, n', m) (padded keys already zero), v (b, h, n', e)."""
     state = einsum(phi_k, with_ones(v, phi_k.dtype), "b h n m, b h n e -> b h m e")  # (b, h, m, e + 1)
     total = einsum(phi_q, state, "b h n m, b h m e -> b h n e")
-    return (total[..., :-1] / total[..., -1:].clamp(min=eps)).to(v.dtype)
+    return normalized(total).to(v.dtype)
+
+
+def exclusive_cumsum(x: Tensor, dim: int) -> Tensor:
+    """Sum over the strictly earlier entries along `dim`, as a shifted cumulative sum.
+
+    Not cumsum(x) - x: that cancels (a large running sum minus a term), so an entry with nothing before it
+    is not exactly 0, and its rounding depends on later terms.
+    """
+    shifted = x.narrow(dim, 0, x.shape[dim] - 1).cumsum(dim=dim)
+    return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), shifted], dim=dim)
 
 
 def causal_feature_attention(
-    phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk: int, eps: float, key_log_scale: Tensor | None = None
+    phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk: int, key_log_scale: Tensor | None = None
 ) -> Tensor:
     """Causal, chunked. phi_q, phi_k (b, h, n, m) >= 0; v (b, h, n, e); key_log_scale g (b, h, n) or None."""
     b, h, n, _ = phi_q.shape
@@ -52,7 +75,7 @@ def causal_feature_attention(
     if key_log_scale is None:
         scores = scores.masked_fill(~causal, 0.0)
         chunk_sums = einsum(k_c, v_c, "b h c j m, b h c j e -> b h c m e")
-        state = chunk_sums.cumsum(dim=2) - chunk_sums  # sum over earlier chunks: (b, h, c, m, e+1)
+        state = exclusive_cumsum(chunk_sums, dim=2)  # sum over earlier chunks: (b, h, c, m, e+1)
         from_state = einsum(q_c, state, "b h c i m, b h c m e -> b h c i e")
     else:
         g = rearrange(pad_sequence(key_log_scale[..., None], 0, pad), "b h (c i) 1 -> b h c i", i=chunk)
@@ -74,5 +97,4 @@ def causal_feature_attention(
         from_state = einsum(q_c, state, "b h c i m, b h c m e -> b h c i e")
         from_state = from_state * (previous_end[..., None] - g).exp()[..., None]
     total = from_state + einsum(scores, v_c, "b h c i j, b h c j e -> b h c i e")
-    out = total[..., :-1] / total[..., -1:].clamp(min=eps)
-    return rearrange(out, "b h c i e -> b h (c i) e")[:, :, :n].to(v.dtype)
+    return rearrange(normalized(total), "b h c i e -> b h (c i) e")[:, :, :n].to(v.dtype)

@@ -6,6 +6,7 @@ b - batch, h - heads, i - query position, j - key position, d - head dim, e - va
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import torch.nn.functional as F
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Shape, dense_attention_cost
@@ -45,6 +46,12 @@ class FullAttention(AttentionVariant):
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor:
         return _all_allowed(n_q, n_k, causal)
 
+    def cost(self, shape: Shape) -> Cost:
+        # A causal fused kernel skips the masked scores; the CPU has none for value_dim != head_dim, and
+        # PyTorch's math fallback computes every score before masking.
+        every_score = shape.causal and shape.head_dim != shape.value_dim
+        return dense_attention_cost(replace(shape, causal=False) if every_score else shape)
+
 
 class FullMathAttention(AttentionVariant):
     """softmax(QK^T / sqrt(d)) V written out: materializes the N x N matrix (the quadratic-memory reference)."""
@@ -65,10 +72,15 @@ class FullMathAttention(AttentionVariant):
         return _all_allowed(n_q, n_k, causal)
 
     def cost(self, shape: Shape) -> Cost:
-        dense = dense_attention_cost(shape)
+        dense = dense_attention_cost(replace(shape, causal=False))  # every score, causal ones masked after
         scores = shape.batch * shape.heads * shape.n_q * shape.n_k * shape.dtype_bytes
-        # scores and weights are each written once and read once
-        return Cost(flops=dense.flops, bytes_moved=dense.bytes_moved + 4 * scores, working_bytes=2 * scores)
+        # scores and weights are each written once and read once; causal holds masked scores besides
+        return Cost(
+            flops=dense.flops,
+            bytes_moved=dense.bytes_moved + 4 * scores,
+            working_bytes=(3 if shape.causal else 2) * scores,
+            matmul_flops=dense.matmul_flops,
+        )
 
 
 @functools.cache

@@ -24,12 +24,12 @@ from attnbench.variants.feature_attention import (
     accumulation_dtype,
     causal_feature_attention,
     feature_attention,
+    normalized,
     with_ones,
 )
 from torch import Tensor
 
 CHUNK = Hyperparameter(64, "causal: positions per chunk (exact inside, carried state across)", minimum=1)
-EPS = Hyperparameter(1e-6, "smallest denominator", kind=float, minimum=0.0)
 
 
 def _drop_padded(phi_k: Tensor, key_padding_mask: Tensor | None) -> Tensor:
@@ -39,13 +39,33 @@ def _drop_padded(phi_k: Tensor, key_padding_mask: Tensor | None) -> Tensor:
     return phi_k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
 
 
-def _feature_cost(shape: Shape, features: int, feature_flops: float) -> Cost:
-    s = shape
-    bh = s.batch * s.heads
-    flops = bh * (feature_flops + 2 * s.n_k * features * (s.value_dim + 1) + 2 * s.n_q * features * (s.value_dim + 1))
+def _feature_cost(shape: Shape, features: int, chunk: int, feature_matmul: float, feature_other: float) -> Cost:
+    """Cost of feature attention (feature_attention.py), given the feature maps' own FLOPs per batch and head.
+
+    Non-causal: phi(K)^T [V 1], then phi(Q) times that state. Causal, over the sequence padded to whole
+    chunks: per chunk the scores phi(q_c) phi(k_c)^T and scores [v_c 1], the chunk sum phi(k_c)^T [v_c 1]
+    and phi(q_c) times the state of earlier chunks.
+    """
+    s, m = shape, features
+    bh, e1 = s.batch * s.heads, s.value_dim + 1  # values carry a column of ones: the normalizer
+    accumulate = max(s.dtype_bytes, 4)  # features and states in float32, float64 for float64
+    if s.causal:
+        padded = -(-s.n_q // chunk) * chunk
+        chunks = padded // chunk
+        matmul = 2 * padded * (chunk * (m + e1) + 2 * m * e1)
+        other = padded * (2 * chunk + 2 * e1) + chunks * m * e1  # masks and decays, sums, the carried state
+        held = padded * (2 * m + chunk + 2 * e1) + 2 * chunks * m * e1  # chunked features, scores, states
+    else:
+        matmul = 2 * (s.n_k + s.n_q) * m * e1
+        other = s.n_q * e1  # normalization
+        held = (s.n_q + s.n_k) * (m + e1) + m * e1  # features, [V 1] and the totals, the state
     io = bh * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim) * s.dtype_bytes
-    working = bh * (s.n_q + s.n_k) * features * 4 + bh * features * (s.value_dim + 1) * 4
-    return Cost(flops=flops, bytes_moved=io, working_bytes=working)
+    return Cost(
+        flops=bh * (feature_matmul + matmul + feature_other + other),
+        bytes_moved=io,
+        working_bytes=bh * held * accumulate,
+        matmul_flops=bh * (feature_matmul + matmul),
+    )
 
 
 class LinearAttention(AttentionVariant):
@@ -55,26 +75,41 @@ class LinearAttention(AttentionVariant):
     family = "linear"
     exact = False
     supports = Capabilities(subquadratic_memory=True)
-    hyperparameters = {"chunk_size": CHUNK, "eps": EPS}
+    hyperparameters = {"chunk_size": CHUNK}
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         work = accumulation_dtype(q.dtype)
         phi_q = F.elu(q.to(work)) + 1
         phi_k = _drop_padded(F.elu(k.to(work)) + 1, key_padding_mask)
         if causal:
-            return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size, eps=self.eps)
-        return feature_attention(phi_q, phi_k, v, eps=self.eps)
+            return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size)
+        return feature_attention(phi_q, phi_k, v)
 
     def cost(self, shape: Shape) -> Cost:
-        return _feature_cost(shape, shape.head_dim, 2 * (shape.n_q + shape.n_k) * shape.head_dim)
+        elu_plus_one = 2 * (shape.n_q + shape.n_k) * shape.head_dim
+        return _feature_cost(shape, shape.head_dim, self.chunk_size, feature_matmul=0, feature_other=elu_plus_one)
 
 
 STREAM_BLOCK = 1024  # positions per block in the streamed forward: 8 heads x 1024 x 256 features = 8 MiB
 
 
 def _finite_or_zero(x: Tensor) -> Tensor:
-    """-inf (only padded keys so far) read as 0: their features are zero whatever the scale."""
+    """-inf (no real key at all) read as 0: every feature is zero whatever the scale."""
     return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def running_key_scale(key_max: Tensor) -> Tensor:
+    """(b, h, n) per-key log max (-inf for padding) -> the causal stabilizer g: the running max up to each key.
+
+    Before the first real key the running max is -inf; it is read as the first real key's value instead, so g
+    stays non-decreasing (the chunked core needs it) and finite. Only positions whose every visible key is
+    padding take a later key's scale there, and they output zeros whatever the scale.
+    """
+    running = key_max.cummax(dim=-1).values
+    real_so_far = torch.isfinite(running)
+    first_real = torch.where(real_so_far, running, float("inf")).amin(dim=-1, keepdim=True)  # inf: no real key
+    first_real = _finite_or_zero(first_real)
+    return torch.where(real_so_far, running, first_real)
 
 
 def _in_place_ok(x: Tensor) -> bool:
@@ -91,11 +126,16 @@ def _exp(x: Tensor) -> Tensor:
 
 
 def orthogonal_features(head_dim: int, features: int, generator: torch.Generator) -> Tensor:
-    """(m, d): blocks of d orthogonal directions (QR of Gaussians), rows scaled by chi(d)-distributed norms."""
+    """(m, d): blocks of d orthogonal directions, rows scaled by chi(d)-distributed norms.
+
+    Each block is a Haar-random orthogonal matrix: the Q of a Gaussian's QR with its columns' signs fixed by
+    R's diagonal (Q diag(sign(diag R))). Without that correction QR's sign convention makes direction i point
+    away from axis i more often than not, and the estimate of the softmax kernel is biased.
+    """
     blocks = []
     for _ in range(math.ceil(features / head_dim)):
-        q, _ = torch.linalg.qr(torch.randn(head_dim, head_dim, generator=generator, dtype=torch.float64))
-        blocks.append(q.T)
+        q, r = torch.linalg.qr(torch.randn(head_dim, head_dim, generator=generator, dtype=torch.float64))
+        blocks.append((q * torch.sgn(torch.diagonal(r))).T)
     directions = torch.cat(blocks)[:features]
     norms = torch.randn(features, head_dim, generator=generator, dtype=torch.float64).norm(dim=1, keepdim=True)
     return directions * norms
@@ -111,7 +151,6 @@ class PerformerAttention(AttentionVariant):
     hyperparameters = {
         "features": Hyperparameter(256, "m: random features (more: closer to softmax, slower)", minimum=1),
         "chunk_size": CHUNK,
-        "eps": EPS,
     }
 
     def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
@@ -147,16 +186,17 @@ class PerformerAttention(AttentionVariant):
             log_k = log_k.masked_fill(key_padding_mask[:, None, :, None], float("-inf"))
         key_max = log_k.amax(dim=-1).detach()  # (b, h, n)
         if causal:  # only keys up to each position may set its scale: a global max would leak the future
-            running = _finite_or_zero(key_max.cummax(dim=-1).values)
+            running = running_key_scale(key_max)
             phi_k = _exp(_minus(log_k, running[..., None]))
-            return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size, eps=self.eps, key_log_scale=running)
+            return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size, key_log_scale=running)
         top = _finite_or_zero(key_max.amax(dim=-1, keepdim=True))  # over all (real) keys
-        return feature_attention(phi_q, _exp(_minus(log_k, top[..., None])), v, eps=self.eps)
+        return feature_attention(phi_q, _exp(_minus(log_k, top[..., None])), v)
 
     def _streamed(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         """Non-causal without autograd, in blocks of positions that stay in cache: the N x m features are
         never held whole. Keys are stabilized by a running max, the state rescaled when it grows (as in
-        online softmax), which ends equal to stabilizing by the max over all keys."""
+        online softmax), which ends equal to stabilizing by the max over all keys. The running max stays
+        -inf until a real key arrives (no floor: a floor would underflow every later key below it)."""
         work = accumulation_dtype(q.dtype)
         n, block = k.shape[-2], STREAM_BLOCK
         state = top = None
@@ -165,21 +205,26 @@ class PerformerAttention(AttentionVariant):
             log_k = self._projected(keys).sub_(keys.square().sum(dim=-1, keepdim=True) * (keys.shape[-1] ** -0.5 / 2))
             if key_padding_mask is not None:
                 log_k.masked_fill_(key_padding_mask[:, None, start : start + block, None], float("-inf"))
-            block_top = log_k.amax(dim=(-2, -1), keepdim=True)  # (b, h, 1, 1)
+            block_top = log_k.amax(dim=(-2, -1), keepdim=True)  # (b, h, 1, 1), -inf when every key is padding
             new_top = block_top if top is None else torch.maximum(top, block_top)
-            new_top = _finite_or_zero(new_top)
             # (b, h, m, n) @ (b, h, n, e + 1): a plain matmul on the transposed view (einsum ran 2x slower here)
-            block_state = log_k.sub_(new_top).exp_().transpose(-1, -2) @ with_ones(v[:, :, start : start + block], work)
-            state = block_state if state is None else state.mul_((top - new_top).exp()).add_(block_state)
+            block_features = log_k.sub_(_finite_or_zero(new_top)).exp_().transpose(-1, -2)
+            block_state = block_features @ with_ones(v[:, :, start : start + block], work)
+            if state is not None:  # rescale to the new max; a state of padding only is zero (and top -inf)
+                state = state.mul_(torch.where(torch.isfinite(top), (top - new_top).exp(), 0.0)).add_(block_state)
+            else:
+                state = block_state
             top = new_top
         out = v.new_empty(*q.shape[:-1], v.shape[-1], dtype=work)  # written block by block: no concatenation
         for start in range(0, q.shape[-2], block):
             log_q = self._projected(q[:, :, start : start + block].to(work))
             phi_q = log_q.sub_(log_q.amax(dim=-1, keepdim=True)).exp_()
-            total = phi_q @ state  # (b, h, n, m) @ (b, h, m, e + 1)
-            torch.div(total[..., :-1], total[..., -1:].clamp(min=self.eps), out=out[:, :, start : start + block])
+            out[:, :, start : start + block] = normalized(phi_q @ state)  # (b, h, n, m) @ (b, h, m, e + 1)
         return out.to(v.dtype)
 
     def cost(self, shape: Shape) -> Cost:
         projection = 2 * (shape.n_q + shape.n_k) * shape.head_dim * self.features
-        return _feature_cost(shape, self.features, projection + 4 * (shape.n_q + shape.n_k) * self.features)
+        stabilized_exp = 4 * (shape.n_q + shape.n_k) * self.features
+        return _feature_cost(
+            shape, self.features, self.chunk_size, feature_matmul=projection, feature_other=stabilized_exp
+        )

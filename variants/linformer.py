@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
+from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape, softmax_attention_flops
 from einops import einsum
 from torch import Tensor
 
@@ -98,16 +98,25 @@ class LinformerAttention(AttentionVariant):
         """(h, r, n) -> (b, h, r, n) over the real keys only, each row keeping its scale."""
         kept = projection[None] * real
         if self.projection == "random":  # entries N(0, 1/n) over the real keys become N(0, 1/n_real)
-            n_real = real.sum(dim=-1, keepdim=True).clamp(min=1)
+            n_real = (
+                real.sum(dim=-1, keepdim=True).clamp(min=1).to(projection.dtype)
+            )  # not float32: float64 stays exact
             return kept * (projection.shape[-1] / n_real) ** 0.5
         # pool and identity: a row averages its real keys
         return kept * (projection.sum(-1, keepdim=True) / kept.sum(-1, keepdim=True).clamp(min=1e-12))
 
     def cost(self, shape: Shape) -> Cost:
         s = shape
-        rows = min(self.k, s.n_k) if self.projection != "random" else self.k
+        rows = {"random": self.k, "pool": min(self.k, s.n_k), "identity": s.n_k}[self.projection]
         bh = s.batch * s.heads
-        flops = bh * (2 * rows * s.n_k * (s.head_dim + s.value_dim) + 2 * s.n_q * rows * (s.head_dim + s.value_dim))
+        projection = 2 * bh * rows * s.n_k * (s.head_dim + s.value_dim)  # E K and F V
+        attention, softmax = softmax_attention_flops(bh * s.n_q * rows, s)
         io = bh * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim) * s.dtype_bytes
-        working = bh * rows * (s.head_dim + s.value_dim) * s.dtype_bytes + 2 * rows * s.n_k * s.dtype_bytes
-        return Cost(flops=flops, bytes_moved=io, working_bytes=working)
+        copies = 1 if self.share_heads else s.heads  # of E and F, each (rows, n_k)
+        working = bh * rows * (s.head_dim + s.value_dim) * s.dtype_bytes + 2 * copies * rows * s.n_k * s.dtype_bytes
+        return Cost(
+            flops=projection + attention + softmax,
+            bytes_moved=io,
+            working_bytes=working,
+            matmul_flops=projection + attention,
+        )

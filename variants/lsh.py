@@ -26,14 +26,21 @@ chunk, j - key in window, d - head dim, e - value dim
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
+from attnbench.interface import (
+    AttentionVariant,
+    Capabilities,
+    Cost,
+    Hyperparameter,
+    Shape,
+    kept_between_calls,
+    softmax_attention_flops,
+)
 from attnbench.variants.blocks import Pattern, merge_partials, partial_attention
 from einops import rearrange
 from torch import Tensor
@@ -48,7 +55,8 @@ def default_buckets(n: int, bucket_size: int) -> int:
     """About N / bucket_size buckets as in the paper, but at most 64; even (the hash picks from [xR; -xR]).
 
     Hashing costs O(N * n_buckets * D): buckets growing with N would make it quadratic, so by default
-    they stop at 64 (hashing then costs about half the attention). Set n_buckets for the paper's N / bucket_size.
+    they stop at 64 (hashing then costs a quarter of the attention's matmul FLOPs at bucket_size 64, an
+    eighth with shared_qk; see `cost`). Set n_buckets for the paper's N / bucket_size.
     """
     buckets = min(n // bucket_size, MAX_DEFAULT_BUCKETS)
     return 1 if buckets <= 1 else buckets + buckets % 2
@@ -169,14 +177,14 @@ def gather_windows(x: Tensor, layout: Tensor, chunk: int, back: int, forward: in
     return rearrange(windows, "x c z j -> x c j z")
 
 
-@functools.lru_cache(maxsize=32)
+@kept_between_calls(maxsize=32)
 def window_slots(chunks: int, chunk: int, back: int, forward: int, device: torch.device) -> Tensor:
     """(c, 1, j): the layout slot of each key of each chunk's window (negative or past the end: outside)."""
     span = (back + 1 + forward) * chunk
     return (torch.arange(chunks, device=device)[:, None, None] - back) * chunk + torch.arange(span, device=device)
 
 
-@functools.lru_cache(maxsize=32)
+@kept_between_calls(maxsize=32)
 def _own_chunk_bias(chunk: int, back: int, forward: int, shared_qk: bool, dtype: torch.dtype, device: torch.device):
     """(i, j): 0, or -inf where a shared-QK query meets itself (its own slot in its own chunk of the window)."""
     bias = torch.zeros(chunk, (back + 1 + forward) * chunk, dtype=dtype, device=device)
@@ -186,7 +194,7 @@ def _own_chunk_bias(chunk: int, back: int, forward: int, shared_qk: bool, dtype:
     return bias
 
 
-@functools.lru_cache(maxsize=32)
+@kept_between_calls(maxsize=32)
 def _global_base_bias(
     n: int, slots: int, chunk: int, back: int, forward: int, shared_qk: bool, dtype: torch.dtype, device: torch.device
 ) -> Tensor:
@@ -210,6 +218,32 @@ class SortedRounds:
     @property
     def rounds(self) -> int:
         return self.query_layout.shape[2]
+
+
+GAUSSIAN_SAMPLE = 8192  # inputs hashed to estimate bucket probabilities for `per_bucket_chunks`
+LAYOUT_DRAWS = 256  # layouts per round drawn from them
+
+
+def per_bucket_chunks(n: int, sample_buckets: Tensor, n_buckets: int, chunk: int, layouts: int) -> float:
+    """Estimated chunks of a call's per-bucket (causal) layouts, which it pads to the fullest; for `cost`.
+
+    A layout holds sum over buckets of ceil(count / chunk) chunks, and the counts depend on the data. Each
+    round's bucket probabilities are read from `sample_buckets` (r, samples), the buckets of sample inputs;
+    LAYOUT_DRAWS layouts of n positions are drawn from them per round, and the fullest of a round's
+    `layouts` (b * h) is read as their layouts / (layouts + 1) quantile.
+    """
+    probabilities = torch.stack([torch.bincount(b, minlength=n_buckets) for b in sample_buckets]).double()
+    probabilities /= sample_buckets.shape[-1]  # (r, buckets)
+    mass_left = 1 - probabilities.cumsum(dim=-1) + probabilities  # before each bucket
+    conditional = (probabilities / mass_left.clamp(min=1e-12)).clamp(max=1.0)
+    generator = torch.Generator().manual_seed(0)
+    left = torch.full((len(probabilities), LAYOUT_DRAWS), float(n), dtype=torch.float64)
+    chunks = torch.zeros_like(left)
+    for bucket in range(n_buckets):  # a multinomial draw, one bucket at a time
+        count = torch.binomial(left, conditional[:, bucket, None].expand_as(left).contiguous(), generator=generator)
+        chunks += torch.ceil(count / chunk)
+        left -= count
+    return float(torch.quantile(chunks, layouts / (layouts + 1), dim=-1).max())
 
 
 class LSHAttention(AttentionVariant):
@@ -294,10 +328,12 @@ class LSHAttention(AttentionVariant):
             lses.append(rearrange(part.lse, "(b h) c i -> b h (c i)", b=b).gather(2, slot))
         lse = torch.stack(lses)  # (r, b, h, n)
         result = merge_partials(outs, lse)  # one softmax over the union of the rounds' supports
-        if self.shared_qk:  # a token that sees nothing else in any round attends to itself alone
-            alone = torch.isinf(lse).all(dim=0)[..., None]  # (b, h, n, 1)
+        if self.shared_qk:  # a real token that sees nothing else in any round attends to itself alone
+            alone = torch.isinf(lse).all(dim=0)  # (b, h, n)
+            if key_padding_mask is not None:  # a padding token is no key, not even its own: it outputs zeros
+                alone = alone & ~key_padding_mask[:, None, :]
             if bool(alone.any()):
-                result = torch.where(alone, v, result)
+                result = torch.where(alone[..., None], v, result)
         return result
 
     def _sort(self, q: Tensor, k: Tensor, causal: bool) -> SortedRounds:
@@ -411,15 +447,30 @@ class LSHAttention(AttentionVariant):
         return query_ids.to(dtype), key_ids.to(dtype)
 
     def cost(self, shape: Shape) -> Cost:
-        chunk = self.bucket_size
+        s, chunk = shape, self.bucket_size
+        bh = s.batch * s.heads
+        n_buckets = self.n_buckets or default_buckets(s.n_q, chunk)
+        rounds = self.n_hashes if n_buckets > 1 else 1  # one bucket: one round, nothing to hash
+        if s.causal:  # each bucket chunked apart: the layout depends on the data, estimated for Gaussian inputs
+            sample = torch.randn(1, 1, GAUSSIAN_SAMPLE, s.head_dim, generator=torch.Generator().manual_seed(0))
+            sample_buckets = hash_buckets(sample, self.rotations(s.head_dim, n_buckets, sample.device))[0, 0]
+            slots = per_bucket_chunks(s.n_q, sample_buckets, n_buckets, chunk, bh) * chunk
+        else:
+            slots = -(-s.n_q // chunk) * chunk
         window = chunk * (1 + self.look_backward + self.look_forward)
-        padded = -(-shape.n_q // chunk) * chunk
-        pairs = shape.batch * shape.heads * self.n_hashes * padded * window
-        sort_flops = shape.batch * shape.heads * self.n_hashes * padded * math.log2(max(padded, 2))
-        flops = 2 * pairs * (shape.head_dim + shape.value_dim) + 5 * pairs + sort_flops
-        gathered = shape.batch * shape.heads * self.n_hashes * padded * (2 * shape.head_dim + shape.value_dim)
-        io = gathered * (1 + 1 + self.look_backward + self.look_forward) * shape.dtype_bytes
+        pairs = bh * rounds * slots * window  # every chunk against its whole window, masked keys included
+        attention, softmax = softmax_attention_flops(pairs, s)
+        hashed = s.n_q if self.shared_qk else s.n_q + s.n_k  # keys sorted apart are hashed too
+        hashing = 2 * bh * hashed * s.head_dim * rounds * (n_buckets // 2)  # rows times (d, rounds * buckets/2)
+        sort_flops = bh * rounds * hashed * math.log2(max(s.n_q, 2))
+        gathered = bh * rounds * slots * (2 * s.head_dim + s.value_dim)
+        io = gathered * (1 + 1 + self.look_backward + self.look_forward) * s.dtype_bytes
         # one round at a time: its float bias, byte gaps and met flags, gathered windows, and every round's output
-        per_round = (pairs * (shape.dtype_bytes + 2) + io) / self.n_hashes
-        outputs = shape.batch * shape.heads * self.n_hashes * shape.n_q * (shape.value_dim + 1) * shape.dtype_bytes
-        return Cost(flops=flops, bytes_moved=io, working_bytes=per_round + outputs)
+        per_round = (pairs * (s.dtype_bytes + 2) + io) / rounds
+        outputs = bh * rounds * s.n_q * (s.value_dim + 1) * s.dtype_bytes
+        return Cost(
+            flops=attention + hashing + softmax + sort_flops,
+            bytes_moved=io,
+            working_bytes=per_round + outputs,
+            matmul_flops=attention + hashing,
+        )

@@ -1,13 +1,14 @@
 """Strided and fixed sparse attention (Child et al. 2019, Generating Long Sequences with Sparse Transformers).
 
 With stride l (default round(sqrt(N))):
-- `strided`: query i sees the local run |i - j| < l (causal: 0 <= i - j < l, the last l positions, itself
-  included) and every position j with (i - j) mod l == 0 (causal: j <= i).
+- `strided`: query i sees the local run |i - j| <= l (causal: 0 <= i - j <= l, i.e. positions i - l .. i, the
+  paper's A(1) of l + 1 positions) and every position j with (i - j) mod l == 0 (causal: j <= i), A(2).
 - `fixed`: query i sees its own block of l positions (causal: up to i) and the last `summary` positions of
   every block (causal: up to i).
 Both parts are computed separately and merged by their log-sum-exp: one softmax over the union, a key
 that both parts contain counted once (the second part leaves out what the first covers).
-`factorize=True` splits the parts across heads as in the paper: even heads the first part, odd heads the second.
+`factorize=True` splits the parts across heads as in the paper: even heads the first part, odd heads the second
+(it needs at least two heads; with one the second part would be dropped, so that is refused).
 
 Work is proportional to the support: the local run is band attention over blocks; the stride part is
 attention along columns of the sequence laid out as (rows of l) — the stride axis made contiguous, as in
@@ -18,11 +19,19 @@ b - batch, h - heads, r - row (block of l), c - column (position in block), d - 
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
-from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
+from attnbench.interface import (
+    AttentionVariant,
+    Capabilities,
+    Cost,
+    Hyperparameter,
+    Shape,
+    UnsupportedOptionError,
+    kept_between_calls,
+    softmax_attention_flops,
+)
 from attnbench.variants.band import band_pattern, default_block_size
 from attnbench.variants.blocks import (
     Partial,
@@ -67,9 +76,9 @@ def _real_positions(n: int, stride: int, key_padding_mask: Tensor | None, device
 def local_part(
     q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None
 ) -> Partial:
-    """The local run |i - j| < l: band attention with window l - 1."""
+    """The local run |i - j| <= l (causal: i - l .. i): band attention with window l."""
     b, h, n, _ = q.shape
-    window = min(stride - 1, n - 1)
+    window = min(stride, n - 1)
     block = default_block_size(window)
     after = 0 if causal else window
     valid_keys = key_validity_windows(key_padding_mask, n, block, window, after)
@@ -83,23 +92,24 @@ def local_part(
     )
 
 
-@functools.lru_cache(maxsize=64)
-def _column_rows(rows: int, causal: bool, include_self: bool, device: torch.device) -> Tensor:
+@kept_between_calls(maxsize=64)
+def _column_rows(rows: int, causal: bool, exclude_local: bool, device: torch.device) -> Tensor:
     """(rows, rows) bool: which rows of the same column a query row sees."""
     offset = torch.arange(rows, device=device)[:, None] - torch.arange(rows, device=device)[None, :]
     allowed = offset >= 0 if causal else torch.ones(rows, rows, dtype=torch.bool, device=device)
-    return allowed if include_self else allowed & (offset != 0)
+    # the local run i - l .. i + l already holds the same column's keys one row away and the query's own
+    return allowed & (offset.abs() > 1) if exclude_local else allowed
 
 
 def column_part(
-    q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None, include_self: bool
+    q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None, exclude_local: bool
 ) -> Partial:
     """Every j with (i - j) mod l == 0: attention along the columns of the (rows, l) grid."""
     b, h, n, _ = q.shape
     qc, kc, vc = (rearrange(_as_grid(x, stride), "b h r c d -> (b h) c r d") for x in (q, k, v))
     rows = qc.shape[-2]
     real = rearrange(_real_positions(n, stride, key_padding_mask, q.device), "b r c -> b c 1 r")  # keys
-    allowed = _column_rows(rows, causal, include_self, q.device) & real  # (b|1, c, r, r)
+    allowed = _column_rows(rows, causal, exclude_local, q.device) & real  # (b|1, c, r, r)
     pattern = Pattern(allowed if key_padding_mask is None else expand_over_heads(allowed, h))
     part = partial_attention(qc, kc, vc, pattern)
     return Partial(
@@ -174,7 +184,7 @@ def strided_support(n: int, *, stride: int, pattern: str, summary: int, causal: 
     offset = i - j
     visible = offset >= 0 if causal else torch.ones(n, n, dtype=torch.bool)
     if pattern == "strided":
-        first = (offset.abs() < stride) & visible
+        first = (offset.abs() <= stride) & visible
         second = (offset % stride == 0) & visible
     else:
         first = (i // stride == j // stride) & visible
@@ -216,7 +226,7 @@ class StridedAttention(FlexBackend, AttentionVariant):
         options = dict(stride=stride, causal=causal, key_padding_mask=key_padding_mask)
         if self.pattern == "strided":
             first = lambda x, y, z: local_part(x, y, z, **options)  # noqa: E731
-            second = lambda x, y, z, exclusive: column_part(x, y, z, include_self=not exclusive, **options)  # noqa: E731
+            second = lambda x, y, z, exclusive: column_part(x, y, z, exclude_local=exclusive, **options)  # noqa: E731
         else:
             first = lambda x, y, z: block_part(x, y, z, **options)  # noqa: E731
             second = lambda x, y, z, exclusive: summary_part(  # noqa: E731
@@ -224,11 +234,15 @@ class StridedAttention(FlexBackend, AttentionVariant):
             )
         if not self.factorize:
             return combine([first(q, k, v), second(q, k, v, True)])
+        if q.shape[1] < 2:
+            raise UnsupportedOptionError(
+                "strided with factorize=True needs at least 2 heads (even heads: the first part, odd heads: the "
+                f"second); with {q.shape[1]} head the second part would be dropped"
+            )
         out = q.new_zeros(*q.shape[:-1], v.shape[-1])
         even, odd = slice(0, None, 2), slice(1, None, 2)
         out[:, even] = combine([first(q[:, even], k[:, even], v[:, even])])
-        if q.shape[1] > 1:
-            out[:, odd] = combine([second(q[:, odd], k[:, odd], v[:, odd], False)])
+        out[:, odd] = combine([second(q[:, odd], k[:, odd], v[:, odd], False)])
         return out
 
     def _flex(self, q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool) -> Tensor:
@@ -237,7 +251,7 @@ class StridedAttention(FlexBackend, AttentionVariant):
         def strided_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             offset = q_idx - kv_idx
             if pattern == "strided":
-                first, second = offset.abs() < stride, offset % stride == 0
+                first, second = offset.abs() <= stride, offset % stride == 0
             else:
                 first, second = q_idx // stride == kv_idx // stride, kv_idx % stride >= stride - summary
             union = (first & (h % 2 == 0)) | (second & (h % 2 == 1)) if factorize else first | second
@@ -254,15 +268,26 @@ class StridedAttention(FlexBackend, AttentionVariant):
     def cost(self, shape: Shape) -> Cost:
         n = shape.n_q
         stride = min(self.stride or default_stride(n), n)
-        rows = -(-n // stride)
+        rows = -(-n // stride)  # of the (rows, stride) grid, the last row zero-padded
+        # scores computed per head by each part, masked ones included (as the parts above lay them out)
         if self.pattern == "strided":
-            keys_per_query = (default_block_size(stride - 1) + 2 * (stride - 1)) + rows
+            window = min(stride, n - 1)  # the local run i - l .. i + l, as local_part lays it out
+            block = default_block_size(window)
+            span = block + window + (0 if shape.causal else window)
+            first = -(-n // block) * block * span  # local run: band blocks against their key windows
+            second = stride * rows * rows  # columns: each row of the grid against every row
         else:
-            keys_per_query = stride + rows * min(self.summary, stride)
-        if self.factorize:
-            keys_per_query /= 2
-        computed = shape.batch * shape.heads * n * keys_per_query
-        flops = 2 * computed * (shape.head_dim + shape.value_dim) + 5 * computed
+            first = rows * stride * stride  # own block
+            second = rows * stride * rows * min(self.summary, stride)  # each position against every summary
+        heads = shape.heads
+        first_heads, second_heads = (heads - heads // 2, heads // 2) if self.factorize else (heads, heads)
+        computed = shape.batch * (first_heads * first + second_heads * second)
+        matmul, other = softmax_attention_flops(computed, shape)
         io = shape.batch * shape.heads * n * (2 * shape.head_dim + 2 * shape.value_dim)
-        working = computed * 1 + 3 * io * shape.dtype_bytes  # bool patterns, grid copies of q, k, v
-        return Cost(flops=flops, bytes_moved=io * shape.dtype_bytes, working_bytes=working)
+        # both parts' outputs and log-sum-exps, a padded copy of k and v; patterns (bool and bias) shared by (b h)
+        held = 2 * (shape.value_dim + 1) + shape.head_dim + shape.value_dim
+        patterns = (first + second) * (1 + shape.dtype_bytes)
+        working = shape.batch * shape.heads * rows * stride * held * shape.dtype_bytes + patterns
+        return Cost(
+            flops=matmul + other, bytes_moved=io * shape.dtype_bytes, working_bytes=working, matmul_flops=matmul
+        )
