@@ -28,6 +28,7 @@ def scaling_table(cells: pd.DataFrame) -> pd.DataFrame:
                 "n_range": f"{group.seq_len.min()}–{group.seq_len.max()}",
                 "points": len(group),
                 "time_slope": loglog_slope(group.seq_len, group.time_median_s),
+                "noisy": bool((group.noisy.fillna("") != "").any()) if "noisy" in group else False,
                 "memory_slope": loglog_slope(group.seq_len, group.peak_mem_bytes),
             }
         )
@@ -63,7 +64,7 @@ def crossover_table(cells: pd.DataFrame, baseline: str = "full") -> pd.DataFrame
         if not shared:
             continue
         group = group.set_index("seq_len").loc[shared]
-        time_ratio = (group.time_median_s / base.loc[shared, "time_median_s"]).tolist()
+        time_ratio = (1 / group.speedup).tolist()  # paired, measured in turns with the baseline
         memory_ratio = (group.peak_mem_bytes / base.loc[shared, "peak_mem_bytes"]).tolist()
         rows.append(
             {

@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--causal", type=_causal, help="true, false or both")
     run.add_argument("--mode", type=_csv(str), help="fwd, fwd+bwd, or both comma-separated")
     run.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
+    run.add_argument("--threads", type=int, help="torch threads (default: the config's `threads`, 0 = torch's default)")
     run.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="skip report.md / report.html / plots at the end")
@@ -89,14 +90,26 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="(re)build report.md, report.html and plots/ for a run folder")
     report.add_argument("run_dir", type=Path)
 
-    compare = commands.add_parser("compare", help="compare two runs cell by cell (ratios B / A, noise-aware)")
+    compare = commands.add_parser(
+        "compare",
+        help="compare two runs cell by cell, deciding from their timing samples (bootstrap intervals)",
+        epilog="exit status: 0 no regression; 1 a regression (with --fail-above: a cell slower beyond PCT, or a "
+        "cell ok in A that is not ok in B); 2 usage (e.g. not a run folder)",
+    )
     compare.add_argument("run_a", type=Path)
     compare.add_argument("run_b", type=Path)
     compare.add_argument(
         "--fail-above",
         type=float,
         metavar="PCT",
-        help="exit 1 if any cell is slower by more than PCT percent beyond noise (for CI)",
+        help="exit 1 if a cell is slower by more than PCT percent (its whole 95%% interval beyond PCT) or a cell ok "
+        "in A is not ok in B (for CI); without it the verdicts use 5%%",
+    )
+    compare.add_argument(
+        "--speedups",
+        action="store_true",
+        help="compare each cell's in-turn speedup against its baseline instead of its absolute time "
+        "(the robust choice across machines)",
     )
     check = commands.add_parser("check", help="run the conformance checks on a variant (for variant authors)")
     check.add_argument("name", help="a registered variant name (see `attnbench list`)")
@@ -138,7 +151,7 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def command_check(args: argparse.Namespace) -> int:
-    from attnbench.conformance import CHECKS, check_context, run_check
+    from attnbench.conformance import CHECKS, check_contexts, run_check
     from attnbench.interface import VariantError
     from attnbench.summary import markdown_table
 
@@ -149,17 +162,20 @@ def command_check(args: argparse.Namespace) -> int:
     except (ValueError, VariantError) as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return 2
-    ctx = check_context(lambda: variant_class(seed=0, **params))
-    if isinstance(ctx, str):
-        print(f"attnbench: {args.name} cannot be checked on this machine: {ctx}")
+    contexts = check_contexts(lambda: variant_class(seed=0, **params))
+    if isinstance(contexts, str):
+        print(f"attnbench: {args.name} cannot be checked on this machine: {contexts}")
         return 0
-    results = [run_check(name, ctx) for name in CHECKS]
-    print(f"{args.name} on {ctx.device.type}, {str(ctx.dtype).removeprefix('torch.')}:")
-    print(markdown_table(["check", "result", "detail"], [[r.check, r.status, r.detail] for r in results]))
-    failed = [r.check for r in results if r.status == "fail"]
+    failed, total = [], 0
+    for ctx in contexts:  # float64 and float32: a NaN or a leak may show in one precision only
+        dtype = str(ctx.dtype).removeprefix("torch.")
+        results = [run_check(name, ctx) for name in CHECKS]
+        print(f"{args.name} on {ctx.device.type}, {dtype}:")
+        print(markdown_table(["check", "result", "detail"], [[r.check, r.status, r.detail] for r in results]))
+        failed += [f"{r.check} ({dtype})" for r in results if r.status == "fail"]
+        total += len(results)
     print(
-        f"{len(results) - len(failed)} passed or skipped, {len(failed)} failed"
-        + (f": {', '.join(failed)}" if failed else "")
+        f"{total - len(failed)} passed or skipped, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else "")
     )
     return 1 if failed else 0
 
@@ -214,8 +230,9 @@ def command_list() -> int:
 
 
 def command_run(args: argparse.Namespace) -> int:
+    from attnbench.run import run_plan
+    from attnbench.rundir import RunFolderBusy, new_run_dir
     from attnbench.summary import write_summary
-    from attnbench.sweep import run_sweep
 
     overrides = {
         key: value
@@ -227,6 +244,7 @@ def command_run(args: argparse.Namespace) -> int:
             "causal": args.causal,
             "mode": args.mode,
             "seeds": args.seeds,
+            "threads": args.threads,
         }.items()
         if value is not None
     }
@@ -239,28 +257,46 @@ def command_run(args: argparse.Namespace) -> int:
         print(f"attnbench: {error}", file=sys.stderr)
         return 2
     cells = config.cells()
-    where = args.resume if args.resume is not None else f"{args.out}/"
+    run_dir = args.resume if args.resume is not None else new_run_dir(args.out, config.name)
+    duplicates = config.duplicates()
     print(
-        f"attnbench: {len(cells)} cells from '{config.name}' ({len(config.variants)} variant settings × "
-        f"N in {sorted(config.seq_lens)}), results under {where}",
+        f"attnbench: {len(cells)} cells in {len(config.groups())} comparison groups from '{config.name}' "
+        f"({len(config.variants)} variant settings × N in {sorted(config.seq_lens)})"
+        + (f", {duplicates} duplicate cell(s) removed" if duplicates else "")
+        + f"; results in {run_dir}/",
         file=sys.stderr,
     )
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > 0.5:
+        print(
+            f"attnbench: the machine is already busy (load {load:.1f} on {cores} cores): timings will be noisy "
+            "(each cell says so); in-turn speedups hold best when torch's threads fit the idle cores (--threads)",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
-    run_dir = run_sweep(
-        config,
-        args.out,
-        progress=not args.no_progress,
-        run_dir=args.resume,
-        resume=args.resume is not None,
-        isolate=args.isolate,
-    )
+    try:
+        run_plan(
+            config,
+            progress=not args.no_progress,
+            run_dir=run_dir,
+            resume=args.resume is not None,
+            isolate=args.isolate,
+            command=["attnbench", *sys.argv[1:]],
+        )
+    except RunFolderBusy as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return 2
     print(write_summary(run_dir))
-    outputs = "results.csv, meta.json, summary.md"
+    outputs = "results.csv, samples.csv, meta.json, summary.md"
     if not args.no_report:
         from attnbench.report import write_report
 
         write_report(run_dir)
         outputs += ", report.md, report.html, plots/"
+    from attnbench.results import read_results
+    from attnbench.summary import noise_line
+
+    print(f"attnbench: {noise_line(read_results(run_dir))}", file=sys.stderr)
     print(
         f"attnbench: {len(cells)} cells in {time.perf_counter() - started:.0f} s -> {run_dir}/ ({outputs})",
         file=sys.stderr,
@@ -305,17 +341,21 @@ def command_report(args: argparse.Namespace) -> int:
 
 
 def command_compare(args: argparse.Namespace) -> int:
-    from attnbench.compare import compare_runs, format_comparison
+    from attnbench.compare import DEFAULT_THRESHOLD, compare_runs, format_comparison
 
     if _run_folder(args.run_a) is None or _run_folder(args.run_b) is None:
         return 2
-    result = compare_runs(args.run_a, args.run_b)
+    threshold = DEFAULT_THRESHOLD if args.fail_above is None else args.fail_above / 100
+    result = compare_runs(args.run_a, args.run_b, threshold=threshold, speedups=args.speedups)
     print(format_comparison(result, args.run_a, args.run_b))
+    if result.table.empty and result.broken.empty:
+        print("attnbench: the two runs have no cell in common that ran ok in both", file=sys.stderr)
     if args.fail_above is not None:
-        regressions = result.regressions(args.fail_above)
-        if len(regressions):
+        slower, broken = len(result.regressions()), len(result.broken)
+        if slower or broken:
             print(
-                f"attnbench: {len(regressions)} cell(s) slower by more than {args.fail_above:g}% beyond noise",
+                f"attnbench: regression: {slower} cell(s) slower by more than {args.fail_above:g}% (the whole 95% "
+                f"interval beyond it), {broken} cell(s) no longer ok",
                 file=sys.stderr,
             )
             return 1

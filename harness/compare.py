@@ -1,7 +1,12 @@
-"""Compare two runs cell by cell: time, memory and error ratios with a noise-aware verdict.
+"""Compare two runs cell by cell and decide from their timing samples, not from two medians.
 
-A time change counts only when it is larger than the spread of both measurements (the larger IQR) and
-than a relative floor; smaller moves are noise, not regressions.
+For each cell in both runs: the ratio of median times B / A with a bootstrap 95% interval (each run's
+samples resampled on their own), or with `speedups=True` the ratio of the in-turn speedups against the
+baseline (robust across machines: each run's speedup was measured in turns on one machine). A cell is
+"slower" or "faster" only when the whole interval clears the threshold; "inconclusive" when either side was
+flagged noisy (a wide spread, or other processes competing for the CPU) or, for times, the two runs come
+from different machines or software (the verdict names why); otherwise "same". A cell
+that was ok in A and is not in B (error, crashed, missing) is a regression of its own.
 """
 
 from __future__ import annotations
@@ -12,28 +17,24 @@ from pathlib import Path
 
 import pandas as pd
 from attnbench.results import read_results
+from attnbench.rundir import read_samples
+from attnbench.stats import Interval, ratio_of_medians
 from attnbench.summary import format_number, markdown_table
 
-NOISE_FLOOR = 0.03  # relative changes below 3% are never called, whatever the IQR
+DEFAULT_THRESHOLD = 0.05  # a change is called only when its interval clears 5% (or --fail-above)
 
 
 @dataclass
 class Comparison:
-    table: pd.DataFrame  # one row per cell present and ok in both runs
+    table: pd.DataFrame  # one row per cell ok in both runs
+    broken: pd.DataFrame  # cells ok in A that are not ok (or missing) in B
     only_in_a: int
     only_in_b: int
     machine_notes: list[str]
+    measure: str  # "time" or "speedup"
 
-    def regressions(self, above_percent: float) -> pd.DataFrame:
-        return self.table[(self.table.verdict == "slower") & (100 * (self.table.time_ratio - 1) > above_percent)]
-
-
-def verdict(time_a: float, iqr_a: float, time_b: float, iqr_b: float) -> str:
-    """'faster' / 'slower' when B moved beyond both runs' noise, else 'same (within noise)'."""
-    change = time_b - time_a
-    if abs(change) <= max(iqr_a, iqr_b, NOISE_FLOOR * time_a):
-        return "same (within noise)"
-    return "slower" if change > 0 else "faster"
+    def regressions(self) -> pd.DataFrame:
+        return self.table[self.table.verdict == "slower"]
 
 
 def machine_differences(meta_a: dict, meta_b: dict) -> list[str]:
@@ -50,85 +51,135 @@ def machine_differences(meta_a: dict, meta_b: dict) -> list[str]:
     return notes
 
 
-def compare_runs(run_a: Path, run_b: Path) -> Comparison:
-    a, b = read_results(run_a), read_results(run_b)
-    ok_a, ok_b = a[a.status == "ok"].set_index("cell_key"), b[b.status == "ok"].set_index("cell_key")
-    shared = ok_a.index.intersection(ok_b.index)
+def decide(interval: Interval, threshold: float, why_inconclusive: str) -> str:
+    """'slower' / 'faster' when the interval of B / A clears the threshold, 'inconclusive (...)' when it
+    would but the measurement cannot carry it, else 'same'."""
+    side = interval.clears(threshold)
+    if side is None:
+        return "same"
+    if why_inconclusive:
+        return f"inconclusive ({why_inconclusive})"
+    return "slower" if side == "above" else "faster"
+
+
+def _noise_cause(x: pd.Series, y: pd.Series) -> str:
+    causes = [
+        f"{side} noisy: {row.noisy}" for side, row in (("A", x), ("B", y)) if isinstance(row.noisy, str) and row.noisy
+    ]
+    return "; ".join(causes)
+
+
+def compare_runs(
+    run_a: Path, run_b: Path, *, threshold: float = DEFAULT_THRESHOLD, speedups: bool = False
+) -> Comparison:
+    a, b = (read_results(run).drop_duplicates("cell_key", keep="last").set_index("cell_key") for run in (run_a, run_b))
+    samples_a, samples_b = read_samples(run_a), read_samples(run_b)
+    meta = [json.loads((r / "meta.json").read_text()) if (r / "meta.json").exists() else {} for r in (run_a, run_b)]
+    notes = machine_differences(*meta)
+    machines_differ = "different machines or software" if notes else ""
+    ok_a, ok_b = a[a.status == "ok"], b[b.status == "ok"]
     rows = []
-    for key in shared:
+    for key in ok_a.index.intersection(ok_b.index):
         x, y = ok_a.loc[key], ok_b.loc[key]
+        if speedups:
+            if pd.isna(x.speedup) or pd.isna(y.speedup):
+                continue
+            # speedup B / speedup A, inverted so that > 1 means B got slower relative to its baseline
+            interval = Interval(
+                x.speedup / y.speedup,
+                x.speedup_low / y.speedup_high if y.speedup_high else float("nan"),
+                x.speedup_high / y.speedup_low if y.speedup_low else float("nan"),
+            )
+            # each speedup was measured in turns on one machine, so other machines are fine; a loaded one is not:
+            # threads stolen by another process slow variants unequally (many small kernels more than one big)
+            why = _noise_cause(x, y)
+        else:
+            sa, sb = samples_a.get(key), samples_b.get(key)
+            if sa and sb:
+                interval = ratio_of_medians(sa, sb)
+            else:  # a run written before samples were kept: the medians alone, no interval
+                ratio = y.time_median_s / x.time_median_s
+                interval = Interval(ratio, ratio, ratio)
+            why = "; ".join(cause for cause in (machines_differ, _noise_cause(x, y)) if cause)
         rows.append(
             {
+                "cell_key": key,
                 "label": x["label"],
                 "seq_len": x["seq_len"],
-                "device": x["device"],
-                "dtype": x["dtype"],
-                "mode": x["mode"],  # x.dtype: the Series'
-                "causal": x.causal,
+                "setting": f"{x['device']}/{x['dtype']}/{x['mode']}{'/causal' if x.causal else ''}",
                 "input": x["input"],
-                "time_a_ms": 1e3 * x.time_median_s,
-                "time_b_ms": 1e3 * y.time_median_s,
-                "time_ratio": y.time_median_s / x.time_median_s,
+                "a": x.speedup if speedups else 1e3 * x.time_median_s,
+                "b": y.speedup if speedups else 1e3 * y.time_median_s,
+                "ratio": interval.estimate,
+                "low": interval.low,
+                "high": interval.high,
                 "memory_ratio": y.peak_mem_bytes / x.peak_mem_bytes if x.peak_mem_bytes else float("nan"),
                 "error_a": x.err_vs_uniform,
                 "error_b": y.err_vs_uniform,
-                "verdict": verdict(x.time_median_s, x.time_iqr_s, y.time_median_s, y.time_iqr_s),
+                "verdict": decide(interval, threshold, why),
             }
         )
-    meta = [
-        json.loads((run / "meta.json").read_text()) if (run / "meta.json").exists() else {} for run in (run_a, run_b)
-    ]
+    broken = [
+        {"cell_key": key, "label": ok_a.loc[key, "label"], "seq_len": ok_a.loc[key, "seq_len"],
+         "now": b.loc[key, "status"] if key in b.index else "missing",
+         "reason": b.loc[key, "reason"] if key in b.index else "not in run B"}
+        for key in ok_a.index
+        if key not in ok_b.index
+    ]  # fmt: skip
     return Comparison(
-        pd.DataFrame(rows),
-        len(ok_a.index.difference(ok_b.index)),
-        len(ok_b.index.difference(ok_a.index)),
-        machine_differences(*meta),
+        table=pd.DataFrame(rows),
+        broken=pd.DataFrame(broken),
+        only_in_a=len(a.index.difference(b.index)),
+        only_in_b=len(b.index.difference(a.index)),
+        machine_notes=notes,
+        measure="speedup" if speedups else "time",
     )
 
 
 def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
-    lines = [f"Comparing A = {run_a} with B = {run_b}: ratios are B / A."]
+    what = "speedup vs baseline, A / B" if result.measure == "speedup" else "time, B / A"
+    lines = [f"Comparing A = {run_a} with B = {run_b}: ratios of {what} (> 1: B is slower), 95% intervals."]
     if result.machine_notes:
-        lines.append("The runs come from different machines or software, so differences mix code and setting:")
+        lines.append("The runs come from different machines or software; a time change there is inconclusive:")
         lines += [f"  - {note}" for note in result.machine_notes]
     if result.only_in_a or result.only_in_b:
-        lines.append(f"Cells ok in only one run (not compared): {result.only_in_a} in A, {result.only_in_b} in B.")
+        lines.append(f"Cells in only one run: {result.only_in_a} in A, {result.only_in_b} in B.")
+    if not result.broken.empty:
+        lines.append(f"{len(result.broken)} cell(s) ok in A stopped working in B (a regression):")
+        lines += [f"  - {r.label} N={r.seq_len}: {r.now} ({r.reason})" for r in result.broken.itertuples()]
     table = result.table
     if table.empty:
-        lines.append("No cell ran ok in both runs.")
+        lines.append("No cell ran ok in both runs: nothing to compare (are these runs of the same config?).")
         return "\n".join(lines)
+    unit = "×" if result.measure == "speedup" else " ms"
     rows = [
         [
             r.label,
             str(r.seq_len),
-            f"{r.device}/{r.dtype}/{r.mode}{'/causal' if r.causal else ''}",
+            r.setting,
             r.input,
-            format_number(r.time_a_ms, ".2f"),
-            format_number(r.time_b_ms, ".2f"),
-            format_number(r.time_ratio, ".3f"),
+            format_number(r.a, ".2f") + unit,
+            format_number(r.b, ".2f") + unit,
+            f"{format_number(r.ratio, '.3f')} [{format_number(r.low, '.3f')}–{format_number(r.high, '.3f')}]",
             format_number(r.memory_ratio, ".3f"),
             f"{format_number(r.error_a, '.3g')} → {format_number(r.error_b, '.3g')}",
             r.verdict,
         ]
         for r in table.itertuples()
     ]
-    lines.append(
-        markdown_table(
-            [
-                "variant",
-                "N",
-                "setting",
-                "input",
-                "A ms",
-                "B ms",
-                "time B/A",
-                "memory B/A",
-                "error vs uniform",
-                "verdict",
-            ],
-            rows,
-        )
-    )
-    counts = table.verdict.value_counts().to_dict()
+    headers = [
+        "variant",
+        "N",
+        "setting",
+        "input",
+        "A",
+        "B",
+        "ratio [95% CI]",
+        "memory B/A",
+        "error vs uniform",
+        "verdict",
+    ]
+    lines.append(markdown_table(headers, rows))
+    counts = table.verdict.str.replace(r" \(.*", "", regex=True).value_counts().to_dict()
     lines.append("Verdicts: " + ", ".join(f"{count} {name}" for name, count in counts.items()))
     return "\n".join(lines)

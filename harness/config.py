@@ -1,19 +1,20 @@
-"""Sweep configuration: TOML presets plus CLI overrides, validated whole, expanded into cells.
+"""Sweep configuration: TOML presets plus CLI overrides, validated whole into a plan of cells.
 
-Every problem in a config is collected and reported at once, before the first cell runs.
+Every problem in a config is collected and reported at once, before the first cell runs. The sweep axes
+and their keys come from `attnbench.plan`; the other keys are the measurement `Settings`.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import tomllib
 from attnbench.inputs import validate_input
 from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
+from attnbench.plan import AXES, Cell, Group, InputSpec, VariantSpec, expand, groups_of
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
 
@@ -31,157 +32,73 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class VariantSpec:
-    """One variant with one point of its hyperparameter grid."""
+class Settings:
+    """How cells are measured: everything in a config that is not a sweep axis."""
 
-    name: str
-    hparams: tuple[tuple[str, Any], ...] = ()
-
-    def label(self) -> str:
-        if not self.hparams:
-            return self.name
-        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.hparams)})"
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    name: str
-    params: tuple[tuple[str, Any], ...] = ()
-
-    def label(self) -> str:
-        if not self.params:
-            return self.name
-        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.params)})"
+    min_run_time: float = 0.2  # seconds of timing per cell, at least (in turns with its group)
+    min_rounds: int = 5  # rounds of turns at least: every cell has this many samples, paired with the baseline
+    baseline: str = "full"  # the variant every speedup in a group is measured against, round by round
+    threads: int = 0  # torch threads; 0: torch's default on this machine (recorded in every row either way)
+    time_budget_s: float = 10.0  # median seconds per call above which larger N are skipped
+    memory_limit_gb: float | None = None  # default: 80% of available memory
+    error: bool = True  # error against float64 exact attention
+    self_check_len: int = 200
+    cell_timeout_s: float = 600.0  # with --isolate: a step with no progress for this long is killed
 
 
-@dataclass(frozen=True)
-class Cell:
-    """One measurement: everything that determines a row of results.csv."""
-
-    variant: VariantSpec
-    seq_len: int
-    batch: int
-    heads: int
-    head_dim: int
-    dtype: str
-    device: str
-    causal: bool
-    mode: str
-    input: InputSpec
-    seed: int
-    padding: float
-
-    def _setting(self) -> tuple:
-        """Everything but the variant, the mode and N."""
-        return (self.device, self.dtype, self.causal, self.input, self.seed, self.padding,
-                self.batch, self.heads, self.head_dim)  # fmt: skip
-
-    def input_key(self) -> tuple:
-        """Cells with equal input keys share Q, K, V and the exact reference."""
-        return (*self._setting(), self.seq_len)
-
-    def budget_key(self) -> tuple:
-        """Cells that differ only in N: once one is over the time budget, the larger ones are skipped."""
-        return (self.variant, self.mode, *self._setting())
-
-    def key(self) -> str:
-        """A stable text key for the cell (for matching runs and resuming)."""
-        return json.dumps(
-            [
-                self.variant.name,
-                dict(self.variant.hparams),
-                self.seq_len,
-                self.batch,
-                self.heads,
-                self.head_dim,
-                self.dtype,
-                self.device,
-                self.causal,
-                self.mode,
-                self.input.name,
-                dict(self.input.params),
-                self.seed,
-                self.padding,
-            ],
-            sort_keys=True,
-        )
+SETTING_KINDS: dict[str, type] = {  # key -> type, read from the declaration (`float | None` -> float)
+    name: next(t for t in getattr(hint, "__args__", (hint,)) if t is not type(None))
+    for name, hint in get_type_hints(Settings).items()
+}
 
 
 @dataclass
 class SweepConfig:
-    """A resolved config: scalars where one value applies, lists for sweep axes."""
+    """A resolved config: each axis's values (cell field -> list) and the measurement settings."""
 
     name: str = "custom"
     description: str = ""
-    variants: list[VariantSpec] = field(default_factory=list)
-    seq_lens: list[int] = field(default_factory=lambda: [256, 1024])
-    batch: list[int] = field(default_factory=lambda: [1])
-    heads: list[int] = field(default_factory=lambda: [8])
-    head_dim: list[int] = field(default_factory=lambda: [64])
-    dtype: list[str] = field(default_factory=lambda: ["float32"])
-    device: list[str] = field(default_factory=lambda: ["cpu"])
-    causal: list[bool] = field(default_factory=lambda: [False])
-    mode: list[str] = field(default_factory=lambda: ["fwd"])
-    inputs: list[InputSpec] = field(default_factory=lambda: [InputSpec("gaussian")])
-    seeds: list[int] = field(default_factory=lambda: [0])
-    padding: float = 0.0
-    min_run_time: float = 0.2
-    time_budget_s: float = 10.0
-    memory_limit_gb: float | None = None
-    error: bool = True
-    self_check_len: int = 200
-    cell_timeout_s: float = 600.0  # with --isolate: a cell's process is killed after this long
+    axes: dict[str, list[Any]] = field(default_factory=lambda: {name: list(d) for name, _, d in AXES.values()})
+    settings: Settings = field(default_factory=Settings)
+
+    @property
+    def variants(self) -> list[VariantSpec]:
+        return self.axes["variant"]
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return self.axes["seq_len"]
 
     def cells(self) -> list[Cell]:
-        """Every cell, ordered so that cells sharing inputs are adjacent and N grows for each variant."""
-        cells = [
-            Cell(variant, n, b, h, d, dtype, device, causal, mode, inp, seed, self.padding)
-            for device, dtype, causal, inp, seed, b, h, d, n, variant, mode in itertools.product(
-                self.device,
-                self.dtype,
-                self.causal,
-                self.inputs,
-                self.seeds,
-                self.batch,
-                self.heads,
-                self.head_dim,
-                sorted(self.seq_lens),
-                self.variants,
-                self.mode,
-            )
-        ]
-        return cells
+        """Every cell, duplicates removed: cells of one group adjacent, N growing within a setting."""
+        return expand(self.axes)
+
+    def duplicates(self) -> int:
+        """How many cells the config lists more than once (`seq_lens = [128, 128]`); `cells()` keeps one."""
+        total = 1
+        for values in self.axes.values():
+            total *= len(values)
+        return total - len(self.cells())
+
+    def groups(self) -> list[Group]:
+        return groups_of(self.cells())
 
     def to_dict(self) -> dict[str, Any]:
-        out = {key: value for key, value in vars(self).items() if key not in ("variants", "inputs")}
-        out["variants"] = [{"name": v.name, **dict(v.hparams)} for v in self.variants]
-        out["inputs"] = [{"name": i.name, **dict(i.params)} for i in self.inputs]
+        """The config as a TOML-like dict that `parse_config` reads back to the same config."""
+        out: dict[str, Any] = {"name": self.name, "description": self.description}
+        for key, (name, kind, _) in AXES.items():
+            values = self.axes[name]
+            if kind is VariantSpec:
+                out[key] = [{"name": v.name, **dict(v.hparams)} for v in values]
+            elif kind is InputSpec:
+                out[key] = [{"name": i.name, **dict(i.params)} for i in values]
+            else:
+                out[key] = list(values)
+        out.update(asdict(self.settings))
         return out
 
 
-LIST_AXES = {
-    "seq_lens": int,
-    "batch": int,
-    "heads": int,
-    "head_dim": int,
-    "dtype": str,
-    "device": str,
-    "causal": bool,
-    "mode": str,
-    "seeds": int,
-}
-SCALARS = {
-    "name": str,
-    "description": str,
-    "padding": float,
-    "min_run_time": float,
-    "time_budget_s": float,
-    "memory_limit_gb": float,
-    "error": bool,
-    "self_check_len": int,
-    "cell_timeout_s": float,
-}
-KNOWN_KEYS = set(LIST_AXES) | set(SCALARS) | {"variants", "inputs"}
+KNOWN_KEYS = set(AXES) | set(SETTING_KINDS) | {"name", "description"}
 
 
 def _type_ok(value: Any, kind: type) -> bool:
@@ -214,57 +131,73 @@ def parse_config(raw: dict[str, Any], *, source: str = "config", registry: Regis
                 f"unknown key '{key}'.{did_you_mean(key, sorted(KNOWN_KEYS))} "
                 f"Known keys: {', '.join(sorted(KNOWN_KEYS))}"
             )
-    for key, kind in LIST_AXES.items():
+    for key in ("name", "description"):
         if key in raw:
-            values = _as_list(raw[key])
-            bad = [v for v in values if not _type_ok(v, kind)]
-            if bad or not values:
-                problems.append(
-                    f"{key}: expected {kind.__name__} or a non-empty list of {kind.__name__}, got {raw[key]!r}"
-                )
+            if isinstance(raw[key], str):
+                setattr(config, key, raw[key])
             else:
-                setattr(config, key, values)
-    for key, kind in SCALARS.items():
+                problems.append(f"{key}: expected str, got {raw[key]!r}")
+    for key, (name, kind, _) in AXES.items():
+        if key not in raw or kind in (VariantSpec, InputSpec):
+            continue
+        values = _as_list(raw[key])
+        if not values or any(not _type_ok(v, kind) for v in values):
+            problems.append(f"{key}: expected {kind.__name__} or a non-empty list of {kind.__name__}, got {raw[key]!r}")
+        else:
+            config.axes[name] = [float(v) if kind is float else v for v in values]
+    settings = {}
+    for key, kind in SETTING_KINDS.items():
         if key in raw:
             if _type_ok(raw[key], kind):
-                setattr(config, key, float(raw[key]) if kind is float else raw[key])
+                settings[key] = float(raw[key]) if kind is float else raw[key]
             else:
                 problems.append(f"{key}: expected {kind.__name__}, got {raw[key]!r}")
-
-    problems += [f"seq_lens: {n} must be >= 1" for n in config.seq_lens if n < 1]
-    problems += [
-        f"{axis}: {v} must be >= 1" for axis in ("batch", "heads", "head_dim") for v in getattr(config, axis) if v < 1
-    ]
-    problems += [f"dtype: unknown '{d}' (known: {', '.join(ALL_DTYPES)})" for d in config.dtype if d not in ALL_DTYPES]
-    problems += [
-        f"device: unknown '{d}' (known: {', '.join(DEVICES)}, or cuda:N)"
-        for d in config.device
-        if d not in DEVICES and not d.startswith("cuda:")
-    ]
-    problems += [f"mode: unknown '{m}' (known: {', '.join(MODES)})" for m in config.mode if m not in MODES]
-    if not 0.0 <= config.padding < 1.0:
-        problems.append(f"padding: {config.padding} must be a fraction in [0, 1)")
-    for key in ("min_run_time", "time_budget_s", "cell_timeout_s"):
-        if getattr(config, key) <= 0:
-            problems.append(f"{key}: must be > 0, got {getattr(config, key)}")
-    if config.memory_limit_gb is not None and config.memory_limit_gb <= 0:
-        problems.append(f"memory_limit_gb: must be > 0, got {config.memory_limit_gb}")
+    config.settings = Settings(**settings)
+    problems += _axis_problems(config.axes) + _setting_problems(config.settings)
 
     if "inputs" in raw:
-        config.inputs = []
+        config.axes["input"] = []
         for index, item in enumerate(_as_list(raw["inputs"])):
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 problems.append(f"inputs[{index}]: expected a table with a 'name', got {item!r}")
                 continue
             params = {k: v for k, v in item.items() if k != "name"}
             problems += [f"inputs[{index}]: {p}" for p in validate_input(item["name"], params)]
-            config.inputs.append(InputSpec(item["name"], tuple(sorted(params.items()))))
+            config.axes["input"].append(InputSpec(item["name"], tuple(sorted(params.items()))))
 
-    config.variants, variant_problems = _parse_variants(raw.get("variants"), registry)
+    config.axes["variant"], variant_problems = _parse_variants(raw.get("variants"), registry)
     problems += variant_problems
     if problems:
         raise ConfigError(source, problems)
     return config
+
+
+def _axis_problems(axes: dict[str, list[Any]]) -> list[str]:
+    problems = [f"seq_lens: {n} must be >= 1" for n in axes["seq_len"] if n < 1]
+    problems += [f"kv_lens: {n} must be >= 0 (0: equal to N)" for n in axes["kv_len"] if n < 0]
+    problems += [f"value_dim: {n} must be >= 0 (0: equal to head_dim)" for n in axes["value_dim"] if n < 0]
+    problems += [f"{axis}: {v} must be >= 1" for axis in ("batch", "heads", "head_dim") for v in axes[axis] if v < 1]
+    problems += [f"dtype: unknown '{d}' (known: {', '.join(ALL_DTYPES)})" for d in axes["dtype"] if d not in ALL_DTYPES]
+    problems += [
+        f"device: unknown '{d}' (known: {', '.join(DEVICES)}, or cuda:N)"
+        for d in axes["device"]
+        if d not in DEVICES and not d.startswith("cuda:")
+    ]
+    problems += [f"mode: unknown '{m}' (known: {', '.join(MODES)})" for m in axes["mode"] if m not in MODES]
+    problems += [f"padding: {p} must be a fraction in [0, 1)" for p in axes["padding"] if not 0.0 <= p < 1.0]
+    return problems
+
+
+def _setting_problems(s: Settings) -> list[str]:
+    positive = ("min_run_time", "time_budget_s", "cell_timeout_s")
+    problems = [f"{key}: must be > 0, got {getattr(s, key)}" for key in positive if getattr(s, key) <= 0]
+    if s.min_rounds < 2:
+        problems.append(f"min_rounds: must be >= 2 (a spread needs samples), got {s.min_rounds}")
+    if s.threads < 0:
+        problems.append(f"threads: must be >= 0 (0: torch's default), got {s.threads}")
+    if s.memory_limit_gb is not None and s.memory_limit_gb <= 0:
+        problems.append(f"memory_limit_gb: must be > 0, got {s.memory_limit_gb}")
+    return problems
 
 
 def _parse_variants(raw: Any, registry: Registry) -> tuple[list[VariantSpec], list[str]]:

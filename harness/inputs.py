@@ -290,15 +290,26 @@ def make_inputs(
     device: torch.device,
     seed: int,
     padding: float = 0.0,
+    kv_len: int | None = None,
+    value_dim: int | None = None,
 ) -> Inputs:
-    """Q, K, V for one cell: drawn on the CPU in float32 from `seed`, then cast and moved (same on every device)."""
+    """Q, K, V for one cell: drawn on the CPU in float32 from `seed`, then cast and moved (same on every device).
+
+    Cross-attention (kv_len != seq_len) takes the first seq_len queries and the first kv_len keys of a
+    sequence drawn at the longer length; a value_dim other than head_dim draws V as iid N(0, 1) of that width.
+    """
     generator = torch.Generator().manual_seed(seed)
     spec = DISTRIBUTIONS[name]
-    q, k, v = spec.make(generator, (batch, heads, seq_len, head_dim), **{**spec.defaults, **params})
-    mask = padding_mask(batch, seq_len, padding)
+    n_k = kv_len or seq_len
+    length = max(seq_len, n_k)
+    q, k, v = spec.make(generator, (batch, heads, length, head_dim), **{**spec.defaults, **params})
+    if value_dim and value_dim != head_dim:
+        v = torch.randn(batch, heads, length, value_dim, generator=generator)
+    q, k, v = q[:, :, :seq_len], k[:, :, :n_k], v[:, :, :n_k]
+    mask = padding_mask(batch, n_k, padding)
     return Inputs(
-        q=q.to(device=device, dtype=dtype),
-        k=k.to(device=device, dtype=dtype),
-        v=v.to(device=device, dtype=dtype),
+        q=q.to(device=device, dtype=dtype).contiguous(),
+        k=k.to(device=device, dtype=dtype).contiguous(),
+        v=v.to(device=device, dtype=dtype).contiguous(),
         key_padding_mask=None if mask is None else mask.to(device),
     )

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pandas as pd
 from attnbench.analysis import crossover_table, efficiency, scaling_table
+from attnbench.machine import best_peaks
 from attnbench.plots import plot_error, plot_pareto, plot_versus_n, variant_palette
 from attnbench.reference import LOCALITY_WINDOW
 from attnbench.results import read_results
-from attnbench.summary import BASELINE, format_number, markdown_table
+from attnbench.summary import BASELINE, GROUP_COLUMNS, format_number, markdown_table, noise_line, speedup_text
 
-GROUP_COLUMNS = ["device", "dtype", "mode", "causal", "batch", "heads", "head_dim", "input"]
 MIB = 2**20
 
 
@@ -71,16 +71,20 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
         return row[column] / base.loc[row.seq_len, column]
 
     def speedup(row: pd.Series) -> float:
-        return 1 / to_base(row, "time_median_s")
+        return row.speedup  # paired: measured in turns with the baseline, round by round
 
     headers, rows = _pivot(cells, lambda r: f"{r.time_median_s * 1e3:.2f} ± {r.time_iqr_s * 1e3:.2f}")
     blocks += [
         Block("text", "Time per call, ms (median ± IQR over repeats)."),
         Block("table", headers=headers, rows=rows),
     ]
-    headers, rows = _pivot(cells, lambda r: format_number(speedup(r), ".2f") + "×")
+    headers, rows = _pivot(cells, speedup_text)
     blocks += [
-        Block("text", f"Speedup against `{BASELINE}` (its time / this time)."),
+        Block(
+            "text",
+            f"Speedup against `{BASELINE}`: the median over interleaved rounds of its time / this time in the "
+            "same round, with a bootstrap 95% interval.",
+        ),
         Block("table", headers=headers, rows=rows),
     ]
     headers, rows = _pivot(
@@ -90,7 +94,18 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
         ),
     )
     blocks += [
-        Block("text", f"Peak memory beyond the inputs, MiB (ratio to `{BASELINE}`)."),
+        Block(
+            "text",
+            f"Peak memory of one call beyond the inputs, MiB (ratio to `{BASELINE}`); state a variant keeps "
+            "between calls is not in it.",
+        ),
+        Block("table", headers=headers, rows=rows),
+    ]
+    headers, rows = _pivot(cells, lambda r: format_number(r.state_mem_bytes / MIB, ".2f"))
+    blocks += [
+        Block(
+            "text", "State kept between calls (cached patterns, projections, rotations), MiB: built by the first call."
+        ),
         Block("table", headers=headers, rows=rows),
     ]
     headers, rows = _pivot(
@@ -132,12 +147,17 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
             Block("table", headers=headers, rows=rows),
         ]
     with_efficiency = cells.assign(efficiency=efficiency(cells, peaks))
-    headers, rows = _pivot(with_efficiency, lambda r: format_number(100 * r.efficiency, ".1f") + "%")
+    headers, rows = _pivot(
+        with_efficiency,
+        lambda r: format_number(100 * r.efficiency, ".1f") + ("% (above peak)" if r.efficiency > 1 else "%"),
+    )
     blocks += [
         Block(
             "text",
             "Achieved FLOP/s from each variant's cost model, as a share of this run's measured "
-            "dense-matmul peak (a sparse variant counts only the work its algorithm does).",
+            "dense-matmul peak (best of several bursts at the start and the end of the run; a sparse variant "
+            "counts only the work its algorithm does). A figure above 100% means the peak was measured in a "
+            "slow stretch of the machine or the cell's time in a fast one: read it as noise, not as a result.",
         ),
         Block("table", headers=headers, rows=rows),
     ]
@@ -214,12 +234,14 @@ def header_blocks(run_dir: Path, meta: dict) -> list[Block]:
     peaks = "; ".join(
         f"{key}: {value.get('matmul_flops_per_s', float('nan')) / 1e9:.0f} GFLOP/s matmul, "
         f"{value.get('copy_bytes_per_s', float('nan')) / 1e9:.1f} GB/s copy"
-        for key, value in meta.get("peaks", {}).items()
+        for key, value in best_peaks(meta.get("peaks", {}), meta.get("peaks_at_end", {})).items()
         if "error" not in value
     )
     facts = [
         ["run", run_dir.name],
         ["config", str(meta.get("config", {}).get("name", ""))],
+        ["command", " ".join(meta.get("command", [])) or "not recorded"],
+        ["noise", noise_line(read_results(run_dir))],
         ["started / finished", f"{meta.get('started', '')} / {meta.get('finished', 'not finished')}"],
         ["devices", ", ".join(f"{k}: {v}" for k, v in machine.get("devices", {}).items())],
         ["torch threads", str(machine.get("torch_threads", ""))],
@@ -290,9 +312,10 @@ def write_report(run_dir: Path) -> Path:
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     palette = variant_palette(list(cells.label))
     blocks = header_blocks(run_dir, meta)
-    for group, group_cells in cells.groupby(GROUP_COLUMNS, sort=False):
+    for group, group_cells in cells.groupby(GROUP_COLUMNS, sort=False, dropna=False):
         heading = ", ".join(f"{k}={v}" for k, v in zip(GROUP_COLUMNS, group))
-        blocks += group_blocks(group_cells, heading, run_dir / "plots", palette, meta.get("peaks", {}))
+        peaks = best_peaks(meta.get("peaks", {}), meta.get("peaks_at_end", {}))
+        blocks += group_blocks(group_cells, heading, run_dir / "plots", palette, peaks)
     (run_dir / "report.md").write_text(render_markdown(blocks))
     (run_dir / "report.html").write_text(render_html(blocks, run_dir))
     return run_dir / "report.md"

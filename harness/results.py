@@ -4,44 +4,44 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, make_dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
-from attnbench.config import Cell
+from attnbench.plan import CELL_COLUMNS, Cell
 
 STATUSES = ("ok", "oom", "error", "unsupported", "skipped", "crashed", "timeout")
 
 
 @dataclass
-class Row:
-    """The CSV schema. Measurements are None when the cell did not get that far."""
+class Measured:
+    """What a cell's row says beyond the cell itself. None where the cell did not get that far."""
 
-    cell_key: str
-    variant: str
-    label: str
-    family: str
-    exact: bool
-    hparams: str  # JSON
-    seq_len: int
-    batch: int
-    heads: int
-    head_dim: int
-    dtype: str
-    device: str
-    causal: bool
-    mode: str
-    input: str
-    seed: int
-    padding: float
-    status: str
+    status: str = "ok"
     reason: str = ""
+    family: str = ""
+    exact: bool = False
+    host: str = ""  # where it ran: host name and device name
+    device_name: str = ""
+    threads: int | None = None
+    load_before: float | None = None  # 1-minute load average before and after the cell's group
+    load_after: float | None = None
+    cpu_mhz: float | None = None  # mean current CPU frequency during the group, where readable
+    noisy: str = ""  # why the cell's timing is not to be trusted alone ("" when it is)
     time_median_s: float | None = None
+    time_p10_s: float | None = None
+    time_p90_s: float | None = None
     time_iqr_s: float | None = None
-    time_repeats: int | None = None
-    peak_mem_bytes: int | None = None
+    time_repeats: int | None = None  # samples (one per round)
+    compile_s: float | None = None  # first call minus a timed call: compilation, lazy set-up
+    baseline: str = ""  # the group's baseline variant the speedup is measured against
+    speedup: float | None = None  # median over rounds of baseline time / this time, same round (paired)
+    speedup_low: float | None = None  # bootstrap 95% interval of that median
+    speedup_high: float | None = None
+    peak_mem_bytes: int | None = None  # per call, state kept between calls excluded (attnbench.memory)
+    state_mem_bytes: int | None = None  # kept between calls: what a fresh instance's first call leaves behind
     mem_method: str = ""
     err_rel_fro: float | None = None
     err_max_abs: float | None = None
@@ -54,31 +54,20 @@ class Row:
     flops: float | None = None
     bytes_moved: float | None = None
 
-    @classmethod
-    def for_cell(
-        cls, cell: Cell, *, family: str = "", exact: bool = False, status: str = "ok", reason: str = ""
-    ) -> "Row":
-        return cls(
-            cell_key=cell.key(),
-            variant=cell.variant.name,
-            label=cell.variant.label(),
-            family=family,
-            exact=exact,
-            hparams=json.dumps(dict(cell.variant.hparams), sort_keys=True),
-            seq_len=cell.seq_len,
-            batch=cell.batch,
-            heads=cell.heads,
-            head_dim=cell.head_dim,
-            dtype=cell.dtype,
-            device=cell.device,
-            causal=cell.causal,
-            mode=cell.mode,
-            input=cell.input.label(),
-            seed=cell.seed,
-            padding=cell.padding,
-            status=status,
-            reason=reason,
-        )
+
+Row = make_dataclass(
+    "Row",
+    [("cell_key", str), ("group_key", str)]
+    + [(column, Any, None) for column in CELL_COLUMNS]
+    + [(f.name, f.type, f.default) for f in fields(Measured)],
+    slots=True,  # a misspelt column raises instead of adding an attribute
+    namespace={"__doc__": "The CSV schema: the cell's key and columns (from attnbench.plan), then `Measured`."},
+)
+
+
+def row_for(cell: Cell, **measured: Any) -> Any:
+    """A row for `cell`; `measured` sets fields of `Measured` by name (an unknown name raises TypeError)."""
+    return Row(cell_key=cell.key(), group_key=cell.group_key(), **cell.columns(), **measured)
 
 
 COLUMNS = [f.name for f in fields(Row)]
@@ -169,7 +158,7 @@ class ResultsWriter:
 
 def read_results(run_dir: Path) -> pd.DataFrame:
     """results.csv as a DataFrame (a trailing partial line from a killed run is dropped)."""
-    text_columns = {"reason": str, "self_check": str, "mem_method": str, "hparams": str, "label": str}
+    text_columns = {f.name: str for f in fields(Measured) if f.type == "str"} | {"hparams": str, "label": str}
     data = (run_dir / "results.csv").read_text()
     complete = data[: data.rfind("\n") + 1]  # a row cut short by a kill has no line end yet
     frame = pd.read_csv(io.StringIO(complete), on_bad_lines="skip", dtype=text_columns)

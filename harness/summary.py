@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 from attnbench.analysis import scaling_table
+from attnbench.plan import GROUP_COLUMNS as CELL_GROUP_COLUMNS
 from attnbench.results import read_results
 
-BASELINE = "full"
-GROUP_COLUMNS = ["device", "dtype", "causal", "mode", "input", "batch", "heads", "head_dim"]
+BASELINE = "full"  # the default baseline; a run's rows name the one they were measured against
+GROUP_COLUMNS = [c for c in CELL_GROUP_COLUMNS if c != "seq_len"]  # a heading per setting, then a table per N
 
 
 def format_number(value: float | None, spec: str) -> str:
@@ -20,46 +21,66 @@ def format_number(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
+def shorten(text: str, width: int) -> str:
+    """`text` cut to `width` characters with an ellipsis (for display; the CSV keeps it whole)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 
+def speedup_text(row: pd.Series) -> str:
+    """'2.31× [2.20–2.45]': the paired speedup against the group's baseline with its 95% interval."""
+    if row.speedup is None or pd.isna(row.speedup):
+        return "–"
+    return f"{row.speedup:.2f}× [{format_number(row.speedup_low, '.2f')}–{format_number(row.speedup_high, '.2f')}]"
+
+
+def baseline_of(frame: pd.DataFrame) -> str:
+    named = frame.baseline.dropna()
+    named = named[named != ""]
+    return str(named.iloc[0]) if len(named) else BASELINE
+
+
 def summary_tables(frame: pd.DataFrame) -> str:
     """Markdown: a heading per configuration group and N, a row per variant label."""
     parts = []
-    for group, group_frame in frame.groupby(GROUP_COLUMNS, sort=False):
+    baseline = baseline_of(frame)
+    for group, group_frame in frame.groupby(GROUP_COLUMNS, sort=False, dropna=False):
         heading = ", ".join(f"{k}={v}" for k, v in zip(GROUP_COLUMNS, group))
         for n, cells in group_frame.groupby("seq_len"):
-            base = cells[(cells.variant == BASELINE) & (cells.status == "ok")]
-            base_time = base.time_median_s.iloc[0] if len(base) else float("nan")
+            base = cells[(cells.variant == baseline) & (cells.status == "ok")]
             base_mem = base.peak_mem_bytes.iloc[0] if len(base) else float("nan")
             rows = []
             for _, cell in cells.iterrows():
                 if cell.status != "ok":
-                    rows.append([cell.label, cell.status, "", "", "", "", "", str(cell.reason)[:90]])
+                    rows.append([cell.label, cell.status, "", "", "", "", "", shorten(str(cell.reason), 90)])
                     continue
+                notes = [f"rel {format_number(cell.err_rel_fro, '.2e')}", cell.self_check]
+                notes += [f"noisy: {cell.noisy}"] if cell.noisy else []
                 rows.append(
                     [
                         cell.label,
                         "ok",
                         f"{format_number(cell.time_median_s * 1e3, '.2f')} ± "
                         f"{format_number(cell.time_iqr_s * 1e3, '.2f')}",
-                        format_number(base_time / cell.time_median_s, ".2f") + "×",
+                        speedup_text(cell),
                         format_number(cell.peak_mem_bytes / 2**20, ".1f"),
                         format_number(cell.peak_mem_bytes / base_mem if base_mem else float("nan"), ".2f") + "×",
                         format_number(cell.err_vs_uniform, ".3g"),
-                        f"rel {format_number(cell.err_rel_fro, '.2e')}; {cell.self_check}".rstrip("; "),
+                        "; ".join(note for note in notes if note),
                     ]
                 )
             headers = [
                 "variant",
                 "status",
                 "time ms (median ± IQR)",
-                f"speedup vs {BASELINE}",
+                f"speedup vs {baseline} [95% CI]",
                 "peak MiB",
-                f"mem vs {BASELINE}",
+                f"mem vs {baseline}",
                 "err vs uniform",
                 "notes",
             ]
@@ -67,7 +88,12 @@ def summary_tables(frame: pd.DataFrame) -> str:
         scaling = scaling_table(group_frame)
         if len(scaling) and (scaling.points > 1).any():
             rows = [
-                [r.label, r.n_range, format_number(r.time_slope, ".2f"), format_number(r.memory_slope, ".2f")]
+                [
+                    r.label,
+                    r.n_range,
+                    format_number(r.time_slope, ".2f") + (" (noisy cells: read with care)" if r.noisy else ""),
+                    format_number(r.memory_slope, ".2f"),
+                ]
                 for r in scaling.itertuples()
                 if r.points > 1
             ]
@@ -78,17 +104,34 @@ def summary_tables(frame: pd.DataFrame) -> str:
 
 SUMMARY_PREAMBLE = """# attnbench summary: {run_id}
 
-Time: median ± IQR of repeated calls. Peak memory: beyond the inputs ({mem_note}).
+Time: median ± IQR of per-call samples. The variants of each group (same inputs and shape) are timed in
+interleaved rounds, and the speedup is the median over rounds of the baseline's time / the variant's time
+in the same round, with a bootstrap 95% interval. Peak memory: one call, beyond the inputs ({mem_note}).
 Error vs uniform: ||O − O*|| / ||U − O*||, O* exact softmax attention in float64 and U the uniform average
 of V over the visible keys; 0 is exact, 1 is no better than ignoring Q and K.
-
+{noise}
 """
+
+
+def noise_line(frame: pd.DataFrame) -> str:
+    """One sentence on how many ok cells are noisy and why (or that none is)."""
+    ok = frame[frame.status == "ok"]
+    noisy = ok[ok.noisy.fillna("") != ""]
+    if noisy.empty:
+        return f"Noise: none of {len(ok)} timed cells is flagged noisy (IQR ≤ 10% of the median, machine quiet)."
+    busy = noisy.noisy.str.contains("other processes").sum()
+    spread = noisy.noisy.str.contains("IQR").sum()
+    return (
+        f"Noise: {len(noisy)} of {len(ok)} timed cells are flagged noisy ({spread} by their spread, {busy} because "
+        "other processes used the CPU while they ran); read their times with care, their in-turn speedups less so."
+    )
 
 
 def write_summary(run_dir: Path) -> str:
     """Build summary.md for a run folder and return its text."""
     frame = read_results(run_dir)
     methods = ", ".join(sorted(set(frame.mem_method) - {""})) or "none measured"
-    text = SUMMARY_PREAMBLE.format(run_id=run_dir.name, mem_note=methods) + summary_tables(frame)
+    preamble = SUMMARY_PREAMBLE.format(run_id=run_dir.name, mem_note=methods, noise=noise_line(frame))
+    text = preamble + summary_tables(frame)
     (run_dir / "summary.md").write_text(text)
     return text

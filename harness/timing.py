@@ -1,4 +1,5 @@
-"""Wall-clock time of one call with torch.utils.benchmark: warm-up, device sync, repeats, median and IQR."""
+"""Wall-clock timing helpers: device sync, median and IQR, and side-by-side calls timed in turns (the comparison
+scripts in tests/benchmarks; the harness times its groups in attnbench.measure)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.utils import benchmark
 
 
 @dataclass(frozen=True)
@@ -27,37 +27,6 @@ def timing_of(times: list[float]) -> Timing:
     """Median and interquartile range (linear interpolation) of per-call times in seconds."""
     quartiles = torch.tensor(times, dtype=torch.float64).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
     return Timing(median_s=float(quartiles[1]), iqr_s=float(quartiles[2] - quartiles[0]), repeats=len(times))
-
-
-def time_call(
-    fn: Callable[[], Any],
-    device: torch.device,
-    *,
-    min_run_time: float = 0.2,
-    min_repeats: int = 3,
-    threads: int | None = None,
-) -> Timing:
-    """Median and IQR of `fn()`, synchronizing the device after each call so its time is counted.
-
-    Fast calls are grouped in blocks (blocked_autorange); slow ones are still repeated `min_repeats`
-    times so that every figure comes with a spread.
-    """
-
-    def call_and_sync() -> None:
-        fn()
-        synchronize(device)
-
-    call_and_sync()  # warm-up: lazy init, allocator growth, kernel selection
-    timer = benchmark.Timer(
-        stmt="call_and_sync()",
-        globals={"call_and_sync": call_and_sync},
-        num_threads=threads or torch.get_num_threads(),
-    )
-    measurement = timer.blocked_autorange(min_run_time=min_run_time)
-    times = list(measurement.times)
-    while len(times) < min_repeats:
-        times.extend(timer.timeit(number=1).times)
-    return timing_of(times)
 
 
 def time_interleaved(

@@ -191,3 +191,8 @@ def test_performer_error_falls_with_more_features() -> None:
             errors[features].append(error_metrics(out, reference).vs_uniform)
     assert all(many < few for many, few in zip(errors[1024], errors[64])), errors
     assert sum(errors[1024]) < 0.85 * sum(errors[64]), errors
+
+
+def test_linformer_identity_projection_does_not_claim_subquadratic_memory() -> None:
+    assert registry.create("linformer").supports.subquadratic_memory
+    assert not registry.create("linformer", projection="identity").supports.subquadratic_memory

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from attnbench.config import parse_config
-from attnbench.results import COLUMNS, ResultsWriter, Row, read_results
-from attnbench.sweep import run_sweep
+from attnbench.results import COLUMNS, ResultsWriter, read_results, row_for
+from attnbench.run import run_plan as run_sweep
 
 from tests.conftest import write_plugin
 
@@ -74,14 +74,14 @@ def test_isolate_turns_a_segfault_and_a_hang_into_rows(misbehaving, tmp_path: Pa
             "heads": 1,
             "head_dim": 8,
             "min_run_time": 0.01,
-            "cell_timeout_s": 8,
+            "cell_timeout_s": 5,
         },
         registry=registry,
     )
     frame = read_results(run_sweep(config, tmp_path / "out", registry=registry, progress=False, isolate=True))
     status = {(r.variant, r.seq_len): (r.status, r.reason) for r in frame.itertuples()}
     assert status[("segfaults", 16)][0] == "crashed" and "SIGSEGV" in status[("segfaults", 16)][1]
-    assert status[("hangs", 16)][0] == "timeout" and "cell_timeout_s=8" in status[("hangs", 16)][1]
+    assert status[("hangs", 16)][0] == "timeout" and "cell_timeout_s=5" in status[("hangs", 16)][1]
     assert status[("segfaults", 32)] == ("skipped", "larger N skipped: crashed at N=16")
     assert status[("hangs", 32)] == ("skipped", "larger N skipped: timeout at N=16")
     assert status[("full", 16)][0] == status[("full", 32)][0] == "ok"
@@ -100,7 +100,7 @@ def run_cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.Complet
 def test_resume_after_sigkill_gives_exactly_the_uninterrupted_cell_set(misbehaving, tmp_path: Path) -> None:
     config = tmp_path / "sweep.toml"
     config.write_text(
-        "seq_lens = [8, 16, 24, 32, 40, 48]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.2\n"
+        "seq_lens = [8, 16, 24, 32, 40, 48]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.1\nmin_rounds = 2\n"
         'error = false\nvariants = ["sleepy", "full"]\n'
     )
     out = tmp_path / "out"
@@ -236,7 +236,7 @@ def test_writer_resuming_a_file_from_an_older_version_keeps_every_row_aligned(tm
         writer.writerow(old_row)
     cell = parse_config({"variants": ["full"], "seq_lens": [64]}).cells()[0]
     with ResultsWriter(path) as writer:
-        writer.append(Row.for_cell(cell, family="exact", exact=True))
+        writer.append(row_for(cell, family="exact", exact=True))
     frame = read_results(tmp_path)
     assert list(frame.cell_key) == ["old", cell.key()]
     assert list(frame.variant) == ["full", "full"] and frame.label.iloc[0] == ""

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from attnbench.analysis import crossover
 from attnbench.cli import main
-from attnbench.compare import compare_runs, verdict
+from attnbench.compare import compare_runs
 from attnbench.config import parse_config
 from attnbench.report import write_report
-from attnbench.results import ResultsWriter, Row
+from attnbench.results import ResultsWriter, row_for
 
 # time = a * N^slope, memory = m * N^slope; full quadratic, band linear but slower at small N
 CURVES = {"full": (1e-8, 2.0, 100.0, 1.0), "band": (1e-5, 1.0, 50.0, 1.0), "strided": (1e-6, 1.5, 400.0, 1.0)}
@@ -21,10 +21,11 @@ def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: floa
     """A run folder written through the real writer: three variants, four N, one error and one skipped cell."""
     folder.mkdir(parents=True)
     config = parse_config({"variants": list(CURVES), "seq_lens": [256, 512, 1024, 2048]})
+    samples = []
     with ResultsWriter(folder / "results.csv") as writer:
         for cell in config.cells():
             name, n = cell.variant.name, cell.seq_len
-            row = Row.for_cell(cell, family=name, exact=True)
+            row = row_for(cell, family=name, exact=True)
             if name == "strided" and n == 2048:
                 row.status, row.reason = "skipped", "larger N skipped: over time_budget_s"
             elif name == "band" and n == 256:
@@ -32,7 +33,12 @@ def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: floa
             else:
                 a, slope, m, memory_slope = CURVES[name]
                 row.time_median_s = a * n**slope * (scale or {}).get(name, 1.0)
+                full_time = CURVES["full"][0] * n ** CURVES["full"][1] * (scale or {}).get("full", 1.0)
+                row.baseline, row.speedup = "full", full_time / row.time_median_s
+                row.speedup_low, row.speedup_high = 0.95 * row.speedup, 1.05 * row.speedup
                 row.time_iqr_s = iqr * row.time_median_s
+                row.noisy = f"IQR {100 * iqr:.0f}% of the median" if iqr > 0.1 else ""
+                samples += [(row.cell_key, i, row.time_median_s * (1 + iqr * (i - 5) / 5)) for i in range(11)]
                 row.time_repeats = 5
                 row.peak_mem_bytes = int(m * n**memory_slope)
                 row.err_vs_uniform, row.err_rel_fro, row.err_row_cosine, row.err_max_abs = 0.1, 0.2, 0.9, 0.5
@@ -44,6 +50,8 @@ def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: floa
         "peaks": {"cpu/float32": {"matmul_flops_per_s": 1e11, "copy_bytes_per_s": 1e10}},
     }
     (folder / "meta.json").write_text(json.dumps(meta))
+    lines = ["cell_key,round,seconds"] + [f'"{k.replace(chr(34), chr(34) * 2)}",{i},{t!r}' for k, i, t in samples]
+    (folder / "samples.csv").write_text("\n".join(lines) + "\n")
     return folder
 
 
@@ -94,27 +102,69 @@ def test_crossover_interpolates_in_log_log() -> None:
     assert crossover([], [])[0] is None
 
 
-def test_compare_flags_a_regression_and_ignores_noise(tmp_path: Path) -> None:
+def test_compare_decides_from_samples_identical_vs_shifted(tmp_path: Path) -> None:
     base = synthetic_run(tmp_path / "a")
+    same = synthetic_run(tmp_path / "same")
     regressed = synthetic_run(tmp_path / "b", scale={"band": 1.5, "strided": 1.02})
+    assert set(compare_runs(base, same).table.verdict) == {"same"}
     result = compare_runs(base, regressed)
     verdicts = result.table.groupby("label").verdict.unique()
     assert list(verdicts["band"]) == ["slower"]
-    assert list(verdicts["strided"]) == ["same (within noise)"]  # 2% is under the 3% floor and the IQR
-    assert list(verdicts["full"]) == ["same (within noise)"]
+    assert list(verdicts["strided"]) == ["same"]  # 2%: its interval does not clear 5%
+    assert list(verdicts["full"]) == ["same"]
+    band = result.table[result.table.label == "band"]
+    assert (band.low > 1.4).all() and (band.high < 1.6).all()
     assert result.only_in_a == result.only_in_b == 0 and result.machine_notes == []
+    assert main(["compare", str(base), str(same), "--fail-above", "10"]) == 0
     assert main(["compare", str(base), str(regressed), "--fail-above", "40"]) == 1
     assert main(["compare", str(base), str(regressed), "--fail-above", "60"]) == 0
 
 
-def test_noisy_runs_do_not_call_a_change_and_other_machines_are_named(tmp_path: Path, capsys) -> None:
-    assert verdict(1.0, 0.3, 1.2, 0.3) == "same (within noise)"
-    assert verdict(1.0, 0.01, 0.8, 0.01) == "faster"
-    a = synthetic_run(tmp_path / "a")
-    b = synthetic_run(tmp_path / "b", cpu="cpu B")
-    assert main(["compare", str(a), str(b)]) == 0
+def test_noisy_runs_and_other_machines_are_inconclusive_and_named(tmp_path: Path, capsys) -> None:
+    a = synthetic_run(tmp_path / "a", iqr=0.3)
+    b = synthetic_run(tmp_path / "b", iqr=0.3, scale={"band": 2.0})
+    band = compare_runs(a, b).table.query("label == 'band'")
+    assert band.verdict.str.startswith("inconclusive (A noisy: IQR 30%").all()
+    quiet_a = synthetic_run(tmp_path / "qa")
+    other_machine = synthetic_run(tmp_path / "qb", cpu="cpu B", scale={"band": 2.0})
+    assert main(["compare", str(quiet_a), str(other_machine), "--fail-above", "10"]) == 0
     out = capsys.readouterr().out
     assert "different machines" in out and "cpu: cpu A vs cpu B" in out
+    assert "inconclusive (different machines or software)" in out
+
+
+def test_compare_speedups_across_machines(tmp_path: Path) -> None:
+    a = synthetic_run(tmp_path / "a")
+    b = synthetic_run(tmp_path / "b", cpu="cpu B", scale={name: 3.0 for name in CURVES})  # all 3x slower
+    table = compare_runs(a, b, speedups=True).table
+    assert set(table.verdict) == {"same"}  # relative to `full` nothing moved
+
+
+def test_a_cell_that_stopped_working_is_a_regression(tmp_path: Path, capsys) -> None:
+    import csv
+
+    a = synthetic_run(tmp_path / "a")
+    b = synthetic_run(tmp_path / "b")
+    rows = list(csv.DictReader((b / "results.csv").open()))
+    rows[0]["status"], rows[0]["reason"] = "crashed", "killed by SIGSEGV"
+    with (b / "results.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        last_ok = max(i for i, row in enumerate(rows) if row["status"] == "ok")
+        writer.writerows(rows[:last_ok] + rows[last_ok + 1 :])  # and one more ok cell is missing
+    result = compare_runs(a, b)
+    assert set(result.broken.now) == {"crashed", "missing"}
+    assert main(["compare", str(a), str(b), "--fail-above", "50"]) == 1
+    assert "no longer ok" in capsys.readouterr().err
+
+
+def test_compare_without_common_cells_says_so(tmp_path: Path, capsys) -> None:
+    a = synthetic_run(tmp_path / "a")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "results.csv").write_text((a / "results.csv").read_text().splitlines()[0] + "\n")
+    assert main(["compare", str(a), str(empty)]) == 0
+    assert "nothing to compare" in capsys.readouterr().out
 
 
 def test_report_command_refuses_a_folder_that_is_not_a_run(tmp_path: Path, capsys) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from attnbench.config import parse_config
 from attnbench.results import COLUMNS, read_results
 from attnbench.summary import write_summary
-from attnbench.sweep import run_sweep
+from attnbench.run import run_plan as run_sweep
 
 MISBEHAVING = """
     import time

@@ -15,6 +15,7 @@ b - batch, h - heads, n - position, r - projected row (k of them), d - head dim,
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -57,6 +58,8 @@ class LinformerAttention(AttentionVariant):
     def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
         super().__init__(seed=seed, **hyperparams)
         self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+        # the identity projection is an N x N matrix (exact attention, for checks): not sub-quadratic
+        self.supports = replace(type(self).supports, subquadratic_memory=self.projection != "identity")
 
     def projections(self, n: int, heads: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """(E, F), each (h | 1, k, n), cached per sequence length."""

@@ -1,0 +1,402 @@
+"""Measure one comparison group: its cells in, their rows and timing samples out. No file I/O.
+
+Inputs and the exact reference are built once for the group; each variant is self-checked (exact ones),
+its error measured, then every variant of the group is timed **in interleaved rounds**: each round calls
+each variant once (a block of calls for very fast ones), in an order shuffled per round from the group's
+seed, until every variant has `min_run_time` seconds and at least `min_rounds` samples. A slow stretch of
+a shared machine then falls on all of them alike, and the speedup against the baseline is taken round by
+round (paired). Memory is measured after timing, outside it. A failure in one cell is that cell's row.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from attnbench.conformance import TOLERANCE, exactness_error
+from attnbench.config import Settings
+from attnbench.inputs import Inputs, make_inputs
+from attnbench.interface import AttentionVariant, Shape, UnsupportedOptionError
+from attnbench.machine import available_memory_bytes, device_description
+from attnbench.memory import call_memory
+from attnbench.metrics import error_metrics
+from attnbench.noise import LoadWatch, cpu_mhz, load_average, noise_reason
+from attnbench.plan import Cell, Group
+from attnbench.reference import Reference, dropped_mass, exact_reference
+from attnbench.registry import Registry
+from attnbench.results import row_for
+from attnbench.stats import Spread, paired_speedup
+from attnbench.timing import synchronize
+
+GIB = 2**30
+DROPPED_MASS_MAX_N = 4096  # the dropped mass needs the variant's dense (N, N) pattern
+MIN_SAMPLE_S = 2e-3  # calls faster than this are timed in blocks, so the clock's resolution does not matter
+SLOW_ROUNDS = 3  # samples of a call slower than time_budget_s (its larger N are skipped anyway)
+
+
+@dataclass
+class GroupResult:
+    rows: list[Any]  # attnbench.results.Row, one per cell of the group
+    samples: list[tuple[str, int, float]] = field(default_factory=list)  # (cell_key, round, seconds per call)
+
+
+Progress = Callable[[str, str], None]  # (step, cell_key): called before each step that might crash or hang
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def failure(error: BaseException) -> dict[str, str]:
+    """A cell's status and reason for an exception raised while measuring it. A variant that refuses an option
+    only at the call (one its capabilities cannot express, e.g. too few heads) is `unsupported`, not broken."""
+    if isinstance(error, UnsupportedOptionError):
+        return {"status": "unsupported", "reason": str(error)}
+    return {
+        "status": "oom" if is_out_of_memory(error) else "error",
+        "reason": f"{type(error).__name__}: {error}".strip(),
+    }
+
+
+def shape_of(cell: Cell) -> Shape:
+    itemsize = torch.empty((), dtype=getattr(torch, cell.dtype)).element_size()
+    return Shape(cell.batch, cell.heads, cell.seq_len, cell.n_k, cell.head_dim, cell.v_dim, cell.causal, itemsize)
+
+
+class GroupMeasurement:
+    """The state of measuring one group: its settings, registry, inputs, reference and the cells still running."""
+
+    def __init__(
+        self,
+        group: Group,
+        settings: Settings,
+        registry: Registry,
+        *,
+        self_checks: dict[tuple, tuple[bool, str]] | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.group = group
+        self.settings = settings
+        self.registry = registry
+        self.setting = group.setting
+        self.device = torch.device(self.setting.device)
+        self.self_checks = {} if self_checks is None else self_checks  # shared across groups of a run
+        self.progress = progress or (lambda step, key: None)
+        self.fields: dict[str, dict[str, Any]] = {cell.key(): {} for cell in group.cells}
+        self.variants: dict[str, AttentionVariant] = {}
+        self.inputs: Inputs | None = None
+        self.reference: Reference | None = None
+
+    # ---- the steps ----------------------------------------------------------------------------
+
+    def run(self) -> GroupResult:
+        watch = LoadWatch.start()
+        threads = self.settings.threads or torch.get_num_threads()
+        torch.set_num_threads(threads)
+        for cell in self.group.cells:
+            self._prepare(cell)
+        samples: list[tuple[str, int, float]] = []
+        if self.variants:
+            try:
+                self.inputs = self._make_inputs()
+                if self.settings.error:
+                    self.reference = exact_reference(
+                        self.inputs.q,
+                        self.inputs.k,
+                        self.inputs.v,
+                        causal=self.setting.causal,
+                        key_padding_mask=self.inputs.key_padding_mask,
+                    )
+            except Exception as error:  # inputs the machine cannot build fail every cell of the group
+                for key in list(self.variants):
+                    self._fail(key, failure(error))
+            for cell in self.group.cells:
+                if cell.key() in self.variants:
+                    self._check_and_error(cell)
+            samples = self._time_in_turns()
+            for cell in self.group.cells:
+                if cell.key() in self.variants:
+                    self._memory_and_cost(cell)
+        competing = watch.competing_cores()
+        common = dict(
+            host=socket.gethostname(),
+            device_name=device_description(self.setting.device),
+            threads=threads,
+            load_before=watch.load_before,
+            load_after=load_average(),
+            cpu_mhz=cpu_mhz(),
+        )
+        rows = []
+        for cell in self.group.cells:
+            values = {**common, **self.fields[cell.key()]}
+            if values.get("time_median_s") is not None:
+                values["noisy"] = noise_reason(values["time_median_s"], values["time_iqr_s"], competing)
+            rows.append(row_for(cell, **values))
+        return GroupResult(rows, samples)
+
+    def _fail(self, key: str, outcome: dict[str, str]) -> None:
+        self.fields[key].update(outcome)
+        self.variants.pop(key, None)
+
+    def _prepare(self, cell: Cell) -> None:
+        """Build the variant; cells it cannot run, or that would not fit in memory, get their row now."""
+        key = cell.key()
+        try:
+            variant = self.registry.create(cell.variant.name, seed=cell.seed, **dict(cell.variant.hparams))
+        except Exception as error:
+            self.fields[key].update(status="error", reason=f"could not build the variant: {error}")
+            return
+        self.fields[key].update(family=variant.family, exact=variant.exact)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            self.fields[key].update(status="unsupported", reason="CUDA is not available on this machine")
+            return
+        reason = variant.unsupported_reason(
+            device=cell.device,
+            dtype=cell.dtype,
+            causal=cell.causal,
+            padded=cell.padding > 0,
+            n_q=cell.seq_len,
+            n_k=cell.n_k,
+            backward=cell.mode == "fwd+bwd",
+        )
+        if reason is not None:
+            self.fields[key].update(status="unsupported", reason=reason)
+            return
+        estimate, limit = self._estimated_bytes(cell, variant), self._memory_limit()
+        if estimate > limit:
+            self.fields[key].update(
+                status="skipped",
+                reason=f"estimated working memory {estimate / GIB:.1f} GiB exceeds the limit "
+                f"{limit / GIB:.1f} GiB (set memory_limit_gb to change it)",
+            )
+            return
+        self.variants[key] = variant
+
+    def _estimated_bytes(self, cell: Cell, variant: AttentionVariant) -> float:
+        shape = shape_of(cell)
+        working = variant.cost(shape).working_bytes
+        inputs = cell.batch * cell.heads * (2 * cell.seq_len * cell.head_dim + cell.n_k * (cell.head_dim + cell.v_dim))
+        return (2 if cell.mode == "fwd+bwd" else 1) * working + inputs * shape.dtype_bytes
+
+    def _memory_limit(self) -> float:
+        if self.settings.memory_limit_gb is not None:
+            return self.settings.memory_limit_gb * GIB
+        return 0.8 * available_memory_bytes(self.setting.device)
+
+    def _make_inputs(self) -> Inputs:
+        s = self.setting
+        return make_inputs(
+            s.input.name,
+            dict(s.input.params),
+            batch=s.batch,
+            heads=s.heads,
+            seq_len=s.seq_len,
+            kv_len=s.n_k,
+            head_dim=s.head_dim,
+            value_dim=s.v_dim,
+            dtype=getattr(torch, s.dtype),
+            device=self.device,
+            seed=s.seed,
+            padding=s.padding,
+        )
+
+    def _check_and_error(self, cell: Cell) -> None:
+        """Self-check an exact variant against its own pattern, then one output: finite, and its error."""
+        key, variant = cell.key(), self.variants[cell.key()]
+        assert self.inputs is not None
+        try:
+            if variant.exact and cell.seq_len == cell.n_k and variant.support_mask(2, 2, cell.causal) is not None:
+                self.progress("self-check", key)
+                passed, self.fields[key]["self_check"] = self._self_check(cell, variant)
+                if not passed:
+                    reason = f"self-check against its own support_mask failed: {self.fields[key]['self_check']}"
+                    return self._fail(key, {"status": "error", "reason": reason})
+            self.progress("output", key)
+            inputs = self.inputs
+            with torch.no_grad():
+                output = variant(
+                    inputs.q, inputs.k, inputs.v, causal=cell.causal, key_padding_mask=inputs.key_padding_mask
+                )
+            if not torch.isfinite(output).all():
+                return self._fail(key, {"status": "error", "reason": "output has NaN or Inf"})
+            if self.reference is not None:
+                self.fields[key].update(error_metrics(output, self.reference).as_row())
+                self.fields[key].update(input_entropy=self.reference.entropy, input_band_mass=self.reference.band_mass)
+                if variant.exact and variant.family != "exact" and cell.seq_len == cell.n_k <= DROPPED_MASS_MAX_N:
+                    self.fields[key]["dropped_mass"] = dropped_mass(
+                        inputs.q,
+                        inputs.k,
+                        variant.support_mask(cell.seq_len, cell.n_k, cell.causal),
+                        causal=cell.causal,
+                        key_padding_mask=inputs.key_padding_mask,
+                    )
+            del output
+            if cell.mode == "fwd+bwd":
+                self.progress("backward", key)
+                if not all(torch.isfinite(g).all() for g in self._call(cell, variant)()):
+                    return self._fail(key, {"status": "error", "reason": "gradients have NaN or Inf"})
+        except Exception as error:
+            self._fail(key, failure(error))
+
+    def _self_check(self, cell: Cell, variant: AttentionVariant) -> tuple[bool, str]:
+        """Exact variants against the dense reference of their own pattern at small N, once per run."""
+        check_key = (cell.variant, cell.device, cell.dtype, cell.causal, cell.padding > 0)
+        if check_key not in self.self_checks:
+            dtype = getattr(torch, cell.dtype)
+            n = self.settings.self_check_len
+            error = exactness_error(
+                variant, n=n, causal=cell.causal, padded=cell.padding > 0, device=self.device, dtype=dtype
+            )
+            tolerance = max(TOLERANCE[dtype], 1e-5 if dtype == torch.float32 else 0.0)
+            passed = error <= tolerance
+            self.self_checks[check_key] = (passed, f"{'pass' if passed else 'FAIL'} (max err {error:.1e} at N={n})")
+        return self.self_checks[check_key]
+
+    def _call(self, cell: Cell, variant: AttentionVariant) -> Callable[[], Any]:
+        """The timed callable of the cell's mode (forward without autograd, or forward and backward)."""
+        assert self.inputs is not None
+        inputs, causal, mask = self.inputs, cell.causal, self.inputs.key_padding_mask
+        if cell.mode == "fwd":
+
+            def forward() -> None:
+                with torch.no_grad():
+                    variant(inputs.q, inputs.k, inputs.v, causal=causal, key_padding_mask=mask)
+
+            return forward
+        q, k, v = (t.detach().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
+        grad_out = torch.randn(
+            v.shape[:-2] + (q.shape[-2], v.shape[-1]), generator=torch.Generator().manual_seed(cell.seed + 1)
+        )
+        grad_out = grad_out.to(inputs.v)
+
+        def forward_backward() -> tuple[torch.Tensor, ...]:
+            out = variant(q, k, v, causal=causal, key_padding_mask=mask)
+            return torch.autograd.grad(out, (q, k, v), grad_out)
+
+        return forward_backward
+
+    def _held(self) -> tuple[torch.Tensor, ...]:
+        """Tensors the timed calls hold that are not their own memory."""
+        assert self.inputs is not None
+        return tuple(
+            t for t in (self.inputs.q, self.inputs.k, self.inputs.v, self.inputs.key_padding_mask) if t is not None
+        )
+
+    # ---- timing in turns ----------------------------------------------------------------------
+
+    def _time_in_turns(self) -> list[tuple[str, int, float]]:
+        """Every running cell timed in rounds, order shuffled per round; returns (cell_key, round, s/call)."""
+        calls, blocks, first_call = {}, {}, {}
+        for cell in self.group.cells:
+            key = cell.key()
+            if key not in self.variants:
+                continue
+            try:
+                self.progress("warm-up", key)
+                calls[key] = self._call(cell, self.variants[key])
+                first_call[key] = self._clock(calls[key], 1)  # compilation and lazy set-up land here
+                once = self._clock(calls[key], 1)
+                blocks[key] = max(1, int(MIN_SAMPLE_S / max(once, 1e-9)))
+            except Exception as error:
+                calls.pop(key, None)
+                self._fail(key, failure(error))
+        samples: dict[str, list[float]] = {key: [] for key in calls}
+        slow = {key for key in calls if first_call[key] > self.settings.time_budget_s}
+
+        def wanted(key: str) -> bool:  # a call over the time budget stops at SLOW_ROUNDS samples
+            if key in slow:
+                return len(samples[key]) < SLOW_ROUNDS
+            enough_time = sum(samples[key]) * blocks[key] >= self.settings.min_run_time
+            return len(samples[key]) < self.settings.min_rounds or not enough_time
+
+        rng = random.Random(self.group.key())  # the order of turns is reproducible per group
+        while any(wanted(key) for key in calls):
+            order = [key for key in calls if wanted(key)]
+            rng.shuffle(order)
+            for key in order:
+                try:
+                    self.progress("timing", key)
+                    samples[key].append(self._clock(calls[key], blocks[key]) / blocks[key])
+                except Exception as error:
+                    calls.pop(key)
+                    self._fail(key, failure(error))
+        for key in calls:
+            spread = Spread.of(samples[key])
+            self.fields[key].update(
+                time_median_s=spread.median,
+                time_p10_s=spread.p10,
+                time_p90_s=spread.p90,
+                time_iqr_s=spread.iqr,
+                time_repeats=spread.count,
+                compile_s=max(0.0, first_call[key] - spread.median),
+            )
+        self._speedups(samples, set(calls))
+        return [
+            (key, index, seconds)
+            for key, values in samples.items()
+            if key in calls
+            for index, seconds in enumerate(values)
+        ]
+
+    def _clock(self, call: Callable[[], Any], number: int) -> float:
+        synchronize(self.device)
+        start = time.perf_counter()
+        for _ in range(number):
+            call()
+        synchronize(self.device)
+        return time.perf_counter() - start
+
+    def _speedups(self, samples: dict[str, list[float]], timed: set[str]) -> None:
+        """Speedup of each timed cell against the group's baseline, round by round, with a bootstrap interval."""
+        baseline = next(
+            (c.key() for c in self.group.cells if c.variant.name == self.settings.baseline and not c.variant.hparams),
+            None,
+        )
+        if baseline is None or baseline not in timed:
+            return
+        for key in timed:
+            interval = paired_speedup(samples[baseline], samples[key])
+            self.fields[key].update(
+                baseline=self.settings.baseline,
+                speedup=interval.estimate,
+                speedup_low=interval.low,
+                speedup_high=interval.high,
+            )
+
+    # ---- memory and cost ----------------------------------------------------------------------
+
+    def _memory_and_cost(self, cell: Cell) -> None:
+        key, variant = cell.key(), self.variants[cell.key()]
+        cost = variant.cost(shape_of(cell))
+        self.fields[key].update(flops=cost.flops, bytes_moved=cost.bytes_moved)
+        if self.device.type == "cpu" and not variant.cpu_memory_trackable:
+            self.fields[key]["mem_method"] = "not measured: compiled kernels allocate out of the CPU tracker's sight"
+            return
+        try:
+            self.progress("memory", key)
+            fresh = self.registry.create(cell.variant.name, seed=cell.seed, **dict(cell.variant.hparams))
+            memory = call_memory(self._call(cell, variant), self._call(cell, fresh), self.device, inputs=self._held())
+            self.fields[key].update(
+                peak_mem_bytes=memory.peak_bytes, state_mem_bytes=memory.state_bytes, mem_method=memory.method
+            )
+        except Exception as error:
+            self._fail(key, failure(error))
+
+
+def measure_group(
+    group: Group,
+    settings: Settings,
+    registry: Registry,
+    *,
+    self_checks: dict[tuple, tuple[bool, str]] | None = None,
+    progress: Progress | None = None,
+) -> GroupResult:
+    """Rows (one per cell, failures included) and timing samples of one comparison group."""
+    return GroupMeasurement(group, settings, registry, self_checks=self_checks, progress=progress).run()

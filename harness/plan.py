@@ -1,0 +1,163 @@
+"""The plan of a run: its axes declared once, the cells they span, and the comparison groups. No torch here.
+
+A sweep axis is one field of `Cell`, with its config key in the field's metadata. Everything else is
+derived from that declaration: the config's list keys (`AXES`), the cross product (`expand`), a cell's
+stable key, the CSV columns that describe a cell (`CELL_COLUMNS`), and the group columns (`GROUP_AXES`):
+cells that differ only in their variant setting form one comparison group, measured together, in turns.
+Adding an axis is adding one field here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """One variant with one point of its hyperparameter grid."""
+
+    name: str
+    hparams: tuple[tuple[str, Any], ...] = ()
+
+    def label(self) -> str:
+        if not self.hparams:
+            return self.name
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.hparams)})"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input distribution with its parameters."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def label(self) -> str:
+        if not self.params:
+            return self.name
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.params)})"
+
+
+def axis(config_key: str, kind: type, default: Any) -> Any:
+    """A sweep axis: its key in a config (a value or a list of values), its type and default values."""
+    return field(metadata={"config": config_key, "kind": kind, "default": default})
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement, one row of results.csv. Every field but `variant` is a group axis."""
+
+    variant: VariantSpec = axis("variants", VariantSpec, [])
+    device: str = axis("device", str, ["cpu"])
+    dtype: str = axis("dtype", str, ["float32"])
+    mode: str = axis("mode", str, ["fwd"])
+    causal: bool = axis("causal", bool, [False])
+    input: InputSpec = axis("inputs", InputSpec, [InputSpec("gaussian")])
+    seed: int = axis("seeds", int, [0])
+    padding: float = axis("padding", float, [0.0])
+    batch: int = axis("batch", int, [1])
+    heads: int = axis("heads", int, [8])
+    head_dim: int = axis("head_dim", int, [64])
+    value_dim: int = axis("value_dim", int, [0])  # 0: equal to head_dim
+    kv_len: int = axis("kv_lens", int, [0])  # 0: equal to seq_len (self-attention)
+    seq_len: int = axis("seq_lens", int, [256, 1024])  # last: N grows fastest within a setting
+
+    @property
+    def n_k(self) -> int:
+        return self.kv_len or self.seq_len
+
+    @property
+    def v_dim(self) -> int:
+        return self.value_dim or self.head_dim
+
+    def key(self) -> str:
+        """A stable text key (matching runs, resuming): every axis, the specs spelled out."""
+        return json.dumps([_plain(getattr(self, name)) for name in AXIS_NAMES], sort_keys=True)
+
+    @classmethod
+    def from_key(cls, key: str) -> "Cell":
+        """The cell whose `key()` this is (how a group travels to an isolated worker)."""
+        values = dict(zip(AXIS_NAMES, json.loads(key)))
+        for name, spec in (("variant", VariantSpec), ("input", InputSpec)):
+            spec_name, params = values[name]
+            values[name] = spec(spec_name, tuple(sorted(params.items())))
+        return cls(**values)
+
+    def group_key(self) -> str:
+        """Cells with equal group keys share inputs and reference and are timed together, in turns."""
+        return json.dumps([_plain(getattr(self, name)) for name in GROUP_AXES], sort_keys=True)
+
+    def series_key(self) -> str:
+        """Cells that differ only in N: once one is over the time budget, the larger ones are skipped."""
+        return json.dumps([_plain(getattr(self, name)) for name in AXIS_NAMES if name != "seq_len"], sort_keys=True)
+
+    def columns(self) -> dict[str, Any]:
+        """The cell's own CSV columns: one per axis, specs as name + JSON parameters."""
+        out: dict[str, Any] = {}
+        for name in AXIS_NAMES:
+            value = getattr(self, name)
+            if isinstance(value, VariantSpec):
+                out.update(variant=value.name, label=value.label(), hparams=json.dumps(dict(value.hparams)))
+            elif isinstance(value, InputSpec):
+                out[name] = value.label()
+            else:
+                out[name] = value
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (VariantSpec, InputSpec)):
+        return [value.name, dict(value.hparams if isinstance(value, VariantSpec) else value.params)]
+    return value
+
+
+AXIS_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Cell))
+AXES: dict[str, tuple[str, type, Any]] = {  # config key -> (cell field, kind, default values)
+    f.metadata["config"]: (f.name, f.metadata["kind"], f.metadata["default"]) for f in fields(Cell)
+}
+GROUP_AXES: tuple[str, ...] = tuple(name for name in AXIS_NAMES if name != "variant")
+CELL_COLUMNS: tuple[str, ...] = tuple(
+    Cell(
+        **{name: kind("x") if kind in (VariantSpec, InputSpec) else kind() for name, kind, _ in AXES.values()}
+    ).columns()
+)
+GROUP_COLUMNS: tuple[str, ...] = tuple(c for c in CELL_COLUMNS if c not in ("variant", "label", "hparams"))
+
+
+@dataclass(frozen=True)
+class Group:
+    """Cells that differ only in variant setting: one set of inputs, one reference, timed in turns."""
+
+    cells: tuple[Cell, ...]
+
+    @property
+    def setting(self) -> Cell:
+        """The shared axes (read any field but `variant` from it)."""
+        return self.cells[0]
+
+    def key(self) -> str:
+        return self.setting.group_key()
+
+    def without(self, keys: set[str]) -> "Group":
+        return Group(tuple(c for c in self.cells if c.key() not in keys))
+
+
+def expand(values: dict[str, list[Any]]) -> list[Cell]:
+    """Every combination of the axes' values (cell field -> values), in declaration order: cells of one group
+    adjacent, N growing within a setting. Duplicates are removed (first kept)."""
+    names = list(AXIS_NAMES)
+    order = [n for n in names if n not in ("variant", "seq_len")] + ["seq_len", "variant"]
+    combos = itertools.product(*(sorted(values[name]) if name == "seq_len" else values[name] for name in order))
+    cells = [Cell(**dict(zip(order, combo))) for combo in combos]
+    return list(dict.fromkeys(cells))
+
+
+def groups_of(cells: list[Cell]) -> list[Group]:
+    """Cells gathered into comparison groups, in the order their first cell appears."""
+    gathered: dict[str, list[Cell]] = {}
+    for cell in cells:
+        gathered.setdefault(cell.group_key(), []).append(cell)
+    return [Group(tuple(members)) for members in gathered.values()]

@@ -1,0 +1,247 @@
+"""Orchestrate a run: groups in order, budgets and skips, resume, and the executor that measures each group.
+
+Executors: `InProcess` measures a group in this process; `Isolated` in a child process per group, which
+reports each step it starts on a channel of its own (a file, never stdout, which a plugin may write to), so
+a crash or a hang is pinned on the cell in flight: that cell is recorded `crashed` or `timeout`, and the
+rest of its group is measured again without it. The run folder has one writer, this process.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from attnbench.config import Settings, SweepConfig
+from attnbench.machine import machine_info, measure_peaks, retain_freed_memory
+from attnbench.measure import GroupResult, measure_group
+from attnbench.plan import Cell, Group
+from attnbench.registry import Registry
+from attnbench.registry import registry as default_registry
+from attnbench.results import Row, read_results, row_for
+from attnbench.rundir import RunFolder, new_run_dir
+from tqdm import tqdm
+
+
+STARTUP_S = 120.0  # the longest a worker may take to start (imports) before it is deemed hung
+
+
+class Executor(Protocol):
+    def run_group(self, group: Group) -> GroupResult: ...
+
+
+class InProcess:
+    """Each group measured in this process; self-checks shared across groups."""
+
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        self.settings, self.registry = settings, registry
+        self.self_checks: dict[tuple, tuple[bool, str]] = {}
+
+    def run_group(self, group: Group) -> GroupResult:
+        return measure_group(group, self.settings, self.registry, self_checks=self.self_checks)
+
+
+class Isolated:
+    """Each group in a child process (`python -m attnbench.worker`): a segfault, a hard out-of-memory kill
+    or a hang costs the cell in flight, not the run. A step with no progress for `cell_timeout_s` is killed."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def run_group(self, group: Group) -> GroupResult:
+        rows, samples = [], []
+        while group.cells:
+            result, culprit = self._attempt(group)
+            if culprit is None:
+                return GroupResult(rows + result.rows, samples + result.samples)
+            rows.append(culprit)  # that cell's row; the others are measured again without it
+            group = group.without({culprit.cell_key})
+        return GroupResult(rows, samples)
+
+    def _attempt(self, group: Group) -> tuple[GroupResult, Any]:
+        with tempfile.TemporaryDirectory(prefix="attnbench-worker-") as folder:
+            channel = Path(folder) / "channel.jsonl"
+            request = json.dumps({"settings": asdict(self.settings), "cells": [c.key() for c in group.cells]})
+            process = subprocess.Popen(
+                [sys.executable, "-m", "attnbench.worker", str(channel)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,  # whatever a plugin prints is not our concern
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            assert process.stdin is not None
+            process.stdin.write(request)
+            process.stdin.close()
+            last_step, last_change, size = None, time.monotonic(), -1
+            while process.poll() is None:
+                time.sleep(0.05)
+                if channel.exists() and channel.stat().st_size != size:
+                    size, last_change = channel.stat().st_size, time.monotonic()
+                    last_step = _last_step(channel)
+                # until its first step the worker is importing torch: slow on a busy machine, not a hang
+                limit = self.settings.cell_timeout_s if size > 0 else max(self.settings.cell_timeout_s, STARTUP_S)
+                if time.monotonic() - last_change > limit:
+                    process.kill()
+                    process.wait()
+                    cell = _in_flight(group, last_step)
+                    return GroupResult([]), row_for(
+                        cell,
+                        status="timeout",
+                        reason=f"no progress within cell_timeout_s={self.settings.cell_timeout_s:g} s "
+                        f"({(last_step or {}).get('step', 'starting')}); the group's process was killed",
+                    )
+            stderr = process.stderr.read() if process.stderr else ""
+            records = _records(channel)
+            final = next((r for r in records if "rows" in r), None)
+            if process.returncode == 0 and final is not None:
+                rows = [Row(**row) for row in final["rows"]]
+                return GroupResult(rows, [tuple(s) for s in final["samples"]]), None
+            if process.returncode < 0:
+                name = signal.Signals(-process.returncode).name
+                why = f"killed by {name}" + (" (likely the system's out-of-memory killer)" if name == "SIGKILL" else "")
+            else:
+                why = f"exited with status {process.returncode}"
+            last_step = next((r for r in reversed(records) if "step" in r), None)
+            tail = " | ".join(stderr.strip().splitlines()[-3:])
+            step = (last_step or {}).get("step", "starting")
+            return GroupResult([]), row_for(
+                _in_flight(group, last_step), status="crashed", reason=f"the cell's process {why} ({step}): {tail}"
+            )
+
+
+def _records(channel: Path) -> list[dict[str, Any]]:
+    if not channel.exists():
+        return []
+    out = []
+    for line in channel.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # the last line, cut short by a kill
+            continue
+    return out
+
+
+def _last_step(channel: Path) -> dict[str, Any] | None:
+    return next((r for r in reversed(_records(channel)) if "step" in r), None)
+
+
+def _in_flight(group: Group, step: dict[str, Any] | None) -> Cell:
+    """The cell the worker was busy with (the first one when it died before any step)."""
+    key = (step or {}).get("cell")
+    return next((c for c in group.cells if c.key() == key), group.cells[0])
+
+
+class Budgets:
+    """Once a variant is over its time budget, out of memory, crashed or timed out at some N, its larger N
+    (same series: every other axis equal) are skipped with that reason."""
+
+    def __init__(self, time_budget_s: float) -> None:
+        self.time_budget_s = time_budget_s
+        self.over: dict[str, str] = {}
+
+    def note(self, cell: Cell, status: str, median_s: float | None) -> None:
+        reason = None
+        if status in ("oom", "crashed", "timeout"):
+            reason = f"{'out of memory' if status == 'oom' else status} at N={cell.seq_len}"
+        elif status == "ok" and median_s is not None and median_s == median_s and median_s > self.time_budget_s:
+            reason = (
+                f"{cell.variant.label()} took {median_s:.2f} s at N={cell.seq_len}, "
+                f"over time_budget_s={self.time_budget_s:g}"
+            )
+        if reason is not None:
+            self.over.setdefault(cell.series_key(), reason)
+
+    def skip_reason(self, cell: Cell) -> str | None:
+        reason = self.over.get(cell.series_key())
+        return None if reason is None else f"larger N skipped: {reason}"
+
+
+def _measure_peaks(config: SweepConfig) -> dict[str, Any]:
+    peaks = {}
+    for device in config.axes["device"]:
+        for dtype in config.axes["dtype"]:
+            try:
+                peaks[f"{device}/{dtype}"] = measure_peaks(device, getattr(torch, dtype))
+            except Exception as error:  # e.g. cuda asked for on a machine without it: cells say so too
+                peaks[f"{device}/{dtype}"] = {"error": f"{type(error).__name__}: {error}"}
+    return peaks
+
+
+def run_plan(
+    config: SweepConfig,
+    out_root: Path = Path("results"),
+    *,
+    registry: Registry = default_registry,
+    progress: bool = True,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    isolate: bool = False,
+    command: list[str] | None = None,
+) -> Path:
+    """Measure every group of `config` into a new folder under `out_root` (or `run_dir`); returns the folder.
+
+    With `resume`, `run_dir` is an earlier run: only its missing cells are measured, budgets replayed.
+    """
+    run_dir = run_dir or new_run_dir(out_root, config.name)
+    with RunFolder(run_dir) as folder:
+        allocator = retain_freed_memory()  # every variant timed warm, as CUDA's caching allocator would have it
+        if config.settings.threads:
+            torch.set_num_threads(config.settings.threads)
+        meta = folder.read_meta() if resume else {}
+        if resume and meta:
+            meta.setdefault("resumed", []).append(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        else:
+            meta = {
+                "run_id": run_dir.name,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "command": command or [],
+                "config": config.to_dict(),
+                "cells": len(config.cells()),
+                "duplicate_cells_removed": config.duplicates(),
+                "machine": machine_info(config.axes["device"]),
+                "cpu_allocator": allocator,
+                "isolated": isolate,
+            }
+        folder.write_meta(meta)  # first, before any work: a run killed at once is still a run folder
+        if "peaks" not in meta:
+            meta["peaks"] = _measure_peaks(config)
+            folder.write_meta(meta)
+        budgets = Budgets(config.settings.time_budget_s)
+        done: set[str] = set()
+        if resume and (run_dir / "results.csv").exists():
+            finished = read_results(run_dir).drop_duplicates("cell_key", keep="last").set_index("cell_key")
+            for cell in config.cells():
+                if cell.key() in finished.index:
+                    budgets.note(cell, finished.loc[cell.key(), "status"], finished.loc[cell.key(), "time_median_s"])
+            done = set(finished.index)
+        executor: Executor = Isolated(config.settings) if isolate else InProcess(config.settings, registry)
+        todo = [group.without(done) for group in config.groups()]
+        todo = [group for group in todo if group.cells]
+        bar = tqdm(total=sum(len(g.cells) for g in todo), disable=not progress, unit="cell", dynamic_ncols=True)
+        for group in todo:
+            bar.set_description(f"N={group.setting.seq_len} {group.setting.mode} {group.setting.input.label()}"[:48])
+            skipped = [row_for(c, status="skipped", reason=budgets.skip_reason(c)) for c in group.cells
+                       if budgets.skip_reason(c)]  # fmt: skip
+            runnable = group.without({row.cell_key for row in skipped})
+            result = executor.run_group(runnable) if runnable.cells else GroupResult([])
+            folder.append(skipped + result.rows, result.samples)
+            for row in result.rows:
+                budgets.note(Cell.from_key(row.cell_key), row.status, row.time_median_s)
+            bar.update(len(group.cells))
+        bar.close()
+        frame = read_results(run_dir)
+        meta.update(
+            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            status_counts=frame.status.value_counts().to_dict(),
+            noisy_cells=int((frame.noisy.fillna("") != "").sum()),
+            peaks_at_end=_measure_peaks(config),
+        )
+        folder.write_meta(meta)
+    return run_dir

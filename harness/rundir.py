@@ -1,0 +1,120 @@
+"""The run folder and its one writer: results.csv, samples.csv and meta.json, under a lock.
+
+results.csv gets one row per cell, samples.csv the raw timing samples (a tidy long table: cell_key,
+round, seconds per call); both are appended and fsynced as each group ends, so a kill loses at most the
+group in flight. meta.json is replaced atomically. A second writer on the same folder is refused: the
+lock is an flock on `.lock`, which the kernel releases when its process dies (no stale lock to clean).
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from attnbench.results import ResultsWriter, read_results
+
+SAMPLE_COLUMNS = ("cell_key", "round", "seconds")
+
+
+class RunFolderBusy(RuntimeError):
+    """Another process writes this run folder."""
+
+
+def new_run_dir(out_root: Path, name: str) -> Path:
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    candidate, suffix = out_root / stem, 1
+    while candidate.exists():
+        suffix += 1
+        candidate = out_root / f"{stem}-{suffix}"
+    candidate.mkdir(parents=True)
+    return candidate
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON through a temporary file and a rename, so a reader never sees half a file."""
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(temporary, path)
+
+
+class RunFolder:
+    """The only writer of one run folder, while it holds the folder's lock."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self._lock = (path / ".lock").open("a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.seek(0)
+            holder = self._lock.read().strip() or "another process"
+            self._lock.close()
+            raise RunFolderBusy(
+                f"{path} is being written by {holder}; one writer per run folder (wait for it, or stop it first)"
+            ) from None
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(f"process {os.getpid()} on {os.uname().nodename}")
+        self._lock.flush()
+        self._results = ResultsWriter(path / "results.csv")
+        samples = path / "samples.csv"
+        new = not samples.exists() or samples.stat().st_size == 0
+        self._samples_file = samples.open("a", newline="")
+        self._samples = csv.writer(self._samples_file)
+        if new:
+            self._samples.writerow(SAMPLE_COLUMNS)
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / "meta.json"
+
+    def read_meta(self) -> dict[str, Any]:
+        return json.loads(self.meta_path.read_text()) if self.meta_path.exists() else {}
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        write_json_atomic(self.meta_path, meta)
+
+    def append(self, rows: list[Any], samples: list[tuple[str, int, float]]) -> None:
+        """One group's rows and samples, flushed to disk before returning (samples first: rows mark done)."""
+        self._samples.writerows(samples)
+        self._samples_file.flush()
+        os.fsync(self._samples_file.fileno())
+        for row in rows:
+            self._results.append(row)
+
+    def finished_keys(self) -> set[str]:
+        if not (self.path / "results.csv").exists():
+            return set()
+        return set(read_results(self.path).cell_key)
+
+    def close(self) -> None:
+        self._results.close()
+        self._samples_file.close()
+        self._lock.close()  # releases the flock
+
+    def __enter__(self) -> "RunFolder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_samples(run_dir: Path) -> dict[str, list[float]]:
+    """cell_key -> its timing samples in round order (a folder without samples.csv gives {})."""
+    path = run_dir / "samples.csv"
+    if not path.exists():
+        return {}
+    out: dict[str, dict[int, float]] = {}
+    with path.open(newline="") as file:
+        for record in csv.DictReader(file):
+            try:  # a group measured again after a kill overwrites its earlier samples, round by round
+                out.setdefault(record["cell_key"], {})[int(record["round"])] = float(record["seconds"])
+            except (TypeError, ValueError, KeyError):  # a line cut short by a kill
+                continue
+    return {key: [rounds[r] for r in sorted(rounds)] for key, rounds in out.items()}

@@ -1,0 +1,169 @@
+"""A comparison group is measured in interleaved rounds; speedups are paired per round; noise is said;
+the axes are declared once."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from attnbench import measure
+from attnbench.config import parse_config
+from attnbench.noise import noise_reason
+from attnbench.plan import AXES, CELL_COLUMNS, GROUP_COLUMNS, Cell
+from attnbench.results import COLUMNS
+from attnbench.stats import paired_speedup, ratio_of_medians
+
+RECORDER = """
+import torch
+from attnbench import AttentionVariant
+
+CALLS = []
+
+class Recorded(AttentionVariant):
+    family = "test"
+    exact = False
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        CALLS.append(self.name)
+        return v.clone()
+
+class A(Recorded):
+    name = "rec-a"
+
+class B(Recorded):
+    name = "rec-b"
+"""
+
+
+def test_group_is_timed_in_shuffled_rounds_each_variant_once_per_round(plugin_registry, monkeypatch) -> None:
+    registry = plugin_registry("recorder", {"rec-a": "recorder:A", "rec-b": "recorder:B"}, {"recorder": RECORDER})
+    monkeypatch.setattr(measure, "MIN_SAMPLE_S", 0.0)  # one call per sample, so calls are rounds
+    config = parse_config(
+        {"variants": ["rec-a", "rec-b"], "seq_lens": [16], "heads": 1, "head_dim": 8, "min_run_time": 1e-6,
+         "min_rounds": 12, "error": False},
+        registry=registry,
+    )  # fmt: skip
+    import recorder
+
+    [group] = config.groups()
+    recorder.CALLS.clear()
+    result = measure.measure_group(group, config.settings, registry)
+    calls = recorder.CALLS
+    # per variant: the error pass, the warm-up and a calibration call, then the rounds; memory calls at the end
+    timed = calls[6 : 6 + 2 * 12]
+    rounds = [tuple(timed[i : i + 2]) for i in range(0, len(timed), 2)]
+    assert all(sorted(r) == ["rec-a", "rec-b"] for r in rounds)  # each variant exactly once per round
+    assert len(set(rounds)) == 2  # the order is shuffled between rounds, not fixed
+    assert {row.time_repeats for row in result.rows} == {12}
+    samples = {key for key, _, _ in result.samples}
+    assert samples == {c.key() for c in group.cells}
+    recorder.CALLS.clear()
+    measure.measure_group(group, config.settings, registry)
+    assert recorder.CALLS[6 : 6 + 2 * 12] == timed  # the shuffle is seeded by the group: reproducible
+
+
+def test_paired_speedup_cancels_a_slow_stretch_that_medians_would_not() -> None:
+    """The machine slows 4x for half the rounds; B is 2x faster than A in every round."""
+    drift = [1.0] * 10 + [4.0] * 10
+    a = [0.010 * d for d in drift]
+    b = [0.005 * d for d in drift]
+    interval = paired_speedup(a, b)
+    assert interval.estimate == pytest.approx(2.0)
+    assert interval.low == pytest.approx(2.0) and interval.high == pytest.approx(2.0)
+    # measured apart (A in the quiet half, B in the slow one) the same medians would claim B is 2x slower
+    assert statistics.median(a[:10]) / statistics.median(b[10:]) == pytest.approx(0.5)
+
+
+def test_paired_speedup_interval_covers_the_truth_on_noisy_samples() -> None:
+    generator = torch.Generator().manual_seed(0)
+    noise = lambda: (1 + 0.2 * torch.rand(40, generator=generator)).tolist()  # noqa: E731
+    a = [0.01 * x for x in noise()]
+    b = [0.004 * x for x in noise()]
+    interval = paired_speedup(a, b)
+    assert interval.low < 2.5 < interval.high and interval.high - interval.low < 0.5
+
+
+def test_ratio_of_medians_separates_shifted_from_identical_distributions() -> None:
+    generator = torch.Generator().manual_seed(1)
+    draw = lambda scale: [scale * (1 + 0.1 * x) for x in torch.randn(30, generator=generator).abs().tolist()]  # noqa: E731
+    same = ratio_of_medians(draw(1.0), draw(1.0))
+    shifted = ratio_of_medians(draw(1.0), draw(1.3))
+    assert same.clears(0.05) is None
+    assert shifted.clears(0.05) == "above" and shifted.low > 1.15
+
+
+def test_noise_reasons() -> None:
+    assert noise_reason(1.0, 0.05, 0.1) == ""
+    assert "IQR 20%" in noise_reason(1.0, 0.2, 0.0)
+    assert "other processes used 1.0 cores" in noise_reason(1.0, 0.01, 1.0)
+
+
+def test_axes_are_declared_once_and_everything_derives_from_them() -> None:
+    fields = [name for name, _, _ in AXES.values()]
+    assert set(CELL_COLUMNS) >= set(fields) - {"variant", "input"} | {"input", "variant", "label", "hparams"}
+    assert set(GROUP_COLUMNS) == set(CELL_COLUMNS) - {"variant", "label", "hparams"}
+    assert set(COLUMNS) >= set(CELL_COLUMNS)
+    config = parse_config({"variants": ["full"], "seq_lens": [32], "kv_lens": [48], "value_dim": [24]})
+    [cell] = config.cells()
+    assert (cell.seq_len, cell.n_k, cell.v_dim) == (32, 48, 24)
+    assert Cell.from_key(cell.key()) == cell
+    assert parse_config(config.to_dict()).cells() == config.cells()
+
+
+def test_a_new_axis_added_in_one_place_reaches_keys_rows_and_group_columns(tmp_path: Path, monkeypatch) -> None:
+    """Copy plan.py, add one field to Cell, and the copy's config keys, cell key and columns all carry it."""
+    source = Path(measure.__file__).with_name("plan.py").read_text()
+    marker = '    seq_len: int = axis("seq_lens", int, [256, 1024])'
+    assert marker in source
+    patched = source.replace(marker, '    window_scale: int = axis("window_scales", int, [1])\n' + marker)
+    path = tmp_path / "plan_with_axis.py"
+    path.write_text(patched)
+    spec = importlib.util.spec_from_file_location("plan_with_axis", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "plan_with_axis", module)
+    spec.loader.exec_module(module)
+    assert "window_scales" in module.AXES
+    assert "window_scale" in module.CELL_COLUMNS and "window_scale" in module.GROUP_COLUMNS
+    values = {name: default for name, _, default in module.AXES.values()}
+    values["variant"], values["window_scale"] = [module.VariantSpec("full")], [1, 2]
+    cells = module.expand(values)
+    assert len({c.key() for c in cells}) == 2 * len(values["seq_len"])
+    assert len(module.groups_of(cells)) == 2 * len(values["seq_len"])  # the new axis separates groups
+
+
+def test_end_to_end_rows_carry_speedup_noise_and_where_it_ran(tmp_path: Path) -> None:
+    from attnbench.results import read_results
+    from attnbench.run import run_plan
+    from attnbench.rundir import read_samples
+
+    config = parse_config(
+        {"variants": ["full", "full-math", "band"], "seq_lens": [64, 128], "heads": 2, "head_dim": 16,
+         "min_run_time": 0.02, "min_rounds": 4}
+    )  # fmt: skip
+    run_dir = run_plan(config, tmp_path, progress=False)
+    frame = read_results(run_dir)
+    assert (frame.status == "ok").all()
+    assert (frame.time_repeats >= 4).all() and frame.time_p10_s.le(frame.time_p90_s).all()
+    full = frame[frame.variant == "full"]
+    assert (full.speedup == 1.0).all() and (frame.baseline == "full").all()
+    assert (frame.speedup_low <= frame.speedup).all() and (frame.speedup <= frame.speedup_high).all()
+    assert frame.host.str.len().gt(0).all() and frame.threads.ge(1).all() and frame.load_before.notna().all()
+    samples = read_samples(run_dir)
+    assert set(samples) == set(frame.cell_key) and all(len(v) >= 4 for v in samples.values())
+
+
+def test_an_option_refused_only_at_the_call_is_unsupported_not_an_error(tmp_path: Path) -> None:
+    from attnbench.results import read_results
+    from attnbench.run import run_plan
+
+    config = parse_config(
+        {"variants": {"full": {}, "strided": {"factorize": True}}, "seq_lens": [32], "heads": 1, "head_dim": 8,
+         "min_run_time": 0.01, "min_rounds": 2}
+    )  # fmt: skip
+    frame = read_results(run_plan(config, tmp_path, progress=False)).set_index("variant")
+    assert frame.loc["strided", "status"] == "unsupported" and "at least 2 heads" in frame.loc["strided", "reason"]
+    assert frame.loc["full", "status"] == "ok"
