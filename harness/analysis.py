@@ -56,9 +56,9 @@ def crossover(n: list[float], ratio: list[float]) -> tuple[float | None, str]:
 def crossover_table(cells: pd.DataFrame, baseline: str = "full") -> pd.DataFrame:
     """Per variant label: the N from which it is faster, and smaller, than `baseline`."""
     ok = cells[cells.status == "ok"]
-    base = ok[ok.variant == baseline].set_index("seq_len")
+    base = ok[ok.label == baseline].set_index("seq_len")
     rows = []
-    for label, group in ok[ok.variant != baseline].groupby("label", sort=False):
+    for label, group in ok[ok.label != baseline].groupby("label", sort=False):
         group = group.sort_values("seq_len")
         shared = [n for n in group.seq_len if n in base.index]
         if not shared:

@@ -9,17 +9,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnbench.config import ConfigError, SweepConfig, load_config
+from attnbench import __version__
+from attnbench.config import ConfigError, SweepConfig, load_config, preset_names
 from attnbench.registry import registry
 
-EPILOG = """examples:
+EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_NOTHING_RAN, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_STATUS = """exit status:
+  0    success
+  1    compare --fail-above: a regression; check: a check failed
+  2    usage: a bad argument or config (every problem listed before any work), not a run folder, a run
+       folder another process writes; check: the variant cannot be checked on this machine
+  3    run: no cell ran ok (every cell failed, was unsupported or skipped)
+  130  run: interrupted (Ctrl-C); finished cells are kept, the message gives the --resume command
+"""
+EPILOG = (
+    """examples:
   attnbench list
+  attnbench presets                               # the presets and what each sweeps
   attnbench run quick                             # the CPU preset, under 90 s
   attnbench run default --variants full,full-math --seq-lens 512,1024
   attnbench run configs/default.toml --causal both --mode fwd,fwd+bwd --out results
   attnbench report results/<run-id>
   attnbench compare results/<run-a> results/<run-b> --fail-above 10
+
 """
+    + EXIT_STATUS
+)
 
 
 def _csv(kind: type) -> Any:
@@ -48,21 +63,30 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"attnbench {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    commands.add_parser("list", help="every variant: family, exactness, capabilities, package; broken plugins")
+    commands.add_parser(
+        "list",
+        help="every variant: family, exactness, capabilities, package; broken plugins",
+        description="List every registered variant (built-in and plugins) with its capabilities and package.",
+    )
+    commands.add_parser(
+        "presets", help="the sweep presets shipped with attnbench", description="List the presets `run` accepts."
+    )
 
     run = commands.add_parser(
         "run",
         help="run a sweep and print a summary table",
-        epilog=EPILOG,
+        description="Validate the whole plan, then measure every cell: time (in turns per group), memory, error.",
+        epilog=f"presets: {', '.join(preset_names())}\n\n" + EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument(
         "config",
         nargs="?",
         default="quick",
-        help="a preset in configs/ (quick, default) or a TOML file (default: quick)",
+        help=f"a preset ({', '.join(preset_names())}) or a TOML file (default: quick)",
     )
     run.add_argument("--variants", type=_csv(str), help="comma-separated variant names (keeps the config's grids)")
     run.add_argument("--seq-lens", type=_csv(int), help="comma-separated sequence lengths, e.g. 1024,4096")
@@ -84,11 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--isolate",
         action="store_true",
-        help="each cell in its own process (cell_timeout_s): a crash or hang marks only that cell",
+        help="each comparison group in its own process: a crash, or a step without progress for cell_timeout_s, "
+        "marks only the cell in flight",
     )
 
-    report = commands.add_parser("report", help="(re)build report.md, report.html and plots/ for a run folder")
-    report.add_argument("run_dir", type=Path)
+    report = commands.add_parser(
+        "report",
+        help="(re)build report.md, report.html and plots/ for a run folder",
+        description="Rebuild a run folder's report from its results.csv and meta.json.",
+    )
+    report.add_argument("run_dir", type=Path, help="a run folder, results/<run-id>")
 
     compare = commands.add_parser(
         "compare",
@@ -96,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 no regression; 1 a regression (with --fail-above: a cell slower beyond PCT, or a "
         "cell ok in A that is not ok in B); 2 usage (e.g. not a run folder)",
     )
-    compare.add_argument("run_a", type=Path)
-    compare.add_argument("run_b", type=Path)
+    compare.add_argument("run_a", type=Path, help="run folder A, the reference")
+    compare.add_argument("run_b", type=Path, help="run folder B, compared against A")
     compare.add_argument(
         "--fail-above",
         type=float,
@@ -111,7 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="compare each cell's in-turn speedup against its baseline instead of its absolute time "
         "(the robust choice across machines)",
     )
-    check = commands.add_parser("check", help="run the conformance checks on a variant (for variant authors)")
+    check = commands.add_parser(
+        "check",
+        help="run the conformance checks on a variant (for variant authors)",
+        description="The registry-wide conformance checks on one variant, in float64 and float32.",
+        epilog="exit status: 0 every check passed or was skipped; 1 a check failed; 2 unknown variant, bad "
+        "hyperparameter, or the variant cannot be checked on this machine (e.g. CUDA-only without CUDA)",
+    )
     check.add_argument("name", help="a registered variant name (see `attnbench list`)")
     check.add_argument(
         "--param",
@@ -121,7 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a hyperparameter, as a TOML value (e.g. --param window=64 --param backend='\"flex\"')",
     )
 
-    capture = commands.add_parser("capture", help="record per-layer, per-head Q/K/V of a local Hugging Face model")
+    capture = commands.add_parser(
+        "capture",
+        help="record per-layer, per-head Q/K/V of a local Hugging Face model",
+        description="Record Q/K/V from a local model for the `captured` input (nothing is downloaded).",
+    )
     capture.add_argument(
         "model_dir", type=Path, help="a local model folder (config.json + weights); nothing is downloaded"
     )
@@ -130,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--text", help="text to tokenize (needs a tokenizer in the model folder)")
     source.add_argument("--token-ids", type=_csv(int), help="comma-separated token ids")
     source.add_argument("--random-tokens", type=int, metavar="N", help="N random token ids (seeded)")
-    capture.add_argument("--seed", type=int, default=0)
+    capture.add_argument("--seed", type=int, default=0, help="seed of --random-tokens (default 0)")
     return parser
 
 
@@ -164,8 +203,8 @@ def command_check(args: argparse.Namespace) -> int:
         return 2
     contexts = check_contexts(lambda: variant_class(seed=0, **params))
     if isinstance(contexts, str):
-        print(f"attnbench: {args.name} cannot be checked on this machine: {contexts}")
-        return 0
+        print(f"attnbench: {args.name} cannot be checked on this machine: {contexts}", file=sys.stderr)
+        return EXIT_USAGE
     failed, total = [], 0
     for ctx in contexts:  # float64 and float32: a NaN or a leak may show in one precision only
         dtype = str(ctx.dtype).removeprefix("torch.")
@@ -203,6 +242,15 @@ def command_capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_presets() -> int:
+    from attnbench.config import preset_descriptions
+    from attnbench.summary import aligned_table
+
+    print(aligned_table(["preset", "what it sweeps"], [[name, text] for name, text in preset_descriptions().items()]))
+    print("\nrun one with `attnbench run NAME`; copy one from configs/ to start your own TOML file")
+    return 0
+
+
 def command_list() -> int:
     entries = registry.load_all()
     working = [e for e in entries if e.variant_class is not None]
@@ -232,7 +280,8 @@ def command_list() -> int:
 def command_run(args: argparse.Namespace) -> int:
     from attnbench.run import run_plan
     from attnbench.rundir import RunFolderBusy, new_run_dir
-    from attnbench.summary import write_summary
+    from attnbench.results import read_results
+    from attnbench.summary import noise_line, write_summary
 
     overrides = {
         key: value
@@ -261,7 +310,7 @@ def command_run(args: argparse.Namespace) -> int:
     duplicates = config.duplicates()
     print(
         f"attnbench: {len(cells)} cells in {len(config.groups())} comparison groups from '{config.name}' "
-        f"({len(config.variants)} variant settings × N in {sorted(config.seq_lens)})"
+        f"({len(config.variants)} variant settings × N in {sorted(set(config.seq_lens))})"
         + (f", {duplicates} duplicate cell(s) removed" if duplicates else "")
         + f"; results in {run_dir}/",
         file=sys.stderr,
@@ -286,6 +335,14 @@ def command_run(args: argparse.Namespace) -> int:
     except RunFolderBusy as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        done = len(read_results(run_dir)) if (run_dir / "results.csv").exists() else 0
+        print(
+            f"\nattnbench: interrupted; {done} of {len(cells)} cells are recorded in {run_dir}/. "
+            f"Continue with:\n  attnbench run --resume {run_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     print(write_summary(run_dir))
     outputs = "results.csv, samples.csv, meta.json, summary.md"
     if not args.no_report:
@@ -293,14 +350,18 @@ def command_run(args: argparse.Namespace) -> int:
 
         write_report(run_dir)
         outputs += ", report.md, report.html, plots/"
-    from attnbench.results import read_results
-    from attnbench.summary import noise_line
-
-    print(f"attnbench: {noise_line(read_results(run_dir))}", file=sys.stderr)
+    frame = read_results(run_dir)
+    print(f"attnbench: {noise_line(frame)}", file=sys.stderr)
     print(
         f"attnbench: {len(cells)} cells in {time.perf_counter() - started:.0f} s -> {run_dir}/ ({outputs})",
         file=sys.stderr,
     )
+    if not (frame.status == "ok").any():
+        print(
+            f"attnbench: no cell ran ok ({', '.join(sorted(set(frame.status)))}): see the reasons above",
+            file=sys.stderr,
+        )
+        return EXIT_NOTHING_RAN
     return 0
 
 
@@ -345,6 +406,9 @@ def command_compare(args: argparse.Namespace) -> int:
 
     if _run_folder(args.run_a) is None or _run_folder(args.run_b) is None:
         return 2
+    if args.fail_above is not None and args.fail_above < 0:
+        print(f"attnbench: --fail-above must be >= 0 (a percentage), got {args.fail_above:g}", file=sys.stderr)
+        return EXIT_USAGE
     threshold = DEFAULT_THRESHOLD if args.fail_above is None else args.fail_above / 100
     result = compare_runs(args.run_a, args.run_b, threshold=threshold, speedups=args.speedups)
     print(format_comparison(result, args.run_a, args.run_b))
@@ -358,7 +422,13 @@ def command_compare(args: argparse.Namespace) -> int:
                 f"interval beyond it), {broken} cell(s) no longer ok",
                 file=sys.stderr,
             )
-            return 1
+            return EXIT_REGRESSION
+        if result.inconclusive():
+            print(
+                f"attnbench: no regression found, but {result.inconclusive()} cell(s) are inconclusive (see their "
+                "verdicts): this gate could not judge them",
+                file=sys.stderr,
+            )
     return 0
 
 
@@ -366,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {
         "list": lambda: command_list(),
+        "presets": lambda: command_presets(),
         "run": lambda: command_run(args),
         "report": lambda: command_report(args),
         "compare": lambda: command_compare(args),

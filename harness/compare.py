@@ -34,7 +34,10 @@ class Comparison:
     measure: str  # "time" or "speedup"
 
     def regressions(self) -> pd.DataFrame:
-        return self.table[self.table.verdict == "slower"]
+        return self.table[self.table.verdict == "slower"] if len(self.table) else self.table
+
+    def inconclusive(self) -> int:
+        return int(self.table.verdict.str.startswith("inconclusive").sum()) if len(self.table) else 0
 
 
 def machine_differences(meta_a: dict, meta_b: dict) -> list[str]:
@@ -51,9 +54,25 @@ def machine_differences(meta_a: dict, meta_b: dict) -> list[str]:
     return notes
 
 
+BROKEN = ("error", "crashed", "timeout", "oom", "unsupported")  # ok in A and this in B: a regression
+# (`skipped` is not: a budget or memory skip follows from time or load, which the timing verdicts judge)
+
+
+def _planned_cells(meta: dict) -> set[str] | None:
+    """The cell keys of a run's stored config (None when it cannot be read here, e.g. a plugin is missing)."""
+    from attnbench.config import ConfigError, parse_config
+
+    try:
+        return {cell.key() for cell in parse_config(meta["config"], source="meta.json").cells()}
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return None
+
+
 def decide(interval: Interval, threshold: float, why_inconclusive: str) -> str:
     """'slower' / 'faster' when the interval of B / A clears the threshold, 'inconclusive (...)' when it
     would but the measurement cannot carry it, else 'same'."""
+    if interval.low != interval.low:  # NaN: nothing to decide with
+        return f"inconclusive ({why_inconclusive})"
     side = interval.clears(threshold)
     if side is None:
         return "same"
@@ -84,6 +103,7 @@ def compare_runs(
         if speedups:
             if pd.isna(x.speedup) or pd.isna(y.speedup):
                 continue
+            baselines = "" if x.baseline == y.baseline else f"baselines differ: {x.baseline} vs {y.baseline}"
             # speedup B / speedup A, inverted so that > 1 means B got slower relative to its baseline
             interval = Interval(
                 x.speedup / y.speedup,
@@ -92,15 +112,17 @@ def compare_runs(
             )
             # each speedup was measured in turns on one machine, so other machines are fine; a loaded one is not:
             # threads stolen by another process slow variants unequally (many small kernels more than one big)
-            why = _noise_cause(x, y)
+            why = "; ".join(cause for cause in (baselines, _noise_cause(x, y)) if cause)
         else:
             sa, sb = samples_a.get(key), samples_b.get(key)
             if sa and sb:
                 interval = ratio_of_medians(sa, sb)
-            else:  # a run written before samples were kept: the medians alone, no interval
+            else:  # no samples (a run written before they were kept, or a lost file): no interval to decide on
                 ratio = y.time_median_s / x.time_median_s
-                interval = Interval(ratio, ratio, ratio)
-            why = "; ".join(cause for cause in (machines_differ, _noise_cause(x, y)) if cause)
+                interval = Interval(ratio, float("nan"), float("nan"))
+            missing = [side for side, found in (("A", sa), ("B", sb)) if not found]
+            no_samples = f"no timing samples in {' and '.join(missing)}" if missing else ""
+            why = "; ".join(cause for cause in (no_samples, machines_differ, _noise_cause(x, y)) if cause)
         rows.append(
             {
                 "cell_key": key,
@@ -119,12 +141,14 @@ def compare_runs(
                 "verdict": decide(interval, threshold, why),
             }
         )
+    planned_b = _planned_cells(meta[1])
     broken = [
         {"cell_key": key, "label": ok_a.loc[key, "label"], "seq_len": ok_a.loc[key, "seq_len"],
          "now": b.loc[key, "status"] if key in b.index else "missing",
-         "reason": b.loc[key, "reason"] if key in b.index else "not in run B"}
+         "reason": b.loc[key, "reason"] if key in b.index else "in B's plan but not recorded"}
         for key in ok_a.index
         if key not in ok_b.index
+        and (b.loc[key, "status"] in BROKEN if key in b.index else planned_b is None or key in planned_b)
     ]  # fmt: skip
     return Comparison(
         table=pd.DataFrame(rows),
@@ -145,7 +169,10 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
     if result.only_in_a or result.only_in_b:
         lines.append(f"Cells in only one run: {result.only_in_a} in A, {result.only_in_b} in B.")
     if not result.broken.empty:
-        lines.append(f"{len(result.broken)} cell(s) ok in A stopped working in B (a regression):")
+        lines.append(
+            f"{len(result.broken)} cell(s) ok in A stopped working in B (a regression: error, crash, "
+            "timeout, out of memory, unsupported, or missing from a run that planned them):"
+        )
         lines += [f"  - {r.label} N={r.seq_len}: {r.now} ({r.reason})" for r in result.broken.itertuples()]
     table = result.table
     if table.empty:

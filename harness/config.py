@@ -7,18 +7,19 @@ and their keys come from `attnbench.plan`; the other keys are the measurement `S
 from __future__ import annotations
 
 import itertools
+from importlib import resources
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import tomllib
-from attnbench.inputs import validate_input
+from attnbench.inputs import captured_fit_problems, validate_input
 from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
 from attnbench.plan import AXES, Cell, Group, InputSpec, VariantSpec, expand, groups_of
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+PRESETS = "attnbench.configs"  # configs/ in the source tree, package data in a wheel
 MODES = ("fwd", "fwd+bwd")
 DEVICES = ("cpu", "cuda")
 
@@ -167,6 +168,15 @@ def parse_config(raw: dict[str, Any], *, source: str = "config", registry: Regis
 
     config.axes["variant"], variant_problems = _parse_variants(raw.get("variants"), registry)
     problems += variant_problems
+    labels = [spec.label() for spec in config.axes["variant"]]
+    # the default baseline may be absent (no speedups then); one asked for by name must be there
+    if config.settings.baseline != Settings().baseline and config.settings.baseline not in labels and labels:
+        problems.append(
+            f"baseline: '{config.settings.baseline}' is not one of this run's variant settings "
+            f"({', '.join(labels)}); speedups are measured against it, so name one of them"
+        )
+    if not problems:
+        problems += _machine_problems(config.axes)
     if problems:
         raise ConfigError(source, problems)
     return config
@@ -231,28 +241,87 @@ def _parse_variants(raw: Any, registry: Registry) -> tuple[list[VariantSpec], li
         except VariantError as error:
             problems.append(f"variants.{name}: {error}")
             continue
+        empty = [key for key, value in params.items() if value == []]
+        if empty:
+            problems.append(f"variants.{name}: {', '.join(empty)} = [] gives no setting; give a value or drop the key")
+            continue
         for point in _grid(params):
             point_problems = variant_class.validate_hyperparams(dict(point))
+            if not point_problems:
+                try:  # a constructor that raises is found now, not in every cell
+                    variant_class(seed=0, **dict(point))
+                except Exception as error:
+                    point_problems = [
+                        f"could not build {VariantSpec(name, point).label()}: {type(error).__name__}: {error}"
+                    ]
             problems += [f"variants.{name}: {p}" for p in point_problems]
             if not point_problems:
                 specs.append(VariantSpec(name, point))
     return list(dict.fromkeys(specs)), problems
 
 
-def resolve_config_path(name_or_path: str) -> Path:
-    """A TOML path, or the name of a preset in configs/ (quick, default, ...)."""
+def _machine_problems(axes: dict[str, list[Any]]) -> list[str]:
+    """What this machine cannot run: CUDA devices without CUDA, captured inputs smaller than the cells."""
+    import torch
+
+    problems = []
+    cuda = [d for d in axes["device"] if d.startswith("cuda")]
+    if cuda and not torch.cuda.is_available():
+        problems.append(f"device: {', '.join(cuda)} asked for, but CUDA is not available on this machine")
+    elif cuda:
+        count = torch.cuda.device_count()
+        problems += [f"device: {d} does not exist (this machine has {count} CUDA devices)" for d in cuda
+                     if ":" in d and int(d.split(":")[1]) >= count]  # fmt: skip
+    length = max(max(axes["seq_len"]), max(axes["kv_len"]))
+    for spec in axes["input"]:
+        if spec.name == "captured":
+            problems += [
+                f"inputs: captured {dict(spec.params).get('path')}: {p}"
+                for p in captured_fit_problems(
+                    dict(spec.params), max(axes["batch"]), max(axes["heads"]), length, set(axes["head_dim"])
+                )
+            ]
+    return problems
+
+
+def _preset_files() -> dict[str, Any]:
+    """Preset name -> its resource (a file in configs/, or in the installed package)."""
+    return {
+        entry.name.removesuffix(".toml"): entry
+        for entry in resources.files(PRESETS).iterdir()
+        if entry.name.endswith(".toml")
+    }
+
+
+def preset_names() -> list[str]:
+    return sorted(_preset_files())
+
+
+def preset_descriptions() -> dict[str, str]:
+    """Preset name -> its `description` line."""
+    out = {}
+    for name, entry in sorted(_preset_files().items()):
+        try:
+            out[name] = str(tomllib.loads(entry.read_text()).get("description", ""))
+        except tomllib.TOMLDecodeError as error:
+            out[name] = f"(not valid TOML: {error})"
+    return out
+
+
+def read_config_text(name_or_path: str) -> tuple[str, str]:
+    """(source, TOML text) of a TOML path or of a preset's name (quick, default, ...)."""
     path = Path(name_or_path)
     if path.is_file():
-        return path
-    preset = PRESETS_DIR / f"{name_or_path}.toml"
-    if preset.is_file():
-        return preset
-    known = sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+        return str(path), path.read_text()
+    presets = _preset_files()
+    if name_or_path in presets:
+        return f"preset '{name_or_path}'", presets[name_or_path].read_text()
+    known = sorted(presets)
     raise ConfigError(
         name_or_path,
         [
             f"no such file, and no preset of that name.{did_you_mean(name_or_path, known)} "
-            f"Presets: {', '.join(known) or 'none found in ' + str(PRESETS_DIR)}"
+            f"Presets: {', '.join(known) or 'none found in ' + PRESETS}"
         ],
     )
 
@@ -261,15 +330,15 @@ def load_config(
     name_or_path: str, overrides: dict[str, Any] | None = None, *, registry: Registry = default_registry
 ) -> SweepConfig:
     """Read a preset or TOML file, apply CLI overrides (same keys as the file), validate, resolve."""
-    path = resolve_config_path(name_or_path)
+    source, text = read_config_text(name_or_path)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise ConfigError(str(path), [f"not valid TOML: {error}"]) from None
-    raw.setdefault("name", path.stem)
+        raise ConfigError(source, [f"not valid TOML: {error}"]) from None
+    raw.setdefault("name", Path(name_or_path).stem)
     for key, value in (overrides or {}).items():
         if key == "variants" and isinstance(raw.get("variants"), dict):
             # keep the file's grids for the names that stay; defaults for new ones
             value = {name: raw["variants"].get(name, {}) for name in value}
         raw[key] = value
-    return parse_config(raw, source=str(path), registry=registry)
+    return parse_config(raw, source=source, registry=registry)

@@ -171,6 +171,29 @@ def captured_layout_problems(data: dict[str, Any], layer: int) -> list[str]:
     return problems
 
 
+def captured_fit_problems(
+    params: dict[str, Any], batch: int, heads: int, length: int, head_dims: set[int]
+) -> list[str]:
+    """Why a captured file cannot serve cells of this size (checked when the config is validated)."""
+    try:
+        q, _, _ = load_captured(params.get("path", ""), params.get("layer", 0))
+    except ValueError as error:
+        return [str(error)]
+    problems = []
+    if q.shape[0] < batch or q.shape[1] < heads:
+        problems.append(
+            f"holds batch {q.shape[0]} and {q.shape[1]} heads; the config asks batch {batch}, heads {heads}"
+        )
+    if head_dims != {q.shape[-1]}:
+        problems.append(f"head_dim is {q.shape[-1]}; the config asks {', '.join(map(str, sorted(head_dims)))}")
+    if length > q.shape[-2] and params.get("beyond", "error") != "tile":
+        problems.append(
+            f"has {q.shape[-2]} positions and N={length} is asked; sweep N up to {q.shape[-2]}, "
+            'or set beyond = "tile" to repeat the sequence'
+        )
+    return problems
+
+
 def load_captured(path: str | Path, layer: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v (batch, heads, seq, head_dim) from a captured file, grouped-query k/v heads repeated."""
     data = read_tensors(Path(path))

@@ -259,6 +259,21 @@ class AttentionVariant(ABC):
         return f"{type(self).__name__}({params}{', ' if params else ''}seed={self.seed})"
 
 
+def declaration_problems(cls: type[AttentionVariant]) -> list[str]:
+    """What is wrong with a variant class's declaration, checked when it is registered (before any work)."""
+    reserved = {"seed", "hparams"} | {name for name in dir(AttentionVariant) if not name.startswith("_")}
+    problems = [
+        f"hyperparameter '{key}' uses a reserved name (it would overwrite the variant's own `{key}`); rename it"
+        for key in cls.hyperparameters
+        if key in reserved
+    ]
+    if cls.exact and cls.support_mask is AttentionVariant.support_mask:
+        problems.append(
+            "declares exact = True but does not implement support_mask(n_q, n_k, causal) for its self-check"
+        )
+    return problems
+
+
 def check_shapes(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:
     """Raise a clear error unless q, k, v and the mask have the interface's layout."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -288,14 +303,19 @@ def softmax_attention_flops(pairs: float, shape: Shape) -> tuple[float, float]:
 
 
 def dense_attention_cost(shape: Shape) -> Cost:
-    """FLOPs and bytes of softmax(QK^T)V done densely: two matmuls plus the softmax (causal: j <= i only)."""
+    """FLOPs and bytes of softmax(QK^T)V done densely: two matmuls plus the softmax (causal: j <= i only).
+
+    Its working memory is the (b, h, Nq, Nk) score matrix: the default a variant inherits, so that the memory
+    guard never takes a plugin that does not say otherwise for free. A variant that holds less overrides it.
+    """
     s = shape
     pairs = s.batch * s.heads * s.n_q * s.n_k
     if s.causal:
         pairs = pairs * (s.n_q + 1) / (2 * s.n_q)
     matmul, other = softmax_attention_flops(pairs, s)
     io = s.batch * s.heads * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim)
-    return Cost(flops=matmul + other, bytes_moved=io * s.dtype_bytes, working_bytes=0.0, matmul_flops=matmul)
+    scores = s.batch * s.heads * s.n_q * s.n_k * s.dtype_bytes
+    return Cost(flops=matmul + other, bytes_moved=io * s.dtype_bytes, working_bytes=scores, matmul_flops=matmul)
 
 
 def default_scale(head_dim: int) -> float:

@@ -35,7 +35,7 @@ from attnbench.timing import synchronize
 GIB = 2**30
 DROPPED_MASS_MAX_N = 4096  # the dropped mass needs the variant's dense (N, N) pattern
 MIN_SAMPLE_S = 2e-3  # calls faster than this are timed in blocks, so the clock's resolution does not matter
-SLOW_ROUNDS = 3  # samples of a call slower than time_budget_s (its larger N are skipped anyway)
+SLOW_ROUNDS = 3  # samples of a warm call slower than time_budget_s (fewer than min_rounds; larger N are skipped)
 
 
 @dataclass
@@ -65,6 +65,11 @@ def failure(error: BaseException) -> dict[str, str]:
     }
 
 
+def is_baseline(cell: Cell, baseline: str) -> bool:
+    """`baseline` names a variant with its defaults (`full`) or a setting by its label (`band(window=64)`)."""
+    return cell.variant.label() == baseline
+
+
 def shape_of(cell: Cell) -> Shape:
     itemsize = torch.empty((), dtype=getattr(torch, cell.dtype)).element_size()
     return Shape(cell.batch, cell.heads, cell.seq_len, cell.n_k, cell.head_dim, cell.v_dim, cell.causal, itemsize)
@@ -91,6 +96,7 @@ class GroupMeasurement:
         self.progress = progress or (lambda step, key: None)
         self.fields: dict[str, dict[str, Any]] = {cell.key(): {} for cell in group.cells}
         self.variants: dict[str, AttentionVariant] = {}
+        self.first_call: dict[str, float] = {}  # seconds of each cell's first call at its shape
         self.inputs: Inputs | None = None
         self.reference: Reference | None = None
 
@@ -220,10 +226,14 @@ class GroupMeasurement:
                     return self._fail(key, {"status": "error", "reason": reason})
             self.progress("output", key)
             inputs = self.inputs
-            with torch.no_grad():
+            synchronize(self.device)
+            started = time.perf_counter()
+            with torch.no_grad():  # the first call at this shape: compilation and lazy set-up land here
                 output = variant(
                     inputs.q, inputs.k, inputs.v, causal=cell.causal, key_padding_mask=inputs.key_padding_mask
                 )
+            synchronize(self.device)
+            self.first_call[key] = time.perf_counter() - started
             if not torch.isfinite(output).all():
                 return self._fail(key, {"status": "error", "reason": "output has NaN or Inf"})
             if self.reference is not None:
@@ -240,7 +250,12 @@ class GroupMeasurement:
             del output
             if cell.mode == "fwd+bwd":
                 self.progress("backward", key)
-                if not all(torch.isfinite(g).all() for g in self._call(cell, variant)()):
+                call = self._call(cell, variant)
+                started = time.perf_counter()
+                grads = call()  # the backward's first call
+                synchronize(self.device)
+                self.first_call[key] = time.perf_counter() - started
+                if not all(torch.isfinite(g).all() for g in grads if g is not None):
                     return self._fail(key, {"status": "error", "reason": "gradients have NaN or Inf"})
         except Exception as error:
             self._fail(key, failure(error))
@@ -278,7 +293,8 @@ class GroupMeasurement:
 
         def forward_backward() -> tuple[torch.Tensor, ...]:
             out = variant(q, k, v, causal=causal, key_padding_mask=mask)
-            return torch.autograd.grad(out, (q, k, v), grad_out)
+            # allow_unused: a variant may derive keys from the queries (shared-QK LSH) and never read k
+            return torch.autograd.grad(out, (q, k, v), grad_out, allow_unused=True)
 
         return forward_backward
 
@@ -293,7 +309,7 @@ class GroupMeasurement:
 
     def _time_in_turns(self) -> list[tuple[str, int, float]]:
         """Every running cell timed in rounds, order shuffled per round; returns (cell_key, round, s/call)."""
-        calls, blocks, first_call = {}, {}, {}
+        calls, blocks, warm = {}, {}, {}
         for cell in self.group.cells:
             key = cell.key()
             if key not in self.variants:
@@ -301,14 +317,14 @@ class GroupMeasurement:
             try:
                 self.progress("warm-up", key)
                 calls[key] = self._call(cell, self.variants[key])
-                first_call[key] = self._clock(calls[key], 1)  # compilation and lazy set-up land here
-                once = self._clock(calls[key], 1)
+                self._clock(calls[key], 1)  # warm-up
+                warm[key] = once = self._clock(calls[key], 1)
                 blocks[key] = max(1, int(MIN_SAMPLE_S / max(once, 1e-9)))
             except Exception as error:
                 calls.pop(key, None)
                 self._fail(key, failure(error))
         samples: dict[str, list[float]] = {key: [] for key in calls}
-        slow = {key for key in calls if first_call[key] > self.settings.time_budget_s}
+        slow = {key for key in calls if warm[key] > self.settings.time_budget_s}
 
         def wanted(key: str) -> bool:  # a call over the time budget stops at SLOW_ROUNDS samples
             if key in slow:
@@ -335,7 +351,7 @@ class GroupMeasurement:
                 time_p90_s=spread.p90,
                 time_iqr_s=spread.iqr,
                 time_repeats=spread.count,
-                compile_s=max(0.0, first_call[key] - spread.median),
+                compile_s=max(0.0, self.first_call.get(key, spread.median) - spread.median),
             )
         self._speedups(samples, set(calls))
         return [
@@ -355,10 +371,7 @@ class GroupMeasurement:
 
     def _speedups(self, samples: dict[str, list[float]], timed: set[str]) -> None:
         """Speedup of each timed cell against the group's baseline, round by round, with a bootstrap interval."""
-        baseline = next(
-            (c.key() for c in self.group.cells if c.variant.name == self.settings.baseline and not c.variant.hparams),
-            None,
-        )
+        baseline = next((c.key() for c in self.group.cells if is_baseline(c, self.settings.baseline)), None)
         if baseline is None or baseline not in timed:
             return
         for key in timed:

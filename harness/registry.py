@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from attnbench.interface import AttentionVariant, VariantError, did_you_mean
+from attnbench.interface import AttentionVariant, VariantError, declaration_problems, did_you_mean
 
 GROUP = "attnbench.variants"
 
@@ -111,6 +111,8 @@ class Registry:
             entry.error = f"{entry.target} has name {getattr(obj, 'name', None)!r} but is registered as '{entry.name}'"
         elif getattr(obj, "__abstractmethods__", None):
             entry.error = f"{entry.target} does not implement {', '.join(sorted(obj.__abstractmethods__))}"
+        elif problems := declaration_problems(obj):
+            entry.error = f"{entry.target} " + "; ".join(problems)
         else:
             entry.variant_class = obj
 

@@ -20,7 +20,7 @@ from attnbench.machine import best_peaks
 from attnbench.plots import plot_error, plot_pareto, plot_versus_n, variant_palette
 from attnbench.reference import LOCALITY_WINDOW
 from attnbench.results import read_results
-from attnbench.summary import BASELINE, GROUP_COLUMNS, format_number, markdown_table, noise_line, speedup_text
+from attnbench.summary import GROUP_COLUMNS, baseline_of, format_number, markdown_table, noise_line, speedup_text
 
 MIB = 2**20
 
@@ -62,7 +62,8 @@ def _slug(text: str) -> str:
 def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: dict, peaks: dict) -> list[Block]:
     """Tables, analysis and plots for one configuration group."""
     blocks = [Block("heading", heading, level=2)]
-    base = cells[(cells.variant == BASELINE) & (cells.status == "ok")].set_index("seq_len")
+    baseline = baseline_of(cells)
+    base = cells[(cells.label == baseline) & (cells.status == "ok")].set_index("seq_len")
 
     def to_base(row: pd.Series, column: str) -> float:
         """This cell's `column` over the baseline's at the same N (NaN without a baseline)."""
@@ -82,7 +83,7 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
     blocks += [
         Block(
             "text",
-            f"Speedup against `{BASELINE}`: the median over interleaved rounds of its time / this time in the "
+            f"Speedup against `{baseline}`: the median over interleaved rounds of its time / this time in the "
             "same round, with a bootstrap 95% interval.",
         ),
         Block("table", headers=headers, rows=rows),
@@ -96,7 +97,7 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
     blocks += [
         Block(
             "text",
-            f"Peak memory of one call beyond the inputs, MiB (ratio to `{BASELINE}`); state a variant keeps "
+            f"Peak memory of one call beyond the inputs, MiB (ratio to `{baseline}`); state a variant keeps "
             "between calls is not in it.",
         ),
         Block("table", headers=headers, rows=rows),
@@ -172,11 +173,11 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
             Block("text", "Fitted log-log slopes over the ok cells (1 = linear in N, 2 = quadratic)."),
             Block("table", headers=["variant", "N range fitted", "time slope", "memory slope"], rows=rows),
         ]
-    crossings = crossover_table(cells)
+    crossings = crossover_table(cells, baseline)
     if len(crossings):
         rows = [[r.label, r.faster_from, r.smaller_from] for r in crossings.itertuples()]
         blocks += [
-            Block("text", f"Crossover against `{BASELINE}`, interpolated in log-log between swept points."),
+            Block("text", f"Crossover against `{baseline}`, interpolated in log-log between swept points."),
             Block("table", headers=["variant", "faster from", "smaller from"], rows=rows),
         ]
     failed = cells[cells.status != "ok"]

@@ -163,4 +163,7 @@ def read_results(run_dir: Path) -> pd.DataFrame:
     complete = data[: data.rfind("\n") + 1]  # a row cut short by a kill has no line end yet
     frame = pd.read_csv(io.StringIO(complete), on_bad_lines="skip", dtype=text_columns)
     frame = frame.reindex(columns=COLUMNS)  # a run written before a column existed reads it as missing
-    return frame.fillna({column: "" for column in text_columns})
+    frame = frame.fillna({column: "" for column in text_columns})
+    # a cell recorded twice (a folder written by two processes before the lock, or an old duplicate plan): the
+    # later row stands, so report, resume and compare see one row per cell
+    return frame.drop_duplicates("cell_key", keep="last").reset_index(drop=True)

@@ -8,6 +8,7 @@ rest of its group is measured again without it. The run folder has one writer, t
 
 from __future__ import annotations
 
+import ctypes
 import json
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from attnbench.rundir import RunFolder, new_run_dir
 from tqdm import tqdm
 
 
+PR_SET_PDEATHSIG = 1
 STARTUP_S = 120.0  # the longest a worker may take to start (imports) before it is deemed hung
 
 
@@ -67,14 +69,15 @@ class Isolated:
 
     def _attempt(self, group: Group) -> tuple[GroupResult, Any]:
         with tempfile.TemporaryDirectory(prefix="attnbench-worker-") as folder:
-            channel = Path(folder) / "channel.jsonl"
+            channel, errors = Path(folder) / "channel.jsonl", Path(folder) / "stderr.txt"
             request = json.dumps({"settings": asdict(self.settings), "cells": [c.key() for c in group.cells]})
             process = subprocess.Popen(
                 [sys.executable, "-m", "attnbench.worker", str(channel)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,  # whatever a plugin prints is not our concern
-                stderr=subprocess.PIPE,
+                stderr=errors.open("w"),  # a file, not a pipe: a chatty plugin cannot fill it and block
                 text=True,
+                preexec_fn=_die_with_parent,
             )
             assert process.stdin is not None
             process.stdin.write(request)
@@ -97,7 +100,7 @@ class Isolated:
                         reason=f"no progress within cell_timeout_s={self.settings.cell_timeout_s:g} s "
                         f"({(last_step or {}).get('step', 'starting')}); the group's process was killed",
                     )
-            stderr = process.stderr.read() if process.stderr else ""
+            stderr = errors.read_text(errors="replace")
             records = _records(channel)
             final = next((r for r in records if "rows" in r), None)
             if process.returncode == 0 and final is not None:
@@ -114,6 +117,14 @@ class Isolated:
             return GroupResult([]), row_for(
                 _in_flight(group, last_step), status="crashed", reason=f"the cell's process {why} ({step}): {tail}"
             )
+
+
+def _die_with_parent() -> None:
+    """In the worker, before it starts: ask Linux to kill it when the parent dies (no orphan keeps timing)."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: an orphan finishes its group and exits
+        pass
 
 
 def _records(channel: Path) -> list[dict[str, Any]]:
@@ -161,6 +172,20 @@ class Budgets:
     def skip_reason(self, cell: Cell) -> str | None:
         reason = self.over.get(cell.series_key())
         return None if reason is None else f"larger N skipped: {reason}"
+
+
+def _run_groups(todo: list[Group], executor: Executor, folder: RunFolder, budgets: Budgets, bar: tqdm) -> None:
+    """Each group: cells over budget skipped, the rest measured, rows and samples appended at once."""
+    for group in todo:
+        bar.set_description(f"N={group.setting.seq_len} {group.setting.mode} {group.setting.input.label()}"[:48])
+        skipped = [row_for(c, status="skipped", reason=budgets.skip_reason(c)) for c in group.cells
+                   if budgets.skip_reason(c)]  # fmt: skip
+        runnable = group.without({row.cell_key for row in skipped})
+        result = executor.run_group(runnable) if runnable.cells else GroupResult([])
+        folder.append(skipped + result.rows, result.samples)
+        for row in result.rows:
+            budgets.note(Cell.from_key(row.cell_key), row.status, row.time_median_s)
+        bar.update(len(group.cells))
 
 
 def _measure_peaks(config: SweepConfig) -> dict[str, Any]:
@@ -225,18 +250,16 @@ def run_plan(
         todo = [group.without(done) for group in config.groups()]
         todo = [group for group in todo if group.cells]
         bar = tqdm(total=sum(len(g.cells) for g in todo), disable=not progress, unit="cell", dynamic_ncols=True)
-        for group in todo:
-            bar.set_description(f"N={group.setting.seq_len} {group.setting.mode} {group.setting.input.label()}"[:48])
-            skipped = [row_for(c, status="skipped", reason=budgets.skip_reason(c)) for c in group.cells
-                       if budgets.skip_reason(c)]  # fmt: skip
-            runnable = group.without({row.cell_key for row in skipped})
-            result = executor.run_group(runnable) if runnable.cells else GroupResult([])
-            folder.append(skipped + result.rows, result.samples)
-            for row in result.rows:
-                budgets.note(Cell.from_key(row.cell_key), row.status, row.time_median_s)
-            bar.update(len(group.cells))
+        try:
+            _run_groups(todo, executor, folder, budgets, bar)
+        except KeyboardInterrupt:  # stop cleanly: finished groups are on disk, the lock is released on exit
+            bar.close()
+            meta["interrupted"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            folder.write_meta(meta)
+            raise
         bar.close()
         frame = read_results(run_dir)
+
         meta.update(
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             status_counts=frame.status.value_counts().to_dict(),

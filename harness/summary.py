@@ -26,9 +26,22 @@ def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def aligned_table(headers: list[str], rows: list[list[str]]) -> str:
+    """Plain columns padded to their widest cell, for a terminal."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [headers, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cell_text(value: object) -> str:
+    """A value safe inside a Markdown table cell: pipes escaped, line breaks as spaces."""
+    return str(value).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines = ["| " + " | ".join(map(_cell_text, headers)) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(map(_cell_text, row)) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -52,7 +65,7 @@ def summary_tables(frame: pd.DataFrame) -> str:
     for group, group_frame in frame.groupby(GROUP_COLUMNS, sort=False, dropna=False):
         heading = ", ".join(f"{k}={v}" for k, v in zip(GROUP_COLUMNS, group))
         for n, cells in group_frame.groupby("seq_len"):
-            base = cells[(cells.variant == baseline) & (cells.status == "ok")]
+            base = cells[(cells.label == baseline) & (cells.status == "ok")]
             base_mem = base.peak_mem_bytes.iloc[0] if len(base) else float("nan")
             rows = []
             for _, cell in cells.iterrows():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Callable
@@ -32,3 +35,22 @@ def plugin_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable
         return Registry()
 
     return install
+
+
+TESTS = Path(__file__).parent
+TEST_PLUGINS = ("example_plugin", "broken_plugin", "faulty_plugin")
+
+
+@pytest.fixture(scope="session")
+def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The example, broken and faulty plugin packages pip-installed into a folder put on PYTHONPATH: the
+    environment for attnbench subprocesses that see them as any user's installed plugins."""
+    target = tmp_path_factory.mktemp("site")
+    for package in TEST_PLUGINS:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+             "--target", str(target), str(TESTS / package)],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")])}

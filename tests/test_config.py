@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from attnbench.config import ConfigError, load_config, parse_config, resolve_config_path
+from attnbench.config import ConfigError, load_config, parse_config, read_config_text
 
 
 def test_presets_load_and_cover_every_builtin() -> None:
@@ -75,4 +75,4 @@ def test_malformed_toml_and_missing_files_say_what_to_do(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(str(path))
     with pytest.raises(ConfigError, match="Did you mean: quick"):
-        resolve_config_path("quik")
+        read_config_text("quik")

@@ -167,3 +167,56 @@ def test_an_option_refused_only_at_the_call_is_unsupported_not_an_error(tmp_path
     frame = read_results(run_plan(config, tmp_path, progress=False)).set_index("variant")
     assert frame.loc["strided", "status"] == "unsupported" and "at least 2 heads" in frame.loc["strided", "reason"]
     assert frame.loc["full", "status"] == "ok"
+
+
+FIRST_CALL_SLOW = """
+import time
+from attnbench import AttentionVariant
+
+class SlowFirst(AttentionVariant):
+    name = "slow-first"
+    family = "test"
+    exact = False
+
+    def __init__(self, seed=0, **hyperparams):
+        super().__init__(seed=seed, **hyperparams)
+        self.calls = 0
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(0.3)  # as a compiler would
+        return v.clone()
+"""
+
+
+def test_compile_s_is_the_first_call_at_the_shape_minus_a_warm_call(plugin_registry) -> None:
+    registry = plugin_registry("slowfirst", {"slow-first": "slowfirst:SlowFirst"}, {"slowfirst": FIRST_CALL_SLOW})
+    config = parse_config(
+        {"variants": ["slow-first"], "seq_lens": [16], "heads": 1, "head_dim": 8, "min_run_time": 0.01,
+         "min_rounds": 2},
+        registry=registry,
+    )  # fmt: skip
+    [row] = measure.measure_group(config.groups()[0], config.settings, registry).rows
+    assert 0.25 < row.compile_s < 1.0 and row.time_median_s < 0.01
+
+
+def test_shared_qk_lsh_runs_forward_and_backward(tmp_path: Path) -> None:
+    from attnbench.results import read_results
+    from attnbench.run import run_plan
+
+    config = parse_config(
+        {"variants": {"full": {}, "lsh": {"shared_qk": True}}, "seq_lens": [128], "heads": 2, "head_dim": 16,
+         "mode": "fwd+bwd", "causal": [False, True], "min_run_time": 0.01, "min_rounds": 2}
+    )  # fmt: skip
+    frame = read_results(run_plan(config, tmp_path, progress=False))
+    assert (frame.status == "ok").all(), frame[["label", "status", "reason"]]
+
+
+def test_baseline_is_a_variant_setting_of_the_run() -> None:
+    from attnbench.config import ConfigError
+
+    with pytest.raises(ConfigError, match="baseline: 'nope' is not one of this run's variant settings"):
+        parse_config({"variants": ["full", "band"], "baseline": "nope"})
+    config = parse_config({"variants": {"full": {}, "band": {"window": 8}}, "baseline": "band(window=8)"})
+    assert config.settings.baseline == "band(window=8)"

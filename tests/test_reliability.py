@@ -160,30 +160,6 @@ def test_writer_refuses_to_append_to_a_csv_that_is_not_a_results_table(tmp_path:
     assert path.read_text() == "a,b\n1,2\n"
 
 
-@pytest.fixture(scope="module")
-def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The example and the broken plugin pip-installed (into a target folder put on PYTHONPATH)."""
-    target = tmp_path_factory.mktemp("site")
-    for package in ("example_plugin", "broken_plugin"):
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--no-build-isolation",
-                "--target",
-                str(target),
-                str(TESTS / package),
-            ],
-            check=True,
-            capture_output=True,
-        )
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")])}
-
-
 def test_installed_plugin_is_listed_with_its_package_and_the_broken_one_with_its_error(installed_plugins) -> None:
     listing = run_cli("list", env=installed_plugins)
     assert listing.returncode == 0, listing.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from attnbench.analysis import crossover
 from attnbench.cli import main
@@ -170,3 +171,35 @@ def test_compare_without_common_cells_says_so(tmp_path: Path, capsys) -> None:
 def test_report_command_refuses_a_folder_that_is_not_a_run(tmp_path: Path, capsys) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "not a run folder" in capsys.readouterr().err
+
+
+def test_compare_edge_cases(tmp_path: Path, capsys) -> None:
+    import csv
+
+    a = synthetic_run(tmp_path / "a")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "results.csv").write_text((a / "results.csv").read_text().splitlines()[0] + "\n")
+    # nothing in common and B's plan unknown (no meta.json): its missing cells count, said plainly, no traceback
+    assert main(["compare", str(a), str(empty), "--fail-above", "10"]) == 1
+    assert "nothing to compare" in capsys.readouterr().out
+    assert main(["compare", str(a), str(a), "--fail-above", "-5"]) == 2
+    no_samples = synthetic_run(tmp_path / "b", scale={"band": 2.0})
+    (no_samples / "samples.csv").unlink()
+    table = compare_runs(a, no_samples).table
+    assert set(table.verdict) == {"inconclusive (no timing samples in B)"}
+    skipped = synthetic_run(tmp_path / "c")
+    rows = list(csv.DictReader((skipped / "results.csv").open()))
+    first_ok = next(i for i, row in enumerate(rows) if row["status"] == "ok")
+    rows[first_ok]["status"], rows[first_ok]["reason"] = "skipped", "larger N skipped: over time_budget_s"
+    with (skipped / "results.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert compare_runs(a, skipped).broken.empty  # a skip follows from time or load: not a regression by itself
+    other_baseline = synthetic_run(tmp_path / "d")
+    frame = pd.read_csv(other_baseline / "results.csv")
+    frame["baseline"] = "band"
+    frame.to_csv(other_baseline / "results.csv", index=False)
+    verdicts = compare_runs(a, other_baseline, speedups=True).table.verdict
+    assert verdicts.str.contains("baselines differ: full vs band").all() or set(verdicts) == {"same"}

@@ -50,7 +50,12 @@ class FullAttention(AttentionVariant):
         # A causal fused kernel skips the masked scores; the CPU has none for value_dim != head_dim, and
         # PyTorch's math fallback computes every score before masking.
         every_score = shape.causal and shape.head_dim != shape.value_dim
-        return dense_attention_cost(replace(shape, causal=False) if every_score else shape)
+        dense = dense_attention_cost(replace(shape, causal=False) if every_score else shape)
+        if every_score:  # the math fallback holds the score matrix
+            return dense
+        # the fused kernel works in tiles: what it holds beyond its output is its private scratch
+        output = shape.batch * shape.heads * shape.n_q * shape.value_dim * shape.dtype_bytes
+        return replace(dense, working_bytes=output)
 
 
 class FullMathAttention(AttentionVariant):

@@ -1,0 +1,1 @@
+"""The sweep presets, shipped as package data (`attnbench.configs`); `attnbench presets` lists them."""
