@@ -15,6 +15,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 
+def spec_label(name: str, params: tuple[tuple[str, Any], ...]) -> str:
+    """`band(window=64)`: a name with its non-default parameters, as tables and plots show it."""
+    return f"{name}({', '.join(f'{k}={v}' for k, v in params)})" if params else name
+
+
 @dataclass(frozen=True)
 class VariantSpec:
     """One variant with one point of its hyperparameter grid."""
@@ -23,9 +28,7 @@ class VariantSpec:
     hparams: tuple[tuple[str, Any], ...] = ()
 
     def label(self) -> str:
-        if not self.hparams:
-            return self.name
-        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.hparams)})"
+        return spec_label(self.name, self.hparams)
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,7 @@ class InputSpec:
     params: tuple[tuple[str, Any], ...] = ()
 
     def label(self) -> str:
-        if not self.params:
-            return self.name
-        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.params)})"
+        return spec_label(self.name, self.params)
 
 
 def axis(config_key: str, kind: type, default: Any) -> Any:

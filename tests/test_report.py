@@ -56,6 +56,25 @@ def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: floa
     return folder
 
 
+def edit_rows(run: Path, edit) -> None:
+    """Rewrite a run's results.csv with `edit(rows) -> rows` applied (rows as dicts of text)."""
+    import csv
+
+    rows = list(csv.DictReader((run / "results.csv").open()))
+    fields = list(rows[0])
+    with (run / "results.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(edit(rows))
+
+
+def empty_run(folder: Path, like: Path) -> Path:
+    """A run folder whose results.csv has the header of `like` and no row."""
+    folder.mkdir()
+    (folder / "results.csv").write_text((like / "results.csv").read_text().splitlines()[0] + "\n")
+    return folder
+
+
 def test_report_has_every_table_and_plot(tmp_path: Path) -> None:
     run = synthetic_run(tmp_path / "run")
     text = write_report(run).read_text()
@@ -142,17 +161,15 @@ def test_compare_speedups_across_machines(tmp_path: Path) -> None:
 
 
 def test_a_cell_that_stopped_working_is_a_regression(tmp_path: Path, capsys) -> None:
-    import csv
-
     a = synthetic_run(tmp_path / "a")
     b = synthetic_run(tmp_path / "b")
-    rows = list(csv.DictReader((b / "results.csv").open()))
-    rows[0]["status"], rows[0]["reason"] = "crashed", "killed by SIGSEGV"
-    with (b / "results.csv").open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
+
+    def crash_one_and_lose_another(rows: list[dict]) -> list[dict]:
+        rows[0]["status"], rows[0]["reason"] = "crashed", "killed by SIGSEGV"
         last_ok = max(i for i, row in enumerate(rows) if row["status"] == "ok")
-        writer.writerows(rows[:last_ok] + rows[last_ok + 1 :])  # and one more ok cell is missing
+        return rows[:last_ok] + rows[last_ok + 1 :]  # and one more ok cell is missing
+
+    edit_rows(b, crash_one_and_lose_another)
     result = compare_runs(a, b)
     assert set(result.broken.now) == {"crashed", "missing"}
     assert main(["compare", str(a), str(b), "--fail-above", "50"]) == 1
@@ -161,10 +178,7 @@ def test_a_cell_that_stopped_working_is_a_regression(tmp_path: Path, capsys) -> 
 
 def test_compare_without_common_cells_says_so(tmp_path: Path, capsys) -> None:
     a = synthetic_run(tmp_path / "a")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    (empty / "results.csv").write_text((a / "results.csv").read_text().splitlines()[0] + "\n")
-    assert main(["compare", str(a), str(empty)]) == 0
+    assert main(["compare", str(a), str(empty_run(tmp_path / "empty", a))]) == 0
     assert "nothing to compare" in capsys.readouterr().out
 
 
@@ -174,12 +188,8 @@ def test_report_command_refuses_a_folder_that_is_not_a_run(tmp_path: Path, capsy
 
 
 def test_compare_edge_cases(tmp_path: Path, capsys) -> None:
-    import csv
-
     a = synthetic_run(tmp_path / "a")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    (empty / "results.csv").write_text((a / "results.csv").read_text().splitlines()[0] + "\n")
+    empty = empty_run(tmp_path / "empty", a)
     # nothing in common and B's plan unknown (no meta.json): its missing cells count, said plainly, no traceback
     assert main(["compare", str(a), str(empty), "--fail-above", "10"]) == 1
     assert "nothing to compare" in capsys.readouterr().out
@@ -189,13 +199,13 @@ def test_compare_edge_cases(tmp_path: Path, capsys) -> None:
     table = compare_runs(a, no_samples).table
     assert set(table.verdict) == {"inconclusive (no timing samples in B)"}
     skipped = synthetic_run(tmp_path / "c")
-    rows = list(csv.DictReader((skipped / "results.csv").open()))
-    first_ok = next(i for i, row in enumerate(rows) if row["status"] == "ok")
-    rows[first_ok]["status"], rows[first_ok]["reason"] = "skipped", "larger N skipped: over time_budget_s"
-    with (skipped / "results.csv").open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+
+    def skip_first_ok(rows: list[dict]) -> list[dict]:
+        first_ok = next(row for row in rows if row["status"] == "ok")
+        first_ok["status"], first_ok["reason"] = "skipped", "larger N skipped: over time_budget_s"
+        return rows
+
+    edit_rows(skipped, skip_first_ok)
     assert compare_runs(a, skipped).broken.empty  # a skip follows from time or load: not a regression by itself
     other_baseline = synthetic_run(tmp_path / "d")
     frame = pd.read_csv(other_baseline / "results.csv")
