@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", type=_csv(str), help="cpu, cuda or cuda:N (comma-separated for several)")
     run.add_argument("--dtype", type=_csv(str), help="float32, float16, bfloat16 or float64")
     run.add_argument("--causal", type=_causal, help="true, false or both")
-    run.add_argument("--mode", type=_csv(str), help="fwd, fwd+bwd, or both comma-separated")
+    run.add_argument("--mode", type=_csv(str), help="fwd, fwd+bwd, or fwd,fwd+bwd for both")
     run.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
     run.add_argument("--threads", type=int, help="torch threads (default: the config's `threads`, 0 = torch's default)")
     run.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser(
         "compare",
         help="compare two runs cell by cell, deciding from their timing samples (bootstrap intervals)",
+        description="Compare two run folders cell by cell: time ratios B / A with bootstrap intervals and verdicts.",
         epilog="exit status: 0 no regression; 1 a regression (with --fail-above: a cell slower beyond PCT, or a "
         "cell ok in A that is not ok in B); 2 usage (e.g. not a run folder)",
     )
@@ -197,10 +198,13 @@ def command_check(args: argparse.Namespace) -> int:
     try:
         params = _parse_params(args.param)
         variant_class = registry.load(args.name)
-        variant_class(seed=0, **params)  # a bad hyperparameter is reported once, here
+        variant_class(seed=0, **params)  # a bad hyperparameter, or a constructor that raises, is reported here
     except (ValueError, VariantError) as error:
         print(f"attnbench: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except Exception as error:
+        print(f"attnbench: could not build {args.name}: {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     contexts = check_contexts(lambda: variant_class(seed=0, **params))
     if isinstance(contexts, str):
         print(f"attnbench: {args.name} cannot be checked on this machine: {contexts}", file=sys.stderr)
@@ -329,7 +333,7 @@ def command_run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             run_dir=run_dir,
             resume=args.resume is not None,
-            isolate=args.isolate,
+            isolate=args.isolate or _stored_isolation(args.resume),
             command=["attnbench", *sys.argv[1:]],
         )
     except RunFolderBusy as error:
@@ -363,6 +367,15 @@ def command_run(args: argparse.Namespace) -> int:
         )
         return EXIT_NOTHING_RAN
     return 0
+
+
+def _stored_isolation(run_dir: Path | None) -> bool:
+    """A resumed run keeps the isolation it was started with (a crashing variant must not take it down)."""
+    if run_dir is None or not (run_dir / "meta.json").is_file():
+        return False
+    import json
+
+    return bool(json.loads((run_dir / "meta.json").read_text()).get("isolated", False))
 
 
 def _stored_config(run_dir: Path, overrides: dict[str, Any]) -> SweepConfig:
@@ -445,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         return commands[args.command]()
+    except KeyboardInterrupt:  # outside a run's measurement (which handles it itself): stop quietly
+        print("\nattnbench: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into `head` and closed: not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (so the interpreter's final flush stays quiet)
         return 0

@@ -12,7 +12,7 @@ that was ok in A and is not in B (error, crashed, missing) is a regression of it
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -32,6 +32,7 @@ class Comparison:
     only_in_b: int
     machine_notes: list[str]
     measure: str  # "time" or "speedup"
+    plan_notes: list[str] = field(default_factory=list)
 
     def regressions(self) -> pd.DataFrame:
         return self.table[self.table.verdict == "slower"] if len(self.table) else self.table
@@ -142,13 +143,18 @@ def compare_runs(
             }
         )
     planned_b = _planned_cells(meta[1])
+    unread_plan = (
+        []
+        if planned_b is not None
+        else ["B's config cannot be read here (a plugin missing?): cells missing from B are not judged"]
+    )
     broken = [
         {"cell_key": key, "label": ok_a.loc[key, "label"], "seq_len": ok_a.loc[key, "seq_len"],
          "now": b.loc[key, "status"] if key in b.index else "missing",
          "reason": b.loc[key, "reason"] if key in b.index else "in B's plan but not recorded"}
         for key in ok_a.index
         if key not in ok_b.index
-        and (b.loc[key, "status"] in BROKEN if key in b.index else planned_b is None or key in planned_b)
+        and (b.loc[key, "status"] in BROKEN if key in b.index else planned_b is not None and key in planned_b)
     ]  # fmt: skip
     return Comparison(
         table=pd.DataFrame(rows),
@@ -156,6 +162,7 @@ def compare_runs(
         only_in_a=len(a.index.difference(b.index)),
         only_in_b=len(b.index.difference(a.index)),
         machine_notes=notes,
+        plan_notes=unread_plan,
         measure="speedup" if speedups else "time",
     )
 
@@ -166,6 +173,7 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
     if result.machine_notes:
         lines.append("The runs come from different machines or software; a time change there is inconclusive:")
         lines += [f"  - {note}" for note in result.machine_notes]
+    lines += result.plan_notes
     if result.only_in_a or result.only_in_b:
         lines.append(f"Cells in only one run: {result.only_in_a} in A, {result.only_in_b} in B.")
     if not result.broken.empty:

@@ -175,8 +175,10 @@ def parse_config(raw: dict[str, Any], *, source: str = "config", registry: Regis
             f"baseline: '{config.settings.baseline}' is not one of this run's variant settings "
             f"({', '.join(labels)}); speedups are measured against it, so name one of them"
         )
-    if not problems:
-        problems += _machine_problems(config.axes)
+    if "inputs" in raw and not config.axes["input"]:
+        problems.append("inputs: an empty list gives no cell; give at least one [[inputs]] table")
+    if config.axes["input"] and config.axes["seq_len"] and config.axes["kv_len"]:
+        problems += _machine_problems(config.axes)  # with the others: every problem is listed at once
     if problems:
         raise ConfigError(source, problems)
     return config
@@ -242,9 +244,9 @@ def _parse_variants(raw: Any, registry: Registry) -> tuple[list[VariantSpec], li
             problems.append(f"variants.{name}: {error}")
             continue
         empty = [key for key, value in params.items() if value == []]
-        if empty:
+        if empty:  # reported, and the rest of the table still checked
             problems.append(f"variants.{name}: {', '.join(empty)} = [] gives no setting; give a value or drop the key")
-            continue
+            params = {key: value for key, value in params.items() if key not in empty}
         for point in _grid(params):
             point_problems = variant_class.validate_hyperparams(dict(point))
             if not point_problems:
@@ -336,6 +338,10 @@ def load_config(
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(source, [f"not valid TOML: {error}"]) from None
     raw.setdefault("name", Path(name_or_path).stem)
+    if Path(name_or_path).is_file():  # a captured file named relative to the config, wherever `run` starts
+        for item in raw.get("inputs", []) if isinstance(raw.get("inputs"), list) else []:
+            if isinstance(item, dict) and isinstance(item.get("path"), str) and not Path(item["path"]).is_absolute():
+                item["path"] = str((Path(name_or_path).resolve().parent / item["path"]))
     for key, value in (overrides or {}).items():
         if key == "variants" and isinstance(raw.get("variants"), dict):
             # keep the file's grids for the names that stay; defaults for new ones

@@ -261,7 +261,8 @@ class AttentionVariant(ABC):
 
 def declaration_problems(cls: type[AttentionVariant]) -> list[str]:
     """What is wrong with a variant class's declaration, checked when it is registered (before any work)."""
-    reserved = {"seed", "hparams"} | {name for name in dir(AttentionVariant) if not name.startswith("_")}
+    declared = set(AttentionVariant.__annotations__)  # name, family, exact, ...: class variables without a value
+    reserved = {"seed", "hparams"} | declared | {name for name in dir(AttentionVariant) if not name.startswith("_")}
     problems = [
         f"hyperparameter '{key}' uses a reserved name (it would overwrite the variant's own `{key}`); rename it"
         for key in cls.hyperparameters

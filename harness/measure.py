@@ -179,8 +179,8 @@ class GroupMeasurement:
         if estimate > limit:
             self.fields[key].update(
                 status="skipped",
-                reason=f"estimated working memory {estimate / GIB:.1f} GiB exceeds the limit "
-                f"{limit / GIB:.1f} GiB (set memory_limit_gb to change it)",
+                reason=f"estimated working memory {estimate / 2**20:,.0f} MiB exceeds the limit "
+                f"{limit / 2**20:,.0f} MiB (set memory_limit_gb to change it)",
             )
             return
         self.variants[key] = variant

@@ -56,7 +56,7 @@ def _pivot(cells: pd.DataFrame, formatter) -> tuple[list[str], list[list[str]]]:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-").lower()[:80]
+    return re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-").lower()
 
 
 def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: dict, peaks: dict) -> list[Block]:
@@ -188,11 +188,8 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
             Block("table", headers=["variant", "N", "status", "reason"], rows=rows),
         ]
 
-    first = cells.iloc[0]
-    slug = _slug(
-        f"{first['device']}-{first['dtype']}-{first['mode']}-{'causal' if first['causal'] else 'bidirectional'}-"
-        f"b{first['batch']}h{first['heads']}d{first['head_dim']}-{first['input']}"
-    )
+    first = cells.iloc[0]  # every group column in the name: two settings never share a plot file
+    slug = _slug("-".join(f"{column}{first[column]}" for column in GROUP_COLUMNS))[:100]
     images = [
         plot_versus_n(
             cells,
@@ -252,7 +249,8 @@ def header_blocks(run_dir: Path, meta: dict) -> list[Block]:
         ["CPU allocator", str(meta.get("cpu_allocator", "not recorded"))],
     ]
     notes = (
-        "Time: median and IQR of repeated, warmed-up, device-synchronized calls (torch.utils.benchmark). "
+        "Time: median and IQR of warmed-up, device-synchronized calls, each group's variants timed in interleaved "
+        "rounds (speedups paired per round). "
         "Memory on CPU: peak bytes of live tensors created during the call (a TorchDispatchMode); it cannot "
         "see scratch that a fused kernel allocates inside itself (SDPA's flash kernel), so `full` is a lower "
         "bound there. On CUDA: the allocator's peak minus the baseline. Error: against exact attention in "

@@ -46,7 +46,7 @@ def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: floa
                 row.flops = 4 * n * n * 64
             writer.append(row)
     meta = {
-        "config": {"name": "synthetic"},
+        "config": {**config.to_dict(), "name": "synthetic"},
         "machine": {"cpu": cpu, "versions": {"torch": "2.13.0"}},
         "peaks": {"cpu/float32": {"matmul_flops_per_s": 1e11, "copy_bytes_per_s": 1e10}},
     }
@@ -190,9 +190,10 @@ def test_report_command_refuses_a_folder_that_is_not_a_run(tmp_path: Path, capsy
 def test_compare_edge_cases(tmp_path: Path, capsys) -> None:
     a = synthetic_run(tmp_path / "a")
     empty = empty_run(tmp_path / "empty", a)
-    # nothing in common and B's plan unknown (no meta.json): its missing cells count, said plainly, no traceback
-    assert main(["compare", str(a), str(empty), "--fail-above", "10"]) == 1
-    assert "nothing to compare" in capsys.readouterr().out
+    # nothing in common and B's plan unknown (no meta.json): said plainly, missing cells not judged, no traceback
+    assert main(["compare", str(a), str(empty), "--fail-above", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to compare" in out and "cells missing from B are not judged" in out
     assert main(["compare", str(a), str(a), "--fail-above", "-5"]) == 2
     no_samples = synthetic_run(tmp_path / "b", scale={"band": 2.0})
     (no_samples / "samples.csv").unlink()

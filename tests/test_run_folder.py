@@ -65,9 +65,10 @@ def test_every_plan_problem_is_listed_at_once_before_any_work(installed_plugins,
     torch.save({name: torch.randn(1, 2, 32, 16) for name in "qkv"}, captured)
     config = write_config(
         tmp_path / "bad.toml",
-        'seq_lens = [64]\ndevice = "cuda"\n'
+        'seq_lens = [64]\ndevice = "cuda"\nfrobnicate = 1\n'
         f'[[inputs]]\nname = "captured"\npath = "{captured}"\n'
-        "[variants.full]\n[variants.band]\nwindow = []\n[variants.fails-to-build]\n[variants.exact-without-mask]\n",
+        "[variants.full]\n[variants.band]\nwindow = []\nwndow = 4\n"
+        "[variants.fails-to-build]\n[variants.exact-without-mask]\n",
     )
     out = tmp_path / "out"
     result = attnbench("run", str(config), "--out", str(out), env=installed_plugins)
@@ -76,6 +77,10 @@ def test_every_plan_problem_is_listed_at_once_before_any_work(installed_plugins,
     assert "window = [] gives no setting" in err
     assert "could not build fails-to-build: RuntimeError: needs a GPU library" in err
     assert "exact-without-mask" in err and "does not implement support_mask" in err
+    assert "unknown key 'frobnicate'" in err and "unknown hyperparameter 'wndow'" in err  # all in one listing
+    if not torch.cuda.is_available():
+        assert "CUDA is not available" in err
+    assert "has 32 positions and N=64 is asked" in err
     assert not out.exists() or not any(out.iterdir())  # nothing was started
 
 
@@ -100,6 +105,7 @@ def test_reserved_hyperparameter_name_makes_the_plugin_broken_by_name(installed_
     listing = attnbench("list", env=installed_plugins)
     broken = listing.stdout.split("broken plugins")[1]
     assert "reserved-name" in broken and "hyperparameter 'seed' uses a reserved name" in broken
+    assert "hyperparameter 'family' uses a reserved name" in broken
     run = attnbench("run", "quick", "--variants", "reserved-name,full", *SMALL, env=installed_plugins)
     assert run.returncode == 2 and "reserved name" in run.stderr
 
@@ -141,6 +147,8 @@ def test_seeds_are_an_axis_each_with_its_own_speedups(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     frame = read_results(only_run(tmp_path / "out"))
     assert set(frame.seed) == {0, 1} and (frame[frame.variant == "full"].speedup == 1.0).all()
+    plots = {p.name for p in (only_run(tmp_path / "out") / "plots").glob("*-time.png")}
+    assert len(plots) == 2  # one per seed: settings never share a plot file
     assert "seed=0" in result.stdout and "seed=1" in result.stdout
 
 

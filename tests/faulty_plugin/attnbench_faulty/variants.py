@@ -55,7 +55,10 @@ class ReservedName(AttentionVariant):
     name = "reserved-name"
     family = "test"
     exact = False
-    hyperparameters = {"seed": Hyperparameter(1, "clashes with the variant's seed")}
+    hyperparameters = {
+        "seed": Hyperparameter(1, "clashes with the variant's seed"),
+        "family": Hyperparameter("x", "clashes with the variant's family", kind=str),
+    }
 
     def forward(self, q, k, v, *, causal, key_padding_mask):
         return v
