@@ -56,3 +56,14 @@ def test_bad_flag_value_is_explained(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         main(["run", "--seq-lens", "1k"])
     assert "comma-separated list of int" in capsys.readouterr().err
+
+
+def test_run_warns_when_the_machine_is_already_busy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    args = ["run", "quick", "--variants", "full", "--seq-lens", "32", "--out", str(tmp_path), "--no-progress"]
+    assert main([*args, "--no-report"]) == 0
+    assert "the machine is already busy (load 3.0" in capsys.readouterr().err
