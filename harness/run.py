@@ -82,17 +82,17 @@ class Isolated:
             assert process.stdin is not None
             process.stdin.write(request)
             process.stdin.close()
-            last_step, last_change, size = None, time.monotonic(), -1
+            last_change, size = time.monotonic(), -1
             while process.poll() is None:
                 time.sleep(0.05)
-                if channel.exists() and channel.stat().st_size != size:
-                    size, last_change = channel.stat().st_size, time.monotonic()
-                    last_step = _last_step(channel)
+                if channel.exists() and channel.stat().st_size != size:  # progress: the file grew (read it only
+                    size, last_change = channel.stat().st_size, time.monotonic()  # when the watchdog fires)
                 # until its first step the worker is importing torch: slow on a busy machine, not a hang
                 limit = self.settings.cell_timeout_s if size > 0 else max(self.settings.cell_timeout_s, STARTUP_S)
                 if time.monotonic() - last_change > limit:
                     process.kill()
                     process.wait()
+                    last_step = _last_step(channel)
                     cell = _in_flight(group, last_step)
                     return GroupResult([]), row_for(
                         cell,
