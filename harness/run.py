@@ -85,8 +85,9 @@ class Isolated:
             last_change, size = time.monotonic(), -1
             while process.poll() is None:
                 time.sleep(0.05)
-                if channel.exists() and channel.stat().st_size != size:  # progress: the file grew (read it only
-                    size, last_change = channel.stat().st_size, time.monotonic()  # when the watchdog fires)
+                # progress is the channel growing; its last step is read only when the watchdog fires
+                if channel.exists() and channel.stat().st_size != size:
+                    size, last_change = channel.stat().st_size, time.monotonic()
                 # until its first step the worker is importing torch: slow on a busy machine, not a hang
                 limit = self.settings.cell_timeout_s if size > 0 else max(self.settings.cell_timeout_s, STARTUP_S)
                 if time.monotonic() - last_change > limit:
