@@ -101,6 +101,8 @@ def compare_runs(
     rows = []
     for key in ok_a.index.intersection(ok_b.index):
         x, y = ok_a.loc[key], ok_b.loc[key]
+        if pd.isna(x.time_median_s) or pd.isna(y.time_median_s):
+            continue  # an input whose error alone was measured (its setting was timed on another input)
         if speedups:
             if pd.isna(x.speedup) or pd.isna(y.speedup):
                 continue

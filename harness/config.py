@@ -43,6 +43,7 @@ class Settings:
     time_budget_s: float = 10.0  # median seconds per call above which larger N are skipped
     memory_limit_gb: float | None = None  # default: 80% of available memory
     error: bool = True  # error against float64 exact attention
+    time_every_input: bool = False  # False: each setting timed on its first input, error measured on every input
     self_check_len: int = 200
     cell_timeout_s: float = 600.0  # with --isolate: a step with no progress for this long is killed
 
@@ -82,7 +83,9 @@ class SweepConfig:
         return total - len(self.cells())
 
     def groups(self) -> list[Group]:
-        return groups_of(self.cells())
+        """Comparison groups; without error measurement every input is timed (nothing else would be measured)."""
+        every = self.settings.time_every_input or not self.settings.error
+        return groups_of(self.cells(), time_every_input=every)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a TOML-like dict that `parse_config` reads back to the same config."""
@@ -276,7 +279,7 @@ def _machine_problems(axes: dict[str, list[Any]]) -> list[str]:
                      if ":" in d and int(d.split(":")[1]) >= count]  # fmt: skip
     length = max(max(axes["seq_len"]), max(axes["kv_len"]))
     for spec in axes["input"]:
-        if spec.name == "captured":
+        if spec.name == "captured" and not validate_input(spec.name, dict(spec.params)):  # else listed already
             problems += [
                 f"inputs: captured {dict(spec.params).get('path')}: {p}"
                 for p in captured_fit_problems(

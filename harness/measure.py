@@ -1,5 +1,8 @@
 """Measure one comparison group: its cells in, their rows and timing samples out. No file I/O.
 
+A group that is not `timed` (an input after the first, unless `time_every_input`) has its error measured
+and nothing else: time barely depends on the input, and its setting's first input was timed.
+
 Inputs and the exact reference are built once for the group; each variant is self-checked (exact ones),
 its error measured, then every variant of the group is timed **in interleaved rounds**: each round calls
 each variant once (a block of calls for very fast ones), in an order shuffled per round from the group's
@@ -126,10 +129,11 @@ class GroupMeasurement:
             for cell in self.group.cells:
                 if cell.key() in self.variants:
                     self._check_and_error(cell)
-            samples = self._time_in_turns()
-            for cell in self.group.cells:
-                if cell.key() in self.variants:
-                    self._memory_and_cost(cell)
+            if self.group.timed:
+                samples = self._time_in_turns()
+                for cell in self.group.cells:
+                    if cell.key() in self.variants:
+                        self._memory_and_cost(cell)
         competing = watch.competing_cores()
         common = dict(
             host=socket.gethostname(),
@@ -141,7 +145,7 @@ class GroupMeasurement:
         )
         rows = []
         for cell in self.group.cells:
-            values = {**common, **self.fields[cell.key()]}
+            values = {**common, "timed": self.group.timed, **self.fields[cell.key()]}
             if values.get("time_median_s") is not None:
                 values["noisy"] = noise_reason(values["time_median_s"], values["time_iqr_s"], competing)
             rows.append(row_for(cell, **values))
@@ -238,7 +242,12 @@ class GroupMeasurement:
                 return self._fail(key, {"status": "error", "reason": "output has NaN or Inf"})
             if self.reference is not None:
                 self.fields[key].update(error_metrics(output, self.reference).as_row())
-                self.fields[key].update(input_entropy=self.reference.entropy, input_band_mass=self.reference.band_mass)
+                self.fields[key].update(
+                    input_entropy=self.reference.entropy,
+                    input_band_mass=self.reference.band_mass,
+                    input_sink_mass=self.reference.sink_mass,
+                    input_head_spread=self.reference.head_spread,
+                )
                 if variant.exact and variant.family != "exact" and cell.seq_len == cell.n_k <= DROPPED_MASS_MAX_N:
                     self.fields[key]["dropped_mass"] = dropped_mass(
                         inputs.q,
@@ -348,6 +357,8 @@ class GroupMeasurement:
             self.fields[key].update(
                 time_median_s=spread.median,
                 time_p10_s=spread.p10,
+                time_p25_s=spread.p25,
+                time_p75_s=spread.p75,
                 time_p90_s=spread.p90,
                 time_iqr_s=spread.iqr,
                 time_repeats=spread.count,

@@ -91,9 +91,16 @@ class Cell:
         """Cells with equal group keys share inputs and reference and are timed together, in turns."""
         return json.dumps([_plain(getattr(self, name)) for name in GROUP_AXES], sort_keys=True)
 
+    def timing_key(self) -> str:
+        """Groups with equal timing keys differ only in their input: one timing serves them all."""
+        return json.dumps([_plain(getattr(self, name)) for name in GROUP_AXES if name != "input"], sort_keys=True)
+
     def series_key(self) -> str:
-        """Cells that differ only in N: once one is over the time budget, the larger ones are skipped."""
-        return json.dumps([_plain(getattr(self, name)) for name in AXIS_NAMES if name != "seq_len"], sort_keys=True)
+        """Cells that differ only in N (and input, on which time barely depends): once one is over the time
+        budget, the larger ones are skipped."""
+        return json.dumps(
+            [_plain(getattr(self, name)) for name in AXIS_NAMES if name not in ("seq_len", "input")], sort_keys=True
+        )
 
     def columns(self) -> dict[str, Any]:
         """The cell's own CSV columns: one per axis, specs as name + JSON parameters."""
@@ -130,9 +137,11 @@ GROUP_COLUMNS: tuple[str, ...] = tuple(c for c in CELL_COLUMNS if c not in ("var
 
 @dataclass(frozen=True)
 class Group:
-    """Cells that differ only in variant setting: one set of inputs, one reference, timed in turns."""
+    """Cells that differ only in variant setting: one set of inputs, one reference, timed in turns
+    (or, when not `timed`, only their error measured)."""
 
     cells: tuple[Cell, ...]
+    timed: bool = True
 
     @property
     def setting(self) -> Cell:
@@ -143,7 +152,7 @@ class Group:
         return self.setting.group_key()
 
     def without(self, keys: set[str]) -> "Group":
-        return Group(tuple(c for c in self.cells if c.key() not in keys))
+        return Group(tuple(c for c in self.cells if c.key() not in keys), self.timed)
 
 
 def expand(values: dict[str, list[Any]]) -> list[Cell]:
@@ -156,9 +165,15 @@ def expand(values: dict[str, list[Any]]) -> list[Cell]:
     return list(dict.fromkeys(cells))
 
 
-def groups_of(cells: list[Cell]) -> list[Group]:
-    """Cells gathered into comparison groups, in the order their first cell appears."""
+def groups_of(cells: list[Cell], *, time_every_input: bool = True) -> list[Group]:
+    """Cells gathered into comparison groups, in the order their first cell appears. Unless `time_every_input`,
+    only the first input of each setting is timed; the groups of the other inputs measure error alone."""
     gathered: dict[str, list[Cell]] = {}
     for cell in cells:
         gathered.setdefault(cell.group_key(), []).append(cell)
-    return [Group(tuple(members)) for members in gathered.values()]
+    groups, timed_settings = [], set()
+    for members in gathered.values():
+        setting = members[0].timing_key()
+        groups.append(Group(tuple(members), time_every_input or setting not in timed_settings))
+        timed_settings.add(setting)
+    return groups

@@ -5,7 +5,7 @@ b - batch, h - heads, i - query position, j - key position, d - head dim, e - va
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from attnbench.interface import default_scale
@@ -30,17 +30,41 @@ def dense_masked_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | No
 
 
 LOCALITY_WINDOW = 64  # the band |i - j| <= w in which the input statistics measure attention mass
+HEAD_STATISTICS = ("entropy", "local_mass", "sink_mass")  # per head, of the exact attention on the inputs
 
 
 @dataclass
 class Reference:
     """Exact output and the trivial baseline (uniform average of V over each query's visible keys), float64,
-    with two statistics of the exact attention: how peaked and how local it is."""
+    with statistics of the exact attention that say what its error figures can tell: how peaked, how local,
+    how much lands on the first token, and how much the heads differ."""
 
     output: Tensor  # (b, h, i, e)
     uniform: Tensor  # (b, h, i, e)
-    entropy: float = float("nan")  # mean over rows of H(p) / log(visible keys): 1 uniform, 0 one-hot
-    band_mass: float = float("nan")  # mean over rows of the mass on keys with |i - j| <= LOCALITY_WINDOW
+    per_head: dict[str, Tensor] = field(default_factory=dict)  # statistic -> (h,): mean over batch and query rows
+
+    def statistic(self, name: str) -> float:
+        """Mean over heads of one per-head statistic (NaN when not computed)."""
+        values = self.per_head.get(name)
+        return float("nan") if values is None else values.mean().item()
+
+    @property
+    def entropy(self) -> float:  # mean over rows of H(p) / log(visible keys): 1 uniform, 0 one-hot
+        return self.statistic("entropy")
+
+    @property
+    def band_mass(self) -> float:  # mean over rows of the mass on keys with |i - j| <= LOCALITY_WINDOW
+        return self.statistic("local_mass")
+
+    @property
+    def sink_mass(self) -> float:  # mean over rows of the mass on the first key
+        return self.statistic("sink_mass")
+
+    @property
+    def head_spread(self) -> float:
+        """Standard deviation across heads of their mean entropy: 0 when every head attends alike."""
+        values = self.per_head.get("entropy")
+        return float("nan") if values is None or len(values) < 2 else values.std().item()
 
 
 def exact_reference(
@@ -57,7 +81,8 @@ def exact_reference(
     b, h, n_q, _ = q.shape
     n_k = k.shape[-2]
     chunk = max(1, max_chunk_elements // (b * h * n_k))
-    outputs, uniforms, entropy, band_mass, rows = [], [], 0.0, 0.0, 0
+    outputs, uniforms = [], []
+    sums = {name: torch.zeros(h, dtype=torch.float64, device=q.device) for name in HEAD_STATISTICS}
     keys = torch.arange(n_k, device=q.device)
     for start in range(0, n_q, chunk):
         stop = min(n_q, start + chunk)
@@ -71,16 +96,16 @@ def exact_reference(
         visible = allowed.expand(b, 1, stop - start, n_k).to(torch.float64)  # (b, 1, c, j)
         uniforms.append(einsum(visible, v64, "b one i j, b h j e -> b h i e") / counts)
         plogp = torch.where(weights > 0, weights * weights.clamp(min=1e-300).log(), torch.zeros_like(weights))
-        spread = counts[..., 0].log().expand(b, h, stop - start)
-        entropy += torch.where(spread > 0, -plogp.sum(-1) / spread.clamp(min=1e-300), 0.0).sum().item()
+        spread = counts[..., 0].log().expand(b, h, stop - start)  # (b, h, c)
+        entropy = torch.where(spread > 0, -plogp.sum(-1) / spread.clamp(min=1e-300), 0.0)  # (b, h, c)
         near = (torch.arange(start, stop, device=q.device)[:, None] - keys[None, :]).abs() <= LOCALITY_WINDOW
-        band_mass += (weights * near).sum().item()
-        rows += b * h * (stop - start)
+        sums["entropy"] += entropy.sum(dim=(0, 2))
+        sums["local_mass"] += (weights * near).sum(dim=(0, 2, 3))
+        sums["sink_mass"] += weights[..., 0].sum(dim=(0, 2))
     return Reference(
         output=torch.cat(outputs, dim=2),
         uniform=torch.cat(uniforms, dim=2),
-        entropy=entropy / rows,
-        band_mass=band_mass / rows,
+        per_head={name: total.cpu() / (b * n_q) for name, total in sums.items()},
     )
 
 

@@ -30,8 +30,11 @@ class Measured:
     load_after: float | None = None
     cpu_mhz: float | None = None  # mean current CPU frequency during the group, where readable
     noisy: str = ""  # why the cell's timing is not to be trusted alone ("" when it is)
+    timed: bool = True  # False: error only; time and memory were measured on the setting's first input
     time_median_s: float | None = None
     time_p10_s: float | None = None
+    time_p25_s: float | None = None  # quartiles: the spread bands of the plots
+    time_p75_s: float | None = None
     time_p90_s: float | None = None
     time_iqr_s: float | None = None
     time_repeats: int | None = None  # samples (one per round)
@@ -51,6 +54,8 @@ class Measured:
     dropped_mass: float | None = None  # exact-pattern variants: exact attention mass outside their support
     input_entropy: float | None = None  # of exact attention on this cell's inputs: 1 uniform, 0 one-hot
     input_band_mass: float | None = None  # share of exact attention within |i - j| <= 64
+    input_sink_mass: float | None = None  # share of exact attention on the first key
+    input_head_spread: float | None = None  # std across heads of their mean entropy: how much heads differ
     flops: float | None = None
     bytes_moved: float | None = None
 

@@ -70,7 +70,9 @@ class Isolated:
     def _attempt(self, group: Group) -> tuple[GroupResult, Any]:
         with tempfile.TemporaryDirectory(prefix="attnbench-worker-") as folder:
             channel, errors = Path(folder) / "channel.jsonl", Path(folder) / "stderr.txt"
-            request = json.dumps({"settings": asdict(self.settings), "cells": [c.key() for c in group.cells]})
+            request = json.dumps(
+                {"settings": asdict(self.settings), "cells": [c.key() for c in group.cells], "timed": group.timed}
+            )
             process = subprocess.Popen(
                 [sys.executable, "-m", "attnbench.worker", str(channel)],
                 stdin=subprocess.PIPE,

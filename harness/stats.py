@@ -26,10 +26,12 @@ def quantile(values: list[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class Spread:
-    """Median, p10, p90 and interquartile range of one cell's samples."""
+    """Median, p10, quartiles, p90 and interquartile range of one cell's samples."""
 
     median: float
     p10: float
+    p25: float
+    p75: float
     p90: float
     iqr: float
     count: int
@@ -39,6 +41,8 @@ class Spread:
         return cls(
             median=quantile(samples, 0.5),
             p10=quantile(samples, 0.1),
+            p25=quantile(samples, 0.25),
+            p75=quantile(samples, 0.75),
             p90=quantile(samples, 0.9),
             iqr=quantile(samples, 0.75) - quantile(samples, 0.25),
             count=len(samples),

@@ -27,7 +27,7 @@ def main() -> int:
         channel.flush()
 
     request = json.loads(sys.stdin.read())
-    group = Group(tuple(Cell.from_key(key) for key in request["cells"]))
+    group = Group(tuple(Cell.from_key(key) for key in request["cells"]), request.get("timed", True))
     retain_freed_memory()
     result = measure_group(
         group, Settings(**request["settings"]), registry, progress=lambda step, cell: say({"step": step, "cell": cell})

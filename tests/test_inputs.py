@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from attnbench.config import ConfigError, parse_config
-from attnbench.inputs import DISTRIBUTIONS, make_inputs, validate_input
+from attnbench.inputs import CALIBRATION, DISTRIBUTIONS, make_inputs, validate_input
 from attnbench.reference import exact_reference
 
 SYNTHETIC = [name for name in DISTRIBUTIONS if name != "captured"]
@@ -55,6 +55,36 @@ def test_each_distribution_has_the_statistic_it_claims() -> None:
     sharp = draw("gaussian", {"temperature": 0.25})
     sharp_entropy = exact_reference(sharp.q, sharp.k, sharp.v, causal=False, key_padding_mask=None).entropy
     assert sharp_entropy < gaussian_entropy - 0.2  # temperature makes it peaked
+
+
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_realistic_matches_the_statistics_of_a_real_encoder(head_dim: int) -> None:
+    """The documented calibration: 72 heads (3 seeds x 24) at N=512 against MiniLM-L6's 72 heads, per statistic
+    the mean over heads and the spread across them."""
+    per_head: dict[str, list[torch.Tensor]] = {}
+    for seed in range(3):
+        inputs = draw("realistic", n=512, seed=seed, h=24, d=head_dim)
+        reference = exact_reference(inputs.q, inputs.k, inputs.v, causal=False, key_padding_mask=None)
+        for name, values in reference.per_head.items():
+            per_head.setdefault(name, []).append(values)
+    for name, target in CALIBRATION.items():
+        values = torch.cat(per_head[name])
+        assert values.mean().item() == pytest.approx(target.mean, abs=target.tolerance), name
+        assert values.std().item() == pytest.approx(target.spread, abs=max(target.tolerance, target.spread / 2)), name
+    assert reference.head_spread > 0.1  # heads differ (a Gaussian input's heads all look alike)
+    gaussian = draw("gaussian", h=8)
+    flat = exact_reference(gaussian.q, gaussian.k, gaussian.v, causal=False, key_padding_mask=None)
+    assert flat.head_spread < 0.01 and flat.sink_mass < 0.01
+
+
+def test_realistic_sink_keeps_its_share_at_long_n_and_small_heads() -> None:
+    """The first token's share does not fade with N (its logit grows with log N), and tiny head dims still work."""
+    long = draw("realistic", n=4096, h=8, d=32)
+    reference = exact_reference(long.q, long.k, long.v, causal=False, key_padding_mask=None)
+    assert reference.sink_mass == pytest.approx(CALIBRATION["sink_mass"].mean, abs=0.06)
+    for d in (1, 2, 3, 5):
+        tiny = draw("realistic", n=64, h=2, d=d)
+        assert tiny.q.shape == (1, 2, 64, d) and torch.isfinite(tiny.q).all() and torch.isfinite(tiny.k).all()
 
 
 def test_lowrank_queries_and_keys_span_rank_dimensions() -> None:
