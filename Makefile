@@ -8,7 +8,7 @@ CONFIG     ?= quick
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.attnbench-installed
 
-.PHONY: setup test bench benchmark compare-lsh compare-performer clean
+.PHONY: setup test bench benchmark benchmark-compare compare-lsh compare-performer clean
 
 setup: $(STAMP)
 
@@ -24,8 +24,16 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/attnbench run $(CONFIG)
 
+# pytest-benchmark: each variant alone, by N (warm-up on; torch version and threads in machine_info)
 benchmark: $(STAMP)
-	$(BIN)/python -m pytest tests/benchmarks --benchmark-only --benchmark-autosave
+	$(BIN)/python -m pytest tests/benchmarks --benchmark-only --benchmark-autosave --benchmark-group-by=group \
+		--benchmark-columns=median,iqr,rounds
+
+# time the suite again and compare with the last saved run, e.g. BENCHMARK_FAIL=median:10% to fail on a regression
+BENCHMARK_FAIL ?=
+benchmark-compare: $(STAMP)
+	$(BIN)/python -m pytest tests/benchmarks --benchmark-only --benchmark-compare --benchmark-group-by=group \
+		--benchmark-columns=median,iqr,rounds $(if $(BENCHMARK_FAIL),--benchmark-compare-fail=$(BENCHMARK_FAIL))
 
 # our lsh beside reformer-pytorch's LSHAttention; that package is installed for this comparison only
 compare-lsh: $(STAMP)

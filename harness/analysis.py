@@ -20,7 +20,8 @@ def loglog_slope(n: pd.Series | list[float], y: pd.Series | list[float]) -> floa
 def scaling_table(cells: pd.DataFrame) -> pd.DataFrame:
     """Per variant label: the N range of ok cells and the log-log slopes of median time and peak memory."""
     rows = []
-    for label, group in cells[cells.status == "ok"].groupby("label", sort=False):
+    timed = cells[(cells.status == "ok") & cells.time_median_s.notna()]  # error-only rows have no time
+    for label, group in timed.groupby("label", sort=False):
         group = group.sort_values("seq_len")
         rows.append(
             {
@@ -86,3 +87,23 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
         return row["flops"] / row["time_median_s"] / peak
 
     return cells.apply(fraction, axis=1) if len(cells) else pd.Series(dtype=float)
+
+
+ERROR_RESOLUTION = 1e-4  # errors vs uniform below this count as equal (float rounding, not accuracy)
+
+
+def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
+    """The points (label, speedup, error) that no other point beats on both speedup (higher) and error (lower),
+    sorted by speedup. Errors under ERROR_RESOLUTION tie, so a slower exact variant is not kept for a rounding
+    difference."""
+    ordered = points.assign(_error=points.error.clip(lower=ERROR_RESOLUTION)).sort_values(
+        ["speedup", "_error"], ascending=[False, True]
+    )
+    front, best = [], np.inf
+    for _, row in ordered.iterrows():
+        if row._error < best:
+            front.append(row)
+            best = row._error
+    if not front:
+        return points.iloc[0:0]
+    return pd.DataFrame(front).drop(columns="_error").sort_values("speedup")

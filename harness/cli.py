@@ -334,7 +334,7 @@ def command_run(args: argparse.Namespace) -> int:
             run_dir=run_dir,
             resume=args.resume is not None,
             isolate=args.isolate or _stored_isolation(args.resume),
-            command=["attnbench", *sys.argv[1:]],
+            command=args.command_line,
         )
     except RunFolderBusy as error:
         print(f"attnbench: {error}", file=sys.stderr)
@@ -347,19 +347,33 @@ def command_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    print(write_summary(run_dir))
-    outputs = "results.csv, samples.csv, meta.json, summary.md"
+    import shutil
+
+    from attnbench.verdict import verdict_terminal
+
+    write_summary(run_dir)
+    frame = read_results(run_dir)
+    print(verdict_terminal(frame, shutil.get_terminal_size((120, 40)).columns))
+    outputs = "results.csv, samples.csv, meta.json, config.toml, summary.md"
+    report = None
     if not args.no_report:
         from attnbench.report import write_report
 
-        write_report(run_dir)
-        outputs += ", report.md, report.html, plots/"
-    frame = read_results(run_dir)
+        print("attnbench: writing the report and its plots…", file=sys.stderr, flush=True)
+        report = write_report(run_dir)
+        outputs += ", report.md, plots/"
     print(f"attnbench: {noise_line(frame)}", file=sys.stderr)
+    failed = frame[frame.status != "ok"].status.value_counts().sort_index()
+    if len(failed):
+        counts = ", ".join(f"{status} {count}" for status, count in failed.items())
+        print(f"attnbench: {failed.sum()} cell(s) did not run ok ({counts}): reasons in summary.md", file=sys.stderr)
     print(
-        f"attnbench: {len(cells)} cells in {time.perf_counter() - started:.0f} s -> {run_dir}/ ({outputs})",
+        f"attnbench: {len(cells)} cells in {time.perf_counter() - started:.0f} s -> {run_dir}/ ({outputs}); "
+        "every table is in summary.md",
         file=sys.stderr,
     )
+    if report is not None:
+        print(f"attnbench: report: {report}", file=sys.stderr)
     if not (frame.status == "ok").any():
         print(
             f"attnbench: no cell ran ok ({', '.join(sorted(set(frame.status)))}): see the reasons above",
@@ -410,7 +424,8 @@ def command_report(args: argparse.Namespace) -> int:
 
     if _run_folder(args.run_dir) is None:
         return 2
-    print(f"attnbench: wrote {write_report(args.run_dir)}, report.html and plots/")
+    report = write_report(args.run_dir)
+    print(f"attnbench: wrote report.md and plots/; report: {report}")
     return 0
 
 
@@ -446,7 +461,9 @@ def command_compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.command_line = ["attnbench", *argv]  # recorded in meta.json: the run's reproduce line
     commands = {
         "list": lambda: command_list(),
         "presets": lambda: command_presets(),

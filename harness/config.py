@@ -7,6 +7,7 @@ and their keys come from `attnbench.plan`; the other keys are the measurement `S
 from __future__ import annotations
 
 import itertools
+import json
 from importlib import resources
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ class SweepConfig:
     description: str = ""
     axes: dict[str, list[Any]] = field(default_factory=lambda: {name: list(d) for name, _, d in AXES.values()})
     settings: Settings = field(default_factory=Settings)
+    overrides: dict[str, Any] = field(default_factory=dict)  # what the command line changed in the file or preset
 
     @property
     def variants(self) -> list[VariantSpec]:
@@ -100,6 +102,35 @@ class SweepConfig:
                 out[key] = list(values)
         out.update(asdict(self.settings))
         return out
+
+    def to_toml(self) -> str:
+        """The resolved config as a TOML file that `attnbench run FILE` runs again (overrides applied)."""
+        values = self.to_dict()
+        lines = [
+            f"# {self.name}" + (f" with {overrides_text(self.overrides)}" if self.overrides else "") + ", resolved"
+        ]
+        tables = {key: values.pop(key) for key in ("inputs", "variants")}
+        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
+        for key, entries in tables.items():
+            for entry in entries:
+                lines += ["", f"[[{key}]]"] + [f"{k} = {_toml_value(v)}" for k, v in entry.items() if v is not None]
+        return "\n".join(lines) + "\n"
+
+
+def overrides_text(overrides: dict[str, Any]) -> str:
+    """'seq_lens = [512], causal = [true]': what the command line changed, in the config's own words."""
+    return ", ".join(f"{key} = {_toml_value(value)}" for key, value in overrides.items())
+
+
+def _toml_value(value: Any) -> str:
+    """A TOML literal for a value of a config (strings, numbers, booleans and lists of them)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value) if value == value and abs(value) != float("inf") else ("nan" if value != value else "inf")
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False)
 
 
 KNOWN_KEYS = set(AXES) | set(SETTING_KINDS) | {"name", "description"}
@@ -350,4 +381,6 @@ def load_config(
             # keep the file's grids for the names that stay; defaults for new ones
             value = {name: raw["variants"].get(name, {}) for name in value}
         raw[key] = value
-    return parse_config(raw, source=source, registry=registry)
+    config = parse_config(raw, source=source, registry=registry)
+    config.overrides = dict(overrides or {})
+    return config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+import os
 import platform
 import subprocess
 import sys
@@ -108,16 +109,83 @@ def best_peaks(*measurements: dict[str, dict]) -> dict[str, dict]:
     return best
 
 
+def memory_total_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def gpus() -> list[dict[str, Any]]:
+    """Each visible CUDA device: name, memory, and the driver and CUDA versions (empty without CUDA)."""
+    if not torch.cuda.is_available():
+        return []
+    driver = None
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        driver = result.stdout.strip().splitlines()[0] if result.returncode == 0 and result.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    out = []
+    for index in range(torch.cuda.device_count()):
+        properties = torch.cuda.get_device_properties(index)
+        out.append(
+            {
+                "name": properties.name,
+                "memory_bytes": properties.total_memory,
+                "driver": driver,
+                "cuda": torch.version.cuda,
+            }  # fmt: skip
+        )
+    return out
+
+
 def machine_info(devices: list[str]) -> dict[str, Any]:
     return {
         "versions": versions(),
         "platform": platform.platform(),
         "cpu": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_bytes": memory_total_bytes(),
         "torch_threads": torch.get_num_threads(),
         "devices": {device: device_description(device) for device in devices},
         "cuda_available": torch.cuda.is_available(),
+        "gpus": gpus(),
         "git_commit": git_commit(),
     }
+
+
+def machine_words(machine: dict[str, Any], threads: set[int], load: tuple[float, float] | None) -> str:
+    """The machine in one plain sentence: CPU, cores, memory, threads, load during the run, GPUs."""
+    cores, usable = machine.get("cpu_cores"), machine.get("usable_cores")
+    parts = [str(machine.get("cpu") or "unknown CPU")]
+    if cores:
+        parts.append(f"{cores} cores" + (f" ({usable} usable)" if usable and usable != cores else ""))
+    if machine.get("memory_bytes"):
+        parts.append(f"{machine['memory_bytes'] / 2**30:.0f} GiB memory")
+    threads = threads or {machine.get("torch_threads")}
+    parts.append(f"torch {', '.join(str(t) for t in sorted(t for t in threads if t))} thread(s)")
+    if load is not None:
+        parts.append(f"load {load[0]:.1f}–{load[1]:.1f} during the run")
+    gpu_list = machine.get("gpus") or []
+    if gpu_list:
+        parts += [
+            f"GPU {g['name']} ({g['memory_bytes'] / 2**30:.0f} GiB, driver {g.get('driver') or 'unknown'}, "
+            f"CUDA {g.get('cuda') or 'unknown'})"
+            for g in gpu_list
+        ]
+    else:
+        parts.append("no GPU" if not machine.get("cuda_available") else "CUDA present")
+    return ", ".join(parts)
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -151,6 +219,4 @@ def available_memory_bytes(device: str) -> int:
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

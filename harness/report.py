@@ -1,8 +1,9 @@
 """The report of a run: report.md, a self-contained report.html (images embedded) and plots/*.png.
 
-Per configuration group (device, dtype, mode, causal, shape, input): tables of time, speedup, memory,
-error and efficiency by N, failed or skipped cells with reasons, the fitted scaling slopes, the
-crossover N against `full`, and the plots.
+The first screen answers the question (the verdict: per setting, input and N, the fastest exact variant and
+the speed-error Pareto set); then the plots; then the detail tables per comparison group (time, speedup,
+memory, state, error, the input's statistics, dropped mass, efficiency, slopes, crossovers, failures);
+then how the numbers were taken, the machine and the resolved config. Every table has one row order.
 """
 
 from __future__ import annotations
@@ -11,16 +12,37 @@ import base64
 import html
 import json
 import re
-from dataclasses import dataclass
+import shlex
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
-from attnbench.analysis import crossover_table, efficiency, scaling_table
-from attnbench.machine import best_peaks
-from attnbench.plots import plot_error, plot_pareto, plot_versus_n, variant_palette
+from attnbench.analysis import crossover_table, efficiency, pareto_front, scaling_table
+from attnbench.config import overrides_text
+from attnbench.machine import best_peaks, machine_words
+from attnbench.plots import plot_error, plot_pareto, plot_speedup, plot_versus_n, styles
 from attnbench.reference import LOCALITY_WINDOW
 from attnbench.results import read_results
-from attnbench.summary import GROUP_COLUMNS, baseline_of, format_number, markdown_table, noise_line, speedup_text
+from attnbench.summary import (
+    GROUP_COLUMNS,
+    baseline_of,
+    format_number,
+    label_order,
+    markdown_table,
+    noise_line,
+    speedup_text,
+)
+from attnbench.verdict import (
+    SETTING_COLUMNS,
+    VERDICT_INTRO,
+    setting_words,
+    timing_note,
+    verdict_rows,
+    verdict_title,
+    verdicts,
+)
 
 MIB = 2**20
 
@@ -29,18 +51,38 @@ MIB = 2**20
 class Block:
     """One piece of the report, rendered to both Markdown and HTML."""
 
-    kind: str  # "heading" | "text" | "table" | "image"
+    kind: str  # "heading" | "text" | "table" | "image" | "code" | "toc"
     text: str = ""
     level: int = 2
     headers: list[str] | None = None
     rows: list[list[str]] | None = None
+    best: set[tuple[int, int]] = field(default_factory=set)  # (row, column) of highlighted cells
+    caption: str = ""  # under an image, above a table
 
 
-def _pivot(cells: pd.DataFrame, formatter) -> tuple[list[str], list[list[str]]]:
-    """label x N table of formatter(row) over ok cells (failed cells read as their status)."""
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-").lower()
+
+
+def _pivot(
+    cells: pd.DataFrame,
+    formatter: Callable[[pd.Series], str],
+    score: Callable[[pd.Series], float] | None = None,
+    higher_is_better: bool = False,
+) -> tuple[list[str], list[list[str]], set[tuple[int, int]]]:
+    """label × N table of formatter(row) over ok cells (failed cells read as their status), rows in
+    `label_order`; with `score`, the best cell of each N column is marked."""
     ns = sorted(cells.seq_len.unique())
-    labels = list(dict.fromkeys(cells.sort_values(["variant", "label"]).label))
-    rows = []
+    labels = label_order(cells)
+    rows, best = [], set()
+    for column, n in enumerate(ns, start=1):
+        at_n = cells[(cells.seq_len == n) & (cells.status == "ok")]
+        if score is None or at_n.empty:
+            continue
+        scores = at_n.apply(score, axis=1).dropna()
+        if len(scores):
+            winner = at_n.loc[scores.idxmax() if higher_is_better else scores.idxmin()].label
+            best.add((labels.index(winner), column))
     for label in labels:
         row = [label]
         for n in ns:
@@ -52,17 +94,23 @@ def _pivot(cells: pd.DataFrame, formatter) -> tuple[list[str], list[list[str]]]:
             else:
                 row.append(formatter(match.iloc[0]))
         rows.append(row)
-    return ["variant"] + [f"N={n}" for n in ns], rows
+    return ["variant"] + [f"N={n}" for n in ns], rows, best
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-").lower()
+def _table(caption: str, table: tuple[list[str], list[list[str]], set[tuple[int, int]]]) -> Block:
+    headers, rows, best = table
+    return Block("table", headers=headers, rows=rows, best=best, caption=caption)
 
 
-def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: dict, peaks: dict) -> list[Block]:
-    """Tables, analysis and plots for one configuration group."""
-    blocks = [Block("heading", heading, level=2)]
+def _nan(value: object) -> float:
+    return float(value) if value is not None and pd.notna(value) else float("nan")
+
+
+def detail_blocks(cells: pd.DataFrame, heading: str, peaks: dict) -> list[Block]:
+    """The detail tables of one comparison group (one setting and input), N as columns."""
+    blocks = [Block("heading", heading, level=3)]
     baseline = baseline_of(cells)
+    timed = cells.timed.fillna(True).astype(bool).any()
     base = cells[(cells.label == baseline) & (cells.status == "ok")].set_index("seq_len")
 
     def to_base(row: pd.Series, column: str) -> float:
@@ -71,162 +119,300 @@ def group_blocks(cells: pd.DataFrame, heading: str, plots_dir: Path, palette: di
             return float("nan")
         return row[column] / base.loc[row.seq_len, column]
 
-    def speedup(row: pd.Series) -> float:
-        return row.speedup  # paired: measured in turns with the baseline, round by round
-
-    headers, rows = _pivot(cells, lambda r: f"{r.time_median_s * 1e3:.2f} ± {r.time_iqr_s * 1e3:.2f}")
-    blocks += [
-        Block("text", "Time per call, ms (median ± IQR over repeats)."),
-        Block("table", headers=headers, rows=rows),
-    ]
-    headers, rows = _pivot(cells, speedup_text)
-    blocks += [
-        Block(
-            "text",
-            f"Speedup against `{baseline}`: the median over interleaved rounds of its time / this time in the "
-            "same round, with a bootstrap 95% interval.",
-        ),
-        Block("table", headers=headers, rows=rows),
-    ]
-    headers, rows = _pivot(
-        cells,
-        lambda r: (
-            f"{format_number(r.peak_mem_bytes / MIB, '.1f')} ({format_number(to_base(r, 'peak_mem_bytes'), '.2f')}×)"
-        ),
-    )
-    blocks += [
-        Block(
-            "text",
-            f"Peak memory of one call beyond the inputs, MiB (ratio to `{baseline}`); state a variant keeps "
-            "between calls is not in it.",
-        ),
-        Block("table", headers=headers, rows=rows),
-    ]
-    headers, rows = _pivot(cells, lambda r: format_number(r.state_mem_bytes / MIB, ".2f"))
-    blocks += [
-        Block(
-            "text", "State kept between calls (cached patterns, projections, rotations), MiB: built by the first call."
-        ),
-        Block("table", headers=headers, rows=rows),
-    ]
-    headers, rows = _pivot(
-        cells,
-        lambda r: " / ".join(
-            format_number(value, spec)
-            for value, spec in ((r.err_vs_uniform, ".3g"), (r.err_rel_fro, ".2e"), (r.err_row_cosine, ".3f"))
-        ),
-    )
-    blocks += [
-        Block(
-            "text",
-            "Error against exact softmax attention (float64): vs-uniform / relative Frobenius / "
-            "mean row cosine. vs-uniform is ‖O−O*‖/‖U−O*‖: 0 exact, 1 no better than averaging V.",
-        ),
-        Block("table", headers=headers, rows=rows),
-    ]
-    stats = cells.dropna(subset=["input_entropy"]).groupby("seq_len")[["input_entropy", "input_band_mass"]].first()
-    if len(stats):
-        rows = [[str(n), f"{r.input_entropy:.3f}", f"{r.input_band_mass:.3f}"] for n, r in stats.iterrows()]
-        blocks += [
-            Block(
-                "text",
-                "The input, seen through exact attention: normalized entropy (mean over rows of "
-                "H(p) / log(visible keys); 1 = uniform, 0 = one key) and the share of attention "
-                f"mass within |i − j| ≤ {LOCALITY_WINDOW}. Read the errors above against these.",
+    if timed:
+        blocks.append(
+            _table(
+                "Time per call, ms: median ± IQR over the interleaved rounds (fastest per N in bold).",
+                _pivot(
+                    cells,
+                    lambda r: f"{r.time_median_s * 1e3:.2f} ± {r.time_iqr_s * 1e3:.2f}",
+                    lambda r: _nan(r.time_median_s),
+                ),
+            )
+        )
+        blocks.append(
+            _table(
+                f"Speedup against `{baseline}`: the median over rounds of its time / this time in the same round, "
+                "with a bootstrap 95% interval.",
+                _pivot(cells, speedup_text, lambda r: _nan(r.speedup), higher_is_better=True),
+            )
+        )
+        blocks.append(
+            _table(
+                f"Peak memory of one call beyond the inputs, MiB (ratio to `{baseline}`); state a variant keeps "
+                "between calls is not in it (smallest per N in bold).",
+                _pivot(
+                    cells,
+                    lambda r: (
+                        f"{format_number(r.peak_mem_bytes / MIB, '.1f')} "
+                        f"({format_number(to_base(r, 'peak_mem_bytes'), '.2f')}×)"
+                    ),
+                    lambda r: _nan(r.peak_mem_bytes),
+                ),
+            )
+        )
+        blocks.append(
+            _table(
+                "State kept between calls (cached patterns, projections, rotations), MiB: built by the first call.",
+                _pivot(cells, lambda r: format_number(r.state_mem_bytes / MIB, ".2f")),
+            )
+        )
+    else:
+        blocks.append(Block("text", "Error only: time and memory of this setting were measured on its first input."))
+    approximate = cells.family != "exact"
+    blocks.append(
+        _table(
+            "Error against exact softmax attention (float64): vs-uniform / relative Frobenius / mean row cosine. "
+            "vs-uniform is ‖O−O*‖/‖U−O*‖: 0 exact, 1 no better than averaging V (most accurate approximation "
+            "per N in bold).",
+            _pivot(
+                cells,
+                lambda r: " / ".join(
+                    format_number(value, spec)
+                    for value, spec in ((r.err_vs_uniform, ".3g"), (r.err_rel_fro, ".2e"), (r.err_row_cosine, ".3f"))
+                ),
+                lambda r: _nan(r.err_vs_uniform) if approximate[r.name] else float("nan"),
             ),
-            Block("table", headers=["N", "attention entropy", f"mass within ±{LOCALITY_WINDOW}"], rows=rows),
+        )
+    )
+    stats = cells.dropna(subset=["input_entropy"]).groupby("seq_len").first()
+    if len(stats):
+        rows = [
+            [
+                str(n),
+                f"{r.input_entropy:.3f}",
+                f"{r.input_band_mass:.3f}",
+                format_number(_nan(r.input_sink_mass), ".3f"),
+                format_number(_nan(r.input_head_spread), ".3f"),
+            ]
+            for n, r in stats.iterrows()
         ]
+        blocks.append(
+            Block(
+                "table",
+                headers=[
+                    "N",
+                    "attention entropy",
+                    f"mass within ±{LOCALITY_WINDOW}",
+                    "mass on first token",
+                    "head spread",
+                ],
+                rows=rows,
+                caption="The input, seen through exact attention: normalized entropy (mean over rows of H(p) / "
+                f"log(visible keys); 1 uniform, 0 one key), the share of mass within |i − j| ≤ {LOCALITY_WINDOW}, "
+                "the share on the first token, and the spread of entropy across heads. Read the errors against these.",
+            )
+        )
     exact_patterns = cells[cells.dropped_mass.notna()]
     if len(exact_patterns):
-        headers, rows = _pivot(exact_patterns, lambda r: format_number(r.dropped_mass, ".3g"))
-        blocks += [
-            Block(
-                "text",
-                "Exact-pattern variants: the exact attention mass outside their support, "
-                "the whole source of their error.",
-            ),
-            Block("table", headers=headers, rows=rows),
-        ]
-    with_efficiency = cells.assign(efficiency=efficiency(cells, peaks))
-    headers, rows = _pivot(
-        with_efficiency,
-        lambda r: format_number(100 * r.efficiency, ".1f") + ("% (above peak)" if r.efficiency > 1 else "%"),
-    )
-    blocks += [
-        Block(
-            "text",
-            "Achieved FLOP/s from each variant's cost model, as a share of this run's measured "
-            "dense-matmul peak (best of several bursts at the start and the end of the run; a sparse variant "
-            "counts only the work its algorithm does). A figure above 100% means the peak was measured in a "
-            "slow stretch of the machine or the cell's time in a fast one: read it as noise, not as a result.",
-        ),
-        Block("table", headers=headers, rows=rows),
-    ]
-
-    scaling = scaling_table(cells)
-    if len(scaling):
-        rows = [
-            [r.label, r.n_range, format_number(r.time_slope, ".2f"), format_number(r.memory_slope, ".2f")]
-            for r in scaling.itertuples()
-        ]
-        blocks += [
-            Block("text", "Fitted log-log slopes over the ok cells (1 = linear in N, 2 = quadratic)."),
-            Block("table", headers=["variant", "N range fitted", "time slope", "memory slope"], rows=rows),
-        ]
-    crossings = crossover_table(cells, baseline)
-    if len(crossings):
-        rows = [[r.label, r.faster_from, r.smaller_from] for r in crossings.itertuples()]
-        blocks += [
-            Block("text", f"Crossover against `{baseline}`, interpolated in log-log between swept points."),
-            Block("table", headers=["variant", "faster from", "smaller from"], rows=rows),
-        ]
+        blocks.append(
+            _table(
+                "Exact-pattern variants: the exact attention mass outside their support, the whole source of their "
+                "error.",
+                _pivot(exact_patterns, lambda r: format_number(r.dropped_mass, ".3g")),
+            )
+        )
+    if timed:
+        with_efficiency = cells.assign(efficiency=efficiency(cells, peaks))
+        blocks.append(
+            _table(
+                "Achieved FLOP/s from each variant's cost model, as a share of this run's measured dense-matmul peak "
+                "(best of several bursts at the start and the end of the run; a sparse variant counts only the work "
+                "its algorithm does). Above 100% means the peak was measured in a slow stretch of the machine or the "
+                "cell's time in a fast one: noise, not a result.",
+                _pivot(
+                    with_efficiency,
+                    lambda r: (
+                        format_number(100 * r.efficiency, ".1f") + ("% (above peak)" if r.efficiency > 1 else "%")
+                    ),
+                ),
+            )
+        )
+        blocks += _scaling_blocks(cells, baseline)
     failed = cells[cells.status != "ok"]
     if len(failed):
+        order = {label: index for index, label in enumerate(label_order(cells))}
+        failed = failed.sort_values(["label", "seq_len"], key=lambda c: c.map(order) if c.name == "label" else c)
         rows = [[r.label, str(r.seq_len), r.status, r.reason] for r in failed.itertuples()]
-        blocks += [
-            Block("text", "Cells that did not run to the end."),
-            Block("table", headers=["variant", "N", "status", "reason"], rows=rows),
-        ]
-
-    first = cells.iloc[0]  # every group column in the name: two settings never share a plot file
-    slug = _slug("-".join(f"{column}{first[column]}" for column in GROUP_COLUMNS))[:100]
-    images = [
-        plot_versus_n(
-            cells,
-            "time_median_s",
-            "time per call (ms)",
-            f"Time — {heading}",
-            plots_dir / f"{slug}-time.png",
-            palette,
-            scale=1e3,
-            band="time_iqr_s",
-        ),
-        plot_versus_n(
-            cells,
-            "peak_mem_bytes",
-            "peak memory beyond inputs (MiB)",
-            f"Memory — {heading}",
-            plots_dir / f"{slug}-memory.png",
-            palette,
-            scale=1 / MIB,
-        ),
-        plot_error(cells, f"Error — {heading}", plots_dir / f"{slug}-error.png", palette),
-    ]
-    for n, at_n in cells[cells.status == "ok"].groupby("seq_len"):
-        points = at_n.assign(speedup=at_n.apply(speedup, axis=1), error=at_n.err_vs_uniform)[
-            ["label", "speedup", "error"]
-        ].dropna()
-        if len(points):
-            images.append(
-                plot_pareto(
-                    points, f"Speed vs error at N={n} — {heading}", plots_dir / f"{slug}-pareto-N{n}.png", palette
-                )
+        blocks.append(
+            Block(
+                "table",
+                headers=["variant", "N", "status", "reason"],
+                rows=rows,
+                caption="Cells that did not run to the end, with the reason.",
             )
-    blocks += [Block("image", str(path.relative_to(plots_dir.parent))) for path in images]
+        )
     return blocks
 
 
-def header_blocks(run_dir: Path, meta: dict) -> list[Block]:
+def _scaling_blocks(cells: pd.DataFrame, baseline: str) -> list[Block]:
+    order = label_order(cells)
+    blocks = []
+    scaling = scaling_table(cells)
+    if len(scaling):
+        scaling = scaling.set_index("label").loc[[label for label in order if label in set(scaling.label)]]
+        rows = [
+            [
+                label,
+                r.n_range,
+                format_number(r.time_slope, ".2f") + (" (noisy cells)" if r.noisy else ""),
+                format_number(r.memory_slope, ".2f"),
+            ]
+            for label, r in scaling.iterrows()
+        ]
+        blocks.append(
+            Block(
+                "table",
+                headers=["variant", "N range fitted", "time slope", "memory slope"],
+                rows=rows,
+                caption="Fitted log-log slopes over the ok cells (1 = linear in N, 2 = quadratic).",
+            )
+        )
+    crossings = crossover_table(cells, baseline)
+    if len(crossings):
+        crossings = crossings.set_index("label").loc[[label for label in order if label in set(crossings.label)]]
+        rows = [[label, r.faster_from, r.smaller_from] for label, r in crossings.iterrows()]
+        blocks.append(
+            Block(
+                "table",
+                headers=["variant", "faster from", "smaller from"],
+                rows=rows,
+                caption=f"Crossover against `{baseline}`, interpolated in log-log between swept points.",
+            )
+        )
+    return blocks
+
+
+def _largest(frame: pd.DataFrame) -> pd.DataFrame:
+    ok = frame[frame.status == "ok"]
+    return ok[ok.seq_len == ok.seq_len.max()] if len(ok) else ok
+
+
+def plot_blocks(cells: pd.DataFrame, subtitle: str, plots_dir: Path, style: dict, baseline: str) -> list[Block]:
+    """The plots of one setting (every input): speedup, Pareto per input and N, time, memory, error."""
+    timed = cells[(cells.status == "ok") & cells.time_median_s.notna()]
+    first = cells.iloc[0]  # a readable start, and a hash of every setting column: two settings never share a file
+    setting = "-".join(f"{c}{first[c]}" for c in SETTING_COLUMNS)
+    readable = f"{first['device']}-{first['dtype']}-{first['mode']}-causal{first['causal']}"
+    slug = f"{_slug(readable)}-{zlib.crc32(setting.encode()):08x}"
+    images: list[tuple[Path, str]] = []
+    if timed.speedup.notna().any():
+        top = _largest(timed[timed.label != baseline]).sort_values("speedup", ascending=False)
+        title = (
+            f"At N={top.iloc[0].seq_len}, {top.iloc[0].label} runs {top.iloc[0].speedup:.1f}× as fast as {baseline}"
+            if len(top)
+            else f"Speedup against {baseline}"
+        )
+        path = plot_speedup(timed, baseline, title, subtitle, plots_dir / f"{slug}-speedup.png", style)
+        images.append((path, f"Speedup against `{baseline}` by N, measured in turns; bars are 95% intervals."))
+    for source, on_input in cells.groupby("input", sort=False):
+        errors = on_input[(on_input.status == "ok") & on_input.err_vs_uniform.notna()]
+        for n, at_n in errors.groupby("seq_len"):
+            speed = timed[timed.seq_len == n].set_index("label")
+            points = pd.DataFrame(
+                [
+                    {
+                        "label": r.label,
+                        "speedup": speed.loc[r.label, "speedup"],
+                        "speedup_low": speed.loc[r.label, "speedup_low"],
+                        "speedup_high": speed.loc[r.label, "speedup_high"],
+                        "error": r.err_vs_uniform,
+                        "memory": speed.loc[r.label, "peak_mem_bytes"],
+                    }
+                    for r in at_n.itertuples()
+                    if r.label in speed.index and pd.notna(speed.loc[r.label, "speedup"])
+                ]
+            )
+            if points.empty:
+                continue
+            base_memory = speed.peak_mem_bytes.get(baseline, float("nan"))
+            points["memory_ratio"] = points.memory / base_memory
+            front = pareto_front(points.assign(error=points.error.where(points.error > 0, 0.0)))
+            title = f"At N={n} on {source}, the best trade-offs: {', '.join(front.sort_values('speedup').label)}"
+            path = plot_pareto(
+                points, baseline, title, subtitle, plots_dir / f"{slug}-{_slug(source)}-pareto-N{n}.png", style
+            )
+            images.append(
+                (
+                    path,
+                    f"Speed against error at N={n} on `{source}`: up and to the left is worse; bubble area is peak "
+                    f"memory; the step line is the Pareto frontier; bars are the speedup's 95% interval.",
+                )
+            )
+    if len(timed):
+        fastest = _largest(timed).sort_values("time_median_s").iloc[0]
+        path = plot_versus_n(
+            timed,
+            "time_median_s",
+            "time per call (ms)",
+            f"At N={fastest.seq_len}, {fastest.label} is fastest: {fastest.time_median_s * 1e3:.3g} ms per call",
+            subtitle,
+            plots_dir / f"{slug}-time.png",
+            style,
+            scale=1e3,
+            band=("time_p25_s", "time_p75_s"),
+        )
+        images.append((path, "Time per call by N (log-log); the band spans the quartiles of the timing samples."))
+    with_memory = timed[timed.peak_mem_bytes.notna()]
+    if len(with_memory):
+        smallest = _largest(with_memory).sort_values("peak_mem_bytes").iloc[0]
+        path = plot_versus_n(
+            with_memory,
+            "peak_mem_bytes",
+            "peak memory beyond inputs (MiB)",
+            f"At N={smallest.seq_len}, {smallest.label} needs the least memory: "
+            f"{smallest.peak_mem_bytes / MIB:.3g} MiB per call",
+            subtitle,
+            plots_dir / f"{slug}-memory.png",
+            style,
+            scale=1 / MIB,
+        )
+        images.append((path, "Peak memory of one call beyond the inputs by N (log-log)."))
+    errors = cells[(cells.status == "ok") & cells.err_vs_uniform.notna() & (cells.family != "exact")]
+    if len(errors):
+        first_input = str(errors["input"].iloc[0])
+        best = _largest(errors[errors["input"] == first_input]).sort_values("err_vs_uniform").iloc[0]
+        path = plot_error(
+            cells,
+            f"Most accurate approximation on {first_input} at N={best.seq_len}: {best.label}, with "
+            f"{best.err_vs_uniform:.2f} of averaging's error"
+            if best.err_vs_uniform < 0.95
+            else f"At N={best.seq_len} on {first_input}, no approximation is much better than averaging V "
+            f"(best: {best.label}, {best.err_vs_uniform:.2f})",
+            subtitle,
+            plots_dir / f"{slug}-error.png",
+            style,
+        )
+        images.append(
+            (
+                path,
+                "Error of the approximate variants relative to uniform averaging by N, one panel per "
+                "input: below the dashed line a variant beats averaging V.",
+            )
+        )
+    return [Block("image", str(path.relative_to(plots_dir.parent)), caption=caption) for path, caption in images]
+
+
+def header_blocks(run_dir: Path, meta: dict, frame: pd.DataFrame) -> list[Block]:
+    """Title, how to reproduce the run, the machine in words, the noise."""
+    command = shlex.join(meta.get("command", [])) or "not recorded"
+    config = meta.get("config", {})
+    overrides = meta.get("overrides") or {}
+    config_line = f"`{config.get('name', '')}`" + (f" with {overrides_text(overrides)}" if overrides else "")
+    threads = {int(t) for t in frame.threads.dropna()} if "threads" in frame else set()
+    loads = pd.concat([frame.load_before, frame.load_after]).dropna() if len(frame) else pd.Series(dtype=float)
+    load = (float(loads.min()), float(loads.max())) if len(loads) else None
+    lines = [
+        f"Reproduce: `{command}` — or, with every override applied, "
+        f"`attnbench run {shlex.quote(str(run_dir / 'config.toml'))}`. "
+        f"Config: {config_line}.",
+        f"Machine: {machine_words(meta.get('machine', {}), threads, load)}.",
+        f"Measured {meta.get('started', '?')} to {meta.get('finished', 'not finished')}. {noise_line(frame)}",
+    ]
+    return [Block("heading", f"attnbench report: {run_dir.name}", level=1)] + [Block("text", line) for line in lines]
+
+
+def about_blocks(run_dir: Path, meta: dict) -> list[Block]:
     machine = meta.get("machine", {})
     versions = machine.get("versions", {})
     peaks = "; ".join(
@@ -237,30 +423,64 @@ def header_blocks(run_dir: Path, meta: dict) -> list[Block]:
     )
     facts = [
         ["run", run_dir.name],
-        ["config", str(meta.get("config", {}).get("name", ""))],
-        ["command", " ".join(meta.get("command", [])) or "not recorded"],
-        ["noise", noise_line(read_results(run_dir))],
-        ["started / finished", f"{meta.get('started', '')} / {meta.get('finished', 'not finished')}"],
         ["devices", ", ".join(f"{k}: {v}" for k, v in machine.get("devices", {}).items())],
-        ["torch threads", str(machine.get("torch_threads", ""))],
         ["versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v)],
+        ["platform", str(machine.get("platform", ""))],
         ["git commit", str(machine.get("git_commit"))],
         ["measured peaks", peaks],
         ["CPU allocator", str(meta.get("cpu_allocator", "not recorded"))],
     ]
     notes = (
         "Time: median and IQR of warmed-up, device-synchronized calls, each group's variants timed in interleaved "
-        "rounds (speedups paired per round). "
-        "Memory on CPU: peak bytes of live tensors created during the call (a TorchDispatchMode); it cannot "
-        "see scratch that a fused kernel allocates inside itself (SDPA's flash kernel), so `full` is a lower "
-        "bound there. On CUDA: the allocator's peak minus the baseline. Error: against exact attention in "
-        "float64 on the same inputs."
+        "rounds (speedups paired per round). Memory on CPU: peak bytes of live tensors created during the call (a "
+        "TorchDispatchMode); it cannot see scratch that a fused kernel allocates inside itself (SDPA's flash "
+        "kernel), so `full` is a lower bound there. On CUDA: the allocator's peak minus the baseline. Error: "
+        "against exact attention in float64 on the same inputs."
     )
-    return [
-        Block("heading", f"attnbench report: {run_dir.name}", level=1),
-        Block("table", headers=["", ""], rows=facts),
+    blocks = [
+        Block("heading", "How these numbers were taken", level=2),
         Block("text", notes),
+        Block("table", headers=["", ""], rows=facts),
     ]
+    config_file = run_dir / "config.toml"
+    if config_file.is_file():
+        blocks += [
+            Block("text", "The resolved config (`config.toml` in the run folder): `attnbench run` runs it again."),
+            Block("code", config_file.read_text()),
+        ]
+    return blocks
+
+
+def report_blocks(run_dir: Path) -> list[Block]:
+    frame = read_results(run_dir)
+    meta_path = run_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    baseline = baseline_of(frame)
+    style = styles(label_order(frame))
+    peaks = best_peaks(meta.get("peaks", {}), meta.get("peaks_at_end", {}))
+    varying = {c for c in SETTING_COLUMNS if frame[c].nunique(dropna=False) > 1}
+    blocks = header_blocks(run_dir, meta, frame) + [Block("toc")]
+    blocks += [Block("heading", "Verdict", level=2), Block("text", VERDICT_INTRO.format(baseline=f"`{baseline}`"))]
+    for verdict in verdicts(frame):
+        blocks.append(Block("heading", verdict_title(verdict), level=3))
+        blocks.append(Block("text", " ".join(t for t in (verdict.sentence, timing_note(verdict)) if t)))
+        if verdict.answers:
+            headers, rows = verdict_rows(verdict)
+            blocks.append(Block("table", headers=headers, rows=rows))
+    blocks.append(Block("heading", "Plots", level=2))
+    for _, cells in frame.groupby(SETTING_COLUMNS, sort=False, dropna=False):
+        subtitle = setting_words(cells.iloc[0], varying)
+        blocks += [Block("heading", subtitle, level=3)]
+        blocks += plot_blocks(cells, subtitle, run_dir / "plots", style, baseline)
+    blocks.append(Block("heading", "Detail by comparison group", level=2))
+    for _, cells in frame.groupby(GROUP_COLUMNS, sort=False, dropna=False):
+        heading = f"{cells.iloc[0]['input']} — {setting_words(cells.iloc[0], varying)}"
+        blocks += detail_blocks(cells, heading, peaks)
+    return blocks + about_blocks(run_dir, meta)
+
+
+def _headings(blocks: list[Block]) -> list[Block]:
+    return [b for b in blocks if b.kind == "heading" and b.level in (2, 3)]
 
 
 def render_markdown(blocks: list[Block]) -> str:
@@ -270,51 +490,114 @@ def render_markdown(blocks: list[Block]) -> str:
             parts.append(f"{'#' * block.level} {block.text}")
         elif block.kind == "text":
             parts.append(block.text)
+        elif block.kind == "toc":
+            parts.append(
+                "\n".join(
+                    f"{'  ' * (h.level - 2)}- [{h.text}](#{_slug(h.text)})" for h in _headings(blocks) if h.level == 2
+                )
+            )
+        elif block.kind == "code":
+            parts.append(f"```toml\n{block.text.rstrip()}\n```")
         elif block.kind == "table":
-            parts.append(markdown_table(block.headers, block.rows))
+            rows = [
+                [f"**{c}**" if (i, j) in block.best and c else c for j, c in enumerate(row)]
+                for i, row in enumerate(block.rows)
+            ]
+            parts += ([block.caption] if block.caption else []) + [markdown_table(block.headers, rows)]
         else:
-            parts.append(f"![{Path(block.text).stem}]({block.text})")
+            alt = Path(block.text).stem.rsplit("-", 1)[-1]  # speedup, time, memory, error, N1024 (a Pareto chart)
+            parts.append(f"![{alt}]({block.text})" + (f"\n\n*{block.caption}*" if block.caption else ""))
     return "\n\n".join(parts) + "\n"
 
 
-HTML_STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:0.5em 0 1.5em;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;
-text-align:right}td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}img{max-width:100%;
-display:block;margin:1em 0}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:2em}"""
+HTML_STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:1.5em auto;padding:0 1em;color:#222;
+line-height:1.45}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:2em}
+h3{margin-top:1.6em}
+.scroll{overflow-x:auto;margin:0.4em 0 1.4em}table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
+td:first-child,th:first-child{text-align:left}
+th{background:#f3f3f3;position:sticky;top:0}td.best{background:#e3f2e1;font-weight:600}
+caption{caption-side:top;text-align:left;font-size:13px;color:#444;padding:2px 0 6px;max-width:60em}
+figure{margin:1em 0 2em}figure img{max-width:100%;height:auto;display:block;border:1px solid #eee}
+figcaption{font-size:13px;color:#444;margin-top:4px}code{background:#f3f3f3;padding:0 3px;border-radius:3px;
+overflow-wrap:anywhere}td.text,th.text{text-align:left}
+pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}nav{background:#fafafa;border:1px solid #eee;
+padding:6px 12px;font-size:14px}nav ul{margin:4px 0;padding-left:1.2em}"""
+
+
+def inline_html(text: str) -> str:
+    """Escaped text with `code spans` rendered."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+def _is_text_column(cells: list[str]) -> bool:
+    """A column of names or reasons (left-aligned), not of figures: some cell starts with a letter."""
+    return any(cell[:1].isalpha() and not cell.startswith(("ok", "nan")) for cell in cells if cell)
+
+
+def _toc_html(blocks: list[Block]) -> str:
+    """Nested links: each level-2 heading with its level-3 headings under it."""
+    out, started, in_sub = "<ul>", False, False
+    for heading in _headings(blocks):
+        link = f"<a href='#{_slug(heading.text)}'>{inline_html(heading.text)}</a>"
+        if heading.level == 2:
+            out += ("</ul>" if in_sub else "") + ("</li>" if started else "") + f"<li>{link}"
+            started, in_sub = True, False
+        else:
+            out += ("" if in_sub else "<ul>") + f"<li>{link}</li>"
+            in_sub = True
+    return out + ("</ul>" if in_sub else "") + ("</li>" if started else "") + "</ul>"
 
 
 def render_html(blocks: list[Block], run_dir: Path) -> str:
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>attnbench report</title>"
-        f"<style>{HTML_STYLE}</style></head><body>"
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>attnbench report: {html.escape(run_dir.name)}</title><style>{HTML_STYLE}</style></head><body>"
     ]
     for block in blocks:
         if block.kind == "heading":
-            parts.append(f"<h{block.level}>{html.escape(block.text)}</h{block.level}>")
+            level = block.level
+            parts.append(f"<h{level} id='{_slug(block.text)}'>{inline_html(block.text)}</h{level}>")
         elif block.kind == "text":
-            parts.append(f"<p>{html.escape(block.text)}</p>")
+            parts.append(f"<p>{inline_html(block.text)}</p>")
+        elif block.kind == "toc":
+            parts.append(f"<nav><strong>Contents</strong>{_toc_html(blocks)}</nav>")
+        elif block.kind == "code":
+            parts.append(f"<pre><code>{html.escape(block.text)}</code></pre>")
         elif block.kind == "table":
-            head = "".join(f"<th>{html.escape(h)}</th>" for h in block.headers)
-            body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in block.rows)
-            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+            caption = f"<caption>{inline_html(block.caption)}</caption>" if block.caption else ""
+            text = [_is_text_column([row[j] for row in block.rows]) for j in range(len(block.headers))]
+            head = "".join(
+                f"<th{' class=text' if text[j] else ''}>{inline_html(h)}</th>" for j, h in enumerate(block.headers)
+            )
+            body = "".join(
+                "<tr>"
+                + "".join(
+                    f"<td class='{'best ' if (i, j) in block.best else ''}{'text' if text[j] else ''}'>"
+                    f"{inline_html(c)}</td>"
+                    for j, c in enumerate(row)
+                )
+                + "</tr>"
+                for i, row in enumerate(block.rows)
+            )
+            parts.append(
+                f"<div class='scroll'><table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+            )
         else:
             data = base64.b64encode((run_dir / block.text).read_bytes()).decode()
-            parts.append(f"<img alt='{html.escape(Path(block.text).stem)}' src='data:image/png;base64,{data}'>")
+            caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
+            parts.append(
+                f"<figure><img alt='{html.escape(block.caption or Path(block.text).stem)}' "
+                f"src='data:image/png;base64,{data}'>{caption}</figure>"
+            )
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
 def write_report(run_dir: Path) -> Path:
-    """Build report.md, report.html and plots/ for a run folder; returns the path of report.md."""
-    cells = read_results(run_dir)
-    meta_path = run_dir / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    palette = variant_palette(list(cells.label))
-    blocks = header_blocks(run_dir, meta)
-    for group, group_cells in cells.groupby(GROUP_COLUMNS, sort=False, dropna=False):
-        heading = ", ".join(f"{k}={v}" for k, v in zip(GROUP_COLUMNS, group))
-        peaks = best_peaks(meta.get("peaks", {}), meta.get("peaks_at_end", {}))
-        blocks += group_blocks(group_cells, heading, run_dir / "plots", palette, peaks)
+    """Build report.md, report.html and plots/ for a run folder; returns the path of report.html."""
+    blocks = report_blocks(run_dir)
     (run_dir / "report.md").write_text(render_markdown(blocks))
     (run_dir / "report.html").write_text(render_html(blocks, run_dir))
-    return run_dir / "report.md"
+    return run_dir / "report.html"

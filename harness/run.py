@@ -218,6 +218,11 @@ def run_plan(
     With `resume`, `run_dir` is an earlier run: only its missing cells are measured, budgets replayed.
     """
     run_dir = run_dir or new_run_dir(out_root, config.name)
+
+    def say(text: str) -> None:  # a status line on the terminal while no progress bar runs
+        if progress:
+            print(f"attnbench: {text}", file=sys.stderr, flush=True)
+
     with RunFolder(run_dir) as folder:
         allocator = retain_freed_memory()  # every variant timed warm, as CUDA's caching allocator would have it
         if config.settings.threads:
@@ -231,6 +236,7 @@ def run_plan(
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "command": command or [],
                 "config": config.to_dict(),
+                "overrides": config.overrides,
                 "cells": len(config.cells()),
                 "duplicate_cells_removed": config.duplicates(),
                 "machine": machine_info(config.axes["device"]),
@@ -238,7 +244,10 @@ def run_plan(
                 "isolated": isolate,
             }
         folder.write_meta(meta)  # first, before any work: a run killed at once is still a run folder
+        if not resume:
+            folder.write_text("config.toml", config.to_toml())  # `attnbench run <run>/config.toml` runs it again
         if "peaks" not in meta:
+            say("measuring this machine's matmul and copy peaks (the yardsticks of efficiency)…")
             meta["peaks"] = _measure_peaks(config)
             folder.write_meta(meta)
         budgets = Budgets(config.settings.time_budget_s)
@@ -263,6 +272,7 @@ def run_plan(
         bar.close()
         frame = read_results(run_dir)
 
+        say("measuring the machine's peaks again, at the end of the run…")
         meta.update(
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             status_counts=frame.status.value_counts().to_dict(),

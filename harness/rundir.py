@@ -35,11 +35,15 @@ def new_run_dir(out_root: Path, name: str) -> Path:
     return candidate
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON through a temporary file and a rename, so a reader never sees half a file."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename, so a reader never sees half a file."""
     temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(json.dumps(data, indent=2, default=str))
+    temporary.write_text(text)
     os.replace(temporary, path)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, default=str))
 
 
 class RunFolder:
@@ -79,6 +83,9 @@ class RunFolder:
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         write_json_atomic(self.meta_path, meta)
+
+    def write_text(self, name: str, text: str) -> None:
+        write_text_atomic(self.path / name, text)
 
     def append(self, rows: list[Any], samples: list[tuple[str, int, float]]) -> None:
         """One group's rows and samples, flushed to disk before returning (samples first: rows mark done)."""

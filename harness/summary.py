@@ -26,12 +26,24 @@ def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def aligned_table(headers: list[str], rows: list[list[str]]) -> str:
-    """Plain columns padded to their widest cell, for a terminal."""
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [headers, *rows]]
+def aligned_table(headers: list[str], rows: list[list[str]], width: int | None = None) -> str:
+    """Plain columns padded to their widest cell, for a terminal. With `width`, the widest columns are cut
+    (with an ellipsis) until a line fits; a column keeps at least 6 characters."""
+    cells = [[str(c) for c in row] for row in [headers, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    while width is not None and sum(widths) + 2 * (len(widths) - 1) > width and max(widths) > 6:
+        widest = widths.index(max(widths))
+        widths[widest] = max(6, widths[widest] - (sum(widths) + 2 * (len(widths) - 1) - width))
+    lines = ["  ".join(shorten(c, w).ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def label_order(frame: pd.DataFrame) -> list[str]:
+    """The one row order of every table: exact attention first, then by variant name and setting."""
+    labels = frame[["family", "variant", "label"]].drop_duplicates("label")
+    labels = labels.assign(_exact=labels.family != "exact").sort_values(["_exact", "variant", "label"])
+    return list(labels.label)
 
 
 def _cell_text(value: object) -> str:
@@ -59,12 +71,28 @@ def baseline_of(frame: pd.DataFrame) -> str:
 
 
 def summary_tables(frame: pd.DataFrame) -> str:
-    """Markdown: a heading per configuration group and N, a row per variant label."""
+    """Markdown: a heading per configuration group and N, a row per variant label (in `label_order`)."""
     parts = []
     baseline = baseline_of(frame)
+    order = {label: index for index, label in enumerate(label_order(frame))}
     for group, group_frame in frame.groupby(GROUP_COLUMNS, sort=False, dropna=False):
         heading = ", ".join(f"{k}={v}" for k, v in zip(GROUP_COLUMNS, group))
+        group_frame = group_frame.sort_values("label", key=lambda labels: labels.map(order))
         for n, cells in group_frame.groupby("seq_len"):
+            if not cells.timed.fillna(True).astype(bool).any():
+                rows = [
+                    [
+                        c.label,
+                        c.status,
+                        format_number(c.err_vs_uniform, ".3g"),
+                        format_number(c.err_rel_fro, ".2e"),
+                        shorten(str(c.reason), 90) if c.status != "ok" else c.self_check,
+                    ]
+                    for c in cells.itertuples()
+                ]
+                table = markdown_table(["variant", "status", "err vs uniform", "rel error", "notes"], rows)
+                parts.append(f"### {heading}, N={n} (error only: timed on the setting's first input)\n\n{table}\n")
+                continue
             base = cells[(cells.label == baseline) & (cells.status == "ok")]
             base_mem = base.peak_mem_bytes.iloc[0] if len(base) else float("nan")
             rows = []
@@ -127,8 +155,8 @@ of V over the visible keys; 0 is exact, 1 is no better than ignoring Q and K.
 
 
 def noise_line(frame: pd.DataFrame) -> str:
-    """One sentence on how many ok cells are noisy and why (or that none is)."""
-    ok = frame[frame.status == "ok"]
+    """One sentence on how many timed cells are noisy and why (or that none is)."""
+    ok = frame[(frame.status == "ok") & frame.time_median_s.notna()]
     noisy = ok[ok.noisy.fillna("") != ""]
     if noisy.empty:
         return f"Noise: none of {len(ok)} timed cells is flagged noisy (IQR ≤ 10% of the median, machine quiet)."
@@ -144,7 +172,9 @@ def write_summary(run_dir: Path) -> str:
     """Build summary.md for a run folder and return its text."""
     frame = read_results(run_dir)
     methods = ", ".join(sorted(set(frame.mem_method) - {""})) or "none measured"
+    from attnbench.verdict import verdict_markdown
+
     preamble = SUMMARY_PREAMBLE.format(run_id=run_dir.name, mem_note=methods, noise=noise_line(frame))
-    text = preamble + summary_tables(frame)
+    text = preamble + "\n## Verdict\n\n" + verdict_markdown(frame) + "\n## By N\n\n" + summary_tables(frame)
     (run_dir / "summary.md").write_text(text)
     return text

@@ -31,17 +31,46 @@ def test_run_writes_results_and_prints_summary(tmp_path: Path, capsys: pytest.Ca
         ]
     )
     assert status == 0
-    out = capsys.readouterr().out
-    assert "speedup vs full" in out and "N=64" in out and "causal=True" in out
+    captured = capsys.readouterr()
+    out = captured.out
+    # the verdict per setting and input, aligned: both causal settings, the N rows, the speedup column
+    assert "speedup vs full" in out and "\n64 " in out and ", forward, causal," in out and "non-causal" in out
+    assert "|" not in out  # plain aligned columns, not Markdown pipes
     run_dir = next(tmp_path.iterdir())
     assert {p.name for p in run_dir.iterdir()} >= {
         "results.csv",
         "meta.json",
+        "config.toml",
         "summary.md",
         "report.md",
         "report.html",
         "plots",
     }
+    assert captured.err.strip().splitlines()[-1] == f"attnbench: report: {run_dir / 'report.html'}"  # last
+
+
+def test_an_overridden_run_can_be_reproduced_from_its_folder(tmp_path: Path) -> None:
+    """meta.json and the report name the command and the overrides; config.toml runs the same cells again."""
+    import json
+    import tomllib
+
+    from attnbench.config import load_config, parse_config
+
+    argv = ["run", "quick", "--variants", "full,band", "--seq-lens", "48", "--causal", "true", "--out", str(tmp_path)]
+    assert main([*argv, "--no-progress", "--no-report"]) == 0
+    run_dir = next(tmp_path.iterdir())
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["overrides"] == {"variants": ["full", "band"], "seq_lens": [48], "causal": [True]}
+    assert meta["command"][1:4] == ["run", "quick", "--variants"]
+    resolved = parse_config(tomllib.loads((run_dir / "config.toml").read_text()))
+    expected = load_config("quick", {"variants": ["full", "band"], "seq_lens": [48], "causal": [True]})
+    assert resolved.cells() == expected.cells() and resolved.settings == expected.settings
+    assert main(["report", str(run_dir)]) == 0
+    top = (run_dir / "report.md").read_text().split("## ")[0]
+    assert "`attnbench run quick --variants full,band --seq-lens 48 --causal true" in top
+    assert f"attnbench run {run_dir / 'config.toml'}" in top
+    assert 'with variants = ["full", "band"], seq_lens = [48], causal = [true]' in top
+    assert "Machine: " in top and "cores" in top and "GiB memory" in top and "no GPU" in top
 
 
 def test_bad_config_stops_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

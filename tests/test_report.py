@@ -16,6 +16,7 @@ from attnbench.results import ResultsWriter, row_for
 
 # time = a * N^slope, memory = m * N^slope; full quadratic, band linear but slower at small N
 CURVES = {"full": (1e-8, 2.0, 100.0, 1.0), "band": (1e-5, 1.0, 50.0, 1.0), "strided": (1e-6, 1.5, 400.0, 1.0)}
+ERRORS = {"full": 1e-7, "band": 0.3, "strided": 0.1}  # error vs uniform of each
 
 
 def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: float = 0.01, cpu: str = "cpu A") -> Path:
@@ -26,7 +27,7 @@ def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: floa
     with ResultsWriter(folder / "results.csv") as writer:
         for cell in config.cells():
             name, n = cell.variant.name, cell.seq_len
-            row = row_for(cell, family=name, exact=True)
+            row = row_for(cell, family="exact" if name == "full" else name, exact=True)
             if name == "strided" and n == 2048:
                 row.status, row.reason = "skipped", "larger N skipped: over time_budget_s"
             elif name == "band" and n == 256:
@@ -42,7 +43,9 @@ def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: floa
                 samples += [(row.cell_key, i, row.time_median_s * (1 + iqr * (i - 5) / 5)) for i in range(11)]
                 row.time_repeats = 5
                 row.peak_mem_bytes = int(m * n**memory_slope)
-                row.err_vs_uniform, row.err_rel_fro, row.err_row_cosine, row.err_max_abs = 0.1, 0.2, 0.9, 0.5
+                row.err_vs_uniform = ERRORS[name]
+                row.err_rel_fro, row.err_row_cosine, row.err_max_abs = 0.2, 0.9, 0.5
+                row.input_entropy, row.input_band_mass, row.input_sink_mass, row.input_head_spread = 0.7, 0.5, 0.1, 0.2
                 row.flops = 4 * n * n * 64
             writer.append(row)
     meta = {
@@ -75,9 +78,14 @@ def empty_run(folder: Path, like: Path) -> Path:
     return folder
 
 
+def report_text(run: Path) -> str:
+    write_report(run)
+    return (run / "report.md").read_text()
+
+
 def test_report_has_every_table_and_plot(tmp_path: Path) -> None:
     run = synthetic_run(tmp_path / "run")
-    text = write_report(run).read_text()
+    text = report_text(run)
     for expected in [
         "Time per call",
         "Speedup against `full`",
@@ -91,14 +99,14 @@ def test_report_has_every_table_and_plot(tmp_path: Path) -> None:
     ]:
         assert expected in text, expected
     plots = sorted(p.name for p in (run / "plots").iterdir())
-    assert len(plots) == 3 + 4  # time, memory, error, and a Pareto chart per N
+    assert len(plots) == 4 + 4  # speedup, time, memory, error, and a Pareto chart per N
     assert all((run / "plots" / name).stat().st_size > 10_000 for name in plots)
     page = (run / "report.html").read_text()
     assert page.count("data:image/png;base64,") == len(plots) and "src='plots/" not in page
 
 
 def test_report_slopes_and_crossovers_recover_the_constructed_curves(tmp_path: Path) -> None:
-    text = write_report(synthetic_run(tmp_path / "run")).read_text()
+    text = report_text(synthetic_run(tmp_path / "run"))
     assert "| full | 256–2048 | 2.00 | 1.00 |" in text
     assert "| band | 512–2048 | 1.00 | 1.00 |" in text  # the failed N=256 cell is left out of the fit
     assert "| strided | 256–1024 | 1.50 | 1.00 |" in text
@@ -112,7 +120,58 @@ def test_report_of_a_run_written_before_newer_columns(tmp_path: Path) -> None:
     run = synthetic_run(tmp_path / "run")
     old = pd.read_csv(run / "results.csv").drop(columns=["input_entropy", "input_band_mass", "dropped_mass"])
     old.to_csv(run / "results.csv", index=False)
-    assert "Time per call" in write_report(run).read_text()
+    assert "Time per call" in report_text(run)
+
+
+def test_verdict_names_the_fastest_exact_the_pareto_set_and_crossovers(tmp_path: Path) -> None:
+    """On the constructed curves: band beats full from N = 1000 at error 0.3; strided (error 0.1) is slower
+    than full at every N, so full, exact and faster, dominates it: it is in no Pareto set."""
+    from attnbench.results import read_results
+    from attnbench.verdict import verdicts
+
+    run = synthetic_run(tmp_path / "run")
+    (verdict,) = verdicts(read_results(run))
+    assert verdict.input == "gaussian" and verdict.baseline == "full"
+    by_n = {answer.n: answer.choices for answer in verdict.answers}
+    assert [c.label for c in by_n[256]] == ["full"]  # band failed at 256, strided is slower and less accurate
+    assert [c.label for c in by_n[2048]] == ["full", "band"]
+    full, band = by_n[2048]
+    assert full.fastest_exact and not band.fastest_exact
+    assert band.speedup == pytest.approx(2.048) and band.error == 0.3
+    assert (band.speedup_low, band.speedup_high) == pytest.approx((0.95 * 2.048, 1.05 * 2.048))
+    assert band.memory_ratio == pytest.approx(0.5) and band.pays_off == "≈ 1,000"
+    assert "structured (entropy 0.70" in verdict.sentence and "50% of the mass within ±64" in verdict.sentence
+    text = report_text(run)
+    verdict_section = text.split("## Verdict")[1].split("## Plots")[0]
+    assert "| 2048 | full (fastest exact) | 1.00× [0.95–1.05] | exact | 0.2 (1.00×) | – |" in verdict_section
+    assert "|  | band | 2.05× [1.95–2.15] | 0.3 | 0.1 (0.50×) | ≈ 1,000 |" in verdict_section
+    assert "strided" not in verdict_section
+    assert text.index("## Verdict") < text.index("## Plots") < text.index("Time per call")  # the answer first
+
+
+def test_verdict_on_a_near_uniform_input_says_accuracy_cannot_separate_variants(tmp_path: Path) -> None:
+    from attnbench.results import read_results
+    from attnbench.verdict import verdicts
+
+    run = synthetic_run(tmp_path / "run")
+    edit_rows(run, lambda rows: [{**r, "input_entropy": "0.93" if r["input_entropy"] else ""} for r in rows])
+    (verdict,) = verdicts(read_results(run))
+    assert verdict.sentence.startswith("Attention on this input is near-uniform (entropy 0.93")
+    assert "accuracy barely separates the variants" in verdict.sentence
+
+
+def test_colours_stay_with_the_variant_name_across_runs() -> None:
+    """Two runs with different subsets draw a variant in the same colour; settings of one variant share its
+    colour and differ by marker; a plugin's colour comes from its name alone."""
+    from attnbench.plots import styles
+
+    first = styles(["full", "band(window=64)", "band(window=256)", "lsh", "my-plugin"])
+    second = styles(["lsh", "performer", "band(window=256)", "my-plugin", "linear"])
+    for label in ("lsh", "band(window=256)", "my-plugin"):
+        assert first[label].colour == second[label].colour
+    assert first["band(window=64)"].colour == first["band(window=256)"].colour
+    assert first["band(window=64)"].marker != first["band(window=256)"].marker
+    assert len({style.colour for style in first.values()}) == 4  # full, band, lsh, my-plugin
 
 
 def test_crossover_interpolates_in_log_log() -> None:

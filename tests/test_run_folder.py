@@ -149,7 +149,7 @@ def test_seeds_are_an_axis_each_with_its_own_speedups(tmp_path: Path) -> None:
     assert set(frame.seed) == {0, 1} and (frame[frame.variant == "full"].speedup == 1.0).all()
     plots = {p.name for p in (only_run(tmp_path / "out") / "plots").glob("*-time.png")}
     assert len(plots) == 2  # one per seed: settings never share a plot file
-    assert "seed=0" in result.stdout and "seed=1" in result.stdout
+    assert ", seed 0\n" in result.stdout and ", seed 1\n" in result.stdout  # the verdict of each seed
 
 
 def test_a_second_writer_is_refused_while_the_first_runs(installed_plugins, tmp_path: Path) -> None:
@@ -203,12 +203,13 @@ def test_reasons_are_kept_whole_in_the_csv_and_escaped_in_tables(installed_plugi
                        "--no-progress", env=installed_plugins)  # fmt: skip
     assert result.returncode == 0, result.stderr
     run = only_run(tmp_path)
-    reason = read_results(run).set_index("variant").loc["odd-reason", "reason"]
-    assert reason.endswith(" END") and "\n" in reason and "|" in reason  # whole in the CSV
-    for text in (result.stdout, (run / "summary.md").read_text(), (run / "report.md").read_text()):
+    reasons = read_results(run).set_index("variant").loc[["odd-reason"], "reason"]
+    assert all(r.endswith(" END") and "\n" in r and "|" in r for r in reasons)  # whole in the CSV
+    for text in ((run / "summary.md").read_text(), (run / "report.md").read_text()):
         assert "head_dim \\| must be 32" in text and "head_dim | must" not in text  # the pipe is escaped
         assert not any(line.startswith("second line") for line in text.splitlines())  # the newline is gone
-    assert "…" in result.stdout  # shortened for display, with an ellipsis
+    assert "…" in (run / "summary.md").read_text()  # shortened for display, with an ellipsis
+    assert "2 cell(s) did not run ok (error 2): reasons in summary.md" in result.stderr  # the terminal counts them, points to summary
 
 
 def test_run_exits_3_when_no_cell_ran_ok(installed_plugins, tmp_path: Path) -> None:
