@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -26,16 +27,30 @@ def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def aligned_table(headers: list[str], rows: list[list[str]], width: int | None = None) -> str:
-    """Plain columns padded to their widest cell, for a terminal. With `width`, the widest columns are cut
-    (with an ellipsis) until a line fits; a column keeps at least 6 characters."""
-    cells = [[str(c) for c in row] for row in [headers, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    while width is not None and sum(widths) + 2 * (len(widths) - 1) > width and max(widths) > 6:
-        widest = widths.index(max(widths))
-        widths[widest] = max(6, widths[widest] - (sum(widths) + 2 * (len(widths) - 1) - width))
-    lines = ["  ".join(shorten(c, w).ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+def aligned_table(
+    headers: list[str], rows: list[list[str]], width: int | None = None, cuttable: tuple[int, ...] = ()
+) -> str:
+    """Plain columns padded to their widest cell, for a terminal. With `width`, a line that does not fit
+    first wraps the headers onto several lines, then cuts columns with an ellipsis: the `cuttable` ones
+    (names, notes) first, then the widest; none below 8 characters."""
+    body = [[str(c) for c in row] for row in rows]
+    widths = [max([len(headers[i])] + [len(r[i]) for r in body]) for i in range(len(headers))]
+
+    def excess() -> int:
+        return sum(widths) + 2 * (len(widths) - 1) - (width or 0)
+
+    if width is not None and excess() > 0:  # headers may wrap: a column as wide as its values and longest word
+        widths = [max([len(w) for w in headers[i].split()] + [len(r[i]) for r in body]) for i in range(len(headers))]
+    for candidates in (list(cuttable), list(range(len(widths)))):
+        while width is not None and excess() > 0:
+            column = max(candidates, key=lambda i: widths[i], default=None)
+            if column is None or widths[column] <= 8:
+                break
+            widths[column] = max(8, widths[column] - excess())
+    wrapped = [textwrap.wrap(h, w, break_long_words=True) or [""] for h, w in zip(headers, widths)]
+    header_lines = [[lines[k] if k < len(lines) else "" for lines in wrapped] for k in range(max(map(len, wrapped)))]
+    lines = ["  ".join(shorten(c, w).ljust(w) for c, w in zip(row, widths)).rstrip() for row in header_lines + body]
+    lines.insert(len(header_lines), "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 

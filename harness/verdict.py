@@ -219,12 +219,12 @@ def verdict_rows(verdict: InputVerdict) -> tuple[list[str], list[list[str]]]:
 
 
 def error_text(error: float) -> str:
-    """'0.42', or '0.99 (≈ averaging V)' / '1.8 (worse than averaging V)' where it buys no accuracy."""
+    """'0.42', or '0.99 (≈ uniform)' / '1.8 (worse than uniform)' where it buys no accuracy over averaging V."""
     text = format_number(error, ".3g")
     if error == error and error >= 1.05:
-        return text + " (worse than averaging V)"
+        return text + " (worse than uniform)"
     if error == error and error >= 0.95:
-        return text + " (≈ averaging V)"
+        return text + " (≈ uniform)"
     return text
 
 
@@ -275,5 +275,5 @@ def verdict_terminal(frame: pd.DataFrame, width: int) -> str:
         sentence = " ".join(text for text in (verdict.sentence, timing_note(verdict)) if text).replace("`", "")
         parts.append(f"== {verdict_title(verdict)}\n" + textwrap.fill(sentence, width))
         if verdict.answers:
-            parts.append(aligned_table(*verdict_rows(verdict), width=width))
+            parts.append(aligned_table(*verdict_rows(verdict), width=width, cuttable=(1, 3, 4)))
     return "\n\n".join(parts)

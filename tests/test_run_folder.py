@@ -209,7 +209,9 @@ def test_reasons_are_kept_whole_in_the_csv_and_escaped_in_tables(installed_plugi
         assert "head_dim \\| must be 32" in text and "head_dim | must" not in text  # the pipe is escaped
         assert not any(line.startswith("second line") for line in text.splitlines())  # the newline is gone
     assert "…" in (run / "summary.md").read_text()  # shortened for display, with an ellipsis
-    assert "2 cell(s) did not run ok (error 2): reasons in summary.md" in result.stderr  # the terminal counts them, points to summary
+    assert (
+        "2 cell(s) did not run ok (error 2): reasons in summary.md" in result.stderr
+    )  # the terminal counts them, points to summary
 
 
 def test_run_exits_3_when_no_cell_ran_ok(installed_plugins, tmp_path: Path) -> None:
