@@ -31,6 +31,8 @@ EPILOG = (
   attnbench run configs/default.toml --causal both --mode fwd,fwd+bwd --out results
   attnbench report results/<run-id>
   attnbench compare results/<run-a> results/<run-b> --fail-above 10
+  attnbench run default --executor ray              # each group a Ray task on a local Ray runtime
+  attnbench run default --executor ray --address auto   # ... on the cluster this node belongs to
 
 """
     + EXIT_STATUS
@@ -105,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="continue a killed run: its stored config, only the cells missing from its results.csv",
     )
+    run.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="local: groups one after another on this machine (default); ray: each group a Ray task, on a local "
+        "Ray runtime or the cluster at --address (pip install 'attnbench[ray]')",
+    )
+    run.add_argument("--address", help="with --executor ray: a running Ray cluster to join, e.g. auto or HOST:6379")
     run.add_argument(
         "--isolate",
         action="store_true",
@@ -282,6 +292,7 @@ def command_list() -> int:
 
 
 def command_run(args: argparse.Namespace) -> int:
+    from attnbench.ray_executor import RayUnavailable
     from attnbench.run import run_plan
     from attnbench.rundir import RunFolderBusy, new_run_dir
     from attnbench.results import read_results
@@ -301,6 +312,15 @@ def command_run(args: argparse.Namespace) -> int:
         }.items()
         if value is not None
     }
+    if args.address is not None and args.executor != "ray":
+        print("attnbench: --address names a Ray cluster: use it with --executor ray", file=sys.stderr)
+        return EXIT_USAGE
+    if args.executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            print("attnbench: --executor ray needs Ray: pip install 'attnbench[ray]'", file=sys.stderr)
+            return EXIT_USAGE
     try:
         if args.resume is not None:
             config = _stored_config(args.resume, overrides)
@@ -335,7 +355,12 @@ def command_run(args: argparse.Namespace) -> int:
             resume=args.resume is not None,
             isolate=args.isolate or _stored_isolation(args.resume),
             command=args.command_line,
+            executor=args.executor,
+            address=args.address,
         )
+    except RayUnavailable as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except RunFolderBusy as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return 2

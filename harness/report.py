@@ -35,6 +35,7 @@ from attnbench.summary import (
     speedup_text,
 )
 from attnbench.verdict import (
+    MACHINE,
     SETTING_COLUMNS,
     VERDICT_INTRO,
     setting_words,
@@ -42,6 +43,7 @@ from attnbench.verdict import (
     verdict_rows,
     verdict_title,
     verdicts,
+    with_machine,
 )
 
 MIB = 2**20
@@ -452,7 +454,7 @@ def about_blocks(run_dir: Path, meta: dict) -> list[Block]:
 
 
 def report_blocks(run_dir: Path) -> list[Block]:
-    frame = read_results(run_dir)
+    frame = with_machine(read_results(run_dir))
     meta_path = run_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     baseline = baseline_of(frame)
@@ -473,7 +475,7 @@ def report_blocks(run_dir: Path) -> list[Block]:
         blocks += [Block("heading", subtitle, level=3)]
         blocks += plot_blocks(cells, subtitle, run_dir / "plots", style, baseline)
     blocks.append(Block("heading", "Detail by comparison group", level=2))
-    for _, cells in frame.groupby(GROUP_COLUMNS, sort=False, dropna=False):
+    for _, cells in frame.groupby(GROUP_COLUMNS + [MACHINE], sort=False, dropna=False):
         heading = f"{cells.iloc[0]['input']} — {setting_words(cells.iloc[0], varying)}"
         blocks += detail_blocks(cells, heading, peaks)
     return blocks + about_blocks(run_dir, meta)

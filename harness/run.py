@@ -3,7 +3,10 @@
 Executors: `InProcess` measures a group in this process; `Isolated` in a child process per group, which
 reports each step it starts on a channel of its own (a file, never stdout, which a plugin may write to), so
 a crash or a hang is pinned on the cell in flight: that cell is recorded `crashed` or `timeout`, and the
-rest of its group is measured again without it. The run folder has one writer, this process.
+rest of its group is measured again without it; `attnbench.ray_executor.RayExecutor` sends each group to a
+Ray task, several at a time. An executor takes the groups as they come (each after the budget skips that
+the results so far imply) and yields each group's result as it finishes. The run folder has one writer,
+this process.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 import torch
 from attnbench.config import Settings, SweepConfig
@@ -36,10 +39,28 @@ STARTUP_S = 120.0  # the longest a worker may take to start (imports) before it 
 
 
 class Executor(Protocol):
-    def run_group(self, group: Group) -> GroupResult: ...
+    def measure(self, groups: Iterator[Group]) -> Iterator[tuple[Group, GroupResult]]:
+        """Each group's result as it finishes; the next group is drawn only when the executor can start it."""
+        ...
+
+    def close(self) -> None: ...
 
 
-class InProcess:
+class OneAtATime:
+    """Groups measured one after the other, each before the next is drawn (budgets see every result)."""
+
+    def run_group(self, group: Group) -> GroupResult:
+        raise NotImplementedError
+
+    def measure(self, groups: Iterator[Group]) -> Iterator[tuple[Group, GroupResult]]:
+        for group in groups:
+            yield group, self.run_group(group)
+
+    def close(self) -> None:
+        pass
+
+
+class InProcess(OneAtATime):
     """Each group measured in this process; self-checks shared across groups."""
 
     def __init__(self, settings: Settings, registry: Registry) -> None:
@@ -50,7 +71,7 @@ class InProcess:
         return measure_group(group, self.settings, self.registry, self_checks=self.self_checks)
 
 
-class Isolated:
+class Isolated(OneAtATime):
     """Each group in a child process (`python -m attnbench.worker`): a segfault, a hard out-of-memory kill
     or a hang costs the cell in flight, not the run. A step with no progress for `cell_timeout_s` is killed."""
 
@@ -178,17 +199,27 @@ class Budgets:
 
 
 def _run_groups(todo: list[Group], executor: Executor, folder: RunFolder, budgets: Budgets, bar: tqdm) -> None:
-    """Each group: cells over budget skipped, the rest measured, rows and samples appended at once."""
-    for group in todo:
-        bar.set_description(f"N={group.setting.seq_len} {group.setting.mode} {group.setting.input.label()}"[:48])
-        skipped = [row_for(c, status="skipped", reason=budgets.skip_reason(c)) for c in group.cells
-                   if budgets.skip_reason(c)]  # fmt: skip
-        runnable = group.without({row.cell_key for row in skipped})
-        result = executor.run_group(runnable) if runnable.cells else GroupResult([])
-        folder.append(skipped + result.rows, result.samples)
+    """Each group: cells over budget skipped, the rest measured, rows and samples appended as each finishes."""
+
+    def startable() -> Iterator[Group]:  # drawn lazily: a budget skip follows every result in so far
+        for group in todo:
+            skipped = [row_for(c, status="skipped", reason=budgets.skip_reason(c)) for c in group.cells
+                       if budgets.skip_reason(c)]  # fmt: skip
+            if skipped:
+                folder.append(skipped, [])
+                bar.update(len(skipped))
+            runnable = group.without({row.cell_key for row in skipped})
+            if runnable.cells:
+                bar.set_description(
+                    f"N={group.setting.seq_len} {group.setting.mode} {group.setting.input.label()}"[:48]
+                )
+                yield runnable
+
+    for _group, result in executor.measure(startable()):
+        folder.append(result.rows, result.samples)
         for row in result.rows:
             budgets.note(Cell.from_key(row.cell_key), row.status, row.time_median_s)
-        bar.update(len(group.cells))
+        bar.update(len(result.rows))
 
 
 def _measure_peaks(config: SweepConfig) -> dict[str, Any]:
@@ -202,6 +233,21 @@ def _measure_peaks(config: SweepConfig) -> dict[str, Any]:
     return peaks
 
 
+EXECUTORS = ("local", "ray")
+
+
+def _executor(
+    name: str, settings: Settings, registry: Registry, *, isolate: bool, address: str | None, say
+) -> Executor:
+    if name == "ray":
+        from attnbench.ray_executor import RayExecutor
+
+        return RayExecutor(settings, address=address, isolate=isolate, say=say)
+    if address is not None:
+        raise ValueError("--address names a Ray cluster: use it with --executor ray")
+    return Isolated(settings) if isolate else InProcess(settings, registry)
+
+
 def run_plan(
     config: SweepConfig,
     out_root: Path = Path("results"),
@@ -212,10 +258,13 @@ def run_plan(
     resume: bool = False,
     isolate: bool = False,
     command: list[str] | None = None,
+    executor: str = "local",
+    address: str | None = None,
 ) -> Path:
     """Measure every group of `config` into a new folder under `out_root` (or `run_dir`); returns the folder.
 
     With `resume`, `run_dir` is an earlier run: only its missing cells are measured, budgets replayed.
+    `executor` "ray" sends each group to a Ray task (a local runtime, or the cluster at `address`).
     """
     run_dir = run_dir or new_run_dir(out_root, config.name)
 
@@ -242,6 +291,7 @@ def run_plan(
                 "machine": machine_info(config.axes["device"]),
                 "cpu_allocator": allocator,
                 "isolated": isolate,
+                "executor": executor if address is None else f"{executor} at {address}",
             }
         folder.write_meta(meta)  # first, before any work: a run killed at once is still a run folder
         if not resume:
@@ -258,17 +308,19 @@ def run_plan(
                 if cell.key() in finished.index:
                     budgets.note(cell, finished.loc[cell.key(), "status"], finished.loc[cell.key(), "time_median_s"])
             done = set(finished.index)
-        executor: Executor = Isolated(config.settings) if isolate else InProcess(config.settings, registry)
         todo = [group.without(done) for group in config.groups()]
         todo = [group for group in todo if group.cells]
+        measuring = _executor(executor, config.settings, registry, isolate=isolate, address=address, say=say)
         bar = tqdm(total=sum(len(g.cells) for g in todo), disable=not progress, unit="cell", dynamic_ncols=True)
         try:
-            _run_groups(todo, executor, folder, budgets, bar)
+            _run_groups(todo, measuring, folder, budgets, bar)
         except KeyboardInterrupt:  # stop cleanly: finished groups are on disk, the lock is released on exit
             bar.close()
             meta["interrupted"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             folder.write_meta(meta)
             raise
+        finally:
+            measuring.close()  # Ray: outstanding tasks cancelled, a runtime we started stopped
         bar.close()
         frame = read_results(run_dir)
 

@@ -20,7 +20,8 @@ from attnbench.reference import LOCALITY_WINDOW
 from attnbench.summary import GROUP_COLUMNS, aligned_table, baseline_of, format_number, markdown_table, speedup_text
 
 MIB = 2**20
-SETTING_COLUMNS = [c for c in GROUP_COLUMNS if c != "input"]  # what a timing is shared across inputs by
+MACHINE = "machine"  # the kind of machine a cell was timed on (its device name): times are never mixed across kinds
+SETTING_COLUMNS = [c for c in GROUP_COLUMNS if c != "input"] + [MACHINE]  # what a timing is shared across inputs by
 NEAR_UNIFORM_ENTROPY = 0.88  # above this, averaging V is already close to exact attention
 PEAKED_ENTROPY = 0.45
 
@@ -61,6 +62,16 @@ class InputVerdict:
     answers: list[Answer] = field(default_factory=list)
 
 
+def with_machine(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows with a `machine` column: the device name each cell was timed on. A row whose error alone was
+    measured takes its timed sibling's (same setting, variant and N), so it is judged with the speed it gets."""
+    key = [c for c in SETTING_COLUMNS if c != MACHINE] + ["label", "seq_len"]
+    timed = frame[frame.time_median_s.notna()].drop_duplicates(key)[key + ["device_name"]]
+    merged = frame.merge(timed.rename(columns={"device_name": "_timed_on"}), on=key, how="left")
+    merged.index = frame.index
+    return frame.assign(**{MACHINE: merged["_timed_on"].fillna(frame.device_name.fillna("")).astype(str)})
+
+
 def setting_words(values: pd.Series, varying: set[str]) -> str:
     """'cpu, float32, forward, non-causal, batch 1 × 8 heads × head_dim 64' (+ the axes a run varies)."""
     parts = [
@@ -78,6 +89,8 @@ def setting_words(values: pd.Series, varying: set[str]) -> str:
         parts.append(f"padding {float(values['padding']):g}")
     if "seed" in varying:
         parts.append(f"seed {values['seed']}")
+    if MACHINE in varying:  # a run over several kinds of machine: each verdict names its own
+        parts.append(f"on {values[MACHINE]}")
     return ", ".join(parts)
 
 
@@ -127,6 +140,7 @@ def verdicts(frame: pd.DataFrame) -> list[InputVerdict]:
     """Every setting × input of a run's rows, N by N, in the order the run measured them."""
     if frame.empty:
         return []
+    frame = with_machine(frame)
     baseline = baseline_of(frame)
     varying = {c for c in SETTING_COLUMNS if frame[c].nunique(dropna=False) > 1}
     speed = _speed_rows(frame)

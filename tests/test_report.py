@@ -160,6 +160,22 @@ def test_verdict_on_a_near_uniform_input_says_accuracy_cannot_separate_variants(
     assert "accuracy barely separates the variants" in verdict.sentence
 
 
+def test_a_run_over_two_kinds_of_machine_is_judged_per_machine(tmp_path: Path) -> None:
+    """Groups that ran on different device names (a Ray cluster) are never compared across machines."""
+    from attnbench.results import read_results
+    from attnbench.verdict import verdicts
+
+    run = synthetic_run(tmp_path / "run")
+    edit_rows(run, lambda rows: [{**r, "device_name": "GPU A" if int(r["seq_len"]) <= 512 else "CPU B"} for r in rows])
+    found = verdicts(read_results(run))
+    assert [v.setting.rsplit(" on ", 1)[1] for v in found] == ["GPU A", "CPU B"]
+    assert {a.n for a in found[0].answers} == {256, 512} and {a.n for a in found[1].answers} == {1024, 2048}
+    text = report_text(run)
+    assert text.count("-time.png") == 2 and "on GPU A" in text and "on CPU B" in text  # a plot per machine kind
+    # slopes are fitted per machine: band's 1.00 over 512–2048 would mix them; per kind each has its own N range
+    assert "| band | 1024–2048 | 1.00 | 1.00 |" in text and "| full | 256–512 | 2.00 | 1.00 |" in text
+
+
 def test_colours_stay_with_the_variant_name_across_runs() -> None:
     """Two runs with different subsets draw a variant in the same colour; settings of one variant share its
     colour and differ by marker; a plugin's colour comes from its name alone."""

@@ -1,0 +1,197 @@
+"""`attnbench run --executor ray`: each comparison group is one Ray task, several groups at a time.
+
+A group is measured whole on one machine (every ratio inside it on one device, in turns). A task asks for
+resources that keep its timings clean: a CUDA group one whole GPU (`num_gpus=1`); a CPU group every core
+of one node, pinned to that node, so no two timing tasks share a node's CPUs (torch gets that many threads
+unless `threads` is set). The task measures its group in the Ray worker, or with `--isolate` in a child
+process that reports each step, so a variant that segfaults or hangs costs its own cell. A task whose Ray
+worker dies (killed, out of memory, node lost) is retried once (`RETRIES`); if it dies again its group's
+cells are recorded `crashed` with Ray's reason. The driver is the only writer of the run folder: rows are
+appended as tasks finish.
+
+Without an address a local Ray runtime is started in this process (all this machine's cores) and stopped
+at the end; with one, the run joins that cluster (`ray start --head` there first). Every node needs
+attnbench (and the plugins the config names) installed in the Python that Ray runs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import asdict, replace
+from typing import Any, Callable, Iterator
+
+from attnbench.config import Settings
+from attnbench.measure import GroupResult
+from attnbench.plan import Cell, Group
+from attnbench.results import Row, row_for
+
+RETRIES = 1  # a task whose worker dies is run once more before its cells are recorded crashed
+
+
+class RayUnavailable(RuntimeError):
+    """Ray is not installed, or the cluster cannot be reached."""
+
+
+def measure_on_node(request: dict[str, Any]) -> dict[str, Any]:
+    """In a Ray worker: one group measured in this process, or with "isolate" in a child process (as
+    `--isolate`: a crash costs its cell, not the group), returned as plain data."""
+    from attnbench.machine import retain_freed_memory
+    from attnbench.measure import measure_group
+    from attnbench.registry import registry
+    from attnbench.run import Isolated
+
+    group = Group(tuple(Cell.from_key(key) for key in request["cells"]), request["timed"])
+    settings = Settings(**request["settings"])
+    if request["isolate"]:
+        result = Isolated(settings).run_group(group)
+    else:
+        retain_freed_memory()  # warm allocations, as in a local run
+        result = measure_group(group, settings, registry)
+    return {"rows": [asdict(row) for row in result.rows], "samples": result.samples, "host": socket.gethostname()}
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable("--executor ray needs Ray: pip install 'attnbench[ray]'") from None
+    return ray
+
+
+class RayExecutor:
+    """Groups as Ray tasks: CPU groups one per node (all its cores), CUDA groups one per GPU."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        address: str | None = None,
+        isolate: bool = False,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        ray = _import_ray()
+        self.ray, self.settings, self.isolate, self.say = ray, settings, isolate, say
+        self.started_here = not ray.is_initialized()
+        if self.started_here:
+            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if address is None:
+                options["num_cpus"] = os.cpu_count() or 1
+                say(f"starting a local Ray runtime ({options['num_cpus']} CPUs)…")
+            else:
+                say(f"joining the Ray cluster at {address}…")
+            try:
+                ray.init(address=address, **options)
+            except Exception as error:  # an unreachable address, a broken installation
+                raise RayUnavailable(f"could not start or join Ray ({type(error).__name__}: {error})") from None
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        self.cpu_nodes = [n for n in nodes if n.get("Resources", {}).get("CPU", 0) >= 1]
+        self.free_nodes = list(self.cpu_nodes)
+        self.free_gpus = int(sum(n.get("Resources", {}).get("GPU", 0) for n in nodes))
+        self.total_gpus = self.free_gpus
+        say(
+            f"Ray: {len(nodes)} node(s), {sum(n['Resources'].get('CPU', 0) for n in nodes):.0f} CPUs, "
+            f"{self.total_gpus} GPU(s); a CPU group takes a whole node, a CUDA group one GPU"
+        )
+        self.remote = ray.remote(max_retries=RETRIES, retry_exceptions=False)(measure_on_node)
+        self.in_flight: dict[Any, tuple[Group, Any]] = {}
+
+    # ---- slots --------------------------------------------------------------------------------
+
+    def _needs_gpu(self, group: Group) -> bool:
+        return group.setting.device.startswith("cuda")
+
+    def _take_slot(self, group: Group) -> Any:
+        """The slot the group would run in (a node, or "gpu"), taken; None when none is free now."""
+        if self._needs_gpu(group):
+            if self.free_gpus > 0:
+                self.free_gpus -= 1
+                return "gpu"
+            return None
+        return self.free_nodes.pop(0) if self.free_nodes else None
+
+    def _release(self, slot: Any) -> None:
+        if slot == "gpu":
+            self.free_gpus += 1
+        else:
+            self.free_nodes.append(slot)
+
+    def _submit(self, group: Group, slot: Any) -> Any:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        settings = self.settings
+        if slot == "gpu":
+            task = self.remote.options(num_gpus=1, num_cpus=1)
+        else:
+            cores = slot["Resources"]["CPU"]
+            strategy = NodeAffinitySchedulingStrategy(node_id=slot["NodeID"], soft=False)
+            task = self.remote.options(num_cpus=cores, scheduling_strategy=strategy)
+            if not settings.threads:  # torch uses the node's cores, whatever thread count the worker started with
+                settings = replace(settings, threads=int(cores))
+        request = {"settings": asdict(settings), "cells": [c.key() for c in group.cells], "timed": group.timed,
+                   "isolate": self.isolate}  # fmt: skip
+        return task.remote(request)
+
+    def _unplaceable(self, group: Group) -> GroupResult | None:
+        """Rows for a group no machine of the cluster can ever run (a CUDA group without any GPU)."""
+        if self._needs_gpu(group) and self.total_gpus == 0:
+            reason = "the Ray cluster has no GPU for this CUDA cell"
+        elif not self._needs_gpu(group) and not self.cpu_nodes:
+            reason = "the Ray cluster has no node with a CPU to give"
+        else:
+            return None
+        return GroupResult([row_for(cell, status="unsupported", reason=reason) for cell in group.cells])
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def measure(self, groups: Iterator[Group]) -> Iterator[tuple[Group, GroupResult]]:
+        waiting: Group | None = None
+        while True:
+            while True:  # start every group a slot is free for, in order
+                if waiting is None and (self.free_nodes or self.free_gpus or not self.in_flight):
+                    # drawn only when it may start now: a budget skip then follows every result in so far
+                    waiting = next(groups, None)
+                if waiting is None:
+                    break
+                impossible = self._unplaceable(waiting)
+                if impossible is not None:
+                    yield waiting, impossible
+                    waiting = None
+                    continue
+                slot = self._take_slot(waiting)
+                if slot is None:
+                    break
+                self.in_flight[self._submit(waiting, slot)] = (waiting, slot)
+                waiting = None
+            if not self.in_flight:
+                return
+            (ref,), _ = self.ray.wait(list(self.in_flight), num_returns=1)
+            group, slot = self.in_flight.pop(ref)
+            self._release(slot)
+            yield group, self._result(ref, group)
+
+    def _result(self, ref: Any, group: Group) -> GroupResult:
+        try:
+            data = self.ray.get(ref)
+        except self.ray.exceptions.RayError as error:  # the worker died twice, the node was lost, a bug in the task
+            text = " ".join(str(error).split())
+            text = text if len(text) <= 300 else text[:299] + "…"
+            if isinstance(error, self.ray.exceptions.RayTaskError):  # raised inside the task: not retried
+                reason = f"the Ray task measuring this group raised ({type(error).__name__}): {text}"
+            else:
+                reason = (
+                    f"the Ray worker measuring this group died, {1 + RETRIES} attempts ({type(error).__name__}): {text}"
+                )
+            return GroupResult([row_for(cell, status="crashed", reason=reason) for cell in group.cells])
+        return GroupResult([Row(**row) for row in data["rows"]], [tuple(s) for s in data["samples"]])
+
+    def close(self) -> None:
+        """Cancel what is still running (Ctrl-C, an error) and stop a runtime this run started."""
+        for ref in list(self.in_flight):
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:  # already finished or its node is gone: nothing left to stop
+                pass
+        self.in_flight.clear()
+        if self.started_here and self.ray.is_initialized():
+            self.ray.shutdown()

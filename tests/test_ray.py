@@ -1,0 +1,161 @@
+"""`--executor ray` on a real local Ray runtime (2 CPUs): the same cells as in-process, a killed worker retried
+once and then recorded, and a driver killed mid-run resumed to exactly the planned cells."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from attnbench.config import parse_config
+from attnbench.results import read_results
+from attnbench.run import run_plan
+
+from tests.conftest import write_plugin
+
+ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'attnbench[ray]')")
+TESTS = Path(__file__).parent
+
+KILLERS = """
+    import os, signal
+    from pathlib import Path
+    import torch
+    from attnbench.interface import AttentionVariant
+
+    class KillsItsWorker(AttentionVariant):
+        '''Kills the process it runs in (the Ray worker measuring its group) on every call.'''
+        name = "kills-worker"
+        family = "test"
+        exact = False
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    class KillsItsWorkerOnce(AttentionVariant):
+        '''Kills its Ray worker the first time only (a marker file remembers): the retry succeeds.'''
+        name = "kills-worker-once"
+        family = "test"
+        exact = False
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            marker = Path(os.environ["ATTNBENCH_TEST_MARKER"])
+            if not marker.exists():
+                marker.write_text("killed once")
+                os.kill(os.getpid(), signal.SIGKILL)
+            return v.clone()
+
+    class Sleepy(AttentionVariant):
+        name = "sleepy"
+        family = "test"
+        exact = False
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            import time
+            time.sleep(0.05)
+            return v.clone()
+"""
+ENTRIES = {
+    "kills-worker": "killers_mod:KillsItsWorker",
+    "kills-worker-once": "killers_mod:KillsItsWorkerOnce",
+    "sleepy": "killers_mod:Sleepy",
+}
+SMALL = {"heads": 1, "head_dim": 8, "min_run_time": 0.01, "min_rounds": 3, "error": False}
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory):
+    """One local Ray runtime for the module, its workers able to import the test plugin; yields (env, registry)."""
+    from attnbench.registry import Registry
+
+    folder = write_plugin(tmp_path_factory.mktemp("plugin"), "killers-plugin", ENTRIES, {"killers_mod": KILLERS})
+    marker = tmp_path_factory.mktemp("marker") / "killed-once"
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(folder), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
+        "ATTNBENCH_TEST_MARKER": str(marker),
+    }
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)  # the runtime's workers, and the group processes they start, inherit it
+    sys.path.insert(0, str(folder))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield {**os.environ, **env}, Registry()
+    finally:
+        ray.shutdown()
+        sys.path.remove(str(folder))
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def test_ray_measures_the_same_cells_as_in_process(runtime, tmp_path: Path) -> None:
+    _, registry = runtime
+    config = parse_config(
+        {**SMALL, "variants": ["full", "band"], "seq_lens": [16, 32], "error": True}, registry=registry
+    )
+    started = time.perf_counter()
+    local = read_results(run_plan(config, tmp_path / "local", registry=registry, progress=False))
+    local_s = time.perf_counter() - started
+    timings = [f"local {local_s:.1f} s"]
+    for isolate in (False, True):  # in the Ray worker, and in a child process of it
+        started = time.perf_counter()
+        folder = run_plan(config, tmp_path / f"ray-{isolate}", registry=registry, progress=False, executor="ray",
+                          isolate=isolate)  # fmt: skip
+        timings.append(f"ray{' --isolate' if isolate else ''} {time.perf_counter() - started:.1f} s")
+        remote = read_results(folder)
+        assert set(remote.cell_key) == set(local.cell_key) and remote.cell_key.is_unique
+        assert (remote.status == "ok").all(), remote[["label", "status", "reason"]]
+        assert remote.host.str.len().gt(0).all() and remote.device_name.str.len().gt(0).all()  # where each ran
+        assert remote.speedup.notna().all() and remote.err_vs_uniform.notna().all()
+        assert (remote.threads == 2).all()  # a CPU group gets the node's cores
+    print("small sweep (2 groups, runtime already up): " + ", ".join(timings))
+
+
+def test_a_killed_worker_is_retried_once_then_recorded(runtime, tmp_path: Path) -> None:
+    _, registry = runtime
+    dies = parse_config({**SMALL, "variants": ["kills-worker", "full"], "seq_lens": [16, 32]}, registry=registry)
+    frame = read_results(run_plan(dies, tmp_path / "dies", registry=registry, progress=False, executor="ray"))
+    first = frame[frame.seq_len == 16]
+    assert (first.status == "crashed").all()  # the whole group: its worker died on both attempts
+    assert first.reason.str.contains("died, 2 attempts").all()
+    assert (frame[frame.seq_len == 32].status == "skipped").all()  # larger N skipped after a crash, as in-process
+    once = parse_config({**SMALL, "variants": ["kills-worker-once", "full"], "seq_lens": [16]}, registry=registry)
+    frame = read_results(run_plan(once, tmp_path / "once", registry=registry, progress=False, executor="ray"))
+    assert (frame.status == "ok").all(), frame[["label", "status", "reason"]]  # the retry measured the group
+    assert Path(os.environ["ATTNBENCH_TEST_MARKER"]).exists()  # it did kill its first worker
+
+
+def test_resume_after_the_driver_is_killed(runtime, tmp_path: Path) -> None:
+    env, _ = runtime
+    config = tmp_path / "sweep.toml"
+    config.write_text(
+        "seq_lens = [8, 16, 24, 32, 40, 48]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.1\nmin_rounds = 2\n"
+        'error = false\nvariants = ["sleepy", "full"]\n'
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "attnbench.cli", "run", str(config), "--out", str(out), "--no-progress"]
+    address = ray.get_runtime_context().gcs_address  # the driver joins the module's runtime, as a cluster's
+    driver = subprocess.Popen([*command, "--no-report", "--executor", "ray", "--address", address], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline, found = time.monotonic() + 180, []
+    while time.monotonic() < deadline:
+        found = list(out.glob("*/results.csv"))
+        if found and len(found[0].read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.1)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver; the cluster drops its job
+    driver.wait()
+    run_dir = found[0].parent
+    kept = read_results(run_dir)
+    assert 2 <= len(kept) < 12 and (kept.status == "ok").all()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", "run", "--resume", str(run_dir), "--no-progress", "--no-report"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    keys = read_results(run_dir).cell_key
+    assert keys.is_unique and len(keys) == 12 and (read_results(run_dir).status == "ok").all()
