@@ -31,6 +31,7 @@ EPILOG = (
   attnbench run configs/default.toml --causal both --mode fwd,fwd+bwd --out results
   attnbench report results/<run-id>
   attnbench compare results/<run-a> results/<run-b> --fail-above 10
+  attnbench model path/to/local-model --variants 'band(window=64),lsh' --text-file text.txt --seq-len 512
   attnbench run default --executor ray              # each group a Ray task on a local Ray runtime
   attnbench run default --executor ray --address auto   # ... on the cluster this node belongs to
 
@@ -181,6 +182,29 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--token-ids", type=_csv(int), help="comma-separated token ids")
     source.add_argument("--random-tokens", type=int, metavar="N", help="N random token ids (seeded)")
     capture.add_argument("--seed", type=int, default=0, help="seed of --random-tokens (default 0)")
+
+    model = commands.add_parser(
+        "model",
+        help="swap each variant into a local Hugging Face model: error by layer, loss change, forward speedup",
+        description="Run text through a local model with exact attention and with each variant in its "
+        "self-attention (every layer, then one layer at a time); write model.csv and a report. Nothing is "
+        "downloaded and no remote code runs.",
+    )
+    model.add_argument("model_dir", type=Path, help="a local model folder (config.json, weights, tokenizer)")
+    model.add_argument(
+        "--variants",
+        required=True,
+        help="comma-separated variant settings, e.g. 'band(window=64),lsh,performer(features=128)'",
+    )
+    text = model.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", help="text to tokenize (needs a tokenizer in the model folder)")
+    text.add_argument("--text-file", type=Path, help="a UTF-8 text file to tokenize")
+    text.add_argument("--token-ids", type=_csv(int), help="comma-separated token ids")
+    text.add_argument("--random-tokens", type=int, metavar="N", help="N random token ids (seeded)")
+    model.add_argument("--seq-len", type=int, default=512, help="tokens to use (the text is cut; default 512)")
+    model.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per pair (default 1)")
+    model.add_argument("--seed", type=int, default=0, help="seed of --random-tokens and of the masked positions")
+    model.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
     return parser
 
 
@@ -254,6 +278,111 @@ def command_capture(args: argparse.Namespace) -> int:
         f'{seq} positions, head_dim {head_dim}. Use it with [[inputs]] name = "captured", path = "{args.out}"'
     )
     return 0
+
+
+def command_model(args: argparse.Namespace) -> int:
+    import json
+    import time as clock
+
+    from attnbench.capture import CaptureError, _tokens
+    from attnbench.machine import machine_info
+    from attnbench.model_report import write_model_report
+    from attnbench.model_study import (
+        ModelStudy,
+        ModelStudyError,
+        load_model,
+        masked_inputs,
+        parse_variant_specs,
+        spec_problems,
+        write_rows,
+    )
+    from attnbench.rundir import new_run_dir, write_json_atomic
+
+    try:
+        specs = parse_variant_specs(args.variants)
+        problems = spec_problems(specs)
+        if args.seq_len < 2:
+            problems.append(f"--seq-len must be >= 2, got {args.seq_len}")
+        if args.min_run_time <= 0:
+            problems.append(f"--min-run-time must be > 0, got {args.min_run_time:g}")
+        if args.text_file is not None and not args.text_file.is_file():
+            problems.append(f"--text-file {args.text_file} does not exist")
+        if problems:
+            raise ModelStudyError("; ".join(problems))
+        print(f"attnbench: loading {args.model_dir}…", file=sys.stderr, flush=True)
+        model, kind = load_model(args.model_dir)
+        text = args.text_file.read_text(encoding="utf-8") if args.text_file is not None else args.text
+        ids = _tokens(args.model_dir, model.config, text=text, token_ids=args.token_ids,
+                      random_tokens=args.random_tokens, seed=args.seed)[:, : args.seq_len]  # fmt: skip
+        limit = getattr(model.config, "max_position_embeddings", None)
+        if limit and ids.shape[-1] > limit:
+            raise ModelStudyError(f"{ids.shape[-1]} tokens, but the model has {limit} positions: lower --seq-len")
+        if ids.shape[-1] < args.seq_len:
+            print(f"attnbench: the text gives {ids.shape[-1]} tokens (fewer than --seq-len {args.seq_len})",
+                  file=sys.stderr)  # fmt: skip
+    except (ModelStudyError, CaptureError) as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    labels = ids
+    if kind == "masked-lm":
+        from transformers import AutoTokenizer
+
+        try:
+            mask_id = AutoTokenizer.from_pretrained(str(args.model_dir), local_files_only=True).mask_token_id
+        except Exception:
+            mask_id = None
+        ids, labels = masked_inputs(ids, mask_id, args.seed)
+    run_dir = new_run_dir(args.out, f"model-{args.model_dir.resolve().name}")
+    started = clock.perf_counter()
+    study = ModelStudy(model, kind, ids, labels)
+    meta = {
+        "command": args.command_line,
+        "started": clock.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": {
+            "dir": str(args.model_dir),
+            "type": model.config.model_type,
+            "kind": kind,
+            "layers": study.layers,
+            "causal": study.causal,
+        },  # fmt: skip
+        "tokens": int(ids.shape[-1]),
+        "text_source": "--text-file " + str(args.text_file)
+        if args.text_file
+        else "--text"
+        if args.text
+        else "--token-ids"
+        if args.token_ids
+        else f"--random-tokens (seed {args.seed})",
+        "native_check": study.native_check(),
+        "machine": machine_info(["cpu"]),
+    }
+    write_json_atomic(run_dir / "meta.json", meta)
+    print(f"attnbench: {len(specs)} variant setting(s) × ({study.layers} single-layer swaps + every layer) on "
+          f"{ids.shape[-1]} tokens -> {run_dir}/", file=sys.stderr)  # fmt: skip
+    rows = []
+    try:
+        for index, spec in enumerate(specs, start=1):
+            print(f"attnbench: [{index}/{len(specs)}] {spec.label()}…", file=sys.stderr, flush=True)
+            rows += study.rows(spec, min_run_time=args.min_run_time)
+            write_rows(run_dir / "model.csv", rows)  # after each variant: an interrupted study keeps what it has
+    except KeyboardInterrupt:
+        print(f"\nattnbench: interrupted; {run_dir}/model.csv has the variants finished so far", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    meta["finished"] = clock.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_json_atomic(run_dir / "meta.json", meta)
+    from attnbench.model_report import read_model_rows, summary_rows
+    from attnbench.summary import aligned_table
+
+    import shutil
+
+    headers, table = summary_rows(read_model_rows(run_dir))
+    print(aligned_table(headers, table, width=shutil.get_terminal_size((120, 40)).columns, cuttable=(0, 7)))
+    report = write_model_report(run_dir)
+    print(f"attnbench: {len(specs)} variant setting(s) in {clock.perf_counter() - started:.0f} s -> {run_dir}/ "
+          "(model.csv, meta.json, report.md, plots/)", file=sys.stderr)  # fmt: skip
+    print(f"attnbench: report: {report}", file=sys.stderr)
+    ok = any(row.status == "ok" for row in rows)
+    return 0 if ok else EXIT_NOTHING_RAN
 
 
 def command_presets() -> int:
@@ -496,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         "report": lambda: command_report(args),
         "compare": lambda: command_compare(args),
         "capture": lambda: command_capture(args),
+        "model": lambda: command_model(args),
         "check": lambda: command_check(args),
     }
     try:

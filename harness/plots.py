@@ -318,3 +318,59 @@ def plot_pareto(
     ax.set_ylabel("error vs uniform averaging (↓ more accurate)")
     _place_labels(ax, [(r.speedup, r.error, r.label, style[r.label].colour) for r in shown.itertuples()])
     return _finish(fig, [ax], title, subtitle, path)
+
+
+def plot_layer_errors(rows: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]) -> Path:
+    """`attnbench model`: relative error by layer, per variant; left every layer swapped (hidden states), right
+    one layer swapped at a time (that layer's attention output)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True, squeeze=False)
+    for ax, swap, name in zip(axes[0], ("all", "single"), ("every layer swapped", "one layer swapped")):
+        chosen = rows[(rows.swap == swap) & (rows.layer != "final")]
+        for label in style:
+            mine = chosen[chosen.label == label]
+            if len(mine):
+                layers = mine.layer.astype(int)
+                order = layers.argsort()
+                s = style[label]
+                ax.plot(
+                    layers.iloc[order],
+                    mine.rel_error.clip(lower=EXACT_FLOOR).iloc[order],
+                    marker=s.marker,
+                    linestyle=s.linestyle,
+                    color=s.colour,
+                    label=label,
+                )
+        ax.set_yscale("log")
+        ax.set_xlabel("layer")
+        ax.set_title(name, fontsize=9)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    axes[0][0].set_ylabel("relative error vs the exact model")
+    return _finish(fig, list(axes[0]), title, subtitle, path)
+
+
+def plot_loss_vs_speedup(finals: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]) -> Path:
+    """`attnbench model`: each variant's end-to-end forward speedup against its change in loss."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    for row in finals.itertuples():
+        s = style[row.label]
+        ax.errorbar(
+            row.speedup,
+            row.loss_change,
+            xerr=[[max(row.speedup - row.speedup_low, 0)], [max(row.speedup_high - row.speedup, 0)]],
+            color=s.colour,
+            marker=s.marker,
+            capsize=3,
+            linestyle="none",
+            label=row.label,
+        )
+    _place_labels(ax, [(r.speedup, r.loss_change, r.label, style[r.label].colour) for r in finals.itertuples()])
+    ax.axhline(0.0, color="grey", linestyle="--", linewidth=1)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_xscale("log")
+    low = float(pd.concat([finals.speedup_low, pd.Series([1.0])]).min())
+    high = float(pd.concat([finals.speedup_high, pd.Series([1.0])]).max())
+    _ratio_axis(ax.xaxis, low, high)
+    ax.set_xlim(low / 1.3, high * 2.2)
+    ax.set_xlabel("forward speedup vs the exact model (→ faster)")
+    ax.set_ylabel("loss change on the text (nats per token, ↓ better)")
+    return _finish(fig, [ax], title, subtitle, path)

@@ -29,14 +29,14 @@ def timing_of(times: list[float]) -> Timing:
     return Timing(median_s=float(quartiles[1]), iqr_s=float(quartiles[2] - quartiles[0]), repeats=len(times))
 
 
-def time_interleaved(
+def interleaved_samples(
     fns: dict[str, Callable[[], Any]],
     device: torch.device,
     *,
     min_run_time: float = 2.0,
     min_repeats: int = 5,
-) -> dict[str, Timing]:
-    """Median and IQR of each of several calls, timed in turns (a, b, c, a, b, c, ...) for side-by-side ratios.
+) -> dict[str, list[float]]:
+    """Per-call seconds of several calls, timed in turns (a, b, c, a, b, c, ...): sample i of each is from round i.
 
     On a shared or thermally throttled machine the speed drifts over seconds; timing each call in its own
     block would give the drift to whichever ran in the slow stretch. In turns, every call sees the same
@@ -56,4 +56,16 @@ def time_interleaved(
     while min(len(s) for s in samples.values()) < min_repeats or min(sum(s) for s in samples.values()) < min_run_time:
         for name, fn in fns.items():
             samples[name].append(call_and_sync(fn))
+    return samples
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    device: torch.device,
+    *,
+    min_run_time: float = 2.0,
+    min_repeats: int = 5,
+) -> dict[str, Timing]:
+    """Median and IQR of each of several calls, timed in turns (see `interleaved_samples`)."""
+    samples = interleaved_samples(fns, device, min_run_time=min_run_time, min_repeats=min_repeats)
     return {name: timing_of(times) for name, times in samples.items()}
