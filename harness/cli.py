@@ -281,7 +281,6 @@ def command_capture(args: argparse.Namespace) -> int:
 
 
 def command_model(args: argparse.Namespace) -> int:
-    import json
     import time as clock
 
     from attnbench.capture import CaptureError, _tokens
@@ -373,10 +372,8 @@ def command_model(args: argparse.Namespace) -> int:
     from attnbench.model_report import read_model_rows, summary_rows
     from attnbench.summary import aligned_table
 
-    import shutil
-
     headers, table = summary_rows(read_model_rows(run_dir))
-    print(aligned_table(headers, table, width=shutil.get_terminal_size((120, 40)).columns, cuttable=(0, 7)))
+    print(aligned_table(headers, table, width=terminal_width(), cuttable=(7, 0)))
     report = write_model_report(run_dir)
     print(f"attnbench: {len(specs)} variant setting(s) in {clock.perf_counter() - started:.0f} s -> {run_dir}/ "
           "(model.csv, meta.json, report.md, plots/)", file=sys.stderr)  # fmt: skip
@@ -501,13 +498,11 @@ def command_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    import shutil
-
     from attnbench.verdict import verdict_terminal
 
     write_summary(run_dir)
     frame = read_results(run_dir)
-    print(verdict_terminal(frame, shutil.get_terminal_size((120, 40)).columns))
+    print(verdict_terminal(frame, terminal_width()))
     outputs = "results.csv, samples.csv, meta.json, config.toml, summary.md"
     report = None
     if not args.no_report:
@@ -526,15 +521,23 @@ def command_run(args: argparse.Namespace) -> int:
         "every table is in summary.md",
         file=sys.stderr,
     )
+    nothing_ran = not (frame.status == "ok").any()
+    if nothing_ran:
+        print(f"attnbench: no cell ran ok ({', '.join(sorted(set(frame.status)))}): the reasons are in summary.md",
+              file=sys.stderr)  # fmt: skip
     if report is not None:
         print(f"attnbench: report: {report}", file=sys.stderr)
-    if not (frame.status == "ok").any():
-        print(
-            f"attnbench: no cell ran ok ({', '.join(sorted(set(frame.status)))}): see the reasons above",
-            file=sys.stderr,
-        )
-        return EXIT_NOTHING_RAN
-    return 0
+    return EXIT_NOTHING_RAN if nothing_ran else 0
+
+
+def terminal_width() -> int:
+    """Columns of the terminal: stdout's, or stderr's when stdout is piped (`| tee log`), else $COLUMNS or 120."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            return os.get_terminal_size(stream.fileno()).columns
+        except (OSError, ValueError, AttributeError):
+            continue
+    return int(os.environ.get("COLUMNS", "120") or 120)
 
 
 def _stored_isolation(run_dir: Path | None) -> bool:

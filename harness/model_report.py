@@ -18,8 +18,16 @@ def read_model_rows(run_dir: Path) -> pd.DataFrame:
 
 def summary_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """One row per variant setting: the final output's error, the loss change and the end-to-end speedup."""
-    headers = ["variant", "status", "final rel. error", "final cosine", "loss change (ppl ×)", "forward speedup [95% CI]",
-               "worst single layer", "notes"]  # fmt: skip
+    headers = [
+        "variant",
+        "status",
+        "final rel. error",
+        "final cosine",
+        "loss change (ppl ×)",
+        "forward speedup [95% CI]",
+        "worst single layer",
+        "notes",
+    ]
     rows = []
     for label, rows_of in frame.groupby("label", sort=False):
         final = rows_of[(rows_of.swap == "all") & (rows_of.layer == "final")].iloc[0]
@@ -75,23 +83,34 @@ def write_model_report(run_dir: Path) -> Path:
     plots = run_dir / "plots"
     ok = frame[frame.status == "ok"]
     if len(ok):
-        path = plot_layer_errors(ok, "Where the error enters: layer by layer", model.get("dir", ""),
-                                 plots / "layers.png", style)  # fmt: skip
+        path = plot_layer_errors(
+            ok, "Where the error enters: layer by layer", model.get("dir", ""), plots / "layers.png", style
+        )
         blocks.append(
             Block(
                 "image",
                 str(path.relative_to(run_dir)),
                 caption="Left: the hidden state after each layer with "
                 "every layer swapped. Right: each layer's attention output when only that layer is swapped.",
-            )  # fmt: skip
+            )
         )
         finals = ok[(ok.layer == "final") & ok.loss_change.notna() & ok.speedup.notna()]
         if len(finals):
-            path = plot_loss_vs_speedup(finals, "Loss change against end-to-end speedup", model.get("dir", ""),
-                                        plots / "loss-vs-speedup.png", style)  # fmt: skip
-            blocks.append(Block("image", str(path.relative_to(run_dir)),
-                                caption="Each variant swapped into every layer: forward speedup (95% interval) "
-                                "and the loss change on the text."))  # fmt: skip
+            path = plot_loss_vs_speedup(
+                finals,
+                "Loss change against end-to-end speedup",
+                model.get("dir", ""),
+                plots / "loss-vs-speedup.png",
+                style,
+            )
+            blocks.append(
+                Block(
+                    "image",
+                    str(path.relative_to(run_dir)),
+                    caption="Each variant swapped into every layer: forward speedup (95% interval) "
+                    "and the loss change on the text.",
+                )
+            )
     blocks.append(Block("heading", "Every row", level=2))
     detail = frame[["label", "swap", "layer", "status", "rel_error", "cosine", "loss_change", "speedup"]]
     blocks.append(
@@ -99,7 +118,7 @@ def write_model_report(run_dir: Path) -> Path:
             "table",
             headers=list(detail.columns),
             rows=[[format_number(v, ".4g") if isinstance(v, float) else str(v) for v in r] for r in detail.values],
-        )  # fmt: skip
+        )
     )
     blocks.append(
         Block(

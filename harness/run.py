@@ -179,7 +179,7 @@ class Budgets:
 
     def __init__(self, time_budget_s: float) -> None:
         self.time_budget_s = time_budget_s
-        self.over: dict[str, str] = {}
+        self.over: dict[str, tuple[int, str]] = {}  # series -> (the N it went over at, why)
 
     def note(self, cell: Cell, status: str, median_s: float | None) -> None:
         reason = None
@@ -187,15 +187,17 @@ class Budgets:
             reason = f"{'out of memory' if status == 'oom' else status} at N={cell.seq_len}"
         elif status == "ok" and median_s is not None and median_s == median_s and median_s > self.time_budget_s:
             reason = (
-                f"{cell.variant.label()} took {median_s:.2f} s at N={cell.seq_len}, "
+                f"{cell.variant.label()} took {median_s:.3g} s at N={cell.seq_len}, "
                 f"over time_budget_s={self.time_budget_s:g}"
             )
-        if reason is not None:
-            self.over.setdefault(cell.series_key(), reason)
+        known = self.over.get(cell.series_key())
+        if reason is not None and (known is None or cell.seq_len < known[0]):
+            self.over[cell.series_key()] = (cell.seq_len, reason)
 
     def skip_reason(self, cell: Cell) -> str | None:
-        reason = self.over.get(cell.series_key())
-        return None if reason is None else f"larger N skipped: {reason}"
+        """Why `cell` is skipped: its series went over at a smaller N (any input: time barely depends on it)."""
+        known = self.over.get(cell.series_key())
+        return None if known is None or cell.seq_len <= known[0] else f"larger N skipped: {known[1]}"
 
 
 def _run_groups(todo: list[Group], executor: Executor, folder: RunFolder, budgets: Budgets, bar: tqdm) -> None:
@@ -203,8 +205,8 @@ def _run_groups(todo: list[Group], executor: Executor, folder: RunFolder, budget
 
     def startable() -> Iterator[Group]:  # drawn lazily: a budget skip follows every result in so far
         for group in todo:
-            skipped = [row_for(c, status="skipped", reason=budgets.skip_reason(c)) for c in group.cells
-                       if budgets.skip_reason(c)]  # fmt: skip
+            skipped = [row_for(c, status="skipped", reason=budgets.skip_reason(c), timed=group.timed)
+                       for c in group.cells if budgets.skip_reason(c)]  # fmt: skip
             if skipped:
                 folder.append(skipped, [])
                 bar.update(len(skipped))

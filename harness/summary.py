@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from pathlib import Path
 
@@ -31,8 +32,8 @@ def aligned_table(
     headers: list[str], rows: list[list[str]], width: int | None = None, cuttable: tuple[int, ...] = ()
 ) -> str:
     """Plain columns padded to their widest cell, for a terminal. With `width`, a line that does not fit
-    first wraps the headers onto several lines, then cuts columns with an ellipsis: the `cuttable` ones
-    (names, notes) first, then the widest; none below 8 characters."""
+    first wraps the headers onto several lines, then cuts columns with an ellipsis: the `cuttable` ones in
+    their order (notes before names), then the widest; none below 8 characters."""
     body = [[str(c) for c in row] for row in rows]
     widths = [max([len(headers[i])] + [len(r[i]) for r in body]) for i in range(len(headers))]
 
@@ -41,12 +42,14 @@ def aligned_table(
 
     if width is not None and excess() > 0:  # headers may wrap: a column as wide as its values and longest word
         widths = [max([len(w) for w in headers[i].split()] + [len(r[i]) for r in body]) for i in range(len(headers))]
-    for candidates in (list(cuttable), list(range(len(widths)))):
-        while width is not None and excess() > 0:
-            column = max(candidates, key=lambda i: widths[i], default=None)
-            if column is None or widths[column] <= 8:
-                break
+    for column in cuttable:  # in the order given: the last one is cut only when the others are at their least
+        if width is not None and excess() > 0:
             widths[column] = max(8, widths[column] - excess())
+    while width is not None and excess() > 0:
+        column = max(range(len(widths)), key=lambda i: widths[i])
+        if widths[column] <= 8:
+            break
+        widths[column] = max(8, widths[column] - excess())
     wrapped = [textwrap.wrap(h, w, break_long_words=True) or [""] for h, w in zip(headers, widths)]
     header_lines = [[lines[k] if k < len(lines) else "" for lines in wrapped] for k in range(max(map(len, wrapped)))]
     lines = ["  ".join(shorten(c, w).ljust(w) for c, w in zip(row, widths)).rstrip() for row in header_lines + body]
@@ -57,8 +60,11 @@ def aligned_table(
 def label_order(frame: pd.DataFrame) -> list[str]:
     """The one row order of every table: exact attention first, then by variant name and setting."""
     labels = frame[["family", "variant", "label"]].drop_duplicates("label")
-    labels = labels.assign(_exact=labels.family != "exact").sort_values(["_exact", "variant", "label"])
-    return list(labels.label)
+    natural = labels.label.map(
+        lambda text: tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text))
+    )  # window=32 before window=128
+    labels = labels.assign(_exact=labels.family != "exact", _natural=natural)
+    return list(labels.sort_values(["_exact", "variant", "_natural"]).label)
 
 
 def _cell_text(value: object) -> str:
@@ -173,6 +179,8 @@ def noise_line(frame: pd.DataFrame) -> str:
     """One sentence on how many timed cells are noisy and why (or that none is)."""
     ok = frame[(frame.status == "ok") & frame.time_median_s.notna()]
     noisy = ok[ok.noisy.fillna("") != ""]
+    if ok.empty:
+        return "Noise: no cell was timed."
     if noisy.empty:
         return f"Noise: none of {len(ok)} timed cells is flagged noisy (IQR ≤ 10% of the median, machine quiet)."
     busy = noisy.noisy.str.contains("other processes").sum()

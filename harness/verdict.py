@@ -10,12 +10,11 @@ each with its paired speedup interval, error vs uniform and peak memory, and whe
 
 from __future__ import annotations
 
-import math
 import textwrap
 from dataclasses import dataclass, field
 
 import pandas as pd
-from attnbench.analysis import crossover_table, pareto_front
+from attnbench.analysis import ERROR_RESOLUTION, crossover_table
 from attnbench.reference import LOCALITY_WINDOW
 from attnbench.summary import GROUP_COLUMNS, aligned_table, baseline_of, format_number, markdown_table, speedup_text
 
@@ -39,7 +38,25 @@ class Choice:
     peak_mem_bytes: float
     memory_ratio: float  # to the baseline's at the same N
     pays_off: str  # N from which it is faster than the baseline, e.g. "≈ 700", "≤ 256", "> 4096"
+    time_s: float = float("nan")  # median time per call
+    noisy: bool = False  # its timing is flagged noisy
     fastest_exact: bool = False
+
+    @property
+    def speed(self) -> float:
+        """The paired speedup, or 1 / time where the baseline did not run."""
+        return self.speedup if self.speedup == self.speedup else 1 / self.time_s
+
+    @property
+    def speed_high(self) -> float:
+        return self.speedup_high if self.speedup == self.speedup else self.speed
+
+    @property
+    def error_rank(self) -> float:
+        """Error for ranking: exact attention and unmeasured error count as 0, float rounding ties."""
+        if self.family == "exact" or self.error != self.error:
+            return 0.0
+        return max(self.error, ERROR_RESOLUTION)
 
 
 @dataclass
@@ -69,7 +86,9 @@ def with_machine(frame: pd.DataFrame) -> pd.DataFrame:
     timed = frame[frame.time_median_s.notna()].drop_duplicates(key)[key + ["device_name"]]
     merged = frame.merge(timed.rename(columns={"device_name": "_timed_on"}), on=key, how="left")
     merged.index = frame.index
-    return frame.assign(**{MACHINE: merged["_timed_on"].fillna(frame.device_name.fillna("")).astype(str)})
+    own = frame.device_name.fillna("").astype(str)
+    sibling = merged["_timed_on"].fillna(own).astype(str)
+    return frame.assign(**{MACHINE: own.where(frame.time_median_s.notna(), sibling)})
 
 
 def setting_words(values: pd.Series, varying: set[str]) -> str:
@@ -96,6 +115,8 @@ def setting_words(values: pd.Series, varying: set[str]) -> str:
 
 def input_sentence(rows: pd.DataFrame) -> str:
     """What the input's error figures can tell, from the exact attention's statistics on it."""
+    if not (rows.status == "ok").any():
+        return "No cell ran ok on this input: the reasons are in summary.md and the report's detail."
     stats = rows.dropna(subset=["input_entropy"])
     if stats.empty:
         return "Error was not measured on this input."
@@ -131,13 +152,15 @@ def _short_crossover(text: str) -> str:
 
 
 def _speed_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """The timed ok rows, indexed by setting, label and N (the speed and memory every input of the setting shares)."""
+    """The timed ok rows: the speed and memory of each setting, input, variant and N."""
     timed = frame[(frame.status == "ok") & frame.time_median_s.notna()]
-    return timed.drop_duplicates(SETTING_COLUMNS + ["label", "seq_len"])
+    return timed.drop_duplicates(SETTING_COLUMNS + ["input", "label", "seq_len"])
 
 
 def verdicts(frame: pd.DataFrame) -> list[InputVerdict]:
-    """Every setting × input of a run's rows, N by N, in the order the run measured them."""
+    """Every setting × input of a run's rows, N by N, in the order the run measured them. An input that was
+    timed itself is judged on its own speed; one whose error alone was measured, on its setting's first
+    timed input's."""
     if frame.empty:
         return []
     frame = with_machine(frame)
@@ -149,60 +172,67 @@ def verdicts(frame: pd.DataFrame) -> list[InputVerdict]:
         timed = speed
         for column, value in zip(SETTING_COLUMNS, setting):
             timed = timed[timed[column] == value] if value == value else timed[timed[column].isna()]
-        crossings = crossover_table(timed, baseline) if len(timed) else pd.DataFrame()
-        pays_off = {r.label: _short_crossover(r.faster_from) for r in crossings.itertuples()} if len(crossings) else {}
-        timed_on = str(timed["input"].iloc[0]) if len(timed) else ""
         words = setting_words(rows.iloc[0], varying)
         for source, on_input in rows.groupby("input", sort=False):
-            verdict = InputVerdict(words, str(source), baseline, input_sentence(on_input), timed_on)
+            timed_on = source if (timed["input"] == source).any() else (timed["input"].iloc[0] if len(timed) else "")
+            own = timed[timed["input"] == timed_on]
+            crossings = crossover_table(own, baseline) if len(own) else pd.DataFrame()
+            pays_off = (
+                {r.label: _short_crossover(r.faster_from) for r in crossings.itertuples()} if len(crossings) else {}
+            )
+            verdict = InputVerdict(words, str(source), baseline, input_sentence(on_input), str(timed_on))
             for n, at_n in on_input[on_input.status == "ok"].groupby("seq_len"):
-                choices = _choices(at_n, timed[timed.seq_len == n], baseline, pays_off)
+                choices = _choices(at_n, own[own.seq_len == n], baseline, pays_off)
                 if choices:
                     verdict.answers.append(Answer(int(n), choices))
             out.append(verdict)
     return out
 
 
+def _dominates(a: Choice, b: Choice) -> bool:
+    """`a` is at least as accurate as `b` and `b` is not clearly faster (its speed within or below a's interval);
+    better on one of the two."""
+    return (
+        a.error_rank <= b.error_rank and a.speed_high >= b.speed and (a.error_rank < b.error_rank or a.speed > b.speed)
+    )
+
+
 def _choices(errors: pd.DataFrame, timed: pd.DataFrame, baseline: str, pays_off: dict[str, str]) -> list[Choice]:
-    """The fastest exact variant and the speed-error Pareto set at one N."""
+    """The fastest exact variant and the speed-error Pareto set at one N. Speed is the paired speedup (or,
+    where the baseline did not run, 1 / time); a variant is dropped only when another is at least as
+    accurate and it is not faster beyond the other's interval."""
     speed = timed.set_index("label")
     base_memory = speed.peak_mem_bytes.get(baseline, float("nan")) if len(speed) else float("nan")
     candidates = []
     for row in errors.itertuples():
-        if row.label not in speed.index or pd.isna(speed.loc[row.label, "speedup"]):
+        if row.label not in speed.index:
             continue
         s = speed.loc[row.label]
         memory = float(s.peak_mem_bytes) if pd.notna(s.peak_mem_bytes) else float("nan")
+        paired = pd.notna(s.speedup)
         candidates.append(
             Choice(
                 label=row.label,
                 family=str(s.family),
-                speedup=float(s.speedup),
-                speedup_low=float(s.speedup_low),
-                speedup_high=float(s.speedup_high),
+                speedup=float(s.speedup) if paired else float("nan"),
+                speedup_low=float(s.speedup_low) if paired else float("nan"),
+                speedup_high=float(s.speedup_high) if paired else float("nan"),
                 error=float(row.err_vs_uniform) if pd.notna(row.err_vs_uniform) else float("nan"),
                 peak_mem_bytes=memory,
                 memory_ratio=memory / base_memory if base_memory and base_memory == base_memory else float("nan"),
                 pays_off="–" if row.label == baseline else pays_off.get(row.label, "–"),
+                time_s=float(s.time_median_s),
+                noisy=bool(s.noisy),
             )
         )
     if not candidates:
         return []
     exact = [c for c in candidates if c.family == "exact"]
-    fastest_exact = max(exact, key=lambda c: c.speedup) if exact else None
+    fastest_exact = max(exact, key=lambda c: c.speed) if exact else None
     if fastest_exact is not None:
         fastest_exact.fastest_exact = True
-    points = pd.DataFrame(
-        {
-            "label": [c.label for c in candidates],
-            "speedup": [c.speedup for c in candidates],
-            # without error figures the only dimension is speed; exact variants count as error 0
-            "error": [0.0 if c.family == "exact" or math.isnan(c.error) else c.error for c in candidates],
-        }
-    )
-    front = set(pareto_front(points).label)
-    chosen = [c for c in candidates if c.label in front and c is not fastest_exact]
-    chosen.sort(key=lambda c: -c.speedup)
+    front = [c for c in candidates if not any(_dominates(other, c) for other in candidates if other is not c)]
+    chosen = sorted((c for c in front if c is not fastest_exact), key=lambda c: -c.speed)
     return ([fastest_exact] if fastest_exact else []) + chosen
 
 
@@ -227,7 +257,10 @@ def verdict_rows(verdict: InputVerdict) -> tuple[list[str], list[list[str]]]:
             memory = (
                 f"{format_number(choice.peak_mem_bytes / MIB, '.1f')} ({format_number(choice.memory_ratio, '.2f')}×)"
             )
-            speed = speedup_text(pd.Series(vars(choice)))
+            if choice.speedup == choice.speedup:
+                speed = speedup_text(pd.Series(vars(choice))) + (" noisy" if choice.noisy else "")
+            else:
+                speed = f"– ({format_number(choice.time_s * 1e3, '.3g')} ms; no {verdict.baseline} here)"
             rows.append([str(answer.n) if index == 0 else "", name, speed, error, memory, choice.pays_off])
     return headers, rows
 
@@ -287,7 +320,7 @@ def verdict_terminal(frame: pd.DataFrame, width: int) -> str:
     parts = []
     for verdict in found:
         sentence = " ".join(text for text in (verdict.sentence, timing_note(verdict)) if text).replace("`", "")
-        parts.append(f"== {verdict_title(verdict)}\n" + textwrap.fill(sentence, width))
+        parts.append(textwrap.fill(f"== {verdict_title(verdict)}", width) + "\n" + textwrap.fill(sentence, width))
         if verdict.answers:
-            parts.append(aligned_table(*verdict_rows(verdict), width=width, cuttable=(1, 3, 4)))
+            parts.append(aligned_table(*verdict_rows(verdict), width=width, cuttable=(3, 4, 1)))
     return "\n\n".join(parts)

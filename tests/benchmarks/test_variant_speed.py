@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from attnbench.plan import VariantSpec
 from attnbench.registry import registry
 
 SEQ_LENS = [1024, 4096]
@@ -25,7 +26,7 @@ KEY_HYPERPARAMETERS: dict[str, list[dict[str, Any]]] = {  # the knobs that move 
     "performer": [{"features": 128}, {"features": 256}],
 }
 CASES = [
-    pytest.param(name, params, id=registry.create(name, **params).label() if params else name)
+    pytest.param(name, params, id=VariantSpec(name, tuple(params.items())).label())  # every setting spelled out
     for name in registry.names()
     for params in KEY_HYPERPARAMETERS.get(name, [{}])
 ]
