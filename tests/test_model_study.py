@@ -1,0 +1,89 @@
+"""`attnbench model` on tiny random models built from configs here (an encoder and a decoder; nothing downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from attnbench.cli import main
+from attnbench.model_study import ModelStudy, load_model, masked_inputs, parse_variant_specs
+from attnbench.plan import VariantSpec
+
+transformers = pytest.importorskip("transformers")
+N = 64
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny BERT with a masked-LM head and a tiny Llama (grouped-query) with a causal-LM head, saved locally."""
+    root = tmp_path_factory.mktemp("models")
+    torch.manual_seed(0)
+    shape = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                 max_position_embeddings=128)  # fmt: skip
+    transformers.BertForMaskedLM(transformers.BertConfig(**shape)).save_pretrained(root / "encoder")
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape, num_key_value_heads=2)).save_pretrained(
+        root / "decoder"
+    )
+    return {"encoder": root / "encoder", "decoder": root / "decoder"}
+
+
+def study_of(path: Path) -> ModelStudy:
+    model, kind = load_model(path)
+    ids = torch.randint(97, (1, N), generator=torch.Generator().manual_seed(0))
+    ids, labels = masked_inputs(ids, 3, 0) if kind == "masked-lm" else (ids, ids)
+    return ModelStudy(model, kind, ids, labels)
+
+
+@pytest.mark.parametrize("which", ["encoder", "decoder"])
+def test_a_band_covering_the_sequence_is_the_exact_model_and_a_narrow_one_is_not(models, which: str) -> None:
+    study = study_of(models[which])
+    assert study.causal == (which == "decoder") and study.layers == 2
+    assert study.native_check() < 1e-6  # through our implementation with exact `full`: the model's own SDPA
+    wide = pd.DataFrame(map(vars, study.rows(VariantSpec("band", (("window", N),)), min_run_time=0.02)))
+    narrow = pd.DataFrame(map(vars, study.rows(VariantSpec("band", (("window", 2),)), min_run_time=0.02)))
+    assert (wide.status == "ok").all() and set(wide.swap) == {"all", "single"}
+    assert set(wide[wide.swap == "single"].layer) == {"0", "1"} and set(wide[wide.swap == "all"].layer) == {"0", "1", "final"}
+    assert wide.rel_error.max() < 1e-5 and wide.cosine.min() > 1 - 1e-6  # every layer, both views
+    final = lambda rows: rows[rows.layer == "final"].iloc[0]  # noqa: E731
+    assert final(narrow).rel_error > 100 * max(final(wide).rel_error, 1e-7)
+    assert (narrow[narrow.swap == "single"].rel_error > 1e-3).all()  # each layer alone feels it
+    assert abs(final(wide).loss_change) < 1e-4 and final(narrow).loss_change == final(narrow).loss_change
+    assert final(wide).speedup > 0 and final(wide).speedup_low <= final(wide).speedup <= final(wide).speedup_high
+
+
+def test_a_variant_without_a_causal_form_is_refused_for_a_decoder_with_its_reason(models) -> None:
+    (row,) = study_of(models["decoder"]).rows(VariantSpec("linformer"), min_run_time=0.02)
+    assert row.status == "unsupported" and "causal" in row.reason
+    encoder_rows = study_of(models["encoder"]).rows(VariantSpec("linformer", (("k", 16),)), min_run_time=0.02)
+    assert all(r.status == "ok" for r in encoder_rows)
+
+
+def test_the_command_writes_a_table_and_a_report(models, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ids = ",".join(str(i % 97) for i in range(40))
+    argv = ["model", str(models["decoder"]), "--variants", "band(window=8),linformer,full", "--token-ids", ids,
+            "--out", str(tmp_path), "--min-run-time", "0.02"]  # fmt: skip
+    assert main(argv) == 0
+    run = next(tmp_path.iterdir())
+    rows = pd.read_csv(run / "model.csv")
+    assert set(rows.label) == {"band(window=8)", "linformer", "full"}
+    assert rows[rows.label == "linformer"].status.tolist() == ["unsupported"]
+    full = rows[(rows.label == "full") & (rows.layer == "final")].iloc[0]
+    assert full.rel_error < 1e-6 and full.loss_exact > 0 and abs(full.loss_change) < 1e-5
+    assert {p.name for p in (run / "plots").iterdir()} == {"layers.png", "loss-vs-speedup.png"}
+    assert "linformer does not support causal attention" in (run / "report.md").read_text()
+    captured = capsys.readouterr()
+    assert "band(window=8)" in captured.out and captured.err.strip().endswith("report.html")
+
+
+def test_bad_input_is_refused_before_the_model_is_loaded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model", str(tmp_path), "--variants", "bnad,band(window=-1)", "--text", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "bnad" in err and "window" in err
+    assert main(["model", str(tmp_path), "--variants", "band", "--text", "x"]) == 2
+    assert "not a local model folder" in capsys.readouterr().err
+    assert [s.label() for s in parse_variant_specs("band(window=64, block_size=32),lsh")] == [
+        "band(block_size=32, window=64)",
+        "lsh",
+    ]
