@@ -82,23 +82,32 @@ def write_model_report(run_dir: Path) -> Path:
     blocks.append(Block("table", headers=headers, rows=rows))
     plots = run_dir / "plots"
     ok = frame[frame.status == "ok"]
-    if len(ok):
+    finals = ok[ok.layer == "final"].sort_values("rel_error")
+    approximate = finals[finals.rel_error >= 1e-4]
+    if len(approximate):
+        best, worst = approximate.iloc[0], approximate.iloc[-1]
+        title = f"{best.label} stays closest to the exact model (final error {best.rel_error:.2g})"
+        if len(approximate) > 1:
+            title += f"; {worst.label} drifts furthest ({worst.rel_error:.2g})"
         path = plot_layer_errors(
-            ok, "Where the error enters: layer by layer", model.get("dir", ""), plots / "layers.png", style
+            ok, title, f"{model.get('dir', '')}, {meta.get('tokens')} tokens", plots / "layers.png", style
         )
         blocks.append(
             Block(
                 "image",
                 str(path.relative_to(run_dir)),
-                caption="Left: the hidden state after each layer with "
-                "every layer swapped. Right: each layer's attention output when only that layer is swapped.",
+                caption="Left: the hidden state after each layer with every layer swapped. Right: each layer's "
+                "attention output when only that layer is swapped (its input exact). Variants exact to float "
+                "rounding are left out.",
             )
         )
         finals = ok[(ok.layer == "final") & ok.loss_change.notna() & ok.speedup.notna()]
         if len(finals):
+            least = finals.loc[finals.loss_change.abs().idxmin()]
             path = plot_loss_vs_speedup(
                 finals,
-                "Loss change against end-to-end speedup",
+                f"{least.label} moves the loss least ({least.loss_change:+.3g} nats per token) at "
+                f"{least.speedup:.2g}× the exact model's speed",
                 model.get("dir", ""),
                 plots / "loss-vs-speedup.png",
                 style,

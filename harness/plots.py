@@ -324,6 +324,8 @@ def plot_layer_errors(rows: pd.DataFrame, title: str, subtitle: str, path: Path,
     """`attnbench model`: relative error by layer, per variant; left every layer swapped (hidden states), right
     one layer swapped at a time (that layer's attention output)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True, squeeze=False)
+    exact = rows.groupby("label").rel_error.max() < ERROR_RESOLUTION  # exact everywhere: nothing to draw
+    rows = rows[~rows.label.map(exact)]
     for ax, swap, name in zip(axes[0], ("all", "single"), ("every layer swapped", "one layer swapped")):
         chosen = rows[(rows.swap == swap) & (rows.layer != "final")]
         for label in style:
