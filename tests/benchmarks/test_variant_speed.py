@@ -1,6 +1,6 @@
 """pytest-benchmark suite: every registered variant, forward, float32, CPU, by N and key hyperparameters.
 
-`make test` runs it with --benchmark-disable (each case once, as a smoke test). `make benchmark` times it for
+`make test` runs it with --benchmark-disable (each case once at the smallest N, as a smoke test). `make benchmark` times it for
 real (warm-up on, grouped by N) and saves the run under .benchmarks/; `make benchmark-compare` times it again
 and compares against the last saved run. Each case is timed alone, back to back: use it to catch a regression
 of one implementation between commits on one quiet machine. `attnbench compare` is the tool for sweeps: it
@@ -36,6 +36,8 @@ CASES = [
 @pytest.mark.parametrize(("name", "params"), CASES)
 def test_forward_speed(benchmark, name: str, params: dict[str, Any], seq_len: int) -> None:
     benchmark.group = f"forward N={seq_len}"  # one table per N: variants compared at the same length
+    if benchmark.disabled and seq_len != SEQ_LENS[0]:
+        pytest.skip("with --benchmark-disable (make test) each case runs once, as a smoke test, at the smallest N")
     variant = registry.create(name, **params)
     reason = variant.unsupported_reason(
         device="cpu", dtype="float32", causal=False, padded=False, n_q=seq_len, n_k=seq_len
