@@ -298,26 +298,51 @@ def command_model(args: argparse.Namespace) -> int:
     from attnbench.rundir import new_run_dir, write_json_atomic
 
     try:
-        specs = parse_variant_specs(args.variants)
+        specs = list(dict.fromkeys(parse_variant_specs(args.variants)))
         problems = spec_problems(specs)
         if args.seq_len < 2:
             problems.append(f"--seq-len must be >= 2, got {args.seq_len}")
-        if args.min_run_time <= 0:
+        if not args.min_run_time > 0:
             problems.append(f"--min-run-time must be > 0, got {args.min_run_time:g}")
-        if args.text_file is not None and not args.text_file.is_file():
-            problems.append(f"--text-file {args.text_file} does not exist")
+        if args.random_tokens is not None and args.random_tokens < 2:
+            problems.append(f"--random-tokens must be >= 2, got {args.random_tokens}")
+        if args.token_ids is not None and (len(args.token_ids) < 2 or min(args.token_ids) < 0):
+            problems.append("--token-ids: give at least 2 ids, each >= 0")
+        text = args.text
+        if args.text_file is not None:
+            try:
+                text = args.text_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                problems.append(f"--text-file {args.text_file}: cannot be read as UTF-8 text ({error})")
+        if text is not None and not text.strip():
+            problems.append("the text is empty")
+        if not (args.model_dir / "config.json").is_file():
+            problems.append(f"{args.model_dir} is not a local model folder (no config.json); nothing is downloaded")
+        elif text is not None and not any(
+            (args.model_dir / name).is_file()
+            for name in ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model")
+        ):
+            problems.append(f"{args.model_dir} has no tokenizer files for --text: use --token-ids or --random-tokens")
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            problems.append(f"--out {args.out}: {error.strerror or error}")
         if problems:
             raise ModelStudyError("; ".join(problems))
         print(f"attnbench: loading {args.model_dir}…", file=sys.stderr, flush=True)
         model, kind = load_model(args.model_dir)
-        text = args.text_file.read_text(encoding="utf-8") if args.text_file is not None else args.text
         ids = _tokens(args.model_dir, model.config, text=text, token_ids=args.token_ids,
                       random_tokens=args.random_tokens, seed=args.seed)[:, : args.seq_len]  # fmt: skip
+        vocabulary = getattr(model.config, "vocab_size", None)
+        if vocabulary and int(ids.max()) >= vocabulary:
+            raise ModelStudyError(f"token id {int(ids.max())} is out of the model's vocabulary ({vocabulary} ids)")
         limit = getattr(model.config, "max_position_embeddings", None)
         if limit and ids.shape[-1] > limit:
             raise ModelStudyError(f"{ids.shape[-1]} tokens, but the model has {limit} positions: lower --seq-len")
+        if ids.shape[-1] < 2:
+            raise ModelStudyError(f"the input gives {ids.shape[-1]} token(s); attention needs at least 2")
         if ids.shape[-1] < args.seq_len:
-            print(f"attnbench: the text gives {ids.shape[-1]} tokens (fewer than --seq-len {args.seq_len})",
+            print(f"attnbench: the input gives {ids.shape[-1]} tokens (fewer than --seq-len {args.seq_len})",
                   file=sys.stderr)  # fmt: skip
     except (ModelStudyError, CaptureError) as error:
         print(f"attnbench: {error}", file=sys.stderr)
@@ -331,9 +356,13 @@ def command_model(args: argparse.Namespace) -> int:
         except Exception:
             mask_id = None
         ids, labels = masked_inputs(ids, mask_id, args.seed)
-    run_dir = new_run_dir(args.out, f"model-{args.model_dir.resolve().name}")
     started = clock.perf_counter()
-    study = ModelStudy(model, kind, ids, labels)
+    try:
+        study = ModelStudy(model, kind, ids, labels)
+    except ModelStudyError as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    run_dir = new_run_dir(args.out, f"model-{args.model_dir.resolve().name}")
     meta = {
         "command": args.command_line,
         "started": clock.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -352,7 +381,8 @@ def command_model(args: argparse.Namespace) -> int:
         else "--token-ids"
         if args.token_ids
         else f"--random-tokens (seed {args.seed})",
-        "native_check": study.native_check(),
+        "native_check": study.native_difference,
+        "dtype": "float32",
         "machine": machine_info(["cpu"]),
     }
     write_json_atomic(run_dir / "meta.json", meta)

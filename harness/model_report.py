@@ -34,7 +34,7 @@ def summary_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         if final.status != "ok":
             rows.append([label, final.status, "", "", "", "", "", final.reason])
             continue
-        single = rows_of[rows_of.swap == "single"]
+        single = rows_of[(rows_of.swap == "single") & rows_of.rel_error.notna()]
         worst = single.loc[single.rel_error.idxmax()] if len(single) else None
         loss = f"{final.loss_change:+.4f} ({final.perplexity_ratio:.3f}×)" if pd.notna(final.loss_change) else "–"
         rows.append(
@@ -101,7 +101,7 @@ def write_model_report(run_dir: Path) -> Path:
                 "rounding are left out.",
             )
         )
-        finals = ok[(ok.layer == "final") & ok.loss_change.notna() & ok.speedup.notna()]
+        finals = approximate[approximate.loss_change.notna() & approximate.speedup.notna()]
         if len(finals):
             least = finals.loc[finals.loss_change.abs().idxmin()]
             path = plot_loss_vs_speedup(

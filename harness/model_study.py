@@ -31,6 +31,7 @@ from attnbench.stats import paired_speedup
 from attnbench.timing import interleaved_samples
 from torch import Tensor, nn
 
+NATIVE_TOLERANCE = 1e-4  # exact attention through attnbench against the model's own: float rounding only
 MASKED_SHARE = 0.15  # masked-LM loss: the share of positions masked (seeded), as in BERT's pre-training
 
 
@@ -86,6 +87,10 @@ def load_model(model_dir: Path) -> tuple[nn.Module, str]:
     if not (model_dir / "config.json").is_file():
         raise ModelStudyError(f"{model_dir} is not a local model folder (no config.json); nothing is downloaded")
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelStudyError(
+            f"{config.model_type} is an encoder-decoder model: attnbench model studies encoders and decoders only"
+        )
     architectures = " ".join(getattr(config, "architectures", None) or [])
     kind, loader = "base", AutoModel
     if "CausalLM" in architectures or "LMHeadModel" in architectures:
@@ -93,8 +98,12 @@ def load_model(model_dir: Path) -> tuple[nn.Module, str]:
     elif "MaskedLM" in architectures or "ForPreTraining" in architectures:
         kind, loader = "masked-lm", AutoModelForMaskedLM
     try:
-        model = loader.from_pretrained(
-            str(model_dir), local_files_only=True, trust_remote_code=False, attn_implementation="sdpa"
+        model = loader.from_pretrained(  # float32 whatever the checkpoint's dtype: errors are not rounding
+            str(model_dir),
+            local_files_only=True,
+            trust_remote_code=False,
+            attn_implementation="sdpa",
+            dtype=torch.float32,
         )
     except Exception as error:
         raise ModelStudyError(f"could not load {model_dir}: {type(error).__name__}: {error}") from None
@@ -130,8 +139,10 @@ def parse_variant_specs(text: str) -> list[VariantSpec]:
         if char == "," and depth == 0:
             parts.append(text[start:index].strip())
             start = index + 1
+    if depth != 0:
+        raise ModelStudyError(f"--variants: unbalanced parentheses in {text!r}")
     for part in filter(None, parts):
-        match = re.fullmatch(r"([\w.-]+)(?:\((.*)\))?", part)
+        match = re.fullmatch(r"([\w.-]+)(?:\((.*)\))?", part) if part.count("(") == part.count(")") else None
         if not match:
             raise ModelStudyError(f"--variants: cannot read {part!r}; write NAME or NAME(key=value, ...)")
         params = {}
@@ -181,12 +192,29 @@ class ModelStudy:
     """The exact model and its swapped versions on one token sequence."""
 
     def __init__(self, model: nn.Module, kind: str, ids: Tensor, labels: Tensor | None) -> None:
+        """Runs the exact model; ModelStudyError when its attention cannot be swapped faithfully."""
         hf_attention.register()
         self.model, self.kind, self.ids, self.labels = model, kind, ids, labels
         self.causal = is_causal_model(model)
-        self.model.set_attn_implementation(IMPLEMENTATION)
+        name = type(model).__name__
+        try:
+            self.model.set_attn_implementation(IMPLEMENTATION)
+        except Exception as error:  # an architecture that does not take attention implementations
+            raise ModelStudyError(f"{name} does not let its attention be swapped ({error}); not supported") from None
         self.exact = self.forward(Routing())
         self.layers = len(self.exact.attention)
+        if self.layers == 0:
+            raise ModelStudyError(
+                f"{name} never called the swapped attention (its attention does not go through transformers' "
+                "attention interface): nothing could be measured; not supported"
+            )
+        self.native_difference = self.native_check()
+        if not self.native_difference < NATIVE_TOLERANCE:
+            raise ModelStudyError(
+                f"with exact attention through attnbench, {name}'s output differs from its own by "
+                f"{self.native_difference:.2g} (relative): it uses an attention feature the variants do not model "
+                "(a sliding window, soft-capping, sink logits): not supported"
+            )
 
     def forward(self, routing: Routing) -> Forward:
         hf_attention.ACTIVE = routing

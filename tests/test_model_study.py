@@ -44,7 +44,11 @@ def test_a_band_covering_the_sequence_is_the_exact_model_and_a_narrow_one_is_not
     wide = pd.DataFrame(map(vars, study.rows(VariantSpec("band", (("window", N),)), min_run_time=0.02)))
     narrow = pd.DataFrame(map(vars, study.rows(VariantSpec("band", (("window", 2),)), min_run_time=0.02)))
     assert (wide.status == "ok").all() and set(wide.swap) == {"all", "single"}
-    assert set(wide[wide.swap == "single"].layer) == {"0", "1"} and set(wide[wide.swap == "all"].layer) == {"0", "1", "final"}
+    assert set(wide[wide.swap == "single"].layer) == {"0", "1"} and set(wide[wide.swap == "all"].layer) == {
+        "0",
+        "1",
+        "final",
+    }
     assert wide.rel_error.max() < 1e-5 and wide.cosine.min() > 1 - 1e-6  # every layer, both views
     final = lambda rows: rows[rows.layer == "final"].iloc[0]  # noqa: E731
     assert final(narrow).rel_error > 100 * max(final(wide).rel_error, 1e-7)
@@ -77,12 +81,36 @@ def test_the_command_writes_a_table_and_a_report(models, tmp_path: Path, capsys:
     assert "band(window=8)" in captured.out and captured.err.strip().endswith("report.html")
 
 
+def test_models_whose_attention_cannot_be_swapped_faithfully_are_refused(tmp_path: Path) -> None:
+    """A sliding window the variants do not model makes the exact model through attnbench differ from the
+    model's own: refused with the figure, not measured against the wrong reference."""
+    from attnbench.model_study import ModelStudyError
+
+    config = transformers.MistralConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=64, sliding_window=8)  # fmt: skip
+    transformers.MistralForCausalLM(config).save_pretrained(tmp_path / "sliding")
+    model, kind = load_model(tmp_path / "sliding")
+    assert next(model.parameters()).dtype == torch.float32
+    ids = torch.randint(97, (1, 32), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ModelStudyError, match="attention feature the variants do not model"):
+        ModelStudy(model, kind, ids, ids)
+    transformers.BartModel(transformers.BartConfig(vocab_size=97, d_model=16, encoder_layers=1, decoder_layers=1,
+                           encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16,
+                           decoder_ffn_dim=16)).save_pretrained(tmp_path / "bart")  # fmt: skip
+    with pytest.raises(ModelStudyError, match="encoder-decoder"):
+        load_model(tmp_path / "bart")
+
+
 def test_bad_input_is_refused_before_the_model_is_loaded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["model", str(tmp_path), "--variants", "bnad,band(window=-1)", "--text", "x"]) == 2
     err = capsys.readouterr().err
     assert "bnad" in err and "window" in err
     assert main(["model", str(tmp_path), "--variants", "band", "--text", "x"]) == 2
     assert "not a local model folder" in capsys.readouterr().err
+    assert main(["model", str(tmp_path), "--variants", "band(window=3),lsh(bucket_size=8", "--text", "x"]) == 2
+    assert "unbalanced parentheses" in capsys.readouterr().err
+    assert main(["model", str(tmp_path), "--variants", "band", "--random-tokens", "1"]) == 2
+    assert "--random-tokens must be >= 2" in capsys.readouterr().err
     assert [s.label() for s in parse_variant_specs("band(window=64, block_size=32),lsh")] == [
         "band(block_size=32, window=64)",
         "lsh",

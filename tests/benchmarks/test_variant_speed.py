@@ -1,10 +1,11 @@
 """pytest-benchmark suite: every registered variant, forward, float32, CPU, by N and key hyperparameters.
 
-`make test` runs it with --benchmark-disable (each case once at the smallest N, as a smoke test). `make
-benchmark` times it for real (warm-up on, grouped by N) and saves the run under .benchmarks/; `make
-benchmark-compare` times it again and compares against the last saved run. Each case is timed alone, back to back: use it to catch a regression
-of one implementation between commits on one quiet machine. `attnbench compare` is the tool for sweeps: it
-times variants in turns, keeps the samples and gives an interval and a noise-aware verdict per cell.
+`make test` runs it with --benchmark-disable (each case once at the smallest N, as a smoke test).
+`make benchmark` times it for real (warm-up on, grouped by N) and saves the run under .benchmarks/;
+`make benchmark-compare` times it again and compares against the last saved run. Each case is timed alone,
+back to back: use it to catch a regression of one implementation between commits on one quiet machine.
+`attnbench compare` is the tool for sweeps: it times variants in turns, keeps the samples and gives an
+interval and a noise-aware verdict per cell.
 """
 
 from __future__ import annotations
