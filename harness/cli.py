@@ -115,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="local: groups one after another on this machine (default); ray: each group a Ray task, on a local "
         "Ray runtime or the cluster at --address (pip install 'attnbench[ray]')",
     )
-    run.add_argument("--address", help="with --executor ray: a running Ray cluster to join, e.g. auto or HOST:6379")
+    run.add_argument(
+        "--address", help="with --executor ray: a running Ray cluster to join: auto (the one on this node) or HOST:PORT"
+    )
     run.add_argument(
         "--isolate",
         action="store_true",
@@ -477,11 +479,19 @@ def command_run(args: argparse.Namespace) -> int:
         if importlib.util.find_spec("ray") is None:
             print("attnbench: --executor ray needs Ray: pip install 'attnbench[ray]'", file=sys.stderr)
             return EXIT_USAGE
+        if args.address is not None:
+            from attnbench.ray_executor import RayUnavailable, reachable_or_raise
+
+            try:
+                reachable_or_raise(args.address)  # before any run folder is made
+            except RayUnavailable as error:
+                print(f"attnbench: {error}", file=sys.stderr)
+                return EXIT_USAGE
     try:
         if args.resume is not None:
-            config = _stored_config(args.resume, overrides)
+            config = _stored_config(args.resume, overrides, cluster=args.executor == "ray")
         else:
-            config = load_config(args.config, overrides)
+            config = load_config(args.config, overrides, cluster=args.executor == "ray")
     except ConfigError as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return 2
@@ -522,9 +532,11 @@ def command_run(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         done = len(read_results(run_dir)) if (run_dir / "results.csv").exists() else 0
+        executor = "" if args.executor == "local" else f" --executor {args.executor}"
+        executor += f" --address {args.address}" if args.address else ""
         print(
             f"\nattnbench: interrupted; {done} of {len(cells)} cells are recorded in {run_dir}/. "
-            f"Continue with:\n  attnbench run --resume {run_dir}",
+            f"Continue with:\n  attnbench run --resume {run_dir}{executor}",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
@@ -579,7 +591,7 @@ def _stored_isolation(run_dir: Path | None) -> bool:
     return bool(json.loads((run_dir / "meta.json").read_text()).get("isolated", False))
 
 
-def _stored_config(run_dir: Path, overrides: dict[str, Any]) -> SweepConfig:
+def _stored_config(run_dir: Path, overrides: dict[str, Any], cluster: bool = False) -> SweepConfig:
     """The config a run was started with (from its meta.json), validated again."""
     import json
 
@@ -594,7 +606,7 @@ def _stored_config(run_dir: Path, overrides: dict[str, Any]) -> SweepConfig:
     problem = results_table_problem(run_dir / "results.csv")
     if problem:
         raise ConfigError(str(run_dir), [problem])
-    return parse_config(json.loads(meta_path.read_text())["config"], source=str(meta_path))
+    return parse_config(json.loads(meta_path.read_text())["config"], source=str(meta_path), cluster=cluster)
 
 
 def _run_folder(path: Path) -> Path | None:

@@ -155,8 +155,11 @@ def _grid(params: dict[str, Any]) -> list[tuple[tuple[str, Any], ...]]:
     return [tuple(zip(keys, combo)) for combo in itertools.product(*values)]
 
 
-def parse_config(raw: dict[str, Any], *, source: str = "config", registry: Registry = default_registry) -> SweepConfig:
-    """Validate a config dict (as read from TOML, overrides applied) and resolve it; ConfigError lists every problem."""
+def parse_config(
+    raw: dict[str, Any], *, source: str = "config", registry: Registry = default_registry, cluster: bool = False
+) -> SweepConfig:
+    """Validate a config dict (as read from TOML, overrides applied) and resolve it; ConfigError lists every problem.
+    With `cluster` (a Ray run) CUDA is not required here, but `cuda:N` is refused: Ray hands each task one GPU."""
     problems: list[str] = []
     config = SweepConfig()
     raw = {key: value for key, value in raw.items() if value is not None}  # None: "not set" (as meta.json writes it)
@@ -212,7 +215,7 @@ def parse_config(raw: dict[str, Any], *, source: str = "config", registry: Regis
     if "inputs" in raw and not config.axes["input"]:
         problems.append("inputs: an empty list gives no cell; give at least one [[inputs]] table")
     if config.axes["input"] and config.axes["seq_len"] and config.axes["kv_len"]:
-        problems += _machine_problems(config.axes)  # with the others: every problem is listed at once
+        problems += _machine_problems(config.axes, cluster)  # with the others: every problem is listed at once
     if problems:
         raise ConfigError(source, problems)
     return config
@@ -296,13 +299,17 @@ def _parse_variants(raw: Any, registry: Registry) -> tuple[list[VariantSpec], li
     return list(dict.fromkeys(specs)), problems
 
 
-def _machine_problems(axes: dict[str, list[Any]]) -> list[str]:
-    """What this machine cannot run: CUDA devices without CUDA, captured inputs smaller than the cells."""
+def _machine_problems(axes: dict[str, list[Any]], cluster: bool = False) -> list[str]:
+    """What this machine cannot run: CUDA devices without CUDA, captured inputs smaller than the cells. On a
+    cluster the devices are the workers': only `cuda:N` is refused (each task sees the one GPU Ray gives it)."""
     import torch
 
     problems = []
     cuda = [d for d in axes["device"] if d.startswith("cuda")]
-    if cuda and not torch.cuda.is_available():
+    if cluster:
+        problems += [f"device: {d}: with --executor ray name the device `cuda` (Ray gives each task one GPU)"
+                     for d in cuda if ":" in d]  # fmt: skip
+    elif cuda and not torch.cuda.is_available():
         problems.append(f"device: {', '.join(cuda)} asked for, but CUDA is not available on this machine")
     elif cuda:
         count = torch.cuda.device_count()
@@ -363,7 +370,11 @@ def read_config_text(name_or_path: str) -> tuple[str, str]:
 
 
 def load_config(
-    name_or_path: str, overrides: dict[str, Any] | None = None, *, registry: Registry = default_registry
+    name_or_path: str,
+    overrides: dict[str, Any] | None = None,
+    *,
+    registry: Registry = default_registry,
+    cluster: bool = False,
 ) -> SweepConfig:
     """Read a preset or TOML file, apply CLI overrides (same keys as the file), validate, resolve."""
     source, text = read_config_text(name_or_path)
@@ -381,6 +392,6 @@ def load_config(
             # keep the file's grids for the names that stay; defaults for new ones
             value = {name: raw["variants"].get(name, {}) for name in value}
         raw[key] = value
-    config = parse_config(raw, source=source, registry=registry)
+    config = parse_config(raw, source=source, registry=registry, cluster=cluster)
     config.overrides = dict(overrides or {})
     return config

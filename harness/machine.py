@@ -53,12 +53,17 @@ def git_commit() -> str | None:
     return result.stdout.strip() or None
 
 
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def device_description(device: str) -> str:
+    """The kind of machine a cell ran on: the GPU's name, or the CPU model with the cores this process may use."""
     if torch.device(device).type == "cuda":
         if not torch.cuda.is_available():
             return "cuda (not available)"
         return torch.cuda.get_device_name(torch.device(device))
-    return cpu_model()
+    return f"{cpu_model()}, {usable_cores()} cores"
 
 
 def _best_time(fn, device: torch.device, trials: int, calls: int = 3) -> float:
@@ -154,7 +159,7 @@ def machine_info(devices: list[str]) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "usable_cores": usable_cores(),
         "memory_bytes": memory_total_bytes(),
         "torch_threads": torch.get_num_threads(),
         "devices": {device: device_description(device) for device in devices},

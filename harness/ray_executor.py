@@ -33,6 +33,26 @@ class RayUnavailable(RuntimeError):
     """Ray is not installed, or the cluster cannot be reached."""
 
 
+def reachable_or_raise(address: str, timeout_s: float = 10.0) -> None:
+    """Fail fast on a HOST:PORT nobody listens on (Ray itself retries for minutes); other forms are Ray's."""
+    import socket as sockets
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return
+    try:
+        sockets.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise RayUnavailable(f"no Ray cluster answers at {address} ({error.strerror or error})") from None
+
+
+def _chain(first: Group | None, rest: Iterator[Group]) -> Iterator[Group]:
+    """`first` (a group to run again) back in front of the groups still to come."""
+    if first is not None:
+        yield first
+    yield from rest
+
+
 def measure_on_node(request: dict[str, Any]) -> dict[str, Any]:
     """In a Ray worker: one group measured in this process, or with "isolate" in a child process (as
     `--isolate`: a crash costs its cell, not the group), returned as plain data."""
@@ -76,17 +96,25 @@ class RayExecutor:
         if self.started_here:
             options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if address is None:
-                options["num_cpus"] = os.cpu_count() or 1
+                from attnbench.machine import usable_cores
+
+                # "local": a runtime of our own even where RAY_ADDRESS or a `ray start` cluster could be found;
+                # a task its runtime kills for memory is retried as often as any other (Ray's default: forever)
+                os.environ.setdefault("RAY_task_oom_retries", str(RETRIES))
+                options.update(address="local", num_cpus=usable_cores())
                 say(f"starting a local Ray runtime ({options['num_cpus']} CPUs)…")
             else:
+                reachable_or_raise(address)
+                options["address"] = address
                 say(f"joining the Ray cluster at {address}…")
             try:
-                ray.init(address=address, **options)
+                ray.init(**options)
             except Exception as error:  # an unreachable address, a broken installation
                 raise RayUnavailable(f"could not start or join Ray ({type(error).__name__}: {error})") from None
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         self.cpu_nodes = [n for n in nodes if n.get("Resources", {}).get("CPU", 0) >= 1]
         self.free_nodes = list(self.cpu_nodes)
+        self.attempts: dict[str, int] = {}  # group key -> times it was lost with its node
         self.free_gpus = int(sum(n.get("Resources", {}).get("GPU", 0) for n in nodes))
         self.total_gpus = self.free_gpus
         say(
@@ -110,11 +138,25 @@ class RayExecutor:
             return None
         return self.free_nodes.pop(0) if self.free_nodes else None
 
-    def _release(self, slot: Any) -> None:
-        if slot == "gpu":
+    def _node_lost(self, ref: Any) -> bool:
+        """Whether the task failed because its node died or went away (not because of what it ran)."""
+        try:
+            self.ray.get(ref, timeout=0)
+        except (self.ray.exceptions.NodeDiedError, self.ray.exceptions.TaskUnschedulableError):
+            return True
+        except Exception:
+            return False
+        return False
+
+    def _refresh_nodes(self, released: Any) -> None:
+        """Give a finished task's slot back, keeping only nodes still alive and adding nodes that joined."""
+        if released == "gpu":
             self.free_gpus += 1
-        else:
-            self.free_nodes.append(slot)
+            return
+        alive = {n["NodeID"]: n for n in self.ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1}
+        busy = {slot["NodeID"] for _, slot in self.in_flight.values() if slot != "gpu"}
+        self.free_nodes = [alive[i] for i in alive if i not in busy]
+        self.cpu_nodes = list(alive.values())
 
     def _submit(self, group: Group, slot: Any) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -167,7 +209,13 @@ class RayExecutor:
                 return
             (ref,), _ = self.ray.wait(list(self.in_flight), num_returns=1)
             group, slot = self.in_flight.pop(ref)
-            self._release(slot)
+            lost = self._node_lost(ref)
+            self._refresh_nodes(released=slot)
+            if lost and self.attempts.get(group.key(), 0) < RETRIES and (self.free_nodes or self.in_flight):
+                self.attempts[group.key()] = self.attempts.get(group.key(), 0) + 1
+                self.say(f"a node was lost while measuring N={group.setting.seq_len}: running that group again")
+                waiting, groups = group, _chain(waiting, groups)
+                continue
             yield group, self._result(ref, group)
 
     def _result(self, ref: Any, group: Group) -> GroupResult:
@@ -178,6 +226,8 @@ class RayExecutor:
             text = text if len(text) <= 300 else text[:299] + "…"
             if isinstance(error, self.ray.exceptions.RayTaskError):  # raised inside the task: not retried
                 reason = f"the Ray task measuring this group raised ({type(error).__name__}): {text}"
+            elif isinstance(error, (self.ray.exceptions.NodeDiedError, self.ray.exceptions.TaskUnschedulableError)):
+                reason = f"the node measuring this group was lost ({type(error).__name__}): {text}"
             else:
                 reason = (
                     f"the Ray worker measuring this group died, {1 + RETRIES} attempts ({type(error).__name__}): {text}"

@@ -27,15 +27,16 @@ from attnbench.reference import LOCALITY_WINDOW
 from attnbench.results import read_results
 from attnbench.summary import (
     GROUP_COLUMNS,
+    MACHINE,
     baseline_of,
     format_number,
     label_order,
     markdown_table,
     noise_line,
     speedup_text,
+    with_machine,
 )
 from attnbench.verdict import (
-    MACHINE,
     SETTING_COLUMNS,
     VERDICT_INTRO,
     setting_words,
@@ -43,7 +44,6 @@ from attnbench.verdict import (
     verdict_rows,
     verdict_title,
     verdicts,
-    with_machine,
 )
 
 MIB = 2**20

@@ -16,6 +16,35 @@ BASELINE = "full"  # the default baseline; a run's rows name the one they were m
 GROUP_COLUMNS = [c for c in CELL_GROUP_COLUMNS if c != "seq_len"]  # a heading per setting, then a table per N
 
 
+MACHINE = "machine"  # the kind of machine a cell was timed on (its device name): times are never mixed across kinds
+
+
+def with_machine(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows with a `machine` column: the device name each cell was timed on. A row whose error alone was
+    measured takes its timed sibling's (same setting, variant and N); a row that never ran (skipped, crashed)
+    takes the one its setting ran on, so it is reported beside its setting's other cells."""
+    if MACHINE in frame:
+        return frame
+    setting = [c for c in GROUP_COLUMNS if c != "input"]
+    own = frame.device_name.fillna("").astype(str)
+    timed = frame[frame.time_median_s.notna() & (own != "")]
+    key = setting + ["label", "seq_len"]
+    sibling = frame[key].merge(
+        timed.drop_duplicates(key)[key + ["device_name"]].rename(columns={"device_name": "_sibling"}),
+        on=key,
+        how="left",
+    )["_sibling"]
+    ran = frame[own != ""]
+    usual = frame[setting].merge(
+        ran.drop_duplicates(setting)[setting + ["device_name"]].rename(columns={"device_name": "_usual"}),
+        on=setting,
+        how="left",
+    )["_usual"]
+    sibling.index = usual.index = frame.index
+    machine = own.where(frame.time_median_s.notna() & (own != ""), sibling.fillna(own.where(own != "", usual)))
+    return frame.assign(**{MACHINE: machine.fillna("").astype(str)})
+
+
 def format_number(value: float | None, spec: str) -> str:
     """`value` formatted with `spec`, or a dash when it is missing (None or NaN)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -92,12 +121,14 @@ def baseline_of(frame: pd.DataFrame) -> str:
 
 
 def summary_tables(frame: pd.DataFrame) -> str:
-    """Markdown: a heading per configuration group and N, a row per variant label (in `label_order`)."""
+    """Markdown: a heading per configuration group (and machine kind) and N, a row per variant label."""
     parts = []
     baseline = baseline_of(frame)
+    frame = with_machine(frame)
+    several = frame[MACHINE].nunique() > 1
     order = {label: index for index, label in enumerate(label_order(frame))}
-    for group, group_frame in frame.groupby(GROUP_COLUMNS, sort=False, dropna=False):
-        heading = ", ".join(f"{k}={v}" for k, v in zip(GROUP_COLUMNS, group))
+    for group, group_frame in frame.groupby(GROUP_COLUMNS + [MACHINE], sort=False, dropna=False):
+        heading = ", ".join(f"{k}={v}" for k, v in zip(GROUP_COLUMNS, group)) + (f", on {group[-1]}" if several else "")
         group_frame = group_frame.sort_values("label", key=lambda labels: labels.map(order))
         for n, cells in group_frame.groupby("seq_len"):
             if not cells.timed.fillna(True).astype(bool).any():

@@ -16,10 +16,18 @@ from dataclasses import dataclass, field
 import pandas as pd
 from attnbench.analysis import ERROR_RESOLUTION, crossover_table
 from attnbench.reference import LOCALITY_WINDOW
-from attnbench.summary import GROUP_COLUMNS, aligned_table, baseline_of, format_number, markdown_table, speedup_text
+from attnbench.summary import (
+    GROUP_COLUMNS,
+    MACHINE,
+    with_machine,
+    aligned_table,
+    baseline_of,
+    format_number,
+    markdown_table,
+    speedup_text,
+)
 
 MIB = 2**20
-MACHINE = "machine"  # the kind of machine a cell was timed on (its device name): times are never mixed across kinds
 SETTING_COLUMNS = [c for c in GROUP_COLUMNS if c != "input"] + [MACHINE]  # what a timing is shared across inputs by
 NEAR_UNIFORM_ENTROPY = 0.88  # above this, averaging V is already close to exact attention
 PEAKED_ENTROPY = 0.45
@@ -77,18 +85,6 @@ class InputVerdict:
     sentence: str  # what this input's error figures can tell
     timed_on: str  # the input whose timing the speedups come from
     answers: list[Answer] = field(default_factory=list)
-
-
-def with_machine(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows with a `machine` column: the device name each cell was timed on. A row whose error alone was
-    measured takes its timed sibling's (same setting, variant and N), so it is judged with the speed it gets."""
-    key = [c for c in SETTING_COLUMNS if c != MACHINE] + ["label", "seq_len"]
-    timed = frame[frame.time_median_s.notna()].drop_duplicates(key)[key + ["device_name"]]
-    merged = frame.merge(timed.rename(columns={"device_name": "_timed_on"}), on=key, how="left")
-    merged.index = frame.index
-    own = frame.device_name.fillna("").astype(str)
-    sibling = merged["_timed_on"].fillna(own).astype(str)
-    return frame.assign(**{MACHINE: own.where(frame.time_median_s.notna(), sibling)})
 
 
 def setting_words(values: pd.Series, varying: set[str]) -> str:

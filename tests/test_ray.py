@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from attnbench.config import parse_config
+from attnbench.plan import Cell
 from attnbench.results import read_results
 from attnbench.run import run_plan
 
@@ -159,3 +160,61 @@ def test_resume_after_the_driver_is_killed(runtime, tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr
     keys = read_results(run_dir).cell_key
     assert keys.is_unique and len(keys) == 12 and (read_results(run_dir).status == "ok").all()
+
+
+def test_a_group_whose_node_is_lost_runs_again_once_on_another_node() -> None:
+    """Node loss cannot be staged on one machine: a stand-in for Ray's API loses node A under the first task."""
+    from dataclasses import asdict
+    from types import SimpleNamespace
+
+    from attnbench.config import Settings
+    from attnbench.ray_executor import RayExecutor
+    from attnbench.results import row_for
+
+    class NodeDied(Exception):
+        pass
+
+    a, b = "a" * 56, "b" * 56  # node ids are hex
+    nodes = {a: {"NodeID": a, "Alive": True, "Resources": {"CPU": 2}},
+             b: {"NodeID": b, "Alive": True, "Resources": {"CPU": 2}}}  # fmt: skip
+    submitted: list[str] = []
+
+    class Task:
+        def __init__(self, node: str | None = None) -> None:
+            self.node = node
+
+        def options(self, scheduling_strategy=None, **resources):
+            return Task(scheduling_strategy.node_id)
+
+        def remote(self, request):
+            submitted.append(self.node)
+            return Ref(self.node, request)
+
+    class Ref:  # an object reference: hashable by identity
+        def __init__(self, node: str, request: dict) -> None:
+            self.node, self.request = node, request
+
+    def get(ref, timeout=None):
+        if ref.node == a:
+            nodes[a]["Alive"] = False
+            raise NodeDied("node A died")
+        cells = [Cell.from_key(key) for key in ref.request["cells"]]
+        return {"rows": [asdict(row_for(cell, host="b")) for cell in cells], "samples": []}
+
+    fake = SimpleNamespace(
+        nodes=lambda: list(nodes.values()),
+        wait=lambda refs, num_returns: (refs[:1], refs[1:]),
+        get=get,
+        exceptions=SimpleNamespace(
+            NodeDiedError=NodeDied, TaskUnschedulableError=NodeDied, RayError=Exception, RayTaskError=KeyError
+        ),  # fmt: skip
+    )
+    executor = object.__new__(RayExecutor)
+    executor.__dict__.update(ray=fake, settings=Settings(), isolate=False, say=lambda text: None, started_here=False,
+                             cpu_nodes=list(nodes.values()), free_nodes=[nodes[a]], free_gpus=0, total_gpus=0,
+                             attempts={}, in_flight={}, remote=Task())  # fmt: skip
+    config = parse_config({**SMALL, "variants": ["full"], "seq_lens": [16]})
+    results = list(executor.measure(iter(config.groups())))
+    assert submitted == [a, b]  # lost with node a, run again on b (which the refresh found free)
+    ((group, result),) = results
+    assert [row.host for row in result.rows] == ["b"] and result.rows[0].status == "ok"
