@@ -18,9 +18,11 @@ EXIT_STATUS = """exit status:
   0    success
   1    compare --fail-above: a regression; check: a check failed
   2    usage: a bad argument or config (every problem listed before any work), not a run folder, a run
-       folder another process writes; check: the variant cannot be checked on this machine
-  3    run: no cell ran ok (every cell failed, was unsupported or skipped)
-  130  run: interrupted (Ctrl-C); finished cells are kept, the message gives the --resume command
+       folder another process writes, a Ray cluster that does not answer; check: the variant cannot be
+       checked on this machine; model: a model, text or variant it cannot use (with the reason)
+  3    run: no cell ran ok (every cell failed, was unsupported or skipped); model: no variant ran ok
+  130  run: interrupted (Ctrl-C); finished cells are kept, the message gives the --resume command;
+       model: interrupted, model.csv keeps the variants finished
 """
 EPILOG = (
     """examples:
