@@ -23,14 +23,22 @@ class CaptureError(ValueError):
     """The model or the tokens cannot be used; the message says what to do."""
 
 
-def _load(model_dir: Path) -> tuple[nn.Module, object]:
+def require_local_model(model_dir: Path, command: str) -> None:
+    """Nothing is downloaded: transformers must be installed and `model_dir` a local model folder.
+    CaptureError (a ValueError) says which is missing."""
+    import importlib.util
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
-    try:
-        from transformers import AutoModel
-    except ImportError:
-        raise CaptureError("capture needs transformers: pip install 'attnbench[capture]'") from None
+    if importlib.util.find_spec("transformers") is None:
+        raise CaptureError(f"{command} needs transformers: pip install 'attnbench[capture]'")
     if not (model_dir / "config.json").is_file():
-        raise CaptureError(f"{model_dir} is not a local model folder (no config.json); capture reads local models only")
+        raise CaptureError(f"{model_dir} is not a local model folder (no config.json); nothing is downloaded")
+
+
+def _load(model_dir: Path) -> tuple[nn.Module, object]:
+    require_local_model(model_dir, "capture")
+    from transformers import AutoModel
+
     model = AutoModel.from_pretrained(str(model_dir), local_files_only=True).eval()
     return model, model.config
 

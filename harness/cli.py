@@ -212,29 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse_params(pairs: list[str]) -> dict[str, Any]:
-    """KEY=VALUE pairs, each value read as TOML (64, 0.5, true, "flex") or else as a plain string."""
-    import tomllib
-
-    params = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--param {pair!r}: expected KEY=VALUE")
-        try:
-            params[key.strip()] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            params[key.strip()] = value
-    return params
-
-
 def command_check(args: argparse.Namespace) -> int:
+    from attnbench.config import parse_params
     from attnbench.conformance import CHECKS, check_contexts, run_check
     from attnbench.interface import VariantError
     from attnbench.summary import markdown_table
 
     try:
-        params = _parse_params(args.param)
+        try:
+            params = parse_params(args.param)
+        except ValueError as error:
+            raise ValueError(f"--param {error}") from None
         variant_class = registry.load(args.name)
         variant_class(seed=0, **params)  # a bad hyperparameter, or a constructor that raises, is reported here
     except (ValueError, VariantError) as error:
@@ -287,7 +275,7 @@ def command_capture(args: argparse.Namespace) -> int:
 def command_model(args: argparse.Namespace) -> int:
     import time as clock
 
-    from attnbench.capture import CaptureError, _tokens
+    from attnbench.capture import CaptureError, _tokens, require_local_model
     from attnbench.machine import machine_info
     from attnbench.model_report import write_model_report
     from attnbench.model_study import (
@@ -320,11 +308,19 @@ def command_model(args: argparse.Namespace) -> int:
                 problems.append(f"--text-file {args.text_file}: cannot be read as UTF-8 text ({error})")
         if text is not None and not text.strip():
             problems.append("the text is empty")
-        if not (args.model_dir / "config.json").is_file():
-            problems.append(f"{args.model_dir} is not a local model folder (no config.json); nothing is downloaded")
-        elif text is not None and not any(
-            (args.model_dir / name).is_file()
-            for name in ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model")
+        try:
+            require_local_model(args.model_dir, "attnbench model")
+            local = True
+        except CaptureError as error:
+            problems.append(str(error))
+            local = False
+        if (
+            local
+            and text is not None
+            and not any(
+                (args.model_dir / name).is_file()
+                for name in ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model")
+            )
         ):
             problems.append(f"{args.model_dir} has no tokenizer files for --text: use --token-ids or --random-tokens")
         try:

@@ -117,6 +117,21 @@ class SweepConfig:
         return "\n".join(lines) + "\n"
 
 
+def parse_params(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs (hyperparameters on a command line), each value read as TOML (64, 0.5, true, "flex") or
+    else as a plain string; ValueError names a pair without "="."""
+    params = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"{pair.strip()!r}: expected KEY=VALUE")
+        try:
+            params[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            params[key.strip()] = value.strip()
+    return params
+
+
 def overrides_text(overrides: dict[str, Any]) -> str:
     """'seq_lens = [512], causal = [true]': what the command line changed, in the config's own words."""
     return ", ".join(f"{key} = {_toml_value(value)}" for key, value in overrides.items())

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -27,7 +26,7 @@ from attnbench import hf_attention
 from attnbench.hf_attention import IMPLEMENTATION, Routing
 from attnbench.plan import VariantSpec
 from attnbench.registry import registry
-from attnbench.stats import paired_speedup
+from attnbench.stats import paired_speedup, quantile
 from attnbench.timing import interleaved_samples
 from torch import Tensor, nn
 
@@ -79,13 +78,14 @@ def compare(output: Tensor, exact: Tensor) -> tuple[float, float]:
 
 def load_model(model_dir: Path) -> tuple[nn.Module, str]:
     """The model with its head where it has one: ("causal-lm" | "masked-lm" | "base")."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
+    from attnbench.capture import CaptureError, require_local_model
+
     try:
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
-    except ImportError:
-        raise ModelStudyError("attnbench model needs transformers: pip install 'attnbench[capture]'") from None
-    if not (model_dir / "config.json").is_file():
-        raise ModelStudyError(f"{model_dir} is not a local model folder (no config.json); nothing is downloaded")
+        require_local_model(model_dir, "attnbench model")
+    except CaptureError as error:
+        raise ModelStudyError(str(error)) from None
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)
     if getattr(config, "is_encoder_decoder", False):
         raise ModelStudyError(
@@ -130,7 +130,8 @@ def masked_inputs(ids: Tensor, mask_token_id: int | None, seed: int) -> tuple[Te
 def parse_variant_specs(text: str) -> list[VariantSpec]:
     """'band(window=64),lsh,performer(features=128)' -> specs; values read as TOML (64, 0.5, true, "x")."""
     import re
-    import tomllib
+
+    from attnbench.config import parse_params
 
     specs, depth, start = [], 0, 0
     parts = []
@@ -145,15 +146,10 @@ def parse_variant_specs(text: str) -> list[VariantSpec]:
         match = re.fullmatch(r"([\w.-]+)(?:\((.*)\))?", part) if part.count("(") == part.count(")") else None
         if not match:
             raise ModelStudyError(f"--variants: cannot read {part!r}; write NAME or NAME(key=value, ...)")
-        params = {}
-        for pair in filter(None, (p.strip() for p in (match.group(2) or "").split(","))):
-            key, sep, value = pair.partition("=")
-            if not sep:
-                raise ModelStudyError(f"--variants: {part!r}: expected key=value, got {pair!r}")
-            try:
-                params[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
-            except tomllib.TOMLDecodeError:
-                params[key.strip()] = value.strip()
+        try:
+            params = parse_params([p for p in (match.group(2) or "").split(",") if p.strip()])
+        except ValueError as error:
+            raise ModelStudyError(f"--variants: {part!r}: {error}") from None
         specs.append(VariantSpec(match.group(1), tuple(sorted(params.items()))))
     if not specs:
         raise ModelStudyError("--variants: give at least one variant, e.g. band,lsh")
@@ -305,8 +301,8 @@ class ModelStudy:
             min_repeats=5,
         )
         interval = paired_speedup(samples["exact"], samples["swapped"])
-        median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731
-        return median(samples["exact"]), median(samples["swapped"]), interval.estimate, interval.low, interval.high
+        exact, swapped = quantile(samples["exact"], 0.5), quantile(samples["swapped"], 0.5)
+        return exact, swapped, interval.estimate, interval.low, interval.high
 
 
 def write_rows(path: Path, rows: list[ModelRow]) -> None:

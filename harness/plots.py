@@ -106,6 +106,27 @@ def _ratio_axis(axis: matplotlib.axis.Axis, low: float, high: float) -> None:
     axis.set_minor_locator(NullLocator())
 
 
+def _speedup_x_axis(ax: plt.Axes, points: pd.DataFrame) -> None:
+    """A log speedup axis (ticked "2×") spanning the points' speedups and intervals, 1× included, with room for
+    direct labels on the right."""
+    ax.set_xscale("log")
+    low = float(pd.concat([points.speedup_low, points.speedup, pd.Series([1.0])]).min())
+    high = float(pd.concat([points.speedup_high, points.speedup, pd.Series([1.0])]).max())
+    _ratio_axis(ax.xaxis, low, high)
+    ax.set_xlim(low / 1.3, high * 2.2)
+
+
+def _speedup_xerr(row) -> list[list[float]]:
+    """matplotlib's asymmetric x error of one point: its speedup interval, never negative."""
+    return [[max(row.speedup - row.speedup_low, 0)], [max(row.speedup_high - row.speedup, 0)]]
+
+
+def _exact_floor(errors: pd.Series) -> float:
+    """Where errors at float rounding are drawn: a decade under the smallest error that is not rounding."""
+    approximate = errors[errors >= ERROR_RESOLUTION]
+    return 10 ** np.floor(np.log10(approximate.min()) - 1) if len(approximate) else 1e-2
+
+
 def _finish(fig: plt.Figure, axes: list[plt.Axes], title: str, subtitle: str, path: Path) -> Path:
     title = textwrap.fill(title, 85)
     fig.text(0.01, 0.985, title, fontsize=11, fontweight="bold", va="top")
@@ -202,8 +223,7 @@ def plot_error(cells: pd.DataFrame, title: str, subtitle: str, path: Path, style
     float rounding (an exact-pattern variant whose support covers everything) sit on an "exact" floor line."""
     ok = cells[(cells.status == "ok") & cells.err_vs_uniform.notna() & (cells.family != "exact")]
     inputs = list(dict.fromkeys(ok["input"])) or ["(none)"]
-    approximate = ok.err_vs_uniform[ok.err_vs_uniform >= ERROR_RESOLUTION]
-    floor = 10 ** np.floor(np.log10(approximate.min()) - 1) if len(approximate) else 1e-2
+    floor = _exact_floor(ok.err_vs_uniform)
     fig, axes = plt.subplots(1, len(inputs), figsize=(4.6 * len(inputs) + 2.6, 4.8), squeeze=False, sharey=True)
     for ax, source in zip(axes[0], inputs):
         for label, group in _in_order(ok[ok["input"] == source], style):
@@ -265,8 +285,7 @@ def plot_pareto(
     approximation, so the axis spans the errors that differ.
     """
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
-    approximate = points.error[points.error >= ERROR_RESOLUTION]
-    floor = 10 ** np.floor(np.log10(approximate.min()) - 1) if len(approximate) else 1e-2
+    floor = _exact_floor(points.error)
     shown = points.assign(error=points.error.clip(lower=floor))
     memory = shown.memory_ratio.fillna(1.0).clip(lower=0.01)
     sizes = 40 + 260 * np.sqrt(memory / memory.max())
@@ -275,7 +294,7 @@ def plot_pareto(
         ax.errorbar(
             row.speedup,
             row.error,
-            xerr=[[max(row.speedup - row.speedup_low, 0)], [max(row.speedup_high - row.speedup, 0)]],
+            xerr=_speedup_xerr(row),
             color=s.colour,
             linewidth=1,
             zorder=2,
@@ -307,12 +326,8 @@ def plot_pareto(
             0.01, floor, "exact (error ≈ 0)", transform=ax.get_yaxis_transform(), fontsize=7, color="grey", va="bottom"
         )
     ax.axvline(1.0, color="black", linewidth=1)
-    ax.set_xscale("log")
+    _speedup_x_axis(ax, shown)
     ax.set_yscale("log")
-    low = float(pd.concat([shown.speedup_low, shown.speedup, pd.Series([1.0])]).min())
-    high = float(pd.concat([shown.speedup_high, shown.speedup, pd.Series([1.0])]).max())
-    _ratio_axis(ax.xaxis, low, high)
-    ax.set_xlim(low / 1.3, high * 2.2)
     ax.set_ylim(floor / 2, max(float(shown.error.max()) * 2, 2.0))
     ax.set_xlabel(f"speedup vs {baseline} (→ faster; bubble area ~ peak memory)")
     ax.set_ylabel("error vs uniform averaging (↓ more accurate)")
@@ -358,7 +373,7 @@ def plot_loss_vs_speedup(finals: pd.DataFrame, title: str, subtitle: str, path: 
         ax.errorbar(
             row.speedup,
             row.loss_change,
-            xerr=[[max(row.speedup - row.speedup_low, 0)], [max(row.speedup_high - row.speedup, 0)]],
+            xerr=_speedup_xerr(row),
             color=s.colour,
             marker=s.marker,
             capsize=3,
@@ -368,11 +383,7 @@ def plot_loss_vs_speedup(finals: pd.DataFrame, title: str, subtitle: str, path: 
     _place_labels(ax, [(r.speedup, r.loss_change, r.label, style[r.label].colour) for r in finals.itertuples()])
     ax.axhline(0.0, color="grey", linestyle="--", linewidth=1)
     ax.axvline(1.0, color="black", linewidth=1)
-    ax.set_xscale("log")
-    low = float(pd.concat([finals.speedup_low, pd.Series([1.0])]).min())
-    high = float(pd.concat([finals.speedup_high, pd.Series([1.0])]).max())
-    _ratio_axis(ax.xaxis, low, high)
-    ax.set_xlim(low / 1.3, high * 2.2)
+    _speedup_x_axis(ax, finals)
     ax.set_xlabel("forward speedup vs the exact model (→ faster)")
     ax.set_ylabel("loss change on the text (nats per token, ↓ better)")
     return _finish(fig, [ax], title, subtitle, path)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from attnbench.config import Settings
 from attnbench.measure import GroupResult
-from attnbench.plan import Cell, Group
-from attnbench.results import Row, row_for
+from attnbench.plan import Group
+from attnbench.results import row_for
+from attnbench.worker import group_request, read_group_request, read_result_record, result_record
 
 RETRIES = 1  # a task whose worker dies is run once more before its cells are recorded crashed
 
@@ -35,13 +36,11 @@ class RayUnavailable(RuntimeError):
 
 def reachable_or_raise(address: str, timeout_s: float = 10.0) -> None:
     """Fail fast on a HOST:PORT nobody listens on (Ray itself retries for minutes); other forms are Ray's."""
-    import socket as sockets
-
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or "://" in address:
         return
     try:
-        sockets.create_connection((host, int(port)), timeout=timeout_s).close()
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as error:
         raise RayUnavailable(f"no Ray cluster answers at {address} ({error.strerror or error})") from None
 
@@ -61,14 +60,13 @@ def measure_on_node(request: dict[str, Any]) -> dict[str, Any]:
     from attnbench.registry import registry
     from attnbench.run import Isolated
 
-    group = Group(tuple(Cell.from_key(key) for key in request["cells"]), request["timed"])
-    settings = Settings(**request["settings"])
+    group, settings = read_group_request(request)
     if request["isolate"]:
         result = Isolated(settings).run_group(group)
     else:
         retain_freed_memory()  # warm allocations, as in a local run
         result = measure_group(group, settings, registry)
-    return {"rows": [asdict(row) for row in result.rows], "samples": result.samples, "host": socket.gethostname()}
+    return result_record(result)
 
 
 def _import_ray():
@@ -170,8 +168,7 @@ class RayExecutor:
             task = self.remote.options(num_cpus=cores, scheduling_strategy=strategy)
             if not settings.threads:  # torch uses the node's cores, whatever thread count the worker started with
                 settings = replace(settings, threads=int(cores))
-        request = {"settings": asdict(settings), "cells": [c.key() for c in group.cells], "timed": group.timed,
-                   "isolate": self.isolate}  # fmt: skip
+        request = {**group_request(group, settings), "isolate": self.isolate}
         return task.remote(request)
 
     def _unplaceable(self, group: Group) -> GroupResult | None:
@@ -233,7 +230,7 @@ class RayExecutor:
                     f"the Ray worker measuring this group died, {1 + RETRIES} attempts ({type(error).__name__}): {text}"
                 )
             return GroupResult([row_for(cell, status="crashed", reason=reason) for cell in group.cells])
-        return GroupResult([Row(**row) for row in data["rows"]], [tuple(s) for s in data["samples"]])
+        return read_result_record(data)
 
     def close(self) -> None:
         """Cancel what is still running (Ctrl-C, an error) and stop a runtime this run started."""

@@ -40,6 +40,7 @@ from attnbench.verdict import (
     SETTING_COLUMNS,
     VERDICT_INTRO,
     setting_words,
+    timed_input,
     timing_note,
     verdict_rows,
     verdict_title,
@@ -309,7 +310,7 @@ def plot_blocks(cells: pd.DataFrame, subtitle: str, plots_dir: Path, style: dict
         images.append((path, f"Speedup against `{baseline}` by N, measured in turns; bars are 95% intervals."))
     for source, on_input in cells.groupby("input", sort=False):
         errors = on_input[(on_input.status == "ok") & on_input.err_vs_uniform.notna()]
-        timed_on = source if (timed["input"] == source).any() else (timed["input"].iloc[0] if len(timed) else "")
+        timed_on = timed_input(timed, source)
         for n, at_n in errors.groupby("seq_len"):
             speed = timed[(timed.seq_len == n) & (timed["input"] == timed_on)].set_index("label")
             points = pd.DataFrame(

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
@@ -29,8 +28,9 @@ from attnbench.measure import GroupResult, measure_group
 from attnbench.plan import Cell, Group
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
-from attnbench.results import Row, read_results, row_for
+from attnbench.results import read_results, row_for
 from attnbench.rundir import RunFolder, new_run_dir
+from attnbench.worker import group_request, read_result_record
 from tqdm import tqdm
 
 
@@ -91,9 +91,7 @@ class Isolated(OneAtATime):
     def _attempt(self, group: Group) -> tuple[GroupResult, Any]:
         with tempfile.TemporaryDirectory(prefix="attnbench-worker-") as folder:
             channel, errors = Path(folder) / "channel.jsonl", Path(folder) / "stderr.txt"
-            request = json.dumps(
-                {"settings": asdict(self.settings), "cells": [c.key() for c in group.cells], "timed": group.timed}
-            )
+            request = json.dumps(group_request(group, self.settings))
             process = subprocess.Popen(
                 [sys.executable, "-m", "attnbench.worker", str(channel)],
                 stdin=subprocess.PIPE,
@@ -128,8 +126,7 @@ class Isolated(OneAtATime):
             records = _records(channel)
             final = next((r for r in records if "rows" in r), None)
             if process.returncode == 0 and final is not None:
-                rows = [Row(**row) for row in final["rows"]]
-                return GroupResult(rows, [tuple(s) for s in final["samples"]]), None
+                return read_result_record(final), None
             if process.returncode < 0:
                 name = signal.Signals(-process.returncode).name
                 why = f"killed by {name}" + (" (likely the system's out-of-memory killer)" if name == "SIGKILL" else "")

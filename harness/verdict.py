@@ -153,6 +153,13 @@ def _speed_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return timed.drop_duplicates(SETTING_COLUMNS + ["input", "label", "seq_len"])
 
 
+def timed_input(timed: pd.DataFrame, source: str) -> str:
+    """The input whose timed rows judge `source`: itself if it was timed, else its setting's first timed input."""
+    if (timed["input"] == source).any():
+        return source
+    return str(timed["input"].iloc[0]) if len(timed) else ""
+
+
 def verdicts(frame: pd.DataFrame) -> list[InputVerdict]:
     """Every setting × input of a run's rows, N by N, in the order the run measured them. An input that was
     timed itself is judged on its own speed; one whose error alone was measured, on its setting's first
@@ -170,7 +177,7 @@ def verdicts(frame: pd.DataFrame) -> list[InputVerdict]:
             timed = timed[timed[column] == value] if value == value else timed[timed[column].isna()]
         words = setting_words(rows.iloc[0], varying)
         for source, on_input in rows.groupby("input", sort=False):
-            timed_on = source if (timed["input"] == source).any() else (timed["input"].iloc[0] if len(timed) else "")
+            timed_on = timed_input(timed, source)
             own = timed[timed["input"] == timed_on]
             crossings = crossover_table(own, baseline) if len(own) else pd.DataFrame()
             pays_off = (

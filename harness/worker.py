@@ -1,4 +1,5 @@
-"""One comparison group in its own process (`attnbench run --isolate`).
+"""One comparison group in its own process (`attnbench run --isolate`), and how a group and its result travel
+as plain data (to this process, and to a Ray task).
 
 stdin: the serialized group (its cells' keys and the settings). The result channel is a file named on the
 command line, never stdout (a plugin may print): a JSON line per step started ({"step", "cell"}), so the
@@ -12,11 +13,33 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from typing import Any
+
 from attnbench.config import Settings
 from attnbench.machine import retain_freed_memory
-from attnbench.measure import measure_group
+from attnbench.measure import GroupResult, measure_group
 from attnbench.plan import Cell, Group
 from attnbench.registry import registry
+from attnbench.results import Row
+
+
+def group_request(group: Group, settings: Settings) -> dict[str, Any]:
+    """A group to measure, as JSON-able data: its cells' keys, whether it is timed, the settings."""
+    return {"settings": asdict(settings), "cells": [c.key() for c in group.cells], "timed": group.timed}
+
+
+def read_group_request(request: dict[str, Any]) -> tuple[Group, Settings]:
+    group = Group(tuple(Cell.from_key(key) for key in request["cells"]), request.get("timed", True))
+    return group, Settings(**request["settings"])
+
+
+def result_record(result: GroupResult) -> dict[str, Any]:
+    """A group's result as JSON-able data: its rows and timing samples."""
+    return {"rows": [asdict(row) for row in result.rows], "samples": result.samples}
+
+
+def read_result_record(record: dict[str, Any]) -> GroupResult:
+    return GroupResult([Row(**row) for row in record["rows"]], [tuple(s) for s in record["samples"]])
 
 
 def main() -> int:
@@ -26,13 +49,10 @@ def main() -> int:
         channel.write(json.dumps(record) + "\n")
         channel.flush()
 
-    request = json.loads(sys.stdin.read())
-    group = Group(tuple(Cell.from_key(key) for key in request["cells"]), request.get("timed", True))
+    group, settings = read_group_request(json.loads(sys.stdin.read()))
     retain_freed_memory()
-    result = measure_group(
-        group, Settings(**request["settings"]), registry, progress=lambda step, cell: say({"step": step, "cell": cell})
-    )
-    say({"rows": [asdict(row) for row in result.rows], "samples": result.samples})
+    result = measure_group(group, settings, registry, progress=lambda step, cell: say({"step": step, "cell": cell}))
+    say(result_record(result))
     return 0
 
 
