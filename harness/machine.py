@@ -9,8 +9,9 @@ import platform
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from attnbench.timing import synchronize
@@ -194,22 +195,73 @@ def machine_words(machine: dict[str, Any], threads: set[int], load: tuple[float,
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_KEEP = 1 << 30  # allocations up to 1 GiB stay in the heap when freed
+_KEEP = 1 << 30  # while timing: allocations up to 1 GiB stay in the heap when freed
+_MMAP_AFTER = 32 << 20  # otherwise: blocks over 32 MiB (glibc's own ceiling) are mapped and returned when freed
+_TRIM_AFTER = 128 << 10  # glibc's default trim threshold
+ALLOCATOR_NOTE = (
+    "glibc: freed memory retained while a group is timed (mmap and trim thresholds 1 GiB), "
+    "returned to the system after it (malloc_trim)"
+)
 
 
-def retain_freed_memory() -> str:
-    """Have glibc keep freed memory for reuse instead of returning it to the OS at every free.
-
-    By default every large tensor is a fresh mmap whose pages fault in on first touch, and each repeat of
-    a timed call pays that again; real training loops run warm (CUDA's caching allocator does the same
-    thing). Returns what was done, for meta.json.
-    """
+def _libc() -> Any:
     try:
         libc = ctypes.CDLL("libc.so.6")
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, _KEEP) and libc.mallopt(_M_TRIM_THRESHOLD, _KEEP)
+        libc.mallopt, libc.malloc_trim  # noqa: B018 (glibc only)
+        return libc
     except (OSError, AttributeError):
-        return "system default (no glibc mallopt here)"
-    return "glibc: freed memory retained (mmap and trim thresholds 1 GiB)" if ok else "system default (mallopt refused)"
+        return None
+
+
+@contextmanager
+def warm_allocator() -> Iterator[None]:
+    """While timing, have glibc keep freed memory for reuse instead of returning it to the OS at every free.
+
+    By default every large tensor is a fresh mmap whose pages fault in on first touch, and each repeat of a
+    timed call pays that again; real training loops run warm (CUDA's caching allocator does the same). Only
+    while timing: kept outside it, freed memory would pile up as resident memory the guard cannot see
+    (a large float64 reference grew by a third that way), so on leaving it is returned (malloc_trim).
+    """
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, _KEEP)
+        libc.mallopt(_M_TRIM_THRESHOLD, _KEEP)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_AFTER)
+            libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_AFTER)
+            libc.malloc_trim(0)
+
+
+def allocator_note() -> str:
+    """What the run does to the CPU allocator, for meta.json."""
+    return ALLOCATOR_NOTE if _libc() is not None else "system default (no glibc mallopt here)"
+
+
+_known_peaks: dict[str, dict[str, Any]] = {}  # "device/dtype" -> measured peaks, this process
+
+
+def remember_peaks(peaks: dict[str, Any]) -> None:
+    """Peaks measured elsewhere (the run's start, the driver of a worker) for `peaks_for` to use."""
+    _known_peaks.update({key: value for key, value in peaks.items() if "matmul_flops_per_s" in (value or {})})
+
+
+def known_peaks() -> dict[str, dict[str, Any]]:
+    return dict(_known_peaks)
+
+
+def peaks_for(device: str, dtypes: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Measured peaks of `device` in each dtype: known ones, else measured once in this process (~0.2 s each)."""
+    for dtype in dtypes:
+        key = f"{device}/{dtype}"
+        if key not in _known_peaks:
+            try:
+                _known_peaks[key] = measure_peaks(device, getattr(torch, dtype))
+            except Exception as error:  # e.g. a device this machine lacks: no estimate, the cell says why
+                _known_peaks[key] = {"error": f"{type(error).__name__}: {error}"}
+    return {key: value for key, value in _known_peaks.items() if key.split("/")[0] == device}
 
 
 def available_memory_bytes(device: str) -> int:

@@ -23,8 +23,16 @@ import torch
 from attnbench.conformance import TOLERANCE, exactness_error
 from attnbench.config import Settings
 from attnbench.inputs import Inputs, make_inputs
-from attnbench.interface import AttentionVariant, Shape, UnsupportedOptionError
-from attnbench.machine import available_memory_bytes, device_description
+from attnbench.interface import AttentionVariant, UnsupportedOptionError
+from attnbench.estimate import (
+    SLOW_ROUNDS,
+    CellEstimate,
+    cell_estimate,
+    over_budget_reason,
+    over_limit_reason,
+    shape_of,
+)
+from attnbench.machine import available_memory_bytes, device_description, peaks_for, warm_allocator
 from attnbench.memory import call_memory
 from attnbench.metrics import error_metrics
 from attnbench.noise import LoadWatch, cpu_mhz, load_average, noise_reason
@@ -38,7 +46,6 @@ from attnbench.timing import synchronize
 GIB = 2**30
 DROPPED_MASS_MAX_N = 4096  # the dropped mass needs the variant's dense (N, N) pattern
 MIN_SAMPLE_S = 2e-3  # calls faster than this are timed in blocks, so the clock's resolution does not matter
-SLOW_ROUNDS = 3  # samples of a warm call slower than time_budget_s (fewer than min_rounds; larger N are skipped)
 
 
 @dataclass
@@ -73,9 +80,56 @@ def is_baseline(cell: Cell, baseline: str) -> bool:
     return cell.variant.label() == baseline
 
 
-def shape_of(cell: Cell) -> Shape:
-    itemsize = torch.empty((), dtype=getattr(torch, cell.dtype)).element_size()
-    return Shape(cell.batch, cell.heads, cell.seq_len, cell.n_k, cell.head_dim, cell.v_dim, cell.causal, itemsize)
+@dataclass
+class Admission:
+    """Whether a cell may run, decided before anything of it is allocated: its variant (None when it could not
+    be built), the row fields so far (a status and reason when it may not run), and its estimate."""
+
+    variant: AttentionVariant | None
+    fields: dict[str, Any]
+    estimate: CellEstimate | None = None
+
+    @property
+    def runs(self) -> bool:
+        return self.variant is not None and "status" not in self.fields
+
+
+def memory_limit(settings: Settings, device: str) -> tuple[float, str]:
+    """The bytes a cell may hold at once, and where that figure comes from."""
+    if settings.memory_limit_gb is not None:
+        return settings.memory_limit_gb * GIB, f"memory_limit_gb={settings.memory_limit_gb:g}"
+    return 0.8 * available_memory_bytes(device), "80% of the memory available now; set memory_limit_gb to change it"
+
+
+def admit(cell: Cell, settings: Settings, registry: Registry) -> Admission:
+    """Build the cell's variant and apply the guard: unsupported options, CUDA missing, and the estimates of
+    memory (inputs, float64 reference, the variant's working set) and time (the roofline of a call, the
+    reference) against the limits. Nothing of the cell's size is allocated."""
+    try:
+        variant = registry.create(cell.variant.name, seed=cell.seed, **dict(cell.variant.hparams))
+    except Exception as error:
+        return Admission(None, {"status": "error", "reason": f"could not build the variant: {error}"})
+    fields: dict[str, Any] = {"family": variant.family, "exact": variant.exact}
+    if cell.device.startswith("cuda") and not torch.cuda.is_available():
+        return Admission(variant, {**fields, "status": "unsupported", "reason": "CUDA is not available on this machine"})
+    reason = variant.unsupported_reason(
+        device=cell.device,
+        dtype=cell.dtype,
+        causal=cell.causal,
+        padded=cell.padding > 0,
+        n_q=cell.seq_len,
+        n_k=cell.n_k,
+        backward=cell.mode == "fwd+bwd",
+    )
+    if reason is not None:
+        return Admission(variant, {**fields, "status": "unsupported", "reason": reason})
+    estimate = cell_estimate(cell, variant, error=settings.error, peaks=peaks_for(cell.device, (cell.dtype, "float64")))
+    limit, source = memory_limit(settings, cell.device)
+    too_big = over_limit_reason(estimate, limit, limit_source=source)
+    too_slow = over_budget_reason(estimate, settings.time_budget_s)
+    if too_big or too_slow:
+        return Admission(variant, {**fields, "status": "skipped", "reason": too_big or too_slow}, estimate)
+    return Admission(variant, fields, estimate)
 
 
 class GroupMeasurement:
@@ -130,7 +184,8 @@ class GroupMeasurement:
                 if cell.key() in self.variants:
                     self._check_and_error(cell)
             if self.group.timed:
-                samples = self._time_in_turns()
+                with warm_allocator():
+                    samples = self._time_in_turns()
                 for cell in self.group.cells:
                     if cell.key() in self.variants:
                         self._memory_and_cost(cell)
@@ -156,49 +211,11 @@ class GroupMeasurement:
         self.variants.pop(key, None)
 
     def _prepare(self, cell: Cell) -> None:
-        """Build the variant; cells it cannot run, or that would not fit in memory, get their row now."""
-        key = cell.key()
-        try:
-            variant = self.registry.create(cell.variant.name, seed=cell.seed, **dict(cell.variant.hparams))
-        except Exception as error:
-            self.fields[key].update(status="error", reason=f"could not build the variant: {error}")
-            return
-        self.fields[key].update(family=variant.family, exact=variant.exact)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            self.fields[key].update(status="unsupported", reason="CUDA is not available on this machine")
-            return
-        reason = variant.unsupported_reason(
-            device=cell.device,
-            dtype=cell.dtype,
-            causal=cell.causal,
-            padded=cell.padding > 0,
-            n_q=cell.seq_len,
-            n_k=cell.n_k,
-            backward=cell.mode == "fwd+bwd",
-        )
-        if reason is not None:
-            self.fields[key].update(status="unsupported", reason=reason)
-            return
-        estimate, limit = self._estimated_bytes(cell, variant), self._memory_limit()
-        if estimate > limit:
-            self.fields[key].update(
-                status="skipped",
-                reason=f"estimated working memory {estimate / 2**20:,.0f} MiB exceeds the limit "
-                f"{limit / 2**20:,.0f} MiB (set memory_limit_gb to change it)",
-            )
-            return
-        self.variants[key] = variant
-
-    def _estimated_bytes(self, cell: Cell, variant: AttentionVariant) -> float:
-        shape = shape_of(cell)
-        working = variant.cost(shape).working_bytes
-        inputs = cell.batch * cell.heads * (2 * cell.seq_len * cell.head_dim + cell.n_k * (cell.head_dim + cell.v_dim))
-        return (2 if cell.mode == "fwd+bwd" else 1) * working + inputs * shape.dtype_bytes
-
-    def _memory_limit(self) -> float:
-        if self.settings.memory_limit_gb is not None:
-            return self.settings.memory_limit_gb * GIB
-        return 0.8 * available_memory_bytes(self.setting.device)
+        """Build the variant; cells it cannot run, or that would not fit in memory or time, get their row now."""
+        admission = admit(cell, self.settings, self.registry)
+        self.fields[cell.key()].update(admission.fields)
+        if admission.runs:
+            self.variants[cell.key()] = admission.variant
 
     def _make_inputs(self) -> Inputs:
         s = self.setting

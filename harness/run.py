@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import torch
 from attnbench.config import Settings, SweepConfig
-from attnbench.machine import machine_info, measure_peaks, retain_freed_memory
+from attnbench.machine import allocator_note, machine_info, measure_peaks, remember_peaks
 from attnbench.measure import GroupResult, measure_group
 from attnbench.plan import Cell, Group
 from attnbench.registry import Registry
@@ -36,6 +39,7 @@ from tqdm import tqdm
 
 PR_SET_PDEATHSIG = 1
 STARTUP_S = 120.0  # the longest a worker may take to start (imports) before it is deemed hung
+T = TypeVar("T")
 
 
 class Executor(Protocol):
@@ -61,14 +65,70 @@ class OneAtATime:
 
 
 class InProcess(OneAtATime):
-    """Each group measured in this process; self-checks shared across groups."""
+    """Each group measured in this process (on a thread of its own, see `interruptible`); self-checks shared
+    across groups."""
 
     def __init__(self, settings: Settings, registry: Registry) -> None:
         self.settings, self.registry = settings, registry
         self.self_checks: dict[tuple, tuple[bool, str]] = {}
 
     def run_group(self, group: Group) -> GroupResult:
-        return measure_group(group, self.settings, self.registry, self_checks=self.self_checks)
+        return interruptible(lambda: measure_group(group, self.settings, self.registry, self_checks=self.self_checks))
+
+
+_abandoned: list[threading.Thread] = []  # measurements left running when the run was interrupted
+
+
+def interruptible(work: Callable[[], T]) -> T:
+    """`work()` on a thread of its own while this thread waits, so that Ctrl-C (or SIGTERM) stops the run within
+    a fraction of a second even inside one long torch call, which holds no GIL but never returns to Python
+    where a signal could stop it. An interrupted call is abandoned: the process must exit soon after
+    (`exit_now_if_abandoned`), its finished rows already on disk."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # handed to the waiting thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, name="attnbench-measure", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.1)
+    except BaseException:
+        _abandoned.append(thread)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def exit_now_if_abandoned(code: int) -> None:
+    """After an interrupt: leave at once when a measurement still runs on its thread (it cannot be stopped, and
+    waiting for it is what Ctrl-C was pressed to avoid); output is flushed first."""
+    if any(thread.is_alive() for thread in _abandoned):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM handled like Ctrl-C while a run measures: finished rows kept, meta.json says interrupted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signal: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class Isolated(OneAtATime):
@@ -272,7 +332,6 @@ def run_plan(
             print(f"attnbench: {text}", file=sys.stderr, flush=True)
 
     with RunFolder(run_dir) as folder:
-        allocator = retain_freed_memory()  # every variant timed warm, as CUDA's caching allocator would have it
         if config.settings.threads:
             torch.set_num_threads(config.settings.threads)
         meta = folder.read_meta() if resume else {}
@@ -288,7 +347,7 @@ def run_plan(
                 "cells": len(config.cells()),
                 "duplicate_cells_removed": config.duplicates(),
                 "machine": machine_info(config.axes["device"]),
-                "cpu_allocator": allocator,
+                "cpu_allocator": allocator_note(),
                 "isolated": isolate,
                 "executor": executor if address is None else f"{executor} at {address}",
             }
@@ -299,6 +358,7 @@ def run_plan(
             say("measuring this machine's matmul and copy peaks (the yardsticks of efficiency)…")
             meta["peaks"] = _measure_peaks(config)
             folder.write_meta(meta)
+        remember_peaks(meta["peaks"])  # the guard's time estimates use them
         budgets = Budgets(config.settings.time_budget_s)
         done: set[str] = set()
         if resume and (run_dir / "results.csv").exists():
@@ -312,7 +372,8 @@ def run_plan(
         measuring = _executor(executor, config.settings, registry, isolate=isolate, address=address, say=say)
         bar = tqdm(total=sum(len(g.cells) for g in todo), disable=not progress, unit="cell", dynamic_ncols=True)
         try:
-            _run_groups(todo, measuring, folder, budgets, bar)
+            with terminate_as_interrupt():
+                _run_groups(todo, measuring, folder, budgets, bar)
         except KeyboardInterrupt:  # stop cleanly: finished groups are on disk, the lock is released on exit
             bar.close()
             meta["interrupted"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.config import Settings
-from attnbench.machine import retain_freed_memory
+from attnbench.machine import known_peaks, remember_peaks
 from attnbench.measure import GroupResult, measure_group
 from attnbench.plan import Cell, Group
 from attnbench.registry import registry
@@ -24,11 +24,18 @@ from attnbench.results import Row
 
 
 def group_request(group: Group, settings: Settings) -> dict[str, Any]:
-    """A group to measure, as JSON-able data: its cells' keys, whether it is timed, the settings."""
-    return {"settings": asdict(settings), "cells": [c.key() for c in group.cells], "timed": group.timed}
+    """A group to measure, as JSON-able data: its cells' keys, whether it is timed, the settings, and the machine
+    peaks known here (the guard's time estimates: a worker need not measure them again)."""
+    return {
+        "settings": asdict(settings),
+        "cells": [c.key() for c in group.cells],
+        "timed": group.timed,
+        "peaks": known_peaks(),
+    }
 
 
 def read_group_request(request: dict[str, Any]) -> tuple[Group, Settings]:
+    remember_peaks(request.get("peaks", {}))
     group = Group(tuple(Cell.from_key(key) for key in request["cells"]), request.get("timed", True))
     return group, Settings(**request["settings"])
 
@@ -50,7 +57,6 @@ def main() -> int:
         channel.flush()
 
     group, settings = read_group_request(json.loads(sys.stdin.read()))
-    retain_freed_memory()
     result = measure_group(group, settings, registry, progress=lambda step, cell: say({"step": step, "cell": cell}))
     say(result_record(result))
     return 0

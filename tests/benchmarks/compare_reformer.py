@@ -17,7 +17,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from attnbench.machine import retain_freed_memory
+from attnbench.machine import warm_allocator
 from attnbench.metrics import error_metrics
 from attnbench.reference import Reference
 from attnbench.registry import registry
@@ -41,55 +41,55 @@ def main() -> int:
     except ImportError:
         print("reformer-pytorch is not installed: run `make compare-lsh` (it is a comparison-only dependency)")
         return 2
-    retain_freed_memory()
-    cpu = torch.device("cpu")
-    n, h, d, bucket = args.seq_len, args.heads, args.head_dim, args.bucket_size
-    generator = torch.Generator().manual_seed(0)
-    q, v = (torch.randn(1, h, n, d, generator=generator) for _ in range(2))
-    q = q / args.temperature  # logits |q| cos(q, k) / sqrt(d): about N(0, 1/temperature^2), not flat
+    with warm_allocator():  # timed warm, as in a run
+        cpu = torch.device("cpu")
+        n, h, d, bucket = args.seq_len, args.heads, args.head_dim, args.bucket_size
+        generator = torch.Generator().manual_seed(0)
+        q, v = (torch.randn(1, h, n, d, generator=generator) for _ in range(2))
+        q = q / args.temperature  # logits |q| cos(q, k) / sqrt(d): about N(0, 1/temperature^2), not flat
 
-    theirs = ReformerLSH(bucket_size=bucket, n_hashes=args.n_hashes, causal=False).eval()
-    qk_flat, v_flat = (rearrange(t, "b h n d -> (b h) n d") for t in (q, v))
-    ours_paper = registry.create(
-        "lsh", shared_qk=True, bucket_size=bucket, n_hashes=args.n_hashes, n_buckets=n // bucket
-    )
-    ours_default = registry.create("lsh", shared_qk=True, bucket_size=bucket, n_hashes=args.n_hashes)
-
-    def run_theirs() -> torch.Tensor:
-        out = theirs(qk_flat, v_flat)
-        return rearrange(out[0] if isinstance(out, tuple) else out, "(b h) n d -> b h n d", h=h)
-
-    # exact shared-QK attention: keys are the normalized queries, a token never attends to itself
-    keys = F.normalize(q, dim=-1)
-    self_mask = ~torch.eye(n, dtype=torch.bool)
-    with torch.no_grad():
-        exact = torch.cat(
-            [
-                F.scaled_dot_product_attention(
-                    q[:, :, s : s + 1024].double(), keys.double(), v.double(), attn_mask=self_mask[s : s + 1024]
-                )
-                for s in range(0, n, 1024)
-            ],
-            2,
+        theirs = ReformerLSH(bucket_size=bucket, n_hashes=args.n_hashes, causal=False).eval()
+        qk_flat, v_flat = (rearrange(t, "b h n d -> (b h) n d") for t in (q, v))
+        ours_paper = registry.create(
+            "lsh", shared_qk=True, bucket_size=bucket, n_hashes=args.n_hashes, n_buckets=n // bucket
         )
-        reference = Reference(output=exact, uniform=v.double().mean(dim=2, keepdim=True).expand_as(exact))
-        calls = {
-            "reformer-pytorch LSHAttention": run_theirs,
-            f"attnbench lsh (n_buckets={n // bucket})": lambda: ours_paper(q, q, v),
-            f"attnbench lsh (default n_buckets={default_buckets(n, bucket)})": lambda: ours_default(q, q, v),
-        }
-        timings = time_interleaved(calls, cpu, min_run_time=args.min_run_time)
-        rows = [(label, timings[label], error_metrics(fn(), reference)) for label, fn in calls.items()]
-    base = rows[0][1].median_s
-    print(f"N={n}, H={h}, D={d}, bucket_size={bucket}, n_hashes={args.n_hashes}, threads={torch.get_num_threads()}")
-    print("| implementation | time ms (median ± IQR) | speedup vs reformer-pytorch | err vs uniform | rel Frobenius |")
-    print("|---|---|---|---|---|")
-    for label, timing, error in rows:
-        print(
-            f"| {label} | {timing.median_s * 1e3:.1f} ± {timing.iqr_s * 1e3:.1f} | {base / timing.median_s:.2f}× "
-            f"| {error.vs_uniform:.3f} | {error.rel_fro:.3f} |"
-        )
-    return 0
+        ours_default = registry.create("lsh", shared_qk=True, bucket_size=bucket, n_hashes=args.n_hashes)
+
+        def run_theirs() -> torch.Tensor:
+            out = theirs(qk_flat, v_flat)
+            return rearrange(out[0] if isinstance(out, tuple) else out, "(b h) n d -> b h n d", h=h)
+
+        # exact shared-QK attention: keys are the normalized queries, a token never attends to itself
+        keys = F.normalize(q, dim=-1)
+        self_mask = ~torch.eye(n, dtype=torch.bool)
+        with torch.no_grad():
+            exact = torch.cat(
+                [
+                    F.scaled_dot_product_attention(
+                        q[:, :, s : s + 1024].double(), keys.double(), v.double(), attn_mask=self_mask[s : s + 1024]
+                    )
+                    for s in range(0, n, 1024)
+                ],
+                2,
+            )
+            reference = Reference(output=exact, uniform=v.double().mean(dim=2, keepdim=True).expand_as(exact))
+            calls = {
+                "reformer-pytorch LSHAttention": run_theirs,
+                f"attnbench lsh (n_buckets={n // bucket})": lambda: ours_paper(q, q, v),
+                f"attnbench lsh (default n_buckets={default_buckets(n, bucket)})": lambda: ours_default(q, q, v),
+            }
+            timings = time_interleaved(calls, cpu, min_run_time=args.min_run_time)
+            rows = [(label, timings[label], error_metrics(fn(), reference)) for label, fn in calls.items()]
+        base = rows[0][1].median_s
+        print(f"N={n}, H={h}, D={d}, bucket_size={bucket}, n_hashes={args.n_hashes}, threads={torch.get_num_threads()}")
+        print("| implementation | time ms (median ± IQR) | speedup vs reformer-pytorch | err vs uniform | rel Frobenius |")
+        print("|---|---|---|---|---|")
+        for label, timing, error in rows:
+            print(
+                f"| {label} | {timing.median_s * 1e3:.1f} ± {timing.iqr_s * 1e3:.1f} | {base / timing.median_s:.2f}× "
+                f"| {error.vs_uniform:.3f} | {error.rel_fro:.3f} |"
+            )
+        return 0
 
 
 if __name__ == "__main__":
