@@ -37,21 +37,29 @@ def scaling_table(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def crossover(n: list[float], ratio: list[float]) -> tuple[float | None, str]:
-    """Where `ratio` (variant / baseline, sorted by N) first falls to 1 or below, interpolated in log-log.
+    """The N from which `ratio` (variant / baseline, sorted by N) is 1 or below at every larger measured N,
+    interpolated in log-log between the last N above 1 and the next.
 
-    Returns (N, description); N is None when the curve does not cross inside the swept range.
+    Returns (N, description); N is None when the largest N is not below 1. A curve that dips below 1 before
+    that point, or below 1 and back up, is "not monotone", and the description says where.
     """
     points = [(a, r) for a, r in zip(n, ratio) if r is not None and not math.isnan(r) and r > 0]
     if not points:
         return None, "no comparable points"
-    if points[0][1] <= 1:
+    above = [index for index, (_n, r) in enumerate(points) if r > 1]
+    if not above:
         return points[0][0], f"already at N={points[0][0]:g} (smallest swept)"
-    for (n_a, r_a), (n_b, r_b) in zip(points, points[1:]):
-        if r_b <= 1 < r_a:
-            fraction = math.log(r_a) / (math.log(r_a) - math.log(r_b))
-            at = math.exp(math.log(n_a) + fraction * (math.log(n_b) - math.log(n_a)))
-            return at, f"N ≈ {at:,.0f} (between {n_a:g} and {n_b:g})"
-    return None, f"not within the swept range (N ≤ {points[-1][0]:g})"
+    last = above[-1]
+    earlier = [f"{a:g}" for a, r in points[:last] if r <= 1]
+    if last == len(points) - 1:
+        if earlier:
+            return None, f"not monotone: below 1 at N={', '.join(earlier)}, above at N={points[-1][0]:g}"
+        return None, f"not within the swept range (N ≤ {points[-1][0]:g})"
+    (n_a, r_a), (n_b, r_b) = points[last], points[last + 1]
+    fraction = math.log(r_a) / (math.log(r_a) - math.log(r_b))
+    at = math.exp(math.log(n_a) + fraction * (math.log(n_b) - math.log(n_a)))
+    note = f"; not monotone: also below 1 at N={', '.join(earlier)}" if earlier else ""
+    return at, f"N ≈ {at:,.0f} (between {n_a:g} and {n_b:g}{note})"
 
 
 def crossover_table(cells: pd.DataFrame, baseline: str = "full") -> pd.DataFrame:

@@ -31,6 +31,7 @@ MIB = 2**20
 SETTING_COLUMNS = [c for c in GROUP_COLUMNS if c != "input"] + [MACHINE]  # what a timing is shared across inputs by
 NEAR_UNIFORM_ENTROPY = 0.88  # above this, averaging V is already close to exact attention
 PEAKED_ENTROPY = 0.45
+UNIFORM_EQUIVALENT = 0.95  # error vs uniform from which an approximation buys nothing over averaging V
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Choice:
     time_s: float = float("nan")  # median time per call
     noisy: bool = False  # its timing is flagged noisy
     fastest_exact: bool = False
+    left_out: str = ""  # why it is not offered as a choice ("" when it is)
 
     @property
     def speed(self) -> float:
@@ -60,6 +62,16 @@ class Choice:
         return self.speedup_high if self.speedup == self.speedup else self.speed
 
     @property
+    def clearly_faster(self) -> bool:
+        """Faster than the baseline beyond its 95% interval."""
+        return self.speedup_low == self.speedup_low and self.speedup_low > 1
+
+    @property
+    def no_better_than_uniform(self) -> bool:
+        """An approximation whose error buys nothing over averaging V (error vs uniform ≈ 1 or above)."""
+        return self.family != "exact" and self.error == self.error and self.error >= UNIFORM_EQUIVALENT
+
+    @property
     def error_rank(self) -> float:
         """Error for ranking: exact attention and unmeasured error count as 0, float rounding ties."""
         if self.family == "exact" or self.error != self.error:
@@ -69,10 +81,12 @@ class Choice:
 
 @dataclass
 class Answer:
-    """The verdict at one N."""
+    """The verdict at one N: what to use, in one sentence, the offered choices and the rest with their reasons."""
 
     n: int
-    choices: list[Choice]  # the fastest exact variant first, then the rest of the Pareto set by speedup
+    choices: list[Choice]  # offered: the fastest exact variant first, then the rest of the Pareto set by speed
+    left_out: list[Choice] = field(default_factory=list)  # each with its `left_out` reason
+    sentence: str = ""  # "Use X: ..." or "Nothing beats <baseline> here: ..."
 
 
 @dataclass
@@ -137,13 +151,16 @@ def input_sentence(rows: pd.DataFrame) -> str:
 
 
 def _short_crossover(text: str) -> str:
-    """'N ≈ 1,234 (between …)' -> '≈ 1,234'; 'already at N=256 …' -> '≤ 256'; 'not within … (N ≤ 4096)' -> '> 4096'."""
+    """'N ≈ 1,234 (between …)' -> '≈ 1,234'; 'already at N=256 …' -> '≤ 256'; 'not within … (N ≤ 4096)' -> '> 4096';
+    'not monotone: …' -> 'not monotone'; an interpolated N with a dip before it -> '≈ 1,234 (not monotone)'."""
     if text.startswith("N ≈"):
-        return "≈ " + text.split()[2]
+        return "≈ " + text.split()[2] + (" (not monotone)" if "not monotone" in text else "")
     if text.startswith("already at N="):
         return "≤ " + text.split("N=")[1].split()[0]
     if text.startswith("not within"):
         return "> " + text.rsplit("≤ ", 1)[1].rstrip(")")
+    if text.startswith("not monotone"):
+        return "not monotone"
     return "–"
 
 
@@ -185,9 +202,9 @@ def verdicts(frame: pd.DataFrame) -> list[InputVerdict]:
             )
             verdict = InputVerdict(words, str(source), baseline, input_sentence(on_input), str(timed_on))
             for n, at_n in on_input[on_input.status == "ok"].groupby("seq_len"):
-                choices = _choices(at_n, own[own.seq_len == n], baseline, pays_off)
-                if choices:
-                    verdict.answers.append(Answer(int(n), choices))
+                answer = judge(int(n), _candidates(at_n, own[own.seq_len == n], baseline, pays_off), baseline)
+                if answer is not None:
+                    verdict.answers.append(answer)
             out.append(verdict)
     return out
 
@@ -200,10 +217,16 @@ def _dominates(a: Choice, b: Choice) -> bool:
     )
 
 
-def _choices(errors: pd.DataFrame, timed: pd.DataFrame, baseline: str, pays_off: dict[str, str]) -> list[Choice]:
-    """The fastest exact variant and the speed-error Pareto set at one N. Speed is the paired speedup (or,
-    where the baseline did not run, 1 / time); a variant is dropped only when another is at least as
-    accurate and it is not faster beyond the other's interval."""
+def pareto_set(candidates: list[Choice]) -> list[Choice]:
+    """The candidates no other candidate dominates, fastest first: the one rule behind the verdict, its plots'
+    frontiers and their titles."""
+    front = [c for c in candidates if not any(_dominates(other, c) for other in candidates if other is not c)]
+    return sorted(front, key=lambda c: -c.speed)
+
+
+def _candidates(errors: pd.DataFrame, timed: pd.DataFrame, baseline: str, pays_off: dict[str, str]) -> list[Choice]:
+    """Every variant with an ok row at one N, its speed and memory from `timed` and its error from `errors`.
+    Speed is the paired speedup (or, where the baseline did not run, 1 / time)."""
     speed = timed.set_index("label")
     base_memory = speed.peak_mem_bytes.get(baseline, float("nan")) if len(speed) else float("nan")
     candidates = []
@@ -228,44 +251,130 @@ def _choices(errors: pd.DataFrame, timed: pd.DataFrame, baseline: str, pays_off:
                 noisy=bool(s.noisy),
             )
         )
+    return candidates
+
+
+def _fastest_exact(exact: list[Choice], baseline: str) -> Choice | None:
+    """The exact variant to offer: the baseline, unless another exact variant is faster beyond its interval
+    (a speedup whose interval spans 1 names no winner); with no baseline here, the fastest."""
+    base = next((c for c in exact if c.label == baseline), None)
+    faster = [c for c in exact if c is not base and c.clearly_faster]
+    if base is not None and not faster:
+        return base
+    return max(faster or exact, key=lambda c: c.speed) if exact else None
+
+
+def judge(n: int, candidates: list[Choice], baseline: str) -> Answer | None:
+    """The verdict at one N: the fastest exact variant and the speed-error Pareto set of the approximations that
+    beat averaging V, every other candidate with its reason, and the answer in one sentence."""
     if not candidates:
-        return []
+        return None
     exact = [c for c in candidates if c.family == "exact"]
-    fastest_exact = max(exact, key=lambda c: c.speed) if exact else None
+    fastest_exact = _fastest_exact(exact, baseline)
+    for c in exact:
+        if c is not fastest_exact:
+            slower = c.speed < fastest_exact.speed
+            c.left_out = f"exact, slower than {fastest_exact.label}" if slower else (
+                f"exact like {fastest_exact.label}, not faster beyond noise"
+            )
+    for c in candidates:
+        if c.no_better_than_uniform:
+            c.left_out = "worse than averaging V" if c.error >= 1.05 else "no better than averaging V"
+    contenders = [c for c in candidates if not c.left_out]
+    front = pareto_set(contenders)
+    for c in contenders:
+        if c not in front:
+            dominators = [o for o in contenders if o is not c and _dominates(o, c)]  # never empty: c is not in front
+            by = min(dominators, key=lambda o: (o not in front, o.speed))  # the nearest choice that beats it
+            if c.speed < by.speed:
+                c.left_out = f"slower than {by.label} and not more accurate"
+            else:
+                c.left_out = f"dominated by {by.label}: as accurate or more, not slower beyond noise"
     if fastest_exact is not None:
         fastest_exact.fastest_exact = True
-    front = [c for c in candidates if not any(_dominates(other, c) for other in candidates if other is not c)]
-    chosen = sorted((c for c in front if c is not fastest_exact), key=lambda c: -c.speed)
-    return ([fastest_exact] if fastest_exact else []) + chosen
+    chosen = [c for c in front if c is not fastest_exact]
+    offered = ([fastest_exact] if fastest_exact else []) + chosen
+    left_out = sorted((c for c in candidates if c.left_out), key=lambda c: -c.speed)
+    return Answer(n, offered, left_out, answer_sentence(offered, left_out, baseline))
 
 
-VERDICT_HEADERS = [
-    "N",
-    "variant",
-    "speedup vs {baseline} [95% CI]",
-    "error vs uniform",
-    "peak MiB (× {baseline})",
-    "faster from N",
-]
+def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str) -> str:
+    """'Use X: 3.1× [2.9–3.4] faster than full at error 0.12 vs uniform.' or 'Nothing beats full here: …'."""
+    approximate = [c for c in offered if c.family != "exact"]
+    paired = any(c.speedup == c.speedup for c in offered)
+    if not paired:
+        fastest = min(offered, key=lambda c: c.time_s)
+        return f"Fastest: {fastest.label} ({format_number(fastest.time_s * 1e3, '.3g')} ms per call); {baseline} did not run here."
+    winners = [c for c in approximate if c.clearly_faster]
+    exact_winner = next((c for c in offered if c.family == "exact" and c.label != baseline and c.clearly_faster), None)
+    if winners:
+        best = winners[0]  # the fastest of the Pareto set
+        text = f"Use {best.label}: {_speed(best)} faster than {baseline} at error {_error(best)} vs uniform"
+        text += _memory(best)
+        accurate = min(winners, key=lambda c: c.error_rank)
+        if accurate is not best:
+            text += f"; {accurate.label} is more accurate ({_error(accurate)}) at {_speed(accurate)}"
+        return text + "."
+    if exact_winner is not None:
+        return f"Use {exact_winner.label}: exact, {_speed(exact_winner)} faster than {baseline}{_memory(exact_winner)}."
+    slower = [c.label for c in left_out if c.family != "exact" and c.left_out.startswith("slower")]
+    slower += [c.label for c in approximate if not c.clearly_faster]
+    useless = [c.label for c in left_out if "averaging V" in c.left_out]
+    dominated = [c.label for c in left_out if c.left_out.startswith("dominated")]
+    reasons = []
+    if slower:
+        reasons.append(f"slower or not clearly faster ({', '.join(slower)})")
+    if useless:
+        reasons.append(f"no better than averaging V ({', '.join(useless)})")
+    if dominated:
+        reasons.append(f"dominated ({', '.join(dominated)})")
+    because = ": the approximate variants are " + " or ".join(reasons) if reasons else ""
+    return f"Nothing beats {baseline} here{because}."
 
 
-def verdict_rows(verdict: InputVerdict) -> tuple[list[str], list[list[str]]]:
-    """The verdict of one setting and input as a table: a row per choice, N by N."""
+def _speed(c: Choice) -> str:
+    return f"{c.speedup:.2g}× [{format_number(c.speedup_low, '.2g')}–{format_number(c.speedup_high, '.2g')}]"
+
+
+def _error(c: Choice) -> str:
+    return format_number(c.error, ".2g")
+
+
+def _memory(c: Choice) -> str:
+    ratio = c.memory_ratio
+    return f", {format_number(ratio, '.2g')}× the memory" if ratio == ratio else ""
+
+
+VERDICT_HEADERS = ["variant", "speedup vs {baseline} [95% CI]", "error vs uniform", "peak MiB (× {baseline})", "faster from N"]
+
+
+def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list[list[str]]]:
+    """The choices offered at one N as a table: a row per choice."""
     headers = [h.format(baseline=verdict.baseline) for h in VERDICT_HEADERS]
     rows = []
-    for answer in verdict.answers:
-        for index, choice in enumerate(answer.choices):
-            name = choice.label + (" (fastest exact)" if choice.fastest_exact else "")
-            error = "exact" if choice.family == "exact" else error_text(choice.error)
-            memory = (
-                f"{format_number(choice.peak_mem_bytes / MIB, '.1f')} ({format_number(choice.memory_ratio, '.2f')}×)"
-            )
-            if choice.speedup == choice.speedup:
-                speed = speedup_text(pd.Series(vars(choice))) + (" noisy" if choice.noisy else "")
-            else:
-                speed = f"– ({format_number(choice.time_s * 1e3, '.3g')} ms; no {verdict.baseline} here)"
-            rows.append([str(answer.n) if index == 0 else "", name, speed, error, memory, choice.pays_off])
+    for choice in answer.choices:
+        name = choice.label + (" (fastest exact)" if choice.fastest_exact else "")
+        error = "exact" if choice.family == "exact" else error_text(choice.error)
+        memory = f"{format_number(choice.peak_mem_bytes / MIB, '.1f')} ({format_number(choice.memory_ratio, '.2f')}×)"
+        if choice.speedup == choice.speedup:
+            speed = speedup_text(pd.Series(vars(choice))) + (" noisy" if choice.noisy else "")
+        else:
+            speed = f"– ({format_number(choice.time_s * 1e3, '.3g')} ms; no {verdict.baseline} here)"
+        rows.append([name, speed, error, memory, choice.pays_off])
     return headers, rows
+
+
+def left_out_text(answer: Answer) -> str:
+    """'Left out: linear (slower than full and not more accurate, 0.54×); …' ('' when nothing is)."""
+    if not answer.left_out:
+        return ""
+    parts = []
+    for c in answer.left_out:
+        figures = [speedup_text(pd.Series(vars(c))) if c.speedup == c.speedup else ""]
+        figures.append("" if c.family == "exact" else f"error {format_number(c.error, '.3g')}")
+        shown = ", ".join(f for f in figures if f and f != "–")
+        parts.append(f"{c.label} ({c.left_out}" + (f"; {shown})" if shown else ")"))
+    return "Left out: " + "; ".join(parts) + "."
 
 
 def error_text(error: float) -> str:
@@ -292,38 +401,81 @@ def timing_note(verdict: InputVerdict) -> str:
 
 
 VERDICT_INTRO = (
-    "For each input and N: the fastest exact variant, then the variants no other beats on both speed and "
-    "error (the Pareto set), fastest first. Speedups are paired, in turns with {baseline}, with a 95% interval; "
-    "error is against exact attention relative to averaging V (0 exact, 1 no better than averaging); "
-    "'faster from N' is where a variant starts to beat {baseline}."
+    "For each input and N: the answer in one sentence, then the fastest exact variant and the approximations "
+    "no other beats on both speed and error (the Pareto set, fastest first), then the variants left out and why "
+    "(slower, dominated, or no better than averaging V). Speedups are paired, in turns with {baseline}, with a "
+    "95% interval; error is against exact attention relative to averaging V (0 exact, 1 no better than "
+    "averaging); 'faster from N' is the N from which {baseline} is beaten at every larger N measured."
 )
 
 
+@dataclass
+class VerdictBlock:
+    """One block of the verdict as shown: its titles (several when their bodies are the same), the input's
+    sentence, and per N the answer, the table of choices and the left-out line."""
+
+    titles: list[str]
+    sentence: str
+    verdict: InputVerdict
+
+
+def verdict_blocks(frame: pd.DataFrame) -> list[VerdictBlock]:
+    """Every setting × input's verdict, those whose content is the same merged into one block."""
+    blocks: dict[str, VerdictBlock] = {}
+    for verdict in verdicts(frame):
+        sentence = " ".join(text for text in (verdict.sentence, timing_note(verdict)) if text)
+        body = sentence + "\n" + "\n".join(
+            answer.sentence + str(verdict_rows(verdict, answer)) + left_out_text(answer) for answer in verdict.answers
+        )
+        if body in blocks:
+            blocks[body].titles.append(verdict_title(verdict))
+        else:
+            blocks[body] = VerdictBlock([verdict_title(verdict)], sentence, verdict)
+    return list(blocks.values())
+
+
+def block_title(block: VerdictBlock) -> str:
+    if len(block.titles) == 1:
+        return block.titles[0]
+    return block.titles[0] + f" (and {len(block.titles) - 1} more with the same verdict: " + "; ".join(
+        block.titles[1:]
+    ) + ")"
+
+
 def verdict_markdown(frame: pd.DataFrame) -> str:
-    """The verdicts of a run as Markdown: a heading, a sentence and a table per setting and input."""
-    found = verdicts(frame)
+    """The verdicts of a run as Markdown: per block a heading and a sentence, per N the answer and a table."""
+    found = verdict_blocks(frame)
     if not found:
         return "No cell ran ok: there is nothing to recommend.\n"
-    parts = [VERDICT_INTRO.format(baseline=f"`{found[0].baseline}`")]
-    for verdict in found:
-        parts.append(f"### {verdict_title(verdict)}")
-        parts.append(" ".join(text for text in (verdict.sentence, timing_note(verdict)) if text))
-        if verdict.answers:
-            parts.append(markdown_table(*verdict_rows(verdict)))
-        else:
-            parts.append(f"No variant has both a speedup against `{verdict.baseline}` and a result here.")
+    parts = [VERDICT_INTRO.format(baseline=f"`{found[0].verdict.baseline}`")]
+    for block in found:
+        parts.append(f"### {block_title(block)}")
+        parts.append(block.sentence)
+        if not block.verdict.answers:
+            parts.append(f"No variant has both a speedup against `{block.verdict.baseline}` and a result here.")
+        for answer in block.verdict.answers:
+            parts.append(f"**N={answer.n}:** {answer.sentence}")
+            parts.append(markdown_table(*verdict_rows(block.verdict, answer)))
+            if answer.left_out:
+                parts.append(left_out_text(answer))
     return "\n\n".join(parts) + "\n"
 
 
 def verdict_terminal(frame: pd.DataFrame, width: int) -> str:
-    """The verdicts as aligned plain tables that fit `width` columns."""
-    found = verdicts(frame)
+    """The verdicts as plain text that fits `width` columns: per N the answer, an aligned table, the left-out."""
+    found = verdict_blocks(frame)
     if not found:
         return "No cell ran ok: there is nothing to recommend."
     parts = []
-    for verdict in found:
-        sentence = " ".join(text for text in (verdict.sentence, timing_note(verdict)) if text).replace("`", "")
-        parts.append(textwrap.fill(f"== {verdict_title(verdict)}", width) + "\n" + textwrap.fill(sentence, width))
-        if verdict.answers:
-            parts.append(aligned_table(*verdict_rows(verdict), width=width, cuttable=(3, 4, 1)))
+    for block in found:
+        parts.append(
+            textwrap.fill(f"== {block_title(block)}", width) + "\n" + textwrap.fill(block.sentence.replace("`", ""), width)
+        )
+        for answer in block.verdict.answers:
+            lines = [textwrap.fill(f"N={answer.n}: {answer.sentence}", width)]
+            table = aligned_table(*verdict_rows(block.verdict, answer), width=width - 2, cuttable=(3, 0))
+            lines += ["  " + line for line in table.splitlines()]
+            if answer.left_out:
+                lines.append(textwrap.fill(left_out_text(answer), width, initial_indent="  ", subsequent_indent="    "))
+            parts.append("\n".join(lines))
     return "\n\n".join(parts)

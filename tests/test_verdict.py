@@ -1,0 +1,134 @@
+"""The verdict says its answer: one sentence per N, the choices, and every variant left out with its reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from attnbench.analysis import crossover
+from attnbench.results import read_results
+from attnbench.verdict import Choice, judge, verdict_blocks, verdict_markdown, verdict_terminal
+
+from test_report import edit_rows, synthetic_run
+
+
+def choice(label: str, family: str, speedup: float, low: float, high: float, error: float) -> Choice:
+    return Choice(label, family, speedup, low, high, error, 1e6, 1.0, "–", time_s=1e-3 / speedup)
+
+
+def test_a_variant_no_better_than_averaging_v_is_never_offered_however_fast() -> None:
+    answer = judge(
+        4096,
+        [
+            choice("full", "exact", 1.0, 1.0, 1.0, 0.0),
+            choice("linear", "linear", 20.0, 18.0, 25.0, 0.999),
+            choice("band", "band", 5.0, 4.8, 5.3, 1.13),
+        ],
+        "full",
+    )
+    assert [c.label for c in answer.choices] == ["full"]
+    assert {c.label: c.left_out for c in answer.left_out} == {
+        "linear": "no better than averaging V",
+        "band": "worse than averaging V",
+    }
+    assert answer.sentence == (
+        "Nothing beats full here: the approximate variants are no better than averaging V (linear, band)."
+    )
+
+
+def test_the_answer_names_the_fastest_choice_and_a_more_accurate_one() -> None:
+    answer = judge(
+        4096,
+        [
+            choice("full", "exact", 1.0, 1.0, 1.0, 0.0),
+            choice("linformer", "low-rank", 6.5, 5.7, 11.7, 0.31),
+            choice("band", "band", 2.1, 1.9, 2.3, 0.12),
+            choice("performer", "linear", 1.8, 1.7, 1.9, 0.5),  # slower and less accurate than band
+        ],
+        "full",
+    )
+    assert [c.label for c in answer.choices] == ["full", "linformer", "band"]
+    assert answer.sentence == (
+        "Use linformer: 6.5× [5.7–12] faster than full at error 0.31 vs uniform, 1× the memory; "
+        "band is more accurate (0.12) at 2.1× [1.9–2.3]."
+    )
+    (performer,) = answer.left_out
+    assert performer.left_out == "slower than band and not more accurate"
+
+
+def test_an_exact_variant_within_noise_of_the_baseline_does_not_displace_it() -> None:
+    """full-math 1.01× [0.13–6.62] is no evidence of being faster: full stays the fastest exact."""
+    answer = judge(
+        1024,
+        [choice("full", "exact", 1.0, 1.0, 1.0, 0.0), choice("full-math", "exact", 1.01, 0.13, 6.62, 0.0)],
+        "full",
+    )
+    assert [c.label for c in answer.choices] == ["full"] and answer.choices[0].fastest_exact
+    assert answer.left_out[0].left_out == "exact like full, not faster beyond noise"
+    clearly = judge(
+        1024,
+        [choice("full", "exact", 1.0, 1.0, 1.0, 0.0), choice("full-math", "exact", 1.3, 1.2, 1.4, 0.0)],
+        "full",
+    )
+    assert [c.label for c in clearly.choices] == ["full-math"]
+    assert clearly.sentence.startswith("Use full-math: exact, 1.3× [1.2–1.4] faster than full")
+    assert clearly.left_out[0].left_out == "exact, slower than full-math"
+
+
+def test_nothing_beats_the_baseline_says_which_are_slower() -> None:
+    answer = judge(
+        256,
+        [
+            choice("full", "exact", 1.0, 1.0, 1.0, 0.0),
+            choice("lsh", "lsh", 0.13, 0.12, 0.14, 0.3),
+            choice("linear", "linear", 1.05, 0.9, 1.2, 0.5),  # offered (not dominated) but not clearly faster
+        ],
+        "full",
+    )
+    assert answer.sentence == (
+        "Nothing beats full here: the approximate variants are slower or not clearly faster (lsh, linear)."
+    )
+
+
+def test_faster_from_is_the_n_from_which_every_larger_n_is_faster() -> None:
+    # time ratios (variant / baseline): faster at 256 and 4096, slower at 1024
+    at, text = crossover([256, 1024, 4096], [0.8, 1.85, 0.5])
+    assert 1024 < at < 4096 and text.endswith("; not monotone: also below 1 at N=256)")
+    assert crossover([256, 1024, 4096], [0.8, 0.9, 1.5]) == (
+        None,
+        "not monotone: below 1 at N=256, 1024, above at N=4096",
+    )
+
+
+def test_faster_from_in_the_verdict_is_not_the_first_faster_n(tmp_path: Path) -> None:
+    """A variant faster at the smallest N and slower after it is not 'faster from N ≤ 256'."""
+    run = synthetic_run(tmp_path / "run")
+
+    def band_fast_only_at_512(rows: list[dict]) -> list[dict]:
+        for r in rows:
+            if r["label"] == "band" and r["status"] == "ok":
+                fast = r["seq_len"] == "512"
+                r["speedup"], r["speedup_low"], r["speedup_high"] = ("2.0", "1.9", "2.1") if fast else ("0.5", "0.4", "0.6")
+        return rows
+
+    edit_rows(run, band_fast_only_at_512)
+    (verdict,) = [b.verdict for b in verdict_blocks(read_results(run))]
+    pays_off = {c.label: c.pays_off for a in verdict.answers for c in a.choices + a.left_out}
+    assert pays_off["band"] == "not monotone"
+
+
+def test_identical_verdicts_are_merged_into_one_block(tmp_path: Path) -> None:
+    run = synthetic_run(tmp_path / "run")
+    frame = read_results(run)
+    twin = frame.assign(input="gaussian-twin")  # the same figures on a second input
+    both = pd.concat([frame, twin], ignore_index=True)
+    blocks = verdict_blocks(both)
+    assert len(blocks) == 1 and len(blocks[0].titles) == 2
+    assert "and 1 more with the same verdict: gaussian-twin" in verdict_markdown(both)
+
+
+def test_the_terminal_verdict_fits_80_columns(tmp_path: Path) -> None:
+    frame = read_results(synthetic_run(tmp_path / "run"))
+    text = verdict_terminal(frame, 80)
+    assert "N=2048: Use band" in text and "Left out: strided" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
