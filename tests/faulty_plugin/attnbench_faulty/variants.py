@@ -84,3 +84,23 @@ class OddReason(AttentionVariant):
 
     def forward(self, q, k, v, *, causal, key_padding_mask):
         raise RuntimeError("head_dim | must be 32 for this kernel\nsecond line of the message " + "x" * 80 + " END")
+
+
+class LongCall(AttentionVariant):
+    """From N=64 on, one call is a single torch operation of tens of seconds (a 12k x 12k matmul): a signal can
+    reach Python only when it returns. Writes the file named by ATTNBENCH_TEST_LONG_CALL as it starts it."""
+
+    name = "long-call"
+    family = "test"
+    exact = False
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        if q.shape[-2] >= 64:
+            import os
+
+            marker = os.environ.get("ATTNBENCH_TEST_LONG_CALL")
+            if marker:
+                open(marker, "w").close()
+            big = torch.ones(12000, 12000)
+            big @ big  # one call, ~40 s on 2 cores
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)

@@ -1,0 +1,156 @@
+"""Safe at any size: every large allocation and every long call is estimated and refused before it happens;
+Ctrl-C and SIGTERM stop a run within seconds even inside one long call, keeping every finished row."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from attnbench.config import parse_config
+from attnbench.estimate import cell_estimate, group_cost, over_budget_reason
+from attnbench.machine import warm_allocator
+from attnbench.memory import LiveTensorPeak
+from attnbench.reference import exact_reference
+from attnbench.registry import registry
+from attnbench.results import read_results
+
+from test_run_folder import attnbench, only_run, write_config
+
+PEAKS = {  # a slow machine's yardsticks, so that the figures below do not depend on this one's
+    "cpu/float32": {"matmul_flops_per_s": 1e11, "copy_bytes_per_s": 1e10},
+    "cpu/float64": {"matmul_flops_per_s": 5e10, "copy_bytes_per_s": 1e10},
+}
+
+
+def one_cell(text: str):
+    (cell,) = parse_config({"variants": ["full"], "heads": 1, "head_dim": 8, **text}).cells()
+    return cell
+
+
+def test_the_reference_is_computed_in_chunks_within_its_estimate() -> None:
+    """Beyond its O(N·D) copies and outputs, the float64 reference holds a chunk of scores, never N x N."""
+    n, chunk = 1024, 1024 * 64
+    q, k, v = (torch.randn(1, 2, n, 16) for _ in range(3))
+    with LiveTensorPeak(exclude=(q, k, v)) as tracker:
+        exact_reference(q, k, v, causal=True, key_padding_mask=None, max_chunk_elements=chunk)
+    assert tracker.peak < 2 * n * n * 8 / 8  # an eighth of one (b, h, N, N) float64 score matrix
+    cost = group_cost(one_cell({"seq_lens": [n], "heads": 2, "head_dim": 16}), error=True, float64_peaks=None)
+    o_of_n = 2 * n * 16 * 8 * (3 + 2)  # Q, K, V and the two outputs in float64
+    assert tracker.peak <= o_of_n + 4 * 2 * 64 * n * 8  # and a few chunks
+    assert cost.reference_peak_bytes >= o_of_n  # the estimate covers the copies
+
+
+def test_a_call_far_over_the_time_budget_is_skipped_with_its_estimate() -> None:
+    cell = one_cell({"seq_lens": [262144], "heads": 8, "head_dim": 64, "error": False})
+    estimate = cell_estimate(cell, registry.create("full"), error=False, peaks=PEAKS)
+    reason = over_budget_reason(estimate, time_budget_s=2.0)
+    assert estimate.call_s > 1000  # 4 N^2 D H flops at 100 GFLOP/s: ~24 min
+    assert reason is not None and reason.startswith("one call would take at least 23") and "time_budget_s" in reason
+
+
+def test_the_reference_of_a_huge_n_is_refused_even_for_a_linear_variant() -> None:
+    """N = 10^7 with one head of width 8 passes for `linear` itself; its float64 reference (N^2) cannot."""
+    cell = one_cell({"seq_lens": [10**7]})
+    estimate = cell_estimate(cell, registry.create("linear"), error=True, peaks=PEAKS)
+    assert estimate.call_s < 1.0
+    reason = over_budget_reason(estimate, time_budget_s=10.0)
+    assert reason is not None and "float64 exact reference would take at least" in reason and "days" in reason
+    assert "set error = false" in reason
+
+
+def test_huge_n_ends_within_seconds_with_reasons_and_exit_3(tmp_path: Path) -> None:
+    """The command that once took the machine down (anon-rss 23 GB, exit 137) now skips every cell at once."""
+    started = time.monotonic()
+    result = attnbench(
+        "run", "quick", "--variants", "full,full-math,band", "--seq-lens", "262144", "--no-progress",
+        "--out", str(tmp_path), timeout=120,
+    )  # fmt: skip
+    assert time.monotonic() - started < 90
+    assert result.returncode == 3, result.stderr
+    frame = read_results(only_run(tmp_path))
+    assert len(frame) == 6 and (frame.status == "skipped").all()
+    reasons = frame.set_index(["label", "input"]).reason
+    assert reasons[("full-math", "realistic")].startswith("estimated peak memory")
+    assert "float64 exact reference would take at least" in reasons[("band(window=256)", "realistic")]
+    report = attnbench("report", str(only_run(tmp_path)))
+    assert report.returncode == 3 and "no cell ran ok" in report.stderr
+
+
+def test_dry_run_prints_the_plan_and_its_estimates_without_a_run_folder(tmp_path: Path) -> None:
+    result = attnbench("run", "quick", "--seq-lens", "256,262144", "--dry-run", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "N=256 fwd non-causal realistic" in out and "peak memory" in out and "≥ " in out
+    assert "full-math at N=262144: estimated peak memory" in out
+    assert "band(window=256) at N=262144: the float64 exact reference would take at least" in out
+    assert out.strip().splitlines()[-1].startswith("total: 20 of 44 cells would run in 4 groups, at least")
+    assert not any(tmp_path.iterdir())  # nothing was written
+
+
+def test_report_on_a_run_folder_with_no_finished_cell_says_so(tmp_path: Path) -> None:
+    from attnbench.results import ResultsWriter
+
+    run = tmp_path / "killed"
+    run.mkdir()
+    with ResultsWriter(run / "results.csv"):  # the header a run writes first, and no row
+        pass
+    result = attnbench("report", str(run))
+    assert result.returncode == 3
+    assert "has no finished cell" in result.stderr and "--resume" in result.stderr
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_run_inside_one_long_call(installed_plugins, tmp_path: Path, stop: signal.Signals) -> None:
+    """A 40-second torch call at N=64 never returns to Python; the run still stops within seconds, keeps the
+    rows of N=16 and says how to resume."""
+    marker = tmp_path / "in-the-long-call"
+    config = write_config(tmp_path / "long.toml", "seq_lens = [16, 64]\nvariants = ['long-call', 'full']\n")
+    log = tmp_path / "run.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnbench.cli", "run", str(config), "--out", str(tmp_path / "out"), "--no-progress",
+         "--no-report"],
+        stdout=subprocess.DEVNULL, stderr=log.open("w"),
+        env={**installed_plugins, "ATTNBENCH_TEST_LONG_CALL": str(marker)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not marker.exists() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.05)
+        assert marker.exists(), log.read_text()
+        time.sleep(0.5)  # well inside the call
+        sent = time.monotonic()
+        process.send_signal(stop)
+        process.wait(timeout=30)
+        stopped_after = time.monotonic() - sent
+    finally:
+        process.kill()
+    err = log.read_text()
+    assert process.returncode == 130, err
+    assert stopped_after < 5, f"took {stopped_after:.1f} s to stop"
+    run = only_run(tmp_path / "out")
+    assert "attnbench run --resume" in err and "Traceback" not in err
+    frame = read_results(run)
+    assert set(frame.seq_len) == {16} and (frame.status == "ok").all()  # the finished group, whole
+    assert "interrupted" in json.loads((run / "meta.json").read_text())
+
+
+def test_the_warm_allocator_returns_what_it_kept() -> None:
+    """Freed memory is kept for reuse only while timing: afterwards it goes back to the system."""
+
+    def resident_mib() -> float:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+
+    before = resident_mib()
+    with warm_allocator():
+        blocks = [torch.ones(2**24) for _ in range(8)]  # 8 x 64 MiB
+        del blocks
+        kept = resident_mib()
+    after = resident_mib()
+    assert kept - before > 256  # kept while timing (warm: no page faults on the next call)
+    assert after - before < 64  # and returned after it
