@@ -98,20 +98,3 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
 
 
 ERROR_RESOLUTION = 1e-4  # errors vs uniform below this count as equal (float rounding, not accuracy)
-
-
-def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
-    """The points (label, speedup, error) that no other point beats on both speedup (higher) and error (lower),
-    sorted by speedup. Errors under ERROR_RESOLUTION tie, so a slower exact variant is not kept for a rounding
-    difference."""
-    ordered = points.assign(_error=points.error.clip(lower=ERROR_RESOLUTION)).sort_values(
-        ["speedup", "_error"], ascending=[False, True]
-    )
-    front, best = [], np.inf
-    for _, row in ordered.iterrows():
-        if row._error < best:
-            front.append(row)
-            best = row._error
-    if not front:
-        return points.iloc[0:0]
-    return pd.DataFrame(front).drop(columns="_error").sort_values("speedup")

@@ -30,7 +30,7 @@ def require_local_model(model_dir: Path, command: str) -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
     if importlib.util.find_spec("transformers") is None:
-        raise CaptureError(f"{command} needs transformers: pip install 'attnbench[capture]'")
+        raise CaptureError(f"{command} needs transformers: pip install -e '.[capture]' (from the attnbench checkout)")
     if not (model_dir / "config.json").is_file():
         raise CaptureError(f"{model_dir} is not a local model folder (no config.json); nothing is downloaded")
 

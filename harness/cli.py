@@ -20,7 +20,8 @@ EXIT_STATUS = """exit status:
   2    usage: a bad argument or config (every problem listed before any work), not a run folder, a run
        folder another process writes, a Ray cluster that does not answer; check: the variant cannot be
        checked on this machine; model: a model, text or variant it cannot use (with the reason)
-  3    run: no cell ran ok (every cell failed, was unsupported or skipped); model: no variant ran ok
+  3    run, report: no cell ran ok (every cell failed, was unsupported or skipped; report: or none finished);
+       model: no variant ran ok
   130  run: interrupted (Ctrl-C); finished cells are kept, the message gives the --resume command;
        model: interrupted, model.csv keeps the variants finished
 """
@@ -93,7 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="quick",
         help=f"a preset ({', '.join(preset_names())}) or a TOML file (default: quick)",
     )
-    run.add_argument("--variants", type=_csv(str), help="comma-separated variant names (keeps the config's grids)")
+    run.add_argument(
+        "--variants",
+        help="comma-separated variant settings, as reports label them: a name keeps the config's grid for it, "
+        "NAME(key=value, ...) is that one setting, e.g. 'band(window=64),band(window=128),full'",
+    )
     run.add_argument("--seq-lens", type=_csv(int), help="comma-separated sequence lengths, e.g. 1024,4096")
     run.add_argument("--device", type=_csv(str), help="cpu, cuda or cuda:N (comma-separated for several)")
     run.add_argument("--dtype", type=_csv(str), help="float32, float16, bfloat16 or float64")
@@ -115,10 +120,16 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["local", "ray"],
         default="local",
         help="local: groups one after another on this machine (default); ray: each group a Ray task, on a local "
-        "Ray runtime or the cluster at --address (pip install 'attnbench[ray]')",
+        "Ray runtime or the cluster at --address (Ray: pip install -e '.[ray]' in the attnbench checkout)",
     )
     run.add_argument(
         "--address", help="with --executor ray: a running Ray cluster to join: auto (the one on this node) or HOST:PORT"
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan and stop: each group's cells, the cells the memory and time guard would skip and "
+        "why, estimated peak memory and time (lower bounds from this machine's measured peaks), the total",
     )
     run.add_argument(
         "--isolate",
@@ -224,7 +235,10 @@ def command_check(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise ValueError(f"--param {error}") from None
         variant_class = registry.load(args.name)
-        variant_class(seed=0, **params)  # a bad hyperparameter, or a constructor that raises, is reported here
+        problems = variant_class.validate_hyperparams(params)
+        if problems:
+            raise ValueError(f"--param: invalid hyperparameters for {args.name}: {'; '.join(problems)}")
+        variant_class(seed=0, **params)  # a constructor that raises is reported here
     except (ValueError, VariantError) as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -449,7 +463,7 @@ def command_list() -> int:
 
 def command_run(args: argparse.Namespace) -> int:
     from attnbench.ray_executor import RayUnavailable
-    from attnbench.run import run_plan
+    from attnbench.run import exit_now_if_abandoned, run_plan
     from attnbench.rundir import RunFolderBusy, new_run_dir
     from attnbench.results import read_results
     from attnbench.summary import noise_line, write_summary
@@ -475,7 +489,8 @@ def command_run(args: argparse.Namespace) -> int:
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            print("attnbench: --executor ray needs Ray: pip install 'attnbench[ray]'", file=sys.stderr)
+            print("attnbench: --executor ray needs Ray: pip install -e '.[ray]' in the attnbench checkout",
+                  file=sys.stderr)  # fmt: skip
             return EXIT_USAGE
         if args.address is not None:
             from attnbench.ray_executor import RayUnavailable, reachable_or_raise
@@ -490,10 +505,12 @@ def command_run(args: argparse.Namespace) -> int:
             config = _stored_config(args.resume, overrides, cluster=args.executor == "ray")
         else:
             config = load_config(args.config, overrides, cluster=args.executor == "ray")
-    except ConfigError as error:
+    except ConfigError as error:  # a flag's problems name the flag, the file's name the file
         print(f"attnbench: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     cells = config.cells()
+    if args.dry_run:
+        return _dry_run(config)
     run_dir = args.resume if args.resume is not None else new_run_dir(args.out, config.name)
     duplicates = config.duplicates()
     print(
@@ -537,6 +554,7 @@ def command_run(args: argparse.Namespace) -> int:
             f"Continue with:\n  attnbench run --resume {run_dir}{executor}",
             file=sys.stderr,
         )
+        exit_now_if_abandoned(EXIT_INTERRUPTED)  # a call still running on its thread: no waiting for it
         return EXIT_INTERRUPTED
     from attnbench.verdict import verdict_terminal
 
@@ -568,6 +586,18 @@ def command_run(args: argparse.Namespace) -> int:
     if report is not None:
         print(f"attnbench: report: {report}", file=sys.stderr)
     return EXIT_NOTHING_RAN if nothing_ran else 0
+
+
+def _dry_run(config: SweepConfig) -> int:
+    """`run --dry-run`: the plan with its estimates; nothing is measured but the machine's peaks."""
+    from attnbench.machine import peaks_for
+    from attnbench.preview import preview, preview_text
+
+    print("attnbench: measuring this machine's peaks for the estimates…", file=sys.stderr, flush=True)
+    for device in config.axes["device"]:
+        peaks_for(device, (*config.axes["dtype"], "float64"))
+    print(preview_text(preview(config, registry), terminal_width()))
+    return 0
 
 
 def terminal_width() -> int:
@@ -619,10 +649,27 @@ def _run_folder(path: Path) -> Path | None:
 def command_report(args: argparse.Namespace) -> int:
     from attnbench.report import write_report
 
+    from attnbench.results import read_results
+
     if _run_folder(args.run_dir) is None:
         return 2
+    frame = read_results(args.run_dir)
+    if frame.empty:
+        print(
+            f"attnbench: {args.run_dir} has no finished cell (the run stopped before its first group ended): no report "
+            f"written; continue it with: attnbench run --resume {args.run_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_NOTHING_RAN
     report = write_report(args.run_dir)
     print(f"attnbench: wrote report.md and plots/; report: {report}")
+    if not (frame.status == "ok").any():
+        print(
+            f"attnbench: no cell ran ok in this run ({', '.join(sorted(set(frame.status)))}): the report gives the "
+            "reasons",
+            file=sys.stderr,
+        )
+        return EXIT_NOTHING_RAN
     return 0
 
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from importlib import resources
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Callable, Sequence, get_type_hints
 
 import tomllib
 from attnbench.inputs import captured_fit_problems, validate_input
-from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
+from attnbench.interface import ALL_DTYPES, AttentionVariant, VariantError, did_you_mean
 from attnbench.plan import AXES, Cell, Group, InputSpec, VariantSpec, expand, groups_of
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
@@ -23,14 +24,30 @@ from attnbench.registry import registry as default_registry
 PRESETS = "attnbench.configs"  # configs/ in the source tree, package data in a wheel
 MODES = ("fwd", "fwd+bwd")
 DEVICES = ("cpu", "cuda")
+ALIASES = {  # common spellings of an enumerated value -> the one attnbench takes (suggested, never replaced)
+    "dtype": {"fp16": "float16", "half": "float16", "f16": "float16", "bf16": "bfloat16", "fp32": "float32",
+              "f32": "float32", "float": "float32", "single": "float32", "fp64": "float64", "f64": "float64",
+              "double": "float64"},
+    "mode": {"forward": "fwd", "bwd": "fwd+bwd", "backward": "fwd+bwd", "train": "fwd+bwd"},
+    "device": {"gpu": "cuda"},
+}  # fmt: skip
 
 
 class ConfigError(ValueError):
-    """A config that cannot run; the message lists every problem."""
+    """A config that cannot run; the message lists every problem, those of command-line flags apart from the
+    file's (a flag's problem begins with its name, `--variants: ...`)."""
 
     def __init__(self, source: str, problems: list[str]) -> None:
         self.problems = problems
-        super().__init__(f"{source} has {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+        flagged = [p for p in problems if p.startswith("--")]
+        own = [p for p in problems if not p.startswith("--")]
+        parts = [(what, listed) for what, listed in (("the command line", flagged), (source, own)) if listed]
+        super().__init__(
+            "\n".join(
+                f"{what} has {len(listed)} problem(s):\n" + "\n".join(f"  - {p}" for p in listed)
+                for what, listed in parts
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -118,18 +135,80 @@ class SweepConfig:
 
 
 def parse_params(pairs: list[str]) -> dict[str, Any]:
-    """KEY=VALUE pairs (hyperparameters on a command line), each value read as TOML (64, 0.5, true, "flex") or
-    else as a plain string; ValueError names a pair without "="."""
-    params = {}
+    """KEY=VALUE pairs (hyperparameters on a command line), each value read as TOML (64, 0.5, true, "flex"), as
+    a boolean when spelt as a label prints it (True, False), or else as a plain string; ValueError names a pair
+    without "=" or a key given twice."""
+    params: dict[str, Any] = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
+        key, sep, value = (part.strip() for part in pair.partition("="))
+        if not sep or not key:
             raise ValueError(f"{pair.strip()!r}: expected KEY=VALUE")
+        if key in params:
+            raise ValueError(f"{key} is given twice")
         try:
-            params[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+            params[key] = tomllib.loads(f"v = {value}")["v"]
         except tomllib.TOMLDecodeError:
-            params[key.strip()] = value.strip()
+            params[key] = {"True": True, "False": False}.get(value, value)
     return params
+
+
+def _split_top(text: str) -> list[str] | None:
+    """`text` cut at the commas outside parentheses, brackets and quotes; None when those do not balance."""
+    parts, depth, quote, start = [], 0, "", 0
+    for index, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char in "([":
+            depth += 1
+        elif char in ")]":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif char == "," and depth == 0:
+            parts.append(text[start:index].strip())
+            start = index + 1
+    return None if depth or quote else [*parts, text[start:].strip()]
+
+
+def parse_variant_specs(text: str) -> list[VariantSpec]:
+    """'band(window=64),band(window=128),lsh' -> one VariantSpec per setting, in order: the syntax of every
+    `--variants` and of the labels reports print. Values are read as `parse_params` reads them, one per key
+    (several settings are several specs). ValueError says what cannot be read; names are not checked here."""
+    parts = _split_top(text)
+    if parts is None:
+        raise ValueError(f"unbalanced parentheses or quotes in {text!r}")
+    specs = []
+    for part in filter(None, parts):
+        match = re.fullmatch(r"([\w.-]+)\s*(?:\((.*)\))?", part, flags=re.DOTALL)
+        pairs = _split_top(match.group(2) or "") if match else None  # None: `band(window=1)(x)` and the like
+        if pairs is None:
+            raise ValueError(f"cannot read {part!r}; write NAME or NAME(key=value, ...)")
+        name = match.group(1)
+        try:
+            params = parse_params([pair for pair in pairs if pair])
+        except ValueError as error:
+            raise ValueError(f"{part!r}: {error}") from None
+        for key, value in params.items():
+            if isinstance(value, (list, dict)):
+                raise ValueError(
+                    f"{part!r}: {key} takes one value here; for several settings write each, "
+                    f"e.g. {name}({key}=1),{name}({key}=2)"
+                )
+        specs.append(VariantSpec(name, tuple(sorted(params.items()))))
+    if not specs:
+        raise ValueError("give at least one variant, e.g. band,lsh or band(window=64),full")
+    return specs
+
+
+def suggest(value: Any, known: Sequence[str], aliases: dict[str, str] | None = None) -> str:
+    """' Did you mean: float16?' for a misspelt, differently cased or aliased value (cdua, CUDA, fp16), else ''."""
+    if not isinstance(value, str):
+        return ""
+    word = value.strip().lower().removeprefix("torch.")
+    alias = (aliases or {}).get(word, word if word in known else None)
+    return f" Did you mean: {alias}?" if alias else did_you_mean(word, list(known))
 
 
 def overrides_text(overrides: dict[str, Any]) -> str:
@@ -171,10 +250,22 @@ def _grid(params: dict[str, Any]) -> list[tuple[tuple[str, Any], ...]]:
 
 
 def parse_config(
-    raw: dict[str, Any], *, source: str = "config", registry: Registry = default_registry, cluster: bool = False
+    raw: dict[str, Any],
+    *,
+    source: str = "config",
+    registry: Registry = default_registry,
+    cluster: bool = False,
+    flags: dict[str, str] | None = None,
 ) -> SweepConfig:
     """Validate a config dict (as read from TOML, overrides applied) and resolve it; ConfigError lists every problem.
-    With `cluster` (a Ray run) CUDA is not required here, but `cuda:N` is refused: Ray hands each task one GPU."""
+    With `cluster` (a Ray run) CUDA is not required here, but `cuda:N` is refused: Ray hands each task one GPU.
+    `flags` maps the keys the command line set to their flags (`seq_lens` -> `--seq-lens`): their problems
+    name the flag, not the file."""
+    flags = flags or {}
+
+    def at(key: str) -> str:
+        return flags.get(key, key)
+
     problems: list[str] = []
     config = SweepConfig()
     raw = {key: value for key, value in raw.items() if value is not None}  # None: "not set" (as meta.json writes it)
@@ -195,7 +286,9 @@ def parse_config(
             continue
         values = _as_list(raw[key])
         if not values or any(not _type_ok(v, kind) for v in values):
-            problems.append(f"{key}: expected {kind.__name__} or a non-empty list of {kind.__name__}, got {raw[key]!r}")
+            problems.append(
+                f"{at(key)}: expected {kind.__name__} or a non-empty list of {kind.__name__}, got {raw[key]!r}"
+            )
         else:
             config.axes[name] = [float(v) if kind is float else v for v in values]
     settings = {}
@@ -204,9 +297,9 @@ def parse_config(
             if _type_ok(raw[key], kind):
                 settings[key] = float(raw[key]) if kind is float else raw[key]
             else:
-                problems.append(f"{key}: expected {kind.__name__}, got {raw[key]!r}")
+                problems.append(f"{at(key)}: expected {kind.__name__}, got {raw[key]!r}")
     config.settings = Settings(**settings)
-    problems += _axis_problems(config.axes) + _setting_problems(config.settings)
+    problems += _axis_problems(config.axes, at) + _setting_problems(config.settings, at)
 
     if "inputs" in raw:
         config.axes["input"] = []
@@ -218,54 +311,64 @@ def parse_config(
             problems += [f"inputs[{index}]: {p}" for p in validate_input(item["name"], params)]
             config.axes["input"].append(InputSpec(item["name"], tuple(sorted(params.items()))))
 
-    config.axes["variant"], variant_problems = _parse_variants(raw.get("variants"), registry)
+    config.axes["variant"], variant_problems = _parse_variants(raw.get("variants"), registry, at("variants"))
     problems += variant_problems
     labels = [spec.label() for spec in config.axes["variant"]]
     # the default baseline may be absent (no speedups then); one asked for by name must be there
     if config.settings.baseline != Settings().baseline and config.settings.baseline not in labels and labels:
         problems.append(
-            f"baseline: '{config.settings.baseline}' is not one of this run's variant settings "
-            f"({', '.join(labels)}); speedups are measured against it, so name one of them"
+            f"{at('baseline')}: '{config.settings.baseline}' is not one of this run's variant settings "
+            f"({', '.join(labels)}); speedups are measured against it, so name one of them."
+            + did_you_mean(config.settings.baseline, labels)
         )
     if "inputs" in raw and not config.axes["input"]:
         problems.append("inputs: an empty list gives no cell; give at least one [[inputs]] table")
     if config.axes["input"] and config.axes["seq_len"] and config.axes["kv_len"]:
-        problems += _machine_problems(config.axes, cluster)  # with the others: every problem is listed at once
+        problems += _machine_problems(config.axes, cluster, at)  # with the others: every problem is listed at once
     if problems:
         raise ConfigError(source, problems)
     return config
 
 
-def _axis_problems(axes: dict[str, list[Any]]) -> list[str]:
-    problems = [f"seq_lens: {n} must be >= 1" for n in axes["seq_len"] if n < 1]
-    problems += [f"kv_lens: {n} must be >= 0 (0: equal to N)" for n in axes["kv_len"] if n < 0]
-    problems += [f"value_dim: {n} must be >= 0 (0: equal to head_dim)" for n in axes["value_dim"] if n < 0]
-    problems += [f"{axis}: {v} must be >= 1" for axis in ("batch", "heads", "head_dim") for v in axes[axis] if v < 1]
-    problems += [f"dtype: unknown '{d}' (known: {', '.join(ALL_DTYPES)})" for d in axes["dtype"] if d not in ALL_DTYPES]
+def _axis_problems(axes: dict[str, list[Any]], at: Callable[[str], str]) -> list[str]:
+    problems = [f"{at('seq_lens')}: {n} must be >= 1" for n in axes["seq_len"] if n < 1]
+    problems += [f"{at('kv_lens')}: {n} must be >= 0 (0: equal to N)" for n in axes["kv_len"] if n < 0]
+    problems += [f"{at('value_dim')}: {n} must be >= 0 (0: equal to head_dim)" for n in axes["value_dim"] if n < 0]
     problems += [
-        f"device: unknown '{d}' (known: {', '.join(DEVICES)}, or cuda:N)"
-        for d in axes["device"]
-        if d not in DEVICES and not d.startswith("cuda:")
+        f"{at(axis)}: {v} must be >= 1" for axis in ("batch", "heads", "head_dim") for v in axes[axis] if v < 1
     ]
-    problems += [f"mode: unknown '{m}' (known: {', '.join(MODES)})" for m in axes["mode"] if m not in MODES]
-    problems += [f"padding: {p} must be a fraction in [0, 1)" for p in axes["padding"] if not 0.0 <= p < 1.0]
+    problems += [_unknown(at("dtype"), d, ALL_DTYPES, ALIASES["dtype"]) for d in axes["dtype"] if d not in ALL_DTYPES]
+    problems += [
+        _unknown(at("device"), d, DEVICES, ALIASES["device"], ", or cuda:N")
+        for d in axes["device"]
+        if d not in DEVICES and not re.fullmatch(r"cuda:\d+", d)
+    ]
+    problems += [_unknown(at("mode"), m, MODES, ALIASES["mode"]) for m in axes["mode"] if m not in MODES]
+    problems += [f"{at('padding')}: {p} must be a fraction in [0, 1)" for p in axes["padding"] if not 0.0 <= p < 1.0]
     return problems
 
 
-def _setting_problems(s: Settings) -> list[str]:
+def _unknown(where: str, value: str, known: Sequence[str], aliases: dict[str, str], more: str = "") -> str:
+    """`dtype: unknown 'fp16' (known: float64, ...). Did you mean: float16?`"""
+    hint = suggest(value, known, aliases)
+    return f"{where}: unknown '{value}' (known: {', '.join(known)}{more})" + (f".{hint}" if hint else "")
+
+
+def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
     positive = ("min_run_time", "time_budget_s", "cell_timeout_s")
-    problems = [f"{key}: must be > 0, got {getattr(s, key)}" for key in positive if getattr(s, key) <= 0]
+    problems = [f"{at(key)}: must be > 0, got {getattr(s, key)}" for key in positive if getattr(s, key) <= 0]
     if s.min_rounds < 2:
-        problems.append(f"min_rounds: must be >= 2 (a spread needs samples), got {s.min_rounds}")
+        problems.append(f"{at('min_rounds')}: must be >= 2 (a spread needs samples), got {s.min_rounds}")
     if s.threads < 0:
-        problems.append(f"threads: must be >= 0 (0: torch's default), got {s.threads}")
+        problems.append(f"{at('threads')}: must be >= 0 (0: torch's default), got {s.threads}")
     if s.memory_limit_gb is not None and s.memory_limit_gb <= 0:
-        problems.append(f"memory_limit_gb: must be > 0, got {s.memory_limit_gb}")
+        problems.append(f"{at('memory_limit_gb')}: must be > 0, got {s.memory_limit_gb}")
     return problems
 
 
-def _parse_variants(raw: Any, registry: Registry) -> tuple[list[VariantSpec], list[str]]:
-    """`variants` is a list of names, or a table name -> {hyperparameter: value or list of values}."""
+def _parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tuple[list[VariantSpec], list[str]]:
+    """`variants` is a list of names, or a table name -> {hyperparameter: value or list of values}. `where` is
+    how problems name it: `variants` (a problem then names `variants.NAME`) or the flag that set it."""
     if raw is None:
         return [], [
             "variants: missing; give a list of names or a [variants.NAME] table per variant (see `attnbench list`)"
@@ -284,20 +387,27 @@ def _parse_variants(raw: Any, registry: Registry) -> tuple[list[VariantSpec], li
     else:
         entries = []
     if not entries:
-        return [], [f"variants: expected a non-empty list of names or table of tables, got {raw!r}"]
+        return [], [f"{where}: expected a non-empty list of names or table of tables, got {raw!r}"]
+
+    def named(name: Any, point: tuple[tuple[str, Any], ...] | None = None) -> str:
+        """`variants.band` in a file; `--variants: band(window=-1)` on the command line."""
+        if where == "variants":
+            return f"variants.{name}"
+        return where if point is None else f"{where}: {VariantSpec(name, point).label()}"
+
     specs, problems = [], []
     for name, params in entries:
         if not isinstance(name, str) or not isinstance(params, dict):
-            problems.append(f"variants.{name}: expected a table of hyperparameters, got {params!r}")
+            problems.append(f"{named(name)}: expected a table of hyperparameters, got {params!r}")
             continue
         try:
             variant_class = registry.load(name)
         except VariantError as error:
-            problems.append(f"variants.{name}: {error}")
+            problems.append(f"{named(name)}: {error}")
             continue
         empty = [key for key, value in params.items() if value == []]
         if empty:  # reported, and the rest of the table still checked
-            problems.append(f"variants.{name}: {', '.join(empty)} = [] gives no setting; give a value or drop the key")
+            problems.append(f"{named(name)}: {', '.join(empty)} = [] gives no setting; give a value or drop the key")
             params = {key: value for key, value in params.items() if key not in empty}
         for point in _grid(params):
             point_problems = variant_class.validate_hyperparams(dict(point))
@@ -308,13 +418,13 @@ def _parse_variants(raw: Any, registry: Registry) -> tuple[list[VariantSpec], li
                     point_problems = [
                         f"could not build {VariantSpec(name, point).label()}: {type(error).__name__}: {error}"
                     ]
-            problems += [f"variants.{name}: {p}" for p in point_problems]
+            problems += [f"{named(name, point)}: {p}" for p in point_problems]
             if not point_problems:
                 specs.append(VariantSpec(name, point))
     return list(dict.fromkeys(specs)), problems
 
 
-def _machine_problems(axes: dict[str, list[Any]], cluster: bool = False) -> list[str]:
+def _machine_problems(axes: dict[str, list[Any]], cluster: bool, at: Callable[[str], str]) -> list[str]:
     """What this machine cannot run: CUDA devices without CUDA, captured inputs smaller than the cells. On a
     cluster the devices are the workers': only `cuda:N` is refused (each task sees the one GPU Ray gives it)."""
     import torch
@@ -322,14 +432,14 @@ def _machine_problems(axes: dict[str, list[Any]], cluster: bool = False) -> list
     problems = []
     cuda = [d for d in axes["device"] if d.startswith("cuda")]
     if cluster:
-        problems += [f"device: {d}: with --executor ray name the device `cuda` (Ray gives each task one GPU)"
+        problems += [f"{at('device')}: {d}: with --executor ray name the device `cuda` (Ray gives each task one GPU)"
                      for d in cuda if ":" in d]  # fmt: skip
     elif cuda and not torch.cuda.is_available():
-        problems.append(f"device: {', '.join(cuda)} asked for, but CUDA is not available on this machine")
+        problems.append(f"{at('device')}: {', '.join(cuda)} asked for, but CUDA is not available on this machine")
     elif cuda:
         count = torch.cuda.device_count()
-        problems += [f"device: {d} does not exist (this machine has {count} CUDA devices)" for d in cuda
-                     if ":" in d and int(d.split(":")[1]) >= count]  # fmt: skip
+        problems += [f"{at('device')}: {d} does not exist (this machine has {count} CUDA devices)" for d in cuda
+                     if re.fullmatch(r"cuda:\d+", d) and int(d.split(":")[1]) >= count]  # fmt: skip
     length = max(max(axes["seq_len"]), max(axes["kv_len"]))
     for spec in axes["input"]:
         if spec.name == "captured" and not validate_input(spec.name, dict(spec.params)):  # else listed already
@@ -391,7 +501,9 @@ def load_config(
     registry: Registry = default_registry,
     cluster: bool = False,
 ) -> SweepConfig:
-    """Read a preset or TOML file, apply CLI overrides (same keys as the file), validate, resolve."""
+    """Read a preset or TOML file, apply CLI overrides (same keys as the file), validate, resolve. The problems
+    an override causes name its flag (`--seq-lens`). `variants` is `--variants` text or a list of specs (or
+    of such text): a setting as written, a plain name with the file's grid for it."""
     source, text = read_config_text(name_or_path)
     try:
         raw = tomllib.loads(text)
@@ -402,11 +514,47 @@ def load_config(
         for item in raw.get("inputs", []) if isinstance(raw.get("inputs"), list) else []:
             if isinstance(item, dict) and isinstance(item.get("path"), str) and not Path(item["path"]).is_absolute():
                 item["path"] = str((Path(name_or_path).resolve().parent / item["path"]))
-    for key, value in (overrides or {}).items():
-        if key == "variants" and isinstance(raw.get("variants"), dict):
-            # keep the file's grids for the names that stay; defaults for new ones
-            value = {name: raw["variants"].get(name, {}) for name in value}
-        raw[key] = value
-    config = parse_config(raw, source=source, registry=registry, cluster=cluster)
-    config.overrides = dict(overrides or {})
+    overrides = dict(overrides or {})
+    flags = {key: "--" + key.replace("_", "-") for key in overrides}
+    problems: list[str] = []
+    if "variants" in overrides:
+        try:
+            specs = _as_specs(overrides["variants"])
+        except ValueError as error:  # the file's variants are checked instead, so every other problem is listed
+            problems.append(f"{flags.pop('variants')}: {error}")
+            del overrides["variants"]
+        else:
+            raw["variants"] = _variant_tables(specs, raw.get("variants"))
+            overrides["variants"] = [spec.label() for spec in specs]  # as meta.json and the report repeat them
+    raw.update({key: value for key, value in overrides.items() if key != "variants"})
+    try:
+        config = parse_config(raw, source=source, registry=registry, cluster=cluster, flags=flags)
+    except ConfigError as error:
+        raise ConfigError(source, problems + error.problems) from None
+    if problems:
+        raise ConfigError(source, problems)
+    config.overrides = overrides
     return config
+
+
+def _as_specs(value: str | list[str | VariantSpec]) -> list[VariantSpec]:
+    """`--variants` text, or a list of specs and such text, as specs (ValueError: what cannot be read)."""
+    items = [value] if isinstance(value, str) else list(value)
+    return [spec for item in items for spec in ([item] if isinstance(item, VariantSpec) else parse_variant_specs(item))]
+
+
+def _variant_tables(specs: list[VariantSpec], variants: Any) -> list[Any]:
+    """`variants` for the settings a command line named: each setting as written; a plain name with the file's
+    grid for it (its table, or each of its tables), else with its defaults."""
+    tables: list[Any] = []
+    for spec in specs:
+        if spec.hparams:
+            tables.append({"name": spec.name, **dict(spec.hparams)})
+        elif isinstance(variants, dict) and isinstance(variants.get(spec.name), dict):
+            tables.append({"name": spec.name, **variants[spec.name]})
+        else:
+            listed = variants if isinstance(variants, list) else []
+            tables += [item for item in listed if isinstance(item, dict) and item.get("name") == spec.name] or [
+                {"name": spec.name}
+            ]
+    return tables

@@ -186,6 +186,34 @@ def check_key_padding(ctx: CheckContext, n: int = 64) -> CheckResult:
     )
 
 
+def check_fully_padded(ctx: CheckContext, n: int = 32) -> CheckResult:
+    """A query that sees no key outputs zeros: batch element 1 has every key padded, element 0 none."""
+    q, k, v = ctx.tensors(*[(2, 2, n, 16)] * 3)
+    variant = ctx.make()
+    if not _supports(ctx, variant, padded=True):
+        return CheckResult("fully_padded", "skip", "no key padding mask declared (key_padding checks it is refused)")
+    mask = torch.arange(2, device=ctx.device)[:, None].expand(2, n) == 1  # (b, n): element 1 all padding
+    wrong = []
+    for causal in (False, True) if _supports(ctx, variant, causal=True, padded=True) else (False,):
+        out = variant(q, k, v, causal=causal, key_padding_mask=mask)
+        kind = "causal" if causal else "non-causal"
+        empty, other = out[1], out[0]
+        if not torch.isfinite(empty).all():
+            wrong.append(f"NaN or Inf ({kind})")
+        elif (largest := empty.abs().max().item()) > ctx.atol:
+            wrong.append(f"values up to {largest:.2e} ({kind}, tol {ctx.atol:.0e})")
+        if not torch.isfinite(other).all():
+            wrong.append(f"NaN or Inf in the unpadded batch element beside it ({kind})")
+    if wrong:
+        return CheckResult(
+            "fully_padded",
+            "fail",
+            "batch element 1 has every key padded, so its queries see no key and must output zeros; got "
+            + "; ".join(wrong),
+        )
+    return CheckResult("fully_padded", "pass", "every key of one batch element padded: its output is zeros, finite")
+
+
 def check_determinism(ctx: CheckContext) -> CheckResult:
     q, k, v = ctx.tensors(*[(1, 2, 80, 16)] * 3)
     diff = _max_diff(ctx.make()(q, k, v), ctx.make()(q, k, v))
@@ -257,6 +285,7 @@ CHECKS: dict[str, Callable[[CheckContext], CheckResult]] = {
     "cross_attention": check_cross_attention,
     "causal_leakage": check_causal_leakage,
     "key_padding": check_key_padding,
+    "fully_padded": check_fully_padded,
     "determinism": check_determinism,
     "gradients": check_gradients,
     "exact_pattern": check_exact_pattern,

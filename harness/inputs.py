@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from attnbench.interface import did_you_mean
 from torch import Tensor
 
 Shape4 = tuple[int, int, int, int]
@@ -344,10 +345,10 @@ DISTRIBUTIONS: dict[str, Distribution] = {
 def validate_input(name: str, params: dict[str, Any]) -> list[str]:
     """Problems with an input spec: unknown distribution or parameter, bad values, an unreadable captured file."""
     if name not in DISTRIBUTIONS:
-        return [f"unknown input distribution '{name}' (known: {', '.join(DISTRIBUTIONS)})"]
+        return [f"unknown input distribution '{name}' (known: {', '.join(DISTRIBUTIONS)}){_hint(name, DISTRIBUTIONS)}"]
     spec = DISTRIBUTIONS[name]
     problems = [
-        f"input '{name}': unknown parameter '{key}' (known: {', '.join(spec.defaults)})"
+        f"input '{name}': unknown parameter '{key}' (known: {', '.join(spec.defaults)}){_hint(key, spec.defaults)}"
         for key in params
         if key not in spec.defaults
     ]
@@ -361,10 +362,16 @@ def validate_input(name: str, params: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _hint(word: Any, known: Any) -> str:
+    """'. Did you mean: gaussian?' when `word` is a near miss of one of `known`, else ''."""
+    hint = did_you_mean(word, list(known)) if isinstance(word, str) else ""
+    return f".{hint}" if hint else ""
+
+
 def _captured_problems(params: dict[str, Any]) -> list[str]:
     path, layer, beyond = params.get("path", ""), params.get("layer", 0), params.get("beyond", "error")
     if beyond not in ("error", "tile"):
-        return [f'input \'captured\': beyond must be "error" or "tile", got {beyond!r}']
+        return [f'input \'captured\': beyond must be "error" or "tile", got {beyond!r}{_hint(beyond, ("error", "tile"))}']
     if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
         return [f"input 'captured': layer must be an integer >= 0, got {layer!r}"]
     if not isinstance(path, str) or not path:

@@ -65,7 +65,8 @@ class Hyperparameter:
         if not isinstance(value, self.kind) or (self.kind is not bool and isinstance(value, bool)):
             return f"{name}: expected {self.kind.__name__}, got {type(value).__name__} {value!r}"
         if self.choices is not None and value not in self.choices:
-            return f"{name}: {value!r} is not one of {', '.join(map(repr, self.choices))}"
+            hint = did_you_mean(value, [str(c) for c in self.choices]) if isinstance(value, str) else ""
+            return f"{name}: {value!r} is not one of {', '.join(map(repr, self.choices))}.{hint}".rstrip(".")
         if self.minimum is not None and value < self.minimum:
             return f"{name}: {value!r} is below the minimum {self.minimum}"
         return None

@@ -128,32 +128,14 @@ def masked_inputs(ids: Tensor, mask_token_id: int | None, seed: int) -> tuple[Te
 
 
 def parse_variant_specs(text: str) -> list[VariantSpec]:
-    """'band(window=64),lsh,performer(features=128)' -> specs; values read as TOML (64, 0.5, true, "x")."""
-    import re
+    """'band(window=64),lsh,performer(features=128)' -> specs, read as `attnbench run --variants` reads them
+    (`attnbench.config.parse_variant_specs`)."""
+    from attnbench import config
 
-    from attnbench.config import parse_params
-
-    specs, depth, start = [], 0, 0
-    parts = []
-    for index, char in enumerate(text + ","):
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            parts.append(text[start:index].strip())
-            start = index + 1
-    if depth != 0:
-        raise ModelStudyError(f"--variants: unbalanced parentheses in {text!r}")
-    for part in filter(None, parts):
-        match = re.fullmatch(r"([\w.-]+)(?:\((.*)\))?", part) if part.count("(") == part.count(")") else None
-        if not match:
-            raise ModelStudyError(f"--variants: cannot read {part!r}; write NAME or NAME(key=value, ...)")
-        try:
-            params = parse_params([p for p in (match.group(2) or "").split(",") if p.strip()])
-        except ValueError as error:
-            raise ModelStudyError(f"--variants: {part!r}: {error}") from None
-        specs.append(VariantSpec(match.group(1), tuple(sorted(params.items()))))
-    if not specs:
-        raise ModelStudyError("--variants: give at least one variant, e.g. band,lsh")
-    return specs
+    try:
+        return config.parse_variant_specs(text)
+    except ValueError as error:
+        raise ModelStudyError(f"--variants: {error}") from None
 
 
 def spec_problems(specs: list[VariantSpec]) -> list[str]:

@@ -11,7 +11,10 @@ appended as tasks finish.
 
 Without an address a local Ray runtime is started in this process (all this machine's cores) and stopped
 at the end; with one, the run joins that cluster (`ray start --head` there first). Every node needs
-attnbench (and the plugins the config names) installed in the Python that Ray runs.
+attnbench (and the plugins the config names) installed in the Python that Ray runs: before any group is
+sent, each node says which attnbench it imports, and a node with another version (or none) stops the run.
+`RayExecutor.meta` is what the run records of the cluster it joined: its GCS address, its dashboard, and
+attnbench on each node.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import socket
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
+from attnbench import __version__ as DRIVER_VERSION
 from attnbench.config import Settings
 from attnbench.measure import GroupResult
 from attnbench.plan import Group
@@ -28,10 +32,11 @@ from attnbench.results import row_for
 from attnbench.worker import group_request, read_group_request, read_result_record, result_record
 
 RETRIES = 1  # a task whose worker dies is run once more before its cells are recorded crashed
+PROBE_TIMEOUT_S = 120.0  # how long a node may take to say which attnbench it runs (a cold worker imports torch)
 
 
 class RayUnavailable(RuntimeError):
-    """Ray is not installed, or the cluster cannot be reached."""
+    """Ray is not installed, the cluster cannot be reached, or its nodes run another attnbench than the driver."""
 
 
 def reachable_or_raise(address: str, timeout_s: float = 10.0) -> None:
@@ -55,7 +60,6 @@ def _chain(first: Group | None, rest: Iterator[Group]) -> Iterator[Group]:
 def measure_on_node(request: dict[str, Any]) -> dict[str, Any]:
     """In a Ray worker: one group measured in this process, or with "isolate" in a child process (as
     `--isolate`: a crash costs its cell, not the group), returned as plain data."""
-    from attnbench.machine import retain_freed_memory
     from attnbench.measure import measure_group
     from attnbench.registry import registry
     from attnbench.run import Isolated
@@ -64,16 +68,30 @@ def measure_on_node(request: dict[str, Any]) -> dict[str, Any]:
     if request["isolate"]:
         result = Isolated(settings).run_group(group)
     else:
-        retain_freed_memory()  # warm allocations, as in a local run
         result = measure_group(group, settings, registry)
     return result_record(result)
+
+
+def attnbench_on_node() -> dict[str, str]:
+    """In a Ray worker: the attnbench this node's Python imports (version and folder), its host and Python."""
+    import platform
+    from pathlib import Path
+
+    import attnbench
+
+    return {
+        "host": socket.gethostname(),
+        "attnbench": attnbench.__version__,
+        "path": str(Path(attnbench.__file__).parent),
+        "python": platform.python_version(),
+    }
 
 
 def _import_ray():
     try:
         import ray
     except ImportError:
-        raise RayUnavailable("--executor ray needs Ray: pip install 'attnbench[ray]'") from None
+        raise RayUnavailable("--executor ray needs Ray: pip install -e '.[ray]' in the attnbench checkout") from None
     return ray
 
 
@@ -91,6 +109,7 @@ class RayExecutor:
         ray = _import_ray()
         self.ray, self.settings, self.isolate, self.say = ray, settings, isolate, say
         self.started_here = not ray.is_initialized()
+        dashboard = None  # known when this run starts or joins the runtime (ray.init's answer)
         if self.started_here:
             options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if address is None:
@@ -106,21 +125,78 @@ class RayExecutor:
                 options["address"] = address
                 say(f"joining the Ray cluster at {address}…")
             try:
-                ray.init(**options)
+                dashboard = ray.init(**options).dashboard_url
             except Exception as error:  # an unreachable address, a broken installation
                 raise RayUnavailable(f"could not start or join Ray ({type(error).__name__}: {error})") from None
+        self.in_flight: dict[Any, tuple[Group, Any]] = {}
+        try:
+            self.meta = self._joined(address, dashboard)
+        except RayUnavailable:
+            self.close()  # a runtime started here is stopped again
+            raise
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         self.cpu_nodes = [n for n in nodes if n.get("Resources", {}).get("CPU", 0) >= 1]
         self.free_nodes = list(self.cpu_nodes)
         self.attempts: dict[str, int] = {}  # group key -> times it was lost with its node
         self.free_gpus = int(sum(n.get("Resources", {}).get("GPU", 0) for n in nodes))
         self.total_gpus = self.free_gpus
+        cpus = sum(n["Resources"].get("CPU", 0) for n in nodes)
         say(
-            f"Ray: {len(nodes)} node(s), {sum(n['Resources'].get('CPU', 0) for n in nodes):.0f} CPUs, "
+            f"Ray at {self.meta['ray_cluster']['address']}: {len(nodes)} node(s), {cpus:.0f} CPUs, "
             f"{self.total_gpus} GPU(s); a CPU group takes a whole node, a CUDA group one GPU"
         )
         self.remote = ray.remote(max_retries=RETRIES, retry_exceptions=False)(measure_on_node)
-        self.in_flight: dict[Any, tuple[Group, Any]] = {}
+
+    def _joined(self, address: str | None, dashboard: str | None) -> dict[str, Any]:
+        """What the run records of the cluster it joined (`executor` names its GCS address, not `auto`), once
+        every node has said it imports this driver's attnbench; RayUnavailable names the nodes that do not."""
+        gcs = self.ray.get_runtime_context().gcs_address
+        nodes = self._attnbench_on_nodes()
+        wrong = [
+            f"node {node_id[:8]} ({info.get('host', '?')}): "
+            + (info["error"] if "error" in info else f"attnbench {info['attnbench']} from {info['path']}")
+            for node_id, info in nodes.items()
+            if info.get("attnbench") != DRIVER_VERSION
+        ]
+        if wrong:
+            raise RayUnavailable(
+                f"the Ray cluster at {gcs} runs another attnbench than this driver (attnbench {DRIVER_VERSION}): "
+                + "; ".join(wrong)
+                + ". Install this attnbench on every node (in the Python Ray runs there), then run again"
+            )
+        asked = f"--address {address}" if address else "a local runtime of this run" if self.started_here else (
+            "the Ray runtime this process had joined")  # fmt: skip
+        return {
+            "executor": f"ray at {gcs} ({asked})",
+            "ray_cluster": {
+                "address": gcs,
+                "asked": address,
+                "dashboard": dashboard or None,
+                "ray": self.ray.__version__,
+                "nodes": [{"node": node_id, **info} for node_id, info in nodes.items()],
+            },
+        }
+
+    def _attnbench_on_nodes(self) -> dict[str, dict[str, str]]:
+        """Node id -> `attnbench_on_node` run there (or {"error": why it could not run}), for every live node."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        probe = self.ray.remote(num_cpus=0, max_retries=0)(attnbench_on_node)  # no CPU: runs beside anything
+        refs = {
+            node["NodeID"]: probe.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)
+            ).remote()
+            for node in self.ray.nodes()
+            if node.get("Alive")
+        }
+        found = {}
+        for node_id, ref in refs.items():
+            try:
+                found[node_id] = self.ray.get(ref, timeout=PROBE_TIMEOUT_S)
+            except Exception as error:  # attnbench missing there (the task cannot be imported), a node gone, a timeout
+                text = " ".join(str(error).split())
+                found[node_id] = {"error": f"attnbench could not run there ({type(error).__name__}: {text[:300]})"}
+        return found
 
     # ---- slots --------------------------------------------------------------------------------
 

@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Callable
 
 import pandas as pd
-from attnbench.analysis import crossover_table, efficiency, pareto_front, scaling_table
+from attnbench.analysis import crossover_table, efficiency, scaling_table
 from attnbench.config import overrides_text
 from attnbench.machine import best_peaks, machine_words
+from attnbench.memory import CPU_METHOD
 from attnbench.plots import plot_error, plot_pareto, plot_speedup, plot_versus_n, styles
 from attnbench.reference import LOCALITY_WINDOW
 from attnbench.results import read_results
+from attnbench.rundir import read_samples
 from attnbench.summary import (
     GROUP_COLUMNS,
     MACHINE,
@@ -39,15 +41,18 @@ from attnbench.summary import (
 from attnbench.verdict import (
     SETTING_COLUMNS,
     VERDICT_INTRO,
+    block_title,
+    left_out_text,
     setting_words,
-    timed_input,
-    timing_note,
+    verdict_blocks,
     verdict_rows,
-    verdict_title,
     verdicts,
 )
 
 MIB = 2**20
+# Variants whose call is one fused kernel (SDPA's, for `full`): on the CPU the live-tensor tracker sees their output
+# but none of the kernel's private scratch (attnbench.memory), so their CPU peak is a lower bound, never a winner.
+ONE_FUSED_KERNEL = frozenset({"full"})
 
 
 @dataclass
@@ -291,8 +296,57 @@ def _largest(frame: pd.DataFrame) -> pd.DataFrame:
     return ok[ok.seq_len == ok.seq_len.max()] if len(ok) else ok
 
 
-def plot_blocks(cells: pd.DataFrame, subtitle: str, plots_dir: Path, style: dict, baseline: str) -> list[Block]:
-    """The plots of one setting (every input): speedup, Pareto per input and N, time, memory, error."""
+def memory_lower_bound(rows: pd.DataFrame) -> pd.Series:
+    """Per row: is its peak memory a lower bound? (taken by the CPU tracker on a variant run as one fused kernel)"""
+    return (rows.mem_method == CPU_METHOD) & rows.variant.isin(ONE_FUSED_KERNEL)
+
+
+def memory_title(rows: pd.DataFrame) -> str:
+    """The memory plot's headline at the largest N: the variant that needs the least memory among those measured
+    whole; a smaller figure that is only a lower bound is named as one, never crowned."""
+    largest = _largest(rows).sort_values("peak_mem_bytes")
+    bound = memory_lower_bound(largest)
+    whole, partial = largest[~bound], largest[bound]
+    n = largest.seq_len.iloc[0]
+    if whole.empty:
+        lead = partial.iloc[0]
+        return (
+            f"At N={n}, {lead.label} needs at least {lead.peak_mem_bytes / MIB:.3g} MiB per call "
+            "(the CPU tracker cannot see its fused kernel's scratch)"
+        )
+    winner = whole.iloc[0]
+    below = partial[partial.peak_mem_bytes < winner.peak_mem_bytes]
+    if below.empty:
+        return f"At N={n}, {winner.label} needs the least memory: {winner.peak_mem_bytes / MIB:.3g} MiB per call"
+    bounds = "; ".join(f"{r.label}: ≥ {r.peak_mem_bytes / MIB:.3g} MiB" for r in below.itertuples())
+    return (
+        f"At N={n}, {winner.label} needs the least fully tracked memory: {winner.peak_mem_bytes / MIB:.3g} MiB "
+        f"per call ({bounds}, kernel scratch unseen)"
+    )
+
+
+def _timing_samples(rows: pd.DataFrame, samples: dict[str, list[float]]) -> pd.DataFrame:
+    """One row per raw timing sample of `rows` (label, seq_len, time_median_s: that sample's seconds); a cell
+    without samples (a folder written before samples.csv) stands for itself with its median."""
+    return pd.DataFrame(
+        [
+            {"label": r.label, "seq_len": r.seq_len, "time_median_s": seconds}
+            for r in rows.itertuples()
+            for seconds in samples.get(r.cell_key) or [r.time_median_s]
+        ]
+    )
+
+
+def plot_blocks(
+    cells: pd.DataFrame,
+    subtitle: str,
+    plots_dir: Path,
+    style: dict,
+    baseline: str,
+    samples: dict[str, list[float]] | None = None,
+) -> list[Block]:
+    """The plots of one setting (every input): speedup, Pareto per input and N, time (median and quartiles of
+    `samples`, cell key -> seconds per round), memory, error."""
     timed = cells[(cells.status == "ok") & cells.time_median_s.notna()]
     first = cells.iloc[0]  # a readable start, and a hash of every setting column: two settings never share a file
     setting = "-".join(f"{c}{first[c]}" for c in SETTING_COLUMNS)
@@ -308,39 +362,40 @@ def plot_blocks(cells: pd.DataFrame, subtitle: str, plots_dir: Path, style: dict
         )
         path = plot_speedup(timed, baseline, title, subtitle, plots_dir / f"{slug}-speedup.png", style)
         images.append((path, f"Speedup against `{baseline}` by N, measured in turns; bars are 95% intervals."))
-    for source, on_input in cells.groupby("input", sort=False):
-        errors = on_input[(on_input.status == "ok") & on_input.err_vs_uniform.notna()]
-        timed_on = timed_input(timed, source)
-        for n, at_n in errors.groupby("seq_len"):
-            speed = timed[(timed.seq_len == n) & (timed["input"] == timed_on)].set_index("label")
+    for verdict in verdicts(cells):  # one rule: the plot shows the verdict's own choices and its sentence
+        for answer in verdict.answers:
+            paired = [c for c in answer.choices + answer.left_out if c.speedup == c.speedup]
+            if not paired:
+                continue
             points = pd.DataFrame(
                 [
                     {
-                        "label": r.label,
-                        "speedup": speed.loc[r.label, "speedup"],
-                        "speedup_low": speed.loc[r.label, "speedup_low"],
-                        "speedup_high": speed.loc[r.label, "speedup_high"],
-                        "error": r.err_vs_uniform,
-                        "memory": speed.loc[r.label, "peak_mem_bytes"],
+                        "label": c.label,
+                        "speedup": c.speedup,
+                        "speedup_low": c.speedup_low,
+                        "speedup_high": c.speedup_high,
+                        "error": c.error,
+                        "memory_ratio": c.memory_ratio,
                     }
-                    for r in at_n.itertuples()
-                    if r.label in speed.index and pd.notna(speed.loc[r.label, "speedup"])
+                    for c in paired
                 ]
             )
-            if points.empty:
-                continue
-            base_memory = speed.peak_mem_bytes.get(baseline, float("nan"))
-            points["memory_ratio"] = points.memory / base_memory
-            front = pareto_front(points.assign(error=points.error.where(points.error > 0, 0.0)))
-            title = f"At N={n} on {source}, the best trade-offs: {', '.join(front.sort_values('speedup').label)}"
+            front = [c.label for c in answer.choices]
             path = plot_pareto(
-                points, baseline, title, subtitle, plots_dir / f"{slug}-{_slug(source)}-pareto-N{n}.png", style
+                points,
+                front,
+                baseline,
+                f"At N={answer.n} on {verdict.input}: {answer.sentence}",
+                subtitle,
+                plots_dir / f"{slug}-{_slug(verdict.input)}-pareto-N{answer.n}.png",
+                style,
             )
             images.append(
                 (
                     path,
-                    f"Speed against error at N={n} on `{source}`: up and to the left is worse; bubble area is peak "
-                    f"memory; the step line is the Pareto frontier; bars are the speedup's 95% interval.",
+                    f"Speed against error at N={answer.n} on `{verdict.input}`: up and to the left is worse; bubble "
+                    "area is peak memory; the step line joins the verdict's choices; bars are the speedup's 95% "
+                    "interval.",
                 )
             )
     first = timed[timed["input"] == timed["input"].iloc[0]] if len(timed) else timed  # one input's times
@@ -358,24 +413,31 @@ def plot_blocks(cells: pd.DataFrame, subtitle: str, plots_dir: Path, style: dict
             plots_dir / f"{slug}-time.png",
             style,
             scale=1e3,
-            band=("time_p25_s", "time_p75_s"),
+            samples=_timing_samples(first, samples or {}),
         )
-        images.append((path, "Time per call by N (log-log); the band spans the quartiles of the timing samples."))
+        spread = "; the band spans the quartiles of the timing samples" if samples else ""
+        images.append((path, f"Time per call by N (log-log): the median{spread}."))
     with_memory = first[first.peak_mem_bytes.notna()]
     if len(with_memory):
-        smallest = _largest(with_memory).sort_values("peak_mem_bytes").iloc[0]
+        bounds = frozenset(with_memory[memory_lower_bound(with_memory)].label)
         path = plot_versus_n(
             with_memory,
             "peak_mem_bytes",
-            "peak memory beyond inputs (MiB)",
-            f"At N={smallest.seq_len}, {smallest.label} needs the least memory: "
-            f"{smallest.peak_mem_bytes / MIB:.3g} MiB per call",
+            "peak memory (MiB)",
+            memory_title(with_memory),
             subtitle,
             plots_dir / f"{slug}-memory.png",
             style,
             scale=1 / MIB,
+            lower_bounds=bounds,
         )
-        images.append((path, "Peak memory of one call beyond the inputs by N (log-log)."))
+        unseen = (
+            f" On the CPU the tracker cannot see the scratch a fused kernel allocates inside itself: "
+            f"{', '.join(f'`{label}`' for label in sorted(bounds))} shows a lower bound."
+            if bounds
+            else ""
+        )
+        images.append((path, f"Peak memory of one call beyond the inputs by N (log-log).{unseen}"))
     errors = cells[(cells.status == "ok") & cells.err_vs_uniform.notna() & (cells.family != "exact")]
     if len(errors):
         first_input = str(errors["input"].iloc[0])
@@ -467,19 +529,23 @@ def report_blocks(run_dir: Path) -> list[Block]:
     style = styles(label_order(frame))
     peaks = best_peaks(meta.get("peaks", {}), meta.get("peaks_at_end", {}))
     varying = {c for c in SETTING_COLUMNS if frame[c].nunique(dropna=False) > 1}
+    samples = read_samples(run_dir)
     blocks = header_blocks(run_dir, meta, frame) + [Block("toc")]
     blocks += [Block("heading", "Verdict", level=2), Block("text", VERDICT_INTRO.format(baseline=f"`{baseline}`"))]
-    for verdict in verdicts(frame):
-        blocks.append(Block("heading", verdict_title(verdict), level=3))
-        blocks.append(Block("text", " ".join(t for t in (verdict.sentence, timing_note(verdict)) if t)))
-        if verdict.answers:
-            headers, rows = verdict_rows(verdict)
+    for verdict_block in verdict_blocks(frame):
+        blocks.append(Block("heading", block_title(verdict_block), level=3))
+        blocks.append(Block("text", verdict_block.sentence))
+        for answer in verdict_block.verdict.answers:
+            blocks.append(Block("text", f"**N={answer.n}:** {answer.sentence}"))
+            headers, rows = verdict_rows(verdict_block.verdict, answer)
             blocks.append(Block("table", headers=headers, rows=rows))
+            if answer.left_out:
+                blocks.append(Block("text", left_out_text(answer)))
     blocks.append(Block("heading", "Plots", level=2))
     for _, cells in frame.groupby(SETTING_COLUMNS, sort=False, dropna=False):
         subtitle = setting_words(cells.iloc[0], varying)
         blocks += [Block("heading", subtitle, level=3)]
-        blocks += plot_blocks(cells, subtitle, run_dir / "plots", style, baseline)
+        blocks += plot_blocks(cells, subtitle, run_dir / "plots", style, baseline, samples)
     blocks.append(Block("heading", "Detail by comparison group", level=2))
     for _, cells in frame.groupby(GROUP_COLUMNS + [MACHINE], sort=False, dropna=False):
         heading = f"{cells.iloc[0]['input']} — {setting_words(cells.iloc[0], varying)}"
@@ -518,24 +584,35 @@ def render_markdown(blocks: list[Block]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+# Phone first: text wraps to the screen, wide tables scroll sideways under a fixed first column, plots fill the
+# width (their fonts are sized for that, see attnbench.plots) and open at full size on a tap; wide screens show
+# plots two to a row.
 HTML_STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:1.5em auto;padding:0 1em;color:#222;
-line-height:1.45}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:2em}
-h3{margin-top:1.6em}
-.scroll{overflow-x:auto;margin:0.4em 0 1.4em}table{border-collapse:collapse;font-size:13px}
+line-height:1.45;overflow-wrap:break-word;-webkit-text-size-adjust:100%}h1{font-size:1.6em}
+h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:2em}h3{margin-top:1.6em}
+.scroll{overflow-x:auto;margin:0 0 1.4em;max-width:100%}table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
-td:first-child,th:first-child{text-align:left}
-th{background:#f3f3f3;position:sticky;top:0}td.best{background:#e3f2e1;font-weight:600}
-caption{caption-side:top;text-align:left;font-size:13px;color:#444;padding:2px 0 6px;max-width:60em}
-figure{margin:1em 0 2em}figure img{max-width:100%;height:auto;display:block;border:1px solid #eee}
+td:first-child,th:first-child{text-align:left;position:sticky;left:0;background:#fff}
+th{background:#f3f3f3;position:sticky;top:0}th:first-child{background:#f3f3f3;z-index:1}
+td.best{background:#e3f2e1;font-weight:600}
+.caption{font-size:13px;color:#444;margin:0.8em 0 6px;max-width:60em}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,460px),1fr));gap:0 28px}
+figure{margin:0.6em 0 1.8em;min-width:0}figure label{display:block;overflow-x:auto;cursor:zoom-in}
+figure input{position:absolute;opacity:0;pointer-events:none}
+figure img{width:100%;height:auto;display:block;border:1px solid #eee;box-sizing:border-box}
+figure input:checked+img{width:auto;max-width:none;cursor:zoom-out}figure:has(input:checked){grid-column:1/-1}
 figcaption{font-size:13px;color:#444;margin-top:4px}code{background:#f3f3f3;padding:0 3px;border-radius:3px;
 overflow-wrap:anywhere}td.text,th.text{text-align:left}
 pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}nav{background:#fafafa;border:1px solid #eee;
-padding:6px 12px;font-size:14px}nav ul{margin:4px 0;padding-left:1.2em}"""
+padding:6px 12px;font-size:14px}nav ul{margin:4px 0;padding-left:1.2em}
+@media (max-width:600px){body{padding:0 10px;margin:1em auto}h1{font-size:1.35em}h2{font-size:1.25em}
+h3{font-size:1.05em}table{font-size:12px}td,th{padding:3px 6px}}"""
 
 
 def inline_html(text: str) -> str:
-    """Escaped text with `code spans` rendered."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    """Escaped text with `code spans` and **strong** runs rendered."""
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
 
 
 def _is_text_column(cells: list[str]) -> bool:
@@ -563,7 +640,10 @@ def render_html(blocks: list[Block], run_dir: Path) -> str:
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>attnbench report: {html.escape(run_dir.name)}</title><style>{HTML_STYLE}</style></head><body>"
     ]
+    in_plots = False  # inside a grid of consecutive plots
     for block in blocks:
+        if in_plots and block.kind != "image":
+            parts.append("</div>")
         if block.kind == "heading":
             level = block.level
             parts.append(f"<h{level} id='{_slug(block.text)}'>{inline_html(block.text)}</h{level}>")
@@ -574,7 +654,7 @@ def render_html(blocks: list[Block], run_dir: Path) -> str:
         elif block.kind == "code":
             parts.append(f"<pre><code>{html.escape(block.text)}</code></pre>")
         elif block.kind == "table":
-            caption = f"<caption>{inline_html(block.caption)}</caption>" if block.caption else ""
+            caption = f"<p class='caption'>{inline_html(block.caption)}</p>" if block.caption else ""
             text = [_is_text_column([row[j] for row in block.rows]) for j in range(len(block.headers))]
             head = "".join(
                 f"<th{' class=text' if text[j] else ''}>{inline_html(h)}</th>" for j, h in enumerate(block.headers)
@@ -590,16 +670,20 @@ def render_html(blocks: list[Block], run_dir: Path) -> str:
                 for i, row in enumerate(block.rows)
             )
             parts.append(
-                f"<div class='scroll'><table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+                f"{caption}<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
             )
         else:
+            if not in_plots:
+                parts.append("<div class='plots'>")
             data = base64.b64encode((run_dir / block.text).read_bytes()).decode()
             caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
             parts.append(
-                f"<figure><img alt='{html.escape(block.caption or Path(block.text).stem)}' "
-                f"src='data:image/png;base64,{data}'>{caption}</figure>"
+                f"<figure><label title='tap for full size'><input type='checkbox'>"
+                f"<img alt='{html.escape(block.caption or Path(block.text).stem)}' "
+                f"src='data:image/png;base64,{data}'></label>{caption}</figure>"
             )
-    parts.append("</body></html>")
+        in_plots = block.kind == "image"
+    parts.append("</div></body></html>" if in_plots else "</body></html>")
     return "\n".join(parts)
 
 

@@ -370,6 +370,9 @@ def run_plan(
         todo = [group.without(done) for group in config.groups()]
         todo = [group for group in todo if group.cells]
         measuring = _executor(executor, config.settings, registry, isolate=isolate, address=address, say=say)
+        if executor == "ray":  # the cluster actually joined, and attnbench on each of its nodes
+            meta.update(measuring.meta)
+            folder.write_meta(meta)
         bar = tqdm(total=sum(len(g.cells) for g in todo), disable=not progress, unit="cell", dynamic_ncols=True)
         try:
             with terminate_as_interrupt():

@@ -33,8 +33,8 @@ def test_run_writes_results_and_prints_summary(tmp_path: Path, capsys: pytest.Ca
     assert status == 0
     captured = capsys.readouterr()
     out = captured.out
-    # the verdict per setting and input, aligned: both causal settings, the N rows, the speedup column
-    assert "speedup vs full" in out and "\n64 " in out and ", forward, causal," in out and "non-causal" in out
+    # the verdict per setting and input, aligned: both causal settings, an answer per N, the speedup column
+    assert "speedup vs full" in out and "\nN=64: " in out and ", forward, causal," in out and "non-causal" in out
     assert "|" not in out  # plain aligned columns, not Markdown pipes
     run_dir = next(tmp_path.iterdir())
     assert {p.name for p in run_dir.iterdir()} >= {

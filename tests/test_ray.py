@@ -218,3 +218,39 @@ def test_a_group_whose_node_is_lost_runs_again_once_on_another_node() -> None:
     assert submitted == [a, b]  # lost with node a, run again on b (which the refresh found free)
     ((group, result),) = results
     assert [row.host for row in result.rows] == ["b"] and result.rows[0].status == "ok"
+
+
+def test_the_cluster_joined_and_attnbench_on_each_node_are_recorded(runtime) -> None:
+    import attnbench
+    from attnbench.config import Settings
+    from attnbench.ray_executor import RayExecutor
+
+    executor = RayExecutor(Settings(), say=lambda text: None)  # joins the module's runtime, as a cluster's
+    executor.close()
+    address = ray.get_runtime_context().gcs_address
+    assert executor.meta["executor"] == f"ray at {address} (the Ray runtime this process had joined)"
+    cluster = executor.meta["ray_cluster"]
+    assert cluster["address"] == address and cluster["ray"] == ray.__version__
+    assert [(node["node"], node["attnbench"]) for node in cluster["nodes"]] == [
+        (node["NodeID"], attnbench.__version__) for node in ray.nodes() if node["Alive"]
+    ]
+    assert Path(cluster["nodes"][0]["path"]) == Path(attnbench.__file__).parent
+
+
+def test_a_node_with_another_attnbench_stops_the_run_before_any_cell(
+    runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import attnbench
+    from attnbench.cli import main
+
+    monkeypatch.setattr("attnbench.ray_executor.DRIVER_VERSION", "9.9.9")  # the workers import the real one
+    config = tmp_path / "tiny.toml"
+    config.write_text('seq_lens = [16]\nheads = 1\nhead_dim = 8\nerror = false\nvariants = ["full"]\n')
+    address = ray.get_runtime_context().gcs_address
+    argv = ["run", str(config), "--executor", "ray", "--address", address, "--out", str(tmp_path / "out")]
+    assert main([*argv, "--no-progress", "--no-report"]) == 2
+    err = capsys.readouterr().err
+    assert f"the Ray cluster at {address} runs another attnbench than this driver (attnbench 9.9.9)" in err
+    assert f"attnbench {attnbench.__version__} from {Path(attnbench.__file__).parent}" in err
+    (run_dir,) = (tmp_path / "out").iterdir()
+    assert read_results(run_dir).empty  # refused before any cell was measured

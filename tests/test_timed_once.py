@@ -49,12 +49,12 @@ def test_time_every_input_judges_each_input_on_its_own_speed(tmp_path: Path) -> 
 
 
 def test_a_budget_skip_on_the_first_input_skips_only_larger_n_on_the_others(tmp_path: Path) -> None:
-    config = parse_config({**TINY, "variants": ["full"], "seq_lens": [16, 32], "inputs": INPUTS, "time_budget_s": 1e-9})
+    config = parse_config({**TINY, "variants": ["full"], "seq_lens": [16, 32], "inputs": INPUTS, "time_budget_s": 2e-6})
     results = read_results(run_plan(config, tmp_path, progress=False))
     found = verdicts(results)  # skipped rows (no device name) stay with their setting: no second "machine"
     assert [v.input for v in found] == ["realistic", "gaussian"] and not any(" on " in v.setting for v in found)
     frame = results.set_index(["input", "seq_len"])
-    assert frame.loc[("realistic", 16), "status"] == "ok"  # over the budget: it ran, and larger N are skipped
+    assert frame.loc[("realistic", 16), "status"] == "ok"  # under the estimate guard, over the budget as measured
     assert frame.loc[("gaussian", 16), "status"] == "ok"  # the same N on another input still gets its error
     for source in ("realistic", "gaussian"):
         assert frame.loc[(source, 32), "status"] == "skipped"

@@ -132,3 +132,27 @@ def test_the_terminal_verdict_fits_80_columns(tmp_path: Path) -> None:
     text = verdict_terminal(frame, 80)
     assert "N=2048: Use band" in text and "Left out: strided" in text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_the_pareto_plots_show_the_verdicts_own_choices_and_sentence(tmp_path: Path, monkeypatch) -> None:
+    """One rule: each speed-error plot joins exactly the verdict's offered choices and is titled with its answer."""
+    import attnbench.report as report
+
+    drawn = []
+    real = report.plot_pareto
+
+    def spy(points, front, baseline, title, *rest):
+        drawn.append((title, list(front), set(points.label)))
+        return real(points, front, baseline, title, *rest)
+
+    monkeypatch.setattr(report, "plot_pareto", spy)
+    run = synthetic_run(tmp_path / "run")
+    report.write_report(run)
+    (verdict,) = [b.verdict for b in verdict_blocks(read_results(run))]
+    expected = [
+        (f"At N={a.n} on {verdict.input}: {a.sentence}", [c.label for c in a.choices], {c.label for c in a.choices + a.left_out})
+        for a in verdict.answers
+    ]
+    assert drawn == expected
+    assert ("At N=2048 on gaussian: Use band: 2× [1.9–2.2] faster than full at error 0.3 vs uniform, 0.5× the memory.",
+            ["full", "band"], {"full", "band"}) in drawn  # fmt: skip
