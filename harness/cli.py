@@ -430,7 +430,9 @@ def command_presets() -> int:
     from attnbench.config import preset_descriptions
     from attnbench.summary import aligned_table
 
-    print(aligned_table(["preset", "what it sweeps"], [[name, text] for name, text in preset_descriptions().items()]))
+    rows = [[name, time, text] for name, (text, time) in preset_descriptions().items()]
+    headers = ["preset", "run time measured on 2 cores", "what it sweeps"]
+    print(aligned_table(headers, rows, width=terminal_width(), cuttable=(2,)))
     print("\nrun one with `attnbench run NAME`; copy one from configs/ to start your own TOML file")
     return 0
 

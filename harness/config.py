@@ -227,7 +227,8 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value), ensure_ascii=False)
 
 
-KNOWN_KEYS = set(AXES) | set(SETTING_KINDS) | {"name", "description"}
+DESCRIPTIVE_KEYS = ("name", "description", "measured_run_time")  # words about a config, not how it runs
+KNOWN_KEYS = set(AXES) | set(SETTING_KINDS) | set(DESCRIPTIVE_KEYS)
 
 
 def _type_ok(value: Any, kind: type) -> bool:
@@ -275,12 +276,11 @@ def parse_config(
                 f"unknown key '{key}'.{did_you_mean(key, sorted(KNOWN_KEYS))} "
                 f"Known keys: {', '.join(sorted(KNOWN_KEYS))}"
             )
-    for key in ("name", "description"):
-        if key in raw:
-            if isinstance(raw[key], str):
-                setattr(config, key, raw[key])
-            else:
-                problems.append(f"{key}: expected str, got {raw[key]!r}")
+    for key in DESCRIPTIVE_KEYS:
+        if key in raw and not isinstance(raw[key], str):
+            problems.append(f"{key}: expected str, got {raw[key]!r}")
+        elif key in ("name", "description") and key in raw:
+            setattr(config, key, raw[key])
     for key, (name, kind, _) in AXES.items():
         if key not in raw or kind in (VariantSpec, InputSpec):
             continue
@@ -465,14 +465,15 @@ def preset_names() -> list[str]:
     return sorted(_preset_files())
 
 
-def preset_descriptions() -> dict[str, str]:
-    """Preset name -> its `description` line."""
+def preset_descriptions() -> dict[str, tuple[str, str]]:
+    """Preset name -> (its `description`, its `measured_run_time`: how long it took, and where)."""
     out = {}
     for name, entry in sorted(_preset_files().items()):
         try:
-            out[name] = str(tomllib.loads(entry.read_text()).get("description", ""))
+            raw = tomllib.loads(entry.read_text())
+            out[name] = (str(raw.get("description", "")), str(raw.get("measured_run_time", "not measured")))
         except tomllib.TOMLDecodeError as error:
-            out[name] = f"(not valid TOML: {error})"
+            out[name] = (f"(not valid TOML: {error})", "")
     return out
 
 
