@@ -20,7 +20,7 @@ from attnbench.reference import exact_reference
 from attnbench.registry import registry
 from attnbench.results import read_results
 
-from test_run_folder import attnbench, only_run, write_config
+from test_run_folder import answer_ctrl_c, attnbench, only_run, write_config
 
 PEAKS = {  # a slow machine's yardsticks, so that the figures below do not depend on this one's
     "cpu/float32": {"matmul_flops_per_s": 1e11, "copy_bytes_per_s": 1e10},
@@ -107,8 +107,8 @@ def test_report_on_a_run_folder_with_no_finished_cell_says_so(tmp_path: Path) ->
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_inside_one_long_call(installed_plugins, tmp_path: Path, stop: signal.Signals) -> None:
-    """A 40-second torch call at N=64 never returns to Python; the run still stops within seconds, keeps the
-    rows of N=16 and says how to resume."""
+    """A 40-second torch call at N=64 never returns to Python; the run still stops within seconds (it waits on
+    the measuring thread, which it abandons), keeps the rows of N=16 and says how to resume."""
     marker = tmp_path / "in-the-long-call"
     config = write_config(tmp_path / "long.toml", "seq_lens = [16, 64]\nvariants = ['long-call', 'full']\n")
     log = tmp_path / "run.log"
@@ -116,7 +116,7 @@ def test_a_signal_stops_the_run_inside_one_long_call(installed_plugins, tmp_path
         [sys.executable, "-m", "attnbench.cli", "run", str(config), "--out", str(tmp_path / "out"), "--no-progress",
          "--no-report"],
         stdout=subprocess.DEVNULL, stderr=log.open("w"),
-        env={**installed_plugins, "ATTNBENCH_TEST_LONG_CALL": str(marker)},
+        env={**installed_plugins, "ATTNBENCH_TEST_LONG_CALL": str(marker)}, preexec_fn=answer_ctrl_c,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
@@ -132,7 +132,8 @@ def test_a_signal_stops_the_run_inside_one_long_call(installed_plugins, tmp_path
         process.kill()
     err = log.read_text()
     assert process.returncode == 130, err
-    assert stopped_after < 5, f"took {stopped_after:.1f} s to stop"
+    # about a second on an idle machine; far less than the call's 40 s even when others load the machine
+    assert stopped_after < 15, f"took {stopped_after:.1f} s to stop"
     run = only_run(tmp_path / "out")
     assert "attnbench run --resume" in err and "Traceback" not in err
     frame = read_results(run)

@@ -34,6 +34,12 @@ def write_config(path: Path, text: str) -> Path:
     return path
 
 
+def answer_ctrl_c() -> None:
+    """In a child about to start: SIGINT handled as a terminal's Ctrl-C is, even where these tests run as a
+    background job (whose shell hands its children SIGINT ignored, and Python then installs no handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_run(config: Path, out: Path, env: dict, log: Path) -> tuple[subprocess.Popen, Path]:
     """A run in the background, its stderr in a file (a pipe nobody drains would block a chatty run); returns
     the process and the run folder it names as it starts."""
@@ -42,6 +48,7 @@ def start_run(config: Path, out: Path, env: dict, log: Path) -> tuple[subprocess
         stdout=subprocess.DEVNULL,
         stderr=log.open("w"),
         env=env,
+        preexec_fn=answer_ctrl_c,
     )
     deadline = time.monotonic() + 120
     while "results in " not in log.read_text() and time.monotonic() < deadline:
