@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence, get_type_hints
 
 import tomllib
 from attnbench.inputs import captured_fit_problems, validate_input
-from attnbench.interface import ALL_DTYPES, AttentionVariant, VariantError, did_you_mean
+from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
 from attnbench.plan import AXES, Cell, Group, InputSpec, VariantSpec, expand, groups_of
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
