@@ -76,29 +76,34 @@ class InProcess(OneAtATime):
         return interruptible(lambda: measure_group(group, self.settings, self.registry, self_checks=self.self_checks))
 
 
-_abandoned: list[threading.Thread] = []  # measurements left running when the run was interrupted
+_abandoned: list[threading.Event] = []  # the "finished" flags of measurements left running by an interrupt
 
 
 def interruptible(work: Callable[[], T]) -> T:
     """`work()` on a thread of its own while this thread waits, so that Ctrl-C (or SIGTERM) stops the run within
     a fraction of a second even inside one long torch call, which holds no GIL but never returns to Python
     where a signal could stop it. An interrupted call is abandoned: the process must exit soon after
-    (`exit_now_if_abandoned`), its finished rows already on disk."""
+    (`exit_now_if_abandoned`), its finished rows already on disk.
+
+    The wait is on an Event, not `Thread.join`: a join interrupted by KeyboardInterrupt marks a running thread
+    as stopped (CPython 3.11), and the abandoned call would then go unnoticed."""
     outcome: dict[str, Any] = {}
+    finished = threading.Event()
 
     def target() -> None:
         try:
             outcome["value"] = work()
         except BaseException as error:  # handed to the waiting thread
             outcome["error"] = error
+        finally:
+            finished.set()
 
-    thread = threading.Thread(target=target, name="attnbench-measure", daemon=True)
-    thread.start()
+    threading.Thread(target=target, name="attnbench-measure", daemon=True).start()
     try:
-        while thread.is_alive():
-            thread.join(0.1)
+        while not finished.wait(0.1):
+            pass
     except BaseException:
-        _abandoned.append(thread)
+        _abandoned.append(finished)
         raise
     if "error" in outcome:
         raise outcome["error"]
@@ -107,8 +112,9 @@ def interruptible(work: Callable[[], T]) -> T:
 
 def exit_now_if_abandoned(code: int) -> None:
     """After an interrupt: leave at once when a measurement still runs on its thread (it cannot be stopped, and
-    waiting for it is what Ctrl-C was pressed to avoid); output is flushed first."""
-    if any(thread.is_alive() for thread in _abandoned):
+    waiting for it is what Ctrl-C was pressed to avoid; a normal exit would tear torch down under it and abort);
+    output is flushed first."""
+    if any(not finished.is_set() for finished in _abandoned):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -107,8 +107,9 @@ def test_report_on_a_run_folder_with_no_finished_cell_says_so(tmp_path: Path) ->
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_inside_one_long_call(installed_plugins, tmp_path: Path, stop: signal.Signals) -> None:
-    """A 40-second torch call at N=64 never returns to Python; the run still stops within seconds (it waits on
-    the measuring thread, which it abandons), keeps the rows of N=16 and says how to resume."""
+    """A 40-second torch call (SDPA on its thread pool) at N=64 never returns to Python; the run still stops
+    within seconds (it waits on the measuring thread, which it abandons), exits 130 (not torch's abort at a
+    normal exit under a running kernel), keeps the rows of N=16 and says how to resume."""
     marker = tmp_path / "in-the-long-call"
     config = write_config(tmp_path / "long.toml", "seq_lens = [16, 64]\nvariants = ['long-call', 'full']\n")
     log = tmp_path / "run.log"

@@ -3,6 +3,7 @@ once and then recorded, and a driver killed mid-run resumed to exactly the plann
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import attnbench
 import pytest
 from attnbench.config import parse_config
 from attnbench.plan import Cell
@@ -111,6 +113,9 @@ def test_ray_measures_the_same_cells_as_in_process(runtime, tmp_path: Path) -> N
         assert remote.host.str.len().gt(0).all() and remote.device_name.str.len().gt(0).all()  # where each ran
         assert remote.speedup.notna().all() and remote.err_vs_uniform.notna().all()
         assert (remote.threads == 2).all()  # a CPU group gets the node's cores
+        meta = json.loads((folder / "meta.json").read_text())  # the cluster actually joined, and its attnbench
+        assert meta["executor"].startswith("ray at ") and meta["ray_cluster"]["address"] in meta["executor"]
+        assert {node["attnbench"] for node in meta["ray_cluster"]["nodes"]} == {attnbench.__version__}
     print("small sweep (2 groups, runtime already up): " + ", ".join(timings))
 
 
