@@ -20,7 +20,8 @@ EXIT_STATUS = """exit status:
   2    usage: a bad argument or config (every problem listed before any work), not a run folder, a run
        folder another process writes, a Ray cluster that does not answer; check: the variant cannot be
        checked on this machine; model: a model, text or variant it cannot use (with the reason)
-  3    run, report: no cell ran ok (every cell failed, was unsupported or skipped; report: or none finished);
+  3    run, report: no cell ran ok (every cell failed, was unsupported or skipped; report: or none finished;
+       run --dry-run: no cell would run);
        model: no variant ran ok
   130  run: interrupted (Ctrl-C); finished cells are kept, the message gives the --resume command;
        model: interrupted, model.csv keeps the variants finished
@@ -529,6 +530,7 @@ def command_run(args: argparse.Namespace) -> int:
             "(each cell says so); in-turn speedups hold best when torch's threads fit the idle cores (--threads)",
             file=sys.stderr,
         )
+    already = len(read_results(run_dir)) if args.resume is not None and (run_dir / "results.csv").exists() else 0
     started = time.perf_counter()
     try:
         run_plan(
@@ -577,7 +579,9 @@ def command_run(args: argparse.Namespace) -> int:
         counts = ", ".join(f"{status} {count}" for status, count in failed.items())
         print(f"attnbench: {failed.sum()} cell(s) did not run ok ({counts}): reasons in summary.md", file=sys.stderr)
     print(
-        f"attnbench: {len(cells)} cells in {time.perf_counter() - started:.0f} s -> {run_dir}/ ({outputs}); "
+        f"attnbench: {len(frame) - already} cells in {time.perf_counter() - started:.0f} s"
+        + (f" ({already} recorded before the resume)" if already else "")
+        + f" -> {run_dir}/ ({outputs}); "
         "every table is in summary.md",
         file=sys.stderr,
     )
@@ -598,8 +602,9 @@ def _dry_run(config: SweepConfig) -> int:
     print("attnbench: measuring this machine's peaks for the estimates…", file=sys.stderr, flush=True)
     for device in config.axes["device"]:
         peaks_for(device, (*config.axes["dtype"], "float64"))
-    print(preview_text(preview(config, registry), terminal_width()))
-    return 0
+    groups = preview(config, registry)
+    print(preview_text(groups, terminal_width()))
+    return 0 if any(g.runs for g in groups) else EXIT_NOTHING_RAN
 
 
 def terminal_width() -> int:

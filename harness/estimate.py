@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench.interface import AttentionVariant, Shape
+from attnbench.interface import AttentionVariant, Cost, Shape
 from attnbench.plan import Cell
 from attnbench.reference import REFERENCE_CHUNK_COPIES, REFERENCE_CHUNK_ELEMENTS, reference_chunk_rows
 
@@ -22,7 +22,11 @@ FLOAT64 = 8
 INPUT_COPIES = 3  # Q, K and V are drawn in float32, sliced, then cast and made contiguous: ~3 copies at once
 REFERENCE_PASSES = 12  # reads and writes of the float64 scores per element: matmul out, scale, mask, softmax, ...
 BACKWARD_WORK = 3.0  # a forward and backward call does about three forward calls' work
-BACKWARD_MEMORY = 2.0  # ... and holds the forward's working set while it computes the gradients
+BACKWARD_MEMORY = 2.0  # ... and, unless its cost() says otherwise, holds twice the forward's working set
+# cost() gives the algorithm's working set; the measured per-call peaks of the built-ins reached up to 2.2x it
+# (kernels' own temporaries, masks in the kernel's dtype; the default preset, fwd and fwd+bwd, N up to 16384),
+# so the guard counts the variant's part twice
+VARIANT_MARGIN = 2.0
 SLOW_ROUNDS = 3  # samples of a warm call slower than time_budget_s (fewer than min_rounds; larger N are skipped)
 CALLS_AT_BUDGET = 2 + SLOW_ROUNDS  # first call, warm-up, slow rounds: what a cell at the edge of the budget costs
 OTHER_CALLS = 2  # besides timing: the output (error) call and the memory call
@@ -94,7 +98,8 @@ class CellEstimate:
     """One cell's memory and time before it runs. Times are roofline lower bounds (NaN with no peak known)."""
 
     group: GroupCost
-    variant_bytes: float  # the variant's working set in the cell's mode, and its output
+    dense_default: bool  # the variant does not override cost(): dense attention's figures are assumed
+    variant_bytes: float  # the variant's working set in the cell's mode (with VARIANT_MARGIN), and its output
     call_s: float  # one call at the roofline
 
     @property
@@ -129,9 +134,17 @@ def cell_estimate(cell: Cell, variant: AttentionVariant, *, error: bool, peaks: 
     call = own.seconds(cost.flops, cost.bytes_moved) if own else math.nan
     return CellEstimate(
         group=group_cost(cell, error=error, float64_peaks=float64),
-        variant_bytes=(BACKWARD_MEMORY if backward else 1.0) * cost.working_bytes + output,
+        dense_default=type(variant).cost is AttentionVariant.cost,
+        variant_bytes=VARIANT_MARGIN * (_backward_bytes(cost) if backward else cost.working_bytes) + output,
         call_s=(BACKWARD_WORK if backward else 1.0) * call,
     )
+
+
+def _backward_bytes(cost: Cost) -> float:
+    """What a forward and backward call holds at once: the variant's figure, else twice its forward's."""
+    if cost.backward_working_bytes is not None:
+        return cost.backward_working_bytes
+    return BACKWARD_MEMORY * cost.working_bytes
 
 
 def mib(value: float) -> str:
@@ -148,6 +161,12 @@ def seconds_text(value: float) -> str:
     return f"{value:.2g} s"
 
 
+DENSE_DEFAULT_HINT = (
+    "; the variant does not override cost(), so dense attention's N × N scores and work are assumed: a variant that "
+    "needs less should say so in cost()"
+)
+
+
 def over_limit_reason(estimate: CellEstimate, limit_bytes: float, *, limit_source: str) -> str | None:
     """Why the cell would not fit in memory (None when it fits), with the figures."""
     if estimate.peak_bytes <= limit_bytes:
@@ -158,6 +177,7 @@ def over_limit_reason(estimate: CellEstimate, limit_bytes: float, *, limit_sourc
         parts.insert(1, f"float64 reference {mib(g.reference_peak_bytes)}")
     without_reference = max(g.inputs_bytes, g.held_inputs_bytes + estimate.variant_bytes)
     hint = "; set error = false to measure without the reference" if without_reference <= limit_bytes else ""
+    hint += DENSE_DEFAULT_HINT if estimate.dense_default else ""
     return (
         f"estimated peak memory {mib(estimate.peak_bytes)} ({', '.join(parts)}) exceeds the limit "
         f"{mib(limit_bytes)} ({limit_source}){hint}"
@@ -180,5 +200,6 @@ def over_budget_reason(estimate: CellEstimate, time_budget_s: float) -> str | No
         return (
             f"one call would take at least {seconds_text(estimate.call_s)} at this machine's measured peaks "
             f"(roofline), over {ESTIMATE_SLACK:g} × time_budget_s = {seconds_text(call_allowance)}"
+            + (DENSE_DEFAULT_HINT if estimate.dense_default else "")
         )
     return None

@@ -100,6 +100,9 @@ class Cost:
     bytes_moved: float
     working_bytes: float  # largest intermediate the algorithm holds at once, besides inputs and output
     matmul_flops: float | None = None
+    # the most a forward and backward call holds at once (what autograd saves for the backward and the
+    # gradients it builds); None: twice `working_bytes`
+    backward_working_bytes: float | None = None
 
 
 _kept_caches: list[Any] = []
@@ -296,6 +299,15 @@ def check_shapes(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | Non
                 f"key_padding_mask must be bool of shape (b, Nk) = ({b}, {k.shape[-2]}); "
                 f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
             )
+
+
+SAVED_SCORE_COPIES = 3  # a backward through softmax holds the saved weights, their gradient and the scores'
+
+
+def saved_scores_bytes(pairs: float, shape: Shape) -> float:
+    """What a backward through softmax attention over `pairs` computed scores holds at once, besides the forward's
+    working set: SAVED_SCORE_COPIES arrays of one value per score."""
+    return SAVED_SCORE_COPIES * pairs * shape.dtype_bytes
 
 
 def softmax_attention_flops(pairs: float, shape: Shape) -> tuple[float, float]:

@@ -79,7 +79,8 @@ def preview_text(groups: list[GroupPreview], width: int) -> str:
     cells = sum(g.cells for g in groups)
     runs = sum(g.runs for g in groups)
     parts.append(
-        f"total: {runs} of {cells} cells would run in {len(groups)} groups, at least {seconds_text(total)} of "
+        f"total: {runs} of {cells} cells would run in {len(groups)} group{'s' if len(groups) != 1 else ''}, at least "
+        f"{seconds_text(total)} of "
         f"measurement (roofline at this machine's measured peaks; real calls are slower), peak memory "
         f"{mib(max((g.peak_bytes for g in groups), default=0.0))}"
     )

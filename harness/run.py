@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Protocol, TypeVar
 import torch
 from attnbench.config import Settings, SweepConfig
 from attnbench.machine import allocator_note, machine_info, measure_peaks, remember_peaks
-from attnbench.measure import GroupResult, measure_group
+from attnbench.measure import GroupResult, measure_group, memory_limit
 from attnbench.plan import Cell, Group
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
@@ -237,14 +237,16 @@ def _in_flight(group: Group, step: dict[str, Any] | None) -> Cell:
 
 
 class Budgets:
-    """Once a variant is over its time budget, out of memory, crashed or timed out at some N, its larger N
-    (same series: every other axis equal) are skipped with that reason."""
+    """Once a variant is over its time budget, out of memory, crashed or timed out at some N, or measured a peak
+    over the memory limit (its cost() understated it), its larger N (same series: every other axis equal) are
+    skipped with that reason."""
 
-    def __init__(self, time_budget_s: float) -> None:
-        self.time_budget_s = time_budget_s
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.time_budget_s = settings.time_budget_s
         self.over: dict[str, tuple[int, str]] = {}  # series -> (the N it went over at, why)
 
-    def note(self, cell: Cell, status: str, median_s: float | None) -> None:
+    def note(self, cell: Cell, status: str, median_s: float | None, peak_bytes: float | None = None) -> None:
         reason = None
         if status in ("oom", "crashed", "timeout"):
             reason = f"{'out of memory' if status == 'oom' else status} at N={cell.seq_len}"
@@ -253,6 +255,13 @@ class Budgets:
                 f"{cell.variant.label()} took {median_s:.3g} s at N={cell.seq_len}, "
                 f"over time_budget_s={self.time_budget_s:g}"
             )
+        elif status == "ok" and peak_bytes is not None and peak_bytes == peak_bytes:
+            limit, source = memory_limit(self.settings, cell.device)
+            if peak_bytes > limit:
+                reason = (
+                    f"{cell.variant.label()} measured a peak of {peak_bytes / 2**20:,.0f} MiB at N={cell.seq_len}, "
+                    f"over the limit {limit / 2**20:,.0f} MiB ({source}): its cost() understates its memory"
+                )
         known = self.over.get(cell.series_key())
         if reason is not None and (known is None or cell.seq_len < known[0]):
             self.over[cell.series_key()] = (cell.seq_len, reason)
@@ -283,7 +292,7 @@ def _run_groups(todo: list[Group], executor: Executor, folder: RunFolder, budget
     for _group, result in executor.measure(startable()):
         folder.append(result.rows, result.samples)
         for row in result.rows:
-            budgets.note(Cell.from_key(row.cell_key), row.status, row.time_median_s)
+            budgets.note(Cell.from_key(row.cell_key), row.status, row.time_median_s, row.peak_mem_bytes)
         bar.update(len(result.rows))
 
 
@@ -365,13 +374,14 @@ def run_plan(
             meta["peaks"] = _measure_peaks(config)
             folder.write_meta(meta)
         remember_peaks(meta["peaks"])  # the guard's time estimates use them
-        budgets = Budgets(config.settings.time_budget_s)
+        budgets = Budgets(config.settings)
         done: set[str] = set()
         if resume and (run_dir / "results.csv").exists():
             finished = read_results(run_dir).drop_duplicates("cell_key", keep="last").set_index("cell_key")
             for cell in config.cells():
                 if cell.key() in finished.index:
-                    budgets.note(cell, finished.loc[cell.key(), "status"], finished.loc[cell.key(), "time_median_s"])
+                    row = finished.loc[cell.key()]
+                    budgets.note(cell, row["status"], row["time_median_s"], row.get("peak_mem_bytes"))
             done = set(finished.index)
         todo = [group.without(done) for group in config.groups()]
         todo = [group for group in todo if group.cells]

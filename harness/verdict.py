@@ -126,7 +126,11 @@ def setting_words(values: pd.Series, varying: set[str]) -> str:
 def input_sentence(rows: pd.DataFrame) -> str:
     """What the input's error figures can tell, from the exact attention's statistics on it."""
     if not (rows.status == "ok").any():
-        return "No cell ran ok on this input: the reasons are in summary.md and the report's detail."
+        reasons: dict[str, list[str]] = {}
+        for row in rows.itertuples():
+            reasons.setdefault(f"{row.status}: {row.reason}", []).append(row.label)
+        listed = "; ".join(f"{', '.join(dict.fromkeys(labels))} {why}" for why, labels in reasons.items())
+        return f"No cell ran ok on this input. {listed}."
     stats = rows.dropna(subset=["input_entropy"])
     if stats.empty:
         return "Error was not measured on this input."
@@ -317,17 +321,26 @@ def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str
         return text + "."
     if exact_winner is not None:
         return f"Use {exact_winner.label}: exact, {_speed(exact_winner)} faster than {baseline}{_memory(exact_winner)}."
-    slower = [c.label for c in left_out if c.family != "exact" and c.left_out.startswith("slower")]
-    slower += [c.label for c in approximate if not c.clearly_faster]
+    maybe = [c for c in approximate if c.speedup > 1]  # offered, faster by the median, but its interval reaches 1×
+    slower = [c.label for c in approximate if c.speedup <= 1]
+    slower += [c.label for c in left_out if c.family != "exact" and c.left_out.startswith("slower")]
     useless = [c.label for c in left_out if "averaging V" in c.left_out]
     dominated = [c.label for c in left_out if c.left_out.startswith("dominated")]
     reasons = []
     if slower:
-        reasons.append(f"slower or not clearly faster ({', '.join(slower)})")
+        reasons.append(f"slower ({', '.join(slower)})")
     if useless:
         reasons.append(f"no better than averaging V ({', '.join(useless)})")
     if dominated:
         reasons.append(f"dominated ({', '.join(dominated)})")
+    if maybe:
+        perhaps = ", ".join(f"{c.label} ({_speed(c)})" for c in maybe)
+        others = "; the other approximate variants are " + " or ".join(reasons) if reasons else ""
+        verb = "is" if len(maybe) == 1 else "are"
+        return (
+            f"Nothing clearly beats {baseline} here: {perhaps} {verb} faster by the median, but the 95% interval "
+            f"reaches 1×{others}."
+        )
     because = ": the approximate variants are " + " or ".join(reasons) if reasons else ""
     return f"Nothing beats {baseline} here{because}."
 

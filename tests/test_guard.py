@@ -156,3 +156,38 @@ def test_the_warm_allocator_returns_what_it_kept() -> None:
     after = resident_mib()
     assert kept - before > 256  # kept while timing (warm: no page faults on the next call)
     assert after - before < 64  # and returned after it
+
+
+def test_a_measured_peak_over_the_limit_skips_larger_n(plugin_registry, tmp_path: Path) -> None:
+    """A plugin whose cost() understates its memory passes the estimate once; its measured peak stops its larger N."""
+    from attnbench.run import run_plan
+
+    registry = plugin_registry(
+        "greedy-plugin",
+        {"greedy": "greedy_variant:Greedy"},
+        {
+            "greedy_variant": """
+                import torch
+                from attnbench import AttentionVariant, Cost
+
+                class Greedy(AttentionVariant):
+                    name, family, exact = "greedy", "test", False
+
+                    def cost(self, shape):
+                        return Cost(flops=1.0, bytes_moved=1.0, working_bytes=1.0)  # says it needs nothing
+
+                    def forward(self, q, k, v, *, causal, key_padding_mask):
+                        scratch = torch.ones(8 * 2**20)  # 32 MiB it never declared
+                        return torch.nn.functional.scaled_dot_product_attention(q, k, v) + scratch[0] * 0
+            """
+        },
+    )
+    config = parse_config(
+        {"variants": ["greedy"], "seq_lens": [16, 32], "heads": 1, "head_dim": 8, "memory_limit_gb": 0.02,
+         "min_run_time": 0.01, "min_rounds": 2},
+        registry=registry,
+    )  # fmt: skip
+    frame = read_results(run_plan(config, tmp_path, registry=registry, progress=False)).set_index("seq_len")
+    assert frame.loc[16, "status"] == "ok" and frame.loc[16, "peak_mem_bytes"] > 0.02 * 2**30
+    assert frame.loc[32, "status"] == "skipped"
+    assert "measured a peak of 32 MiB at N=16, over the limit 20 MiB" in frame.loc[32, "reason"]

@@ -129,6 +129,7 @@ def test_default_cost_is_dense_so_the_memory_guard_sees_a_plugins_scores(install
     assert frame.loc[("dense-scores", 64), "status"] == "ok"
     assert frame.loc[("dense-scores", 8192), "status"] == "skipped"  # 2 x 2 x 8192^2 x 4 bytes = 1 GiB of scores
     assert "estimated peak memory" in frame.loc[("dense-scores", 8192), "reason"]
+    assert "does not override cost()" in frame.loc[("dense-scores", 8192), "reason"]  # and says where to fix it
     assert frame.loc[("full", 8192), "status"] == "ok"  # the fused kernel's tiles fit
 
 

@@ -127,7 +127,14 @@ class BandAttention(FlexBackend, AttentionVariant):
             * (shape.n_q * shape.head_dim + shape.n_k * (shape.head_dim + 2 * shape.value_dim))
         )
         padded_keys = shape.batch * shape.heads * shape.n_k * (shape.head_dim + shape.value_dim) * shape.dtype_bytes
-        working = shape.n_q * span + padded_keys  # the bool pattern and one padded copy of k and v
+        # the bool pattern and the additive mask SDPA makes of it, and one padded copy of k and v
+        working = shape.n_q * span * (1 + shape.dtype_bytes) + padded_keys
         return Cost(
-            flops=matmul + other, bytes_moved=io * shape.dtype_bytes, working_bytes=working, matmul_flops=matmul
+            flops=matmul + other,
+            bytes_moved=io * shape.dtype_bytes,
+            working_bytes=working,
+            matmul_flops=matmul,
+            # autograd keeps each block's weights and its gathered key and value windows for the backward
+            backward_working_bytes=working
+            + computed * shape.dtype_bytes * (1 + (shape.head_dim + shape.value_dim) / block),
         )

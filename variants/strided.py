@@ -30,6 +30,7 @@ from attnbench.interface import (
     Shape,
     UnsupportedOptionError,
     kept_between_calls,
+    saved_scores_bytes,
     softmax_attention_flops,
 )
 from attnbench.variants.band import band_pattern, default_block_size
@@ -289,5 +290,9 @@ class StridedAttention(FlexBackend, AttentionVariant):
         patterns = (first + second) * (1 + shape.dtype_bytes)
         working = shape.batch * shape.heads * rows * stride * held * shape.dtype_bytes + patterns
         return Cost(
-            flops=matmul + other, bytes_moved=io * shape.dtype_bytes, working_bytes=working, matmul_flops=matmul
+            flops=matmul + other,
+            bytes_moved=io * shape.dtype_bytes,
+            working_bytes=working,
+            matmul_flops=matmul,
+            backward_working_bytes=working + saved_scores_bytes(computed, shape),
         )
