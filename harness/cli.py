@@ -30,7 +30,7 @@ EPILOG = (
     """examples:
   attnbench list
   attnbench presets                               # the presets and what each sweeps
-  attnbench run quick                             # the CPU preset, under 90 s
+  attnbench run quick                             # the CPU preset (`attnbench presets`: measured times)
   attnbench run default --variants full,full-math --seq-lens 512,1024
   attnbench run configs/default.toml --causal both --mode fwd,fwd+bwd --out results
   attnbench report results/<run-id>

@@ -168,3 +168,14 @@ def test_check_fails_a_variant_that_gives_nan_where_every_key_is_padding(
     out = capsys.readouterr().out
     assert "fully_padded (float64), fully_padded (float32)" in out and "must output zeros" in out
     assert main(["check", "zero-where-no-key"]) == 0
+
+
+def test_every_preset_states_its_measured_run_time() -> None:
+    """`attnbench presets` gives each preset's run time as measured on 2 cores (its `measured_run_time`)."""
+    import re
+
+    from attnbench.config import preset_descriptions, load_config
+
+    for name, (description, run_time) in preset_descriptions().items():
+        assert description and re.match(r"^[\d.]+ (s|min|h) \(load [\d.]+\), \d{4}-\d\d-\d\d$", run_time), (name, run_time)
+        assert load_config(name).cells()  # the descriptive key does not disturb the config
