@@ -65,19 +65,23 @@ class LinformerAttention(AttentionVariant):
         """(E, F), each (h | 1, k, n), cached per sequence length."""
         key = (n, heads, str(device), dtype)
         if key not in self._cache:
-            self._cache[key] = tuple(t.to(device, dtype) for t in self._build(n, heads))
+            self._cache[key] = tuple(t.to(device) for t in self._build(n, heads, dtype))
         return self._cache[key]
 
-    def _build(self, n: int, heads: int) -> tuple[Tensor, Tensor]:
+    def _build(self, n: int, heads: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """E and F in `dtype`, drawn in float64 one at a time (so at most one float64 copy lives at once)."""
         copies = 1 if self.share_heads else heads
         if self.projection == "identity":
-            eye = torch.eye(n, dtype=torch.float64).expand(copies, n, n)
+            eye = torch.eye(n, dtype=torch.float64).expand(copies, n, n).to(dtype)
             return eye, eye
         if self.projection == "pool":
-            pool = pooling_matrix(min(self.k, n), n).expand(copies, -1, -1)
+            pool = pooling_matrix(min(self.k, n), n).expand(copies, -1, -1).to(dtype)
             return pool, pool
         generator = torch.Generator().manual_seed(self.seed)
-        draw = lambda: torch.randn(copies, self.k, n, generator=generator, dtype=torch.float64) / n**0.5  # noqa: E731
+
+        def draw() -> Tensor:  # (copies, k, n): scaled in place, then cast
+            return torch.randn(copies, self.k, n, generator=generator, dtype=torch.float64).div_(n**0.5).to(dtype)
+
         e = draw()
         return e, (e if self.share_kv else draw())
 
@@ -117,6 +121,8 @@ class LinformerAttention(AttentionVariant):
         io = bh * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim) * s.dtype_bytes
         copies = 1 if self.share_heads else s.heads  # of E and F, each (rows, n_k)
         working = bh * rows * (s.head_dim + s.value_dim) * s.dtype_bytes + 2 * copies * rows * s.n_k * s.dtype_bytes
+        if self.projection == "random":  # the first call draws E and F in float64, one at a time
+            working += copies * rows * s.n_k * 8
         return Cost(
             flops=projection + attention + softmax,
             bytes_moved=io,

@@ -465,12 +465,16 @@ class LSHAttention(AttentionVariant):
         sort_flops = bh * rounds * hashed * math.log2(max(s.n_q, 2))
         gathered = bh * rounds * slots * (2 * s.head_dim + s.value_dim)
         io = gathered * (1 + 1 + self.look_backward + self.look_forward) * s.dtype_bytes
-        # one round at a time: its float bias, byte gaps and met flags, gathered windows, and every round's output
+        # a round's float bias, byte gaps and met flags and gathered windows; every round's output
         per_round = (pairs * (s.dtype_bytes + 2) + io) / rounds
         outputs = bh * rounds * s.n_q * (s.value_dim + 1) * s.dtype_bytes
         return Cost(
             flops=attention + hashing + softmax + sort_flops,
             bytes_moved=io,
-            working_bytes=per_round + outputs,
+            # rounds run one at a time, but a round's buffers are made before the last one's are freed (measured
+            # peaks reached 2.5x a single round's at N = 2^20)
+            working_bytes=2 * per_round + outputs,
             matmul_flops=attention + hashing,
+            # autograd keeps every round's buffers, and the weights and their gradient, for the backward
+            backward_working_bytes=rounds * per_round + 2 * pairs * s.dtype_bytes + outputs,
         )
