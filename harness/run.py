@@ -394,6 +394,9 @@ def run_plan(
             with terminate_as_interrupt():
                 _run_groups(todo, measuring, folder, budgets, bar)
         except KeyboardInterrupt:  # stop cleanly: finished groups are on disk, the lock is released on exit
+            if threading.current_thread() is threading.main_thread():  # a second Ctrl-C must not cut the cleanup
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
             bar.close()
             meta["interrupted"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             folder.write_meta(meta)

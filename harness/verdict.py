@@ -291,7 +291,8 @@ def judge(n: int, candidates: list[Choice], baseline: str) -> Answer | None:
             dominators = [o for o in contenders if o is not c and _dominates(o, c)]  # never empty: c is not in front
             by = min(dominators, key=lambda o: (o not in front, o.speed))  # the nearest choice that beats it
             if c.speed < by.speed:
-                c.left_out = f"slower than {by.label} and not more accurate"
+                accuracy = " and not more accurate" if c.error == c.error else ""  # no claim without an error
+                c.left_out = f"slower than {by.label}{accuracy}"
             else:
                 c.left_out = f"dominated by {by.label}: as accurate or more, not slower beyond noise"
     if fastest_exact is not None:
@@ -384,7 +385,7 @@ def left_out_text(answer: Answer) -> str:
     parts = []
     for c in answer.left_out:
         figures = [speedup_text(pd.Series(vars(c))) if c.speedup == c.speedup else ""]
-        figures.append("" if c.family == "exact" else f"error {format_number(c.error, '.3g')}")
+        figures.append("" if c.family == "exact" or c.error != c.error else f"error {format_number(c.error, '.3g')}")
         shown = ", ".join(f for f in figures if f and f != "–")
         parts.append(f"{c.label} ({c.left_out}" + (f"; {shown})" if shown else ")"))
     return "Left out: " + "; ".join(parts) + "."

@@ -127,6 +127,8 @@ def test_a_signal_stops_the_run_inside_one_long_call(installed_plugins, tmp_path
         time.sleep(0.5)  # well inside the call
         sent = time.monotonic()
         process.send_signal(stop)
+        time.sleep(0.05)
+        process.send_signal(stop)  # pressed twice, as people do: the second must not cut the clean-up
         process.wait(timeout=30)
         stopped_after = time.monotonic() - sent
     finally:

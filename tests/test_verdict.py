@@ -158,3 +158,16 @@ def test_the_pareto_plots_show_the_verdicts_own_choices_and_sentence(tmp_path: P
     assert drawn == expected
     assert ("At N=2048 on gaussian: Use band: 2× [1.9–2.2] faster than full at error 0.3 vs uniform, 0.5× the memory.",
             ["full", "band"], {"full", "band"}) in drawn  # fmt: skip
+
+
+def test_without_an_error_measured_the_verdict_claims_nothing_about_accuracy() -> None:
+    answer = judge(
+        4096,
+        [choice("full", "exact", 1.0, 1.0, 1.0, float("nan")), choice("band", "band", 0.5, 0.4, 0.6, float("nan"))],
+        "full",
+    )
+    (band,) = answer.left_out
+    assert band.left_out == "slower than full"
+    from attnbench.verdict import left_out_text
+
+    assert left_out_text(answer) == "Left out: band (slower than full; 0.50× [0.40–0.60])."
