@@ -347,7 +347,7 @@ def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str
 
 
 def _speed(c: Choice) -> str:
-    return f"{c.speedup:.2g}× [{format_number(c.speedup_low, '.2g')}–{format_number(c.speedup_high, '.2g')}]"
+    return f"{c.speedup:.3g}× [{format_number(c.speedup_low, '.3g')}–{format_number(c.speedup_high, '.3g')}]"
 
 
 def _error(c: Choice) -> str:
