@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -309,8 +310,8 @@ def command_model(args: argparse.Namespace) -> int:
         problems = spec_problems(specs)
         if args.seq_len < 2:
             problems.append(f"--seq-len must be >= 2, got {args.seq_len}")
-        if not args.min_run_time > 0:
-            problems.append(f"--min-run-time must be > 0, got {args.min_run_time:g}")
+        if not 0 < args.min_run_time < math.inf:
+            problems.append(f"--min-run-time must be a finite number > 0, got {args.min_run_time:g}")
         if args.random_tokens is not None and args.random_tokens < 2:
             problems.append(f"--random-tokens must be >= 2, got {args.random_tokens}")
         if args.token_ids is not None and (len(args.token_ids) < 2 or min(args.token_ids) < 0):
@@ -685,8 +686,8 @@ def command_compare(args: argparse.Namespace) -> int:
 
     if _run_folder(args.run_a) is None or _run_folder(args.run_b) is None:
         return 2
-    if args.fail_above is not None and args.fail_above < 0:
-        print(f"attnbench: --fail-above must be >= 0 (a percentage), got {args.fail_above:g}", file=sys.stderr)
+    if args.fail_above is not None and not 0 <= args.fail_above < math.inf:
+        print(f"attnbench: --fail-above must be a finite percentage >= 0, got {args.fail_above:g}", file=sys.stderr)
         return EXIT_USAGE
     threshold = DEFAULT_THRESHOLD if args.fail_above is None else args.fail_above / 100
     result = compare_runs(args.run_a, args.run_b, threshold=threshold, speedups=args.speedups)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import os
 import re
 from importlib import resources
 from dataclasses import asdict, dataclass, field
@@ -231,6 +233,18 @@ DESCRIPTIVE_KEYS = ("name", "description", "measured_run_time")  # words about a
 KNOWN_KEYS = set(AXES) | set(SETTING_KINDS) | set(DESCRIPTIVE_KEYS)
 
 
+MAX_NAME_LENGTH = 100  # run folders are named <time>-<name>: file systems allow 255 bytes a name
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a run folder (None when it can): a plain file name, no path, not too long."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return f"{name!r} must be a plain file name (it names the run folder): no '/', no '..', not empty"
+    if len(name.encode()) > MAX_NAME_LENGTH:
+        return f"{len(name.encode())} bytes long; at most {MAX_NAME_LENGTH} (it names the run folder)"
+    return None
+
+
 def _type_ok(value: Any, kind: type) -> bool:
     if kind is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -281,6 +295,8 @@ def parse_config(
             problems.append(f"{key}: expected str, got {raw[key]!r}")
         elif key in ("name", "description") and key in raw:
             setattr(config, key, raw[key])
+    if isinstance(raw.get("name"), str) and (problem := name_problem(raw["name"])):
+        problems.append(f"name: {problem}")
     for key, (name, kind, _) in AXES.items():
         if key not in raw or kind in (VariantSpec, InputSpec):
             continue
@@ -354,15 +370,28 @@ def _unknown(where: str, value: str, known: Sequence[str], aliases: dict[str, st
     return f"{where}: unknown '{value}' (known: {', '.join(known)}{more})" + (f".{hint}" if hint else "")
 
 
+MAX_THREADS_PER_CORE = 4  # torch threads beyond this many per core only oversubscribe (and 10^5 crash torch)
+
+
 def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
     positive = ("min_run_time", "time_budget_s", "cell_timeout_s")
-    problems = [f"{at(key)}: must be > 0, got {getattr(s, key)}" for key in positive if getattr(s, key) <= 0]
+    problems = [
+        f"{at(key)}: must be a finite number > 0, got {getattr(s, key)}"
+        for key in positive
+        if not 0 < getattr(s, key) < math.inf  # NaN fails too: a budget or timing length that never ends is refused
+    ]
     if s.min_rounds < 2:
         problems.append(f"{at('min_rounds')}: must be >= 2 (a spread needs samples), got {s.min_rounds}")
-    if s.threads < 0:
-        problems.append(f"{at('threads')}: must be >= 0 (0: torch's default), got {s.threads}")
-    if s.memory_limit_gb is not None and s.memory_limit_gb <= 0:
-        problems.append(f"{at('memory_limit_gb')}: must be > 0, got {s.memory_limit_gb}")
+    most = MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
+    if not 0 <= s.threads <= most:
+        problems.append(
+            f"{at('threads')}: must be between 0 (torch's default) and {most} ({MAX_THREADS_PER_CORE} per core of "
+            f"this machine), got {s.threads}"
+        )
+    if s.memory_limit_gb is not None and not 0 < s.memory_limit_gb < math.inf:
+        problems.append(f"{at('memory_limit_gb')}: must be a finite number > 0, got {s.memory_limit_gb}")
+    if s.self_check_len < 2:
+        problems.append(f"{at('self_check_len')}: must be >= 2 (the self-check needs a sequence), got {s.self_check_len}")
     return problems
 
 

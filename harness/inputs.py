@@ -353,9 +353,10 @@ def validate_input(name: str, params: dict[str, Any]) -> list[str]:
         if key not in spec.defaults
     ]
     problems += [
-        f"input '{name}': {key} must be a positive number, got {value!r}"
+        f"input '{name}': {key} must be a finite positive number, got {value!r}"
         for key, value in params.items()
-        if key in spec.positive and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0)
+        if key in spec.positive
+        and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf)
     ]
     if name == "captured":
         problems += _captured_problems(params)

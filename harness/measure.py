@@ -255,6 +255,11 @@ class GroupMeasurement:
                 )
             synchronize(self.device)
             self.first_call[key] = time.perf_counter() - started
+            expected = (cell.batch, cell.heads, cell.seq_len, cell.v_dim)
+            if tuple(output.shape) != expected or output.dtype != inputs.q.dtype:
+                wrong = f"output is {tuple(output.shape)} {str(output.dtype).removeprefix('torch.')}"
+                reason = f"{wrong}, expected (b, h, Nq, Dv) = {expected} {cell.dtype}, the inputs' dtype"
+                return self._fail(key, {"status": "error", "reason": reason})
             if not torch.isfinite(output).all():
                 return self._fail(key, {"status": "error", "reason": "output has NaN or Inf"})
             if self.reference is not None:

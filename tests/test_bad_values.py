@@ -1,0 +1,88 @@
+"""Bad values are refused before any work, and a wrong output is caught (issue 22, items 4, 6 and 7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from attnbench.cli import main
+from attnbench.config import ConfigError, parse_config
+from attnbench.results import read_results
+from attnbench.run import run_plan
+
+TINY = {"variants": ["full"], "seq_lens": [16], "heads": 1, "head_dim": 8}
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("min_run_time", float("nan")),
+        ("min_run_time", float("inf")),
+        ("time_budget_s", float("nan")),
+        ("memory_limit_gb", float("nan")),
+        ("memory_limit_gb", float("inf")),
+        ("cell_timeout_s", float("inf")),
+        ("threads", 100000),
+        ("self_check_len", 0),
+    ],
+)
+def test_non_finite_and_out_of_range_settings_are_refused(key: str, value: float) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config({**TINY, key: value})
+    assert f"{key}: must be" in str(refused.value)
+
+
+def test_a_non_finite_input_parameter_is_refused() -> None:
+    with pytest.raises(ConfigError, match="temperature must be a finite positive number, got nan"):
+        parse_config({**TINY, "inputs": [{"name": "gaussian", "temperature": float("nan")}]})
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", "x" * 300])
+def test_a_config_name_must_be_a_plain_file_name(name: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="name: "):
+        parse_config({**TINY, "name": name})
+    config = tmp_path / "c.toml"
+    config.write_text(f'name = "{name}"\nvariants = ["full"]\nseq_lens = [16]\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert not (tmp_path / "out").exists() and not any(p.name.endswith("x") for p in tmp_path.parent.iterdir())
+
+
+def test_compare_refuses_a_nan_gate(tmp_path: Path) -> None:
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "results.csv").write_text("cell_key\n")
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-above", "nan"]) == 2
+
+
+def test_run_refuses_an_output_of_the_wrong_shape_or_dtype(plugin_registry, tmp_path: Path) -> None:
+    """A broadcastable (b, h, 1, Dv) output was recorded ok and faster than full; now it is an error."""
+    registry = plugin_registry(
+        "wrong-output",
+        {"one-row": "wrong_output:OneRow", "half": "wrong_output:Half"},
+        {
+            "wrong_output": """
+                import torch
+                from attnbench import AttentionVariant
+
+                class OneRow(AttentionVariant):
+                    name, family, exact = "one-row", "test", False
+
+                    def forward(self, q, k, v, *, causal, key_padding_mask):
+                        return v.mean(dim=-2, keepdim=True)  # (b, h, 1, e): broadcastable, and wrong
+
+                class Half(AttentionVariant):
+                    name, family, exact = "half", "test", False
+
+                    def forward(self, q, k, v, *, causal, key_padding_mask):
+                        return torch.nn.functional.scaled_dot_product_attention(q, k, v).double()
+            """
+        },
+    )
+    config = parse_config(
+        {**TINY, "variants": ["full", "one-row", "half"], "min_run_time": 0.01, "min_rounds": 2}, registry=registry
+    )
+    frame = read_results(run_plan(config, tmp_path, registry=registry, progress=False)).set_index("variant")
+    assert frame.loc["full", "status"] == "ok"
+    assert frame.loc["one-row", "status"] == "error"
+    assert frame.loc["one-row", "reason"] == "output is (1, 1, 1, 8) float32, expected (b, h, Nq, Dv) = (1, 1, 16, 8) float32, the inputs' dtype"
+    assert frame.loc["half", "status"] == "error" and "output is (1, 1, 16, 8) float64" in frame.loc["half", "reason"]
