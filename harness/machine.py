@@ -264,16 +264,60 @@ def peaks_for(device: str, dtypes: tuple[str, ...]) -> dict[str, dict[str, Any]]
     return {key: value for key, value in _known_peaks.items() if key.split("/")[0] == device}
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # where the kernel mounts the control groups (a test points it elsewhere)
+PROC_CGROUP = Path("/proc/self/cgroup")  # which group this process is in
+
+
 def available_memory_bytes(device: str) -> int:
-    """Free memory the run may use on this device (CPU: MemAvailable; CUDA: free device memory)."""
+    """Free memory the run may use on this device. CPU: MemAvailable, or less where this process's control group
+    (a container, a Slurm job; cgroup v2 or v1) caps memory below it; CUDA: free device memory."""
     dev = torch.device(device)
     if dev.type == "cuda":
         free, _total = torch.cuda.mem_get_info(dev)
         return free
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                available = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    capped = cgroup_headroom_bytes()
+    return available if capped is None else min(available, capped)
+
+
+def cgroup_headroom_bytes(root: Path | None = None) -> int | None:
+    """Limit minus usage of the memory control group this process is in (None: no limit found).
+
+    v2: `<group>/memory.max` and `memory.current`, the group named by the `0::` line of /proc/self/cgroup;
+    v1: `memory/<group>/memory.limit_in_bytes` and `memory.usage_in_bytes`."""
+    root = root or CGROUP_ROOT
+    try:
+        lines = PROC_CGROUP.read_text().splitlines()
+    except OSError:
+        lines = []
+    groups = {}
+    for line in lines:
+        _id, controllers, group = line.split(":", 2)
+        groups[controllers] = group.lstrip("/")
+    candidates = []
+    if "" in groups:  # v2, unified
+        candidates.append((root / groups[""], "memory.max", "memory.current"))
+    for controllers, group in groups.items():
+        if "memory" in controllers.split(","):  # v1
+            candidates.append((root / "memory" / group, "memory.limit_in_bytes", "memory.usage_in_bytes"))
+    for folder, limit_file, usage_file in candidates:
+        for where in (folder, *folder.parents):  # the nearest level that states a limit
+            if not str(where).startswith(str(root)):
+                break
+            try:
+                limit_text = (where / limit_file).read_text().strip()
+                usage = int((where / usage_file).read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if limit_text == "max" or int(limit_text) >= 1 << 60:  # "max" (v2) or v1's "unlimited" (~2^63)
+                continue
+            return max(0, int(limit_text) - usage)
+    return None
+
+

@@ -86,3 +86,32 @@ def test_run_refuses_an_output_of_the_wrong_shape_or_dtype(plugin_registry, tmp_
     assert frame.loc["one-row", "status"] == "error"
     assert frame.loc["one-row", "reason"] == "output is (1, 1, 1, 8) float32, expected (b, h, Nq, Dv) = (1, 1, 16, 8) float32, the inputs' dtype"
     assert frame.loc["half", "status"] == "error" and "output is (1, 1, 16, 8) float64" in frame.loc["half", "reason"]
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_the_memory_guard_reads_the_control_groups_limit(version: str, tmp_path: Path, monkeypatch) -> None:
+    """Inside a 3 GiB container the guard must not see the host's memory (full-math once ran into the OOM killer)."""
+    import attnbench.machine as machine
+
+    gib = 2**30
+    if version == "v2":
+        group = tmp_path / "job.slice"
+        group.mkdir()
+        (group / "memory.max").write_text(f"{3 * gib}\n")
+        (group / "memory.current").write_text(f"{1 * gib}\n")
+        membership = "0::/job.slice\n"
+    else:
+        group = tmp_path / "memory" / "slurm" / "job_7"
+        group.mkdir(parents=True)
+        (group / "memory.limit_in_bytes").write_text(f"{3 * gib}\n")
+        (group / "memory.usage_in_bytes").write_text(f"{1 * gib}\n")
+        membership = "12:cpuset:/slurm/job_7\n11:memory:/slurm/job_7\n"
+    (tmp_path / "self-cgroup").write_text(membership)
+    monkeypatch.setattr(machine, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(machine, "PROC_CGROUP", tmp_path / "self-cgroup")
+    assert machine.cgroup_headroom_bytes() == 2 * gib
+    assert machine.available_memory_bytes("cpu") <= 2 * gib
+    (group / ("memory.max" if version == "v2" else "memory.limit_in_bytes")).write_text(
+        "max\n" if version == "v2" else f"{2**63 - 4096}\n"
+    )
+    assert machine.cgroup_headroom_bytes() is None  # no limit: the machine's own memory counts
