@@ -78,7 +78,7 @@ def row_for(cell: Cell, **measured: Any) -> Any:
 COLUMNS = [f.name for f in fields(Row)]
 
 
-def _drop_partial_last_line(path: Path) -> None:
+def drop_partial_last_line(path: Path) -> None:
     """A kill in the middle of a write can leave half a row; cut it so appending starts on a fresh line."""
     if not path.exists() or path.stat().st_size == 0:
         return
@@ -134,7 +134,7 @@ class ResultsWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        _drop_partial_last_line(path)
+        drop_partial_last_line(path)
         new = not path.exists() or path.stat().st_size == 0
         columns = _columns_of(path)
         self._file = path.open("a", newline="")

@@ -378,11 +378,20 @@ def run_plan(
         done: set[str] = set()
         if resume and (run_dir / "results.csv").exists():
             finished = read_results(run_dir).drop_duplicates("cell_key", keep="last").set_index("cell_key")
+            done = set(finished.index)
+            # a group whose rows a kill cut short is measured again whole (with its baseline), its rows and
+            # samples forgotten: a resume sees a group done or not done, never half
+            half: set[str] = set()
+            for group in config.groups():
+                keys = {cell.key() for cell in group.cells}
+                if 0 < len(keys & done) < len(keys):
+                    half |= keys
+            folder.forget(half & done)
+            done -= half
             for cell in config.cells():
-                if cell.key() in finished.index:
+                if cell.key() in done:
                     row = finished.loc[cell.key()]
                     budgets.note(cell, row["status"], row["time_median_s"], row.get("peak_mem_bytes"))
-            done = set(finished.index)
         todo = [group.without(done) for group in config.groups()]
         todo = [group for group in todo if group.cells]
         measuring = _executor(executor, config.settings, registry, isolate=isolate, address=address, say=say)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import io
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from attnbench.results import ResultsWriter, read_results
+from attnbench.results import ResultsWriter, drop_partial_last_line, read_results
 
 SAMPLE_COLUMNS = ("cell_key", "round", "seconds")
 
@@ -66,13 +67,41 @@ class RunFolder:
         self._lock.truncate()
         self._lock.write(f"process {os.getpid()} on {os.uname().nodename}")
         self._lock.flush()
-        self._results = ResultsWriter(path / "results.csv")
-        samples = path / "samples.csv"
+        self._open_writers()
+
+    def _open_writers(self) -> None:
+        """Both tables opened for appending, a line cut short by a kill or a full disk trimmed first."""
+        self._results = ResultsWriter(self.path / "results.csv")
+        samples = self.path / "samples.csv"
+        drop_partial_last_line(samples)
         new = not samples.exists() or samples.stat().st_size == 0
         self._samples_file = samples.open("a", newline="")
         self._samples = csv.writer(self._samples_file)
         if new:
             self._samples.writerow(SAMPLE_COLUMNS)
+            self._samples_file.flush()
+
+    def forget(self, keys: set[str]) -> None:
+        """Drop the rows and samples of `keys` from both tables (rewritten atomically): a group a kill cut short
+        while its rows were being written is measured again whole, with its baseline, never half."""
+        if not keys:
+            return
+        self._results.close()
+        self._samples_file.close()
+        for name in ("results.csv", "samples.csv"):
+            path = self.path / name
+            if not path.exists():
+                continue
+            with path.open(newline="") as file:
+                records = list(csv.reader(file))
+            if not records or "cell_key" not in records[0]:
+                continue
+            column = records[0].index("cell_key")
+            kept = [records[0]] + [r for r in records[1:] if len(r) > column and r[column] not in keys]
+            buffer = io.StringIO()
+            csv.writer(buffer).writerows(kept)
+            write_text_atomic(path, buffer.getvalue())
+        self._open_writers()
 
     @property
     def meta_path(self) -> Path:

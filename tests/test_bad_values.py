@@ -115,3 +115,31 @@ def test_the_memory_guard_reads_the_control_groups_limit(version: str, tmp_path:
         "max\n" if version == "v2" else f"{2**63 - 4096}\n"
     )
     assert machine.cgroup_headroom_bytes() is None  # no limit: the machine's own memory counts
+
+
+def test_a_group_cut_short_while_its_rows_were_written_is_measured_again_whole(tmp_path: Path) -> None:
+    """Issue 22, items 1 and 2: a kill between a group's rows (the last row lost) and in the middle of a samples
+    line (its tail cut) must not leave a row without its baseline's speedup, nor samples merged from two runs."""
+    import csv
+
+    from attnbench.rundir import read_samples
+
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'variants = ["full", "band"]\nseq_lens = [16, 32]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n'
+        "min_rounds = 3\nerror = false\n"
+    )
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    lines = (run / "results.csv").read_text().splitlines(keepends=True)
+    (run / "results.csv").write_text("".join(lines[:-1]))  # the last group's second row never written
+    samples = (run / "samples.csv").read_bytes()
+    (run / "samples.csv").write_bytes(samples[:-7])  # and the samples' last line cut in the middle
+    assert main(["run", "--resume", str(run), "--no-progress", "--no-report"]) == 0
+    frame = read_results(run)
+    assert frame.cell_key.is_unique and len(frame) == 4
+    assert frame.speedup.notna().all()  # every row measured in turns with its baseline
+    counts = read_samples(run)
+    assert all(len(counts[row.cell_key]) == row.time_repeats for row in frame.itertuples())  # one measurement each
+    with (run / "samples.csv").open(newline="") as file:
+        assert all(len(record) == 3 for record in csv.reader(file))  # no half line left anywhere
