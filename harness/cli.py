@@ -18,7 +18,8 @@ EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_NOTHING_RAN, EXIT_INTERRUPTED = 0, 1,
 EXIT_STATUS = """exit status:
   0    success
   1    compare --fail-above: a regression; check: a check failed
-  2    usage: a bad argument or config (every problem listed before any work), not a run folder, a run
+  2    usage: a bad argument or config (every problem listed before any work), a file or folder that cannot
+       be read or written (read-only, full disk, name too long: the path and why), not a run folder, a run
        folder another process writes, a Ray cluster that does not answer; check: the variant cannot be
        checked on this machine; model: a model, text or variant it cannot use (with the reason)
   3    run, report: no cell ran ok (every cell failed, was unsupported or skipped; report: or none finished;
@@ -689,8 +690,18 @@ def command_compare(args: argparse.Namespace) -> int:
     if args.fail_above is not None and not 0 <= args.fail_above < math.inf:
         print(f"attnbench: --fail-above must be a finite percentage >= 0, got {args.fail_above:g}", file=sys.stderr)
         return EXIT_USAGE
+    from attnbench.rundir import being_written
+
+    for run in (args.run_a, args.run_b):
+        if (holder := being_written(run)) is not None:
+            print(f"attnbench: {run} is still being written ({holder}): compare it once the run ends", file=sys.stderr)
+            return EXIT_USAGE
     threshold = DEFAULT_THRESHOLD if args.fail_above is None else args.fail_above / 100
-    result = compare_runs(args.run_a, args.run_b, threshold=threshold, speedups=args.speedups)
+    try:
+        result = compare_runs(args.run_a, args.run_b, threshold=threshold, speedups=args.speedups)
+    except (ValueError, KeyError, IndexError, UnicodeDecodeError) as error:  # pandas' parser errors are ValueErrors
+        print(f"attnbench: a run folder is unreadable: {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     print(format_comparison(result, args.run_a, args.run_b))
     if result.table.empty and result.broken.empty:
         print("attnbench: the two runs have no cell in common that ran ok in both", file=sys.stderr)
@@ -734,6 +745,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed: not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (so the interpreter's final flush stays quiet)
         return 0
+    except OSError as error:  # a read-only or full disk, a name too long: what failed and where, never a traceback
+        where = f" {error.filename}" if error.filename else ""
+        print(f"attnbench: cannot read or write{where}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from attnbench.memory import CPU_METHOD
 from attnbench.plots import plot_error, plot_pareto, plot_speedup, plot_versus_n, styles
 from attnbench.reference import LOCALITY_WINDOW
 from attnbench.results import read_results
-from attnbench.rundir import read_samples
+from attnbench.rundir import read_samples, write_text_atomic
 from attnbench.summary import (
     GROUP_COLUMNS,
     MACHINE,
@@ -690,6 +690,6 @@ def render_html(blocks: list[Block], run_dir: Path) -> str:
 def write_report(run_dir: Path) -> Path:
     """Build report.md, report.html and plots/ for a run folder; returns the path of report.html."""
     blocks = report_blocks(run_dir)
-    (run_dir / "report.md").write_text(render_markdown(blocks))
-    (run_dir / "report.html").write_text(render_html(blocks, run_dir))
+    write_text_atomic(run_dir / "report.md", render_markdown(blocks))  # a full disk leaves the old one, not 0 bytes
+    write_text_atomic(run_dir / "report.html", render_html(blocks, run_dir))
     return run_dir / "report.html"

@@ -141,6 +141,20 @@ class RunFolder:
         self.close()
 
 
+def being_written(run_dir: Path) -> str | None:
+    """Who holds the run folder's lock ("process 12 on host"), or None when no process writes it now."""
+    lock = run_dir / ".lock"
+    if not lock.exists():
+        return None
+    with lock.open("r") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return file.read().strip() or "another process"
+        fcntl.flock(file, fcntl.LOCK_UN)
+    return None
+
+
 def read_samples(run_dir: Path) -> dict[str, list[float]]:
     """cell_key -> its timing samples in round order (a folder without samples.csv gives {})."""
     path = run_dir / "samples.csv"

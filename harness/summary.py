@@ -11,6 +11,7 @@ import pandas as pd
 from attnbench.analysis import scaling_table
 from attnbench.plan import GROUP_COLUMNS as CELL_GROUP_COLUMNS
 from attnbench.results import read_results
+from attnbench.rundir import write_text_atomic
 
 BASELINE = "full"  # the default baseline; a run's rows name the one they were measured against
 GROUP_COLUMNS = [c for c in CELL_GROUP_COLUMNS if c != "seq_len"]  # a heading per setting, then a table per N
@@ -230,5 +231,5 @@ def write_summary(run_dir: Path) -> str:
 
     preamble = SUMMARY_PREAMBLE.format(run_id=run_dir.name, mem_note=methods, noise=noise_line(frame))
     text = preamble + "\n## Verdict\n\n" + verdict_markdown(frame) + "\n## By N\n\n" + summary_tables(frame)
-    (run_dir / "summary.md").write_text(text)
+    write_text_atomic(run_dir / "summary.md", text)
     return text

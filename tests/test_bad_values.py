@@ -143,3 +143,72 @@ def test_a_group_cut_short_while_its_rows_were_written_is_measured_again_whole(t
     assert all(len(counts[row.cell_key]) == row.time_repeats for row in frame.itertuples())  # one measurement each
     with (run / "samples.csv").open(newline="") as file:
         assert all(len(record) == 3 for record in csv.reader(file))  # no half line left anywhere
+
+
+def test_io_errors_are_a_message_and_exit_2_never_a_traceback(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Issue 22, item 3: an --out under a regular file, and a full disk while the report is written (injected at
+    the write call): exit 2 with the path and the reason; the report left is the old one, never 0 bytes."""
+    import errno
+
+    import attnbench.report as report
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert main(["run", "quick", "--seq-lens", "16", "--out", str(blocker / "out"), "--no-progress"]) == 2
+    assert "cannot read or write" in capsys.readouterr().err
+
+    config = tmp_path / "c.toml"
+    config.write_text('variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    before = (run / "report.md").read_text()
+
+    def full_disk(path: Path, text: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(report, "write_text_atomic", full_disk)
+    capsys.readouterr()
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot read or write {run / 'report.md'}: No space left on device" in err and "Traceback" not in err
+    assert (run / "report.md").read_text() == before
+
+
+def test_compare_refuses_a_folder_being_written_or_unreadable(tmp_path: Path, capsys) -> None:
+    """Issue 22, item 11: a run still being written is not compared (its missing cells are no regressions), and a
+    garbage results.csv is 'unreadable', exit 2."""
+    import multiprocessing
+    import time
+
+    config = tmp_path / "c.toml"
+    config.write_text('variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
+    (done,) = (tmp_path / "out").iterdir()
+    busy = tmp_path / "busy"
+
+    holder = multiprocessing.get_context("fork").Process(target=_hold_lock, args=(busy,), daemon=True)
+    holder.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (busy / "results.csv").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert main(["compare", str(done), str(busy)]) == 2
+        assert "is still being written (process" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.join()
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "results.csv").write_bytes(b"cell_key,status\n\x00\xff\xfe garbage, \"unclosed\n")
+    assert main(["compare", str(done), str(garbage)]) == 2
+    assert "unreadable" in capsys.readouterr().err
+
+
+def _hold_lock(folder: Path) -> None:
+    """A run's writer, holding the folder's lock (RunFolder's), as a run in progress does."""
+    import time
+
+    from attnbench.rundir import RunFolder
+
+    with RunFolder(folder):
+        time.sleep(60)
