@@ -249,6 +249,15 @@ def captured_layout_problems(data: dict[str, Any], layer: int) -> list[str]:
     if not (q.dim() == k.dim() == v.dim() and q.dim() in (4, 5)):
         return [f"q, k, v have {q.dim()}, {k.dim()}, {v.dim()} dimensions; expected {CAPTURE_LAYOUT}"]
     problems = []
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not (tensor.is_floating_point() and not tensor.is_complex()):
+            problems.append(f"{name} is {str(tensor.dtype).removeprefix('torch.')}; expected real floating point")
+        elif not (finite := torch.isfinite(tensor)).all():
+            where = tuple(int(i) for i in (~finite).nonzero()[0])
+            problems.append(
+                f"{name} has {int((~finite).sum()):,} NaN or Inf value(s), the first at index {where}: refused, "
+                "every error figure on it would be meaningless"
+            )
     if q.dim() == 5 and not 0 <= layer < q.shape[0]:
         problems.append(f"layer {layer} is out of range: the file has {q.shape[0]} layers")
     if k.shape != v.shape[:-1] + (k.shape[-1],) or q.shape[-2] != k.shape[-2] or q.shape[-1] != k.shape[-1]:

@@ -212,3 +212,25 @@ def _hold_lock(folder: Path) -> None:
 
     with RunFolder(folder):
         time.sleep(60)
+
+
+@pytest.mark.parametrize("fault", ["nan", "inf", "complex"])
+def test_a_captured_file_with_non_finite_or_complex_values_is_refused(fault: str, tmp_path: Path) -> None:
+    """Issue 22, item 5 (and the complex values of item 12): refused at validation, naming the file and where."""
+    import torch
+
+    q, k, v = (torch.randn(1, 2, 32, 8) for _ in range(3))
+    if fault == "complex":
+        k = torch.complex(k, torch.ones_like(k))
+    else:
+        v[0, 1, 5, 3] = float(fault)
+    path = tmp_path / "qkv.pt"
+    torch.save({"q": q, "k": k, "v": v}, path)
+    with pytest.raises(ConfigError) as refused:
+        parse_config({**TINY, "inputs": [{"name": "captured", "path": str(path)}]})
+    text = str(refused.value)
+    assert str(path) in text
+    if fault == "complex":
+        assert "k is complex64; expected real floating point" in text
+    else:
+        assert "v has 1 NaN or Inf value(s), the first at index (0, 1, 5, 3)" in text

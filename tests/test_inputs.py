@@ -175,4 +175,4 @@ def test_bad_inputs_stop_the_config_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(raw)
     text = str(caught.value)
-    assert "clusters must be a positive number" in text and "give path" in text and "unknown parameter 'lenght'" in text
+    assert "clusters must be a finite positive number" in text and "give path" in text and "unknown parameter 'lenght'" in text
