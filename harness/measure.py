@@ -55,6 +55,7 @@ class GroupResult:
 
 
 Progress = Callable[[str, str], None]  # (step, cell_key): called before each step that might crash or hang
+GROUP_STEP = ""  # the cell_key of a step of the whole group (its inputs, its reference)
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -168,8 +169,10 @@ class GroupMeasurement:
         samples: list[tuple[str, int, float]] = []
         if self.variants:
             try:
+                self.progress("building the inputs", GROUP_STEP)
                 self.inputs = self._make_inputs()
                 if self.settings.error:
+                    self.progress("computing the exact reference", GROUP_STEP)
                     self.reference = exact_reference(
                         self.inputs.q,
                         self.inputs.k,

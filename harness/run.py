@@ -147,14 +147,14 @@ class Isolated(OneAtATime):
     def run_group(self, group: Group) -> GroupResult:
         rows, samples = [], []
         while group.cells:
-            result, culprit = self._attempt(group)
-            if culprit is None:
+            result, culprits = self._attempt(group)
+            if not culprits:
                 return GroupResult(rows + result.rows, samples + result.samples)
-            rows.append(culprit)  # that cell's row; the others are measured again without it
-            group = group.without({culprit.cell_key})
+            rows += culprits  # the cell in flight (or, in a group step, every cell); the rest measured again
+            group = group.without({row.cell_key for row in culprits})
         return GroupResult(rows, samples)
 
-    def _attempt(self, group: Group) -> tuple[GroupResult, Any]:
+    def _attempt(self, group: Group) -> tuple[GroupResult, list[Any]]:
         with tempfile.TemporaryDirectory(prefix="attnbench-worker-") as folder:
             channel, errors = Path(folder) / "channel.jsonl", Path(folder) / "stderr.txt"
             request = json.dumps(group_request(group, self.settings))
@@ -181,18 +181,17 @@ class Isolated(OneAtATime):
                     process.kill()
                     process.wait()
                     last_step = _last_step(channel)
-                    cell = _in_flight(group, last_step)
-                    return GroupResult([]), row_for(
-                        cell,
-                        status="timeout",
-                        reason=f"no progress within cell_timeout_s={self.settings.cell_timeout_s:g} s "
-                        f"({(last_step or {}).get('step', 'starting')}); the group's process was killed",
+                    cells, where = _in_flight(group, last_step)
+                    reason = (
+                        f"no progress within cell_timeout_s={self.settings.cell_timeout_s:g} s ({where}); "
+                        "the group's process was killed"
                     )
+                    return GroupResult([]), [row_for(cell, status="timeout", reason=reason) for cell in cells]
             stderr = errors.read_text(errors="replace")
             records = _records(channel)
             final = next((r for r in records if "rows" in r), None)
             if process.returncode == 0 and final is not None:
-                return read_result_record(final), None
+                return read_result_record(final), []
             if process.returncode < 0:
                 name = signal.Signals(-process.returncode).name
                 why = f"killed by {name}" + (" (likely the system's out-of-memory killer)" if name == "SIGKILL" else "")
@@ -200,10 +199,9 @@ class Isolated(OneAtATime):
                 why = f"exited with status {process.returncode}"
             last_step = next((r for r in reversed(records) if "step" in r), None)
             tail = " | ".join(stderr.strip().splitlines()[-3:])
-            step = (last_step or {}).get("step", "starting")
-            return GroupResult([]), row_for(
-                _in_flight(group, last_step), status="crashed", reason=f"the cell's process {why} ({step}): {tail}"
-            )
+            cells, where = _in_flight(group, last_step)
+            reason = f"the group's process {why} ({where}): {tail}"
+            return GroupResult([]), [row_for(cell, status="crashed", reason=reason) for cell in cells]
 
 
 def _die_with_parent() -> None:
@@ -230,10 +228,16 @@ def _last_step(channel: Path) -> dict[str, Any] | None:
     return next((r for r in reversed(_records(channel)) if "step" in r), None)
 
 
-def _in_flight(group: Group, step: dict[str, Any] | None) -> Cell:
-    """The cell the worker was busy with (the first one when it died before any step)."""
-    key = (step or {}).get("cell")
-    return next((c for c in group.cells if c.key() == key), group.cells[0])
+def _in_flight(group: Group, step: dict[str, Any] | None) -> tuple[list[Cell], str]:
+    """The cells the worker's last step concerned, and that step in words: one cell's step (its self-check, output,
+    timing, ...), or a step of the whole group (starting, building the inputs, the exact reference): every cell."""
+    if step is None:
+        return list(group.cells), "while starting: importing attnbench, torch and the plugins, before any step"
+    key = step.get("cell") or ""
+    cell = next((c for c in group.cells if c.key() == key), None)
+    if cell is None:
+        return list(group.cells), f"while {step.get('step')} of the whole group, before any cell ran"
+    return [cell], f"{step.get('step')} of {cell.variant.label()}"
 
 
 class Budgets:

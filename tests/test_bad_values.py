@@ -234,3 +234,18 @@ def test_a_captured_file_with_non_finite_or_complex_values_is_refused(fault: str
         assert "k is complex64; expected real floating point" in text
     else:
         assert "v has 1 NaN or Inf value(s), the first at index (0, 1, 5, 3)" in text
+
+
+def test_a_worker_stuck_in_a_group_step_is_not_blamed_on_one_cell(tmp_path: Path) -> None:
+    """Issue 22, item 9: an isolated worker killed while computing the group's exact reference marks every cell of
+    the group with that step, instead of blaming the baseline and running the group again without it."""
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'variants = ["full", "band"]\nseq_lens = [4096]\ncell_timeout_s = 1.0\n'
+        '[[inputs]]\nname = "gaussian"\n'
+    )  # the float64 reference at N=4096 and 8 heads takes seconds: past the 1 s watchdog
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report", "--isolate"]) == 3
+    (run,) = (tmp_path / "out").iterdir()
+    frame = read_results(run)
+    assert list(frame.status) == ["timeout", "timeout"]
+    assert frame.reason.nunique() == 1 and "computing the exact reference of the whole group" in frame.reason.iloc[0]
