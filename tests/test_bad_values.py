@@ -249,3 +249,31 @@ def test_a_worker_stuck_in_a_group_step_is_not_blamed_on_one_cell(tmp_path: Path
     frame = read_results(run)
     assert list(frame.status) == ["timeout", "timeout"]
     assert frame.reason.nunique() == 1 and "computing the exact reference of the whole group" in frame.reason.iloc[0]
+
+
+def test_check_finds_a_causal_leak_that_appears_only_at_longer_lengths() -> None:
+    """Issue 22, item 10: a plugin leaking only from N >= 128 passed the single N=96 check; now it fails, and an
+    honest causal variant still passes."""
+    import torch
+    from attnbench import AttentionVariant
+    from attnbench.conformance import check_contexts, run_check
+
+    class LeaksFrom128(AttentionVariant):
+        name, family, exact = "leaks-from-128", "test", False
+
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            n = q.shape[-2]
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal and n < 128)
+            return out
+
+    class Honest(LeaksFrom128):
+        name = "honest"
+
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    for ctx in check_contexts(lambda: LeaksFrom128()):
+        result = run_check("causal_leakage", ctx)
+        assert result.status == "fail" and "(N=160" in result.detail, result
+    for ctx in check_contexts(lambda: Honest()):
+        assert run_check("causal_leakage", ctx).status == "pass"
