@@ -623,14 +623,14 @@ def _stored_isolation(run_dir: Path | None) -> bool:
     """A resumed run keeps the isolation it was started with (a crashing variant must not take it down)."""
     if run_dir is None or not (run_dir / "meta.json").is_file():
         return False
-    import json
 
-    return bool(json.loads((run_dir / "meta.json").read_text()).get("isolated", False))
+    from attnbench.rundir import read_meta
+
+    return bool(read_meta(run_dir).get("isolated", False))
 
 
 def _stored_config(run_dir: Path, overrides: dict[str, Any], cluster: bool = False) -> SweepConfig:
     """The config a run was started with (from its meta.json), validated again."""
-    import json
 
     from attnbench.config import parse_config
     from attnbench.results import results_table_problem
@@ -643,7 +643,12 @@ def _stored_config(run_dir: Path, overrides: dict[str, Any], cluster: bool = Fal
     problem = results_table_problem(run_dir / "results.csv")
     if problem:
         raise ConfigError(str(run_dir), [problem])
-    return parse_config(json.loads(meta_path.read_text())["config"], source=str(meta_path), cluster=cluster)
+    from attnbench.rundir import read_meta
+
+    config = read_meta(run_dir).get("config")
+    if not isinstance(config, dict):
+        raise ConfigError(str(meta_path), ["has no stored config: it is not the record of an attnbench run"])
+    return parse_config(config, source=str(meta_path), cluster=cluster)
 
 
 def _run_folder(path: Path) -> Path | None:
@@ -724,6 +729,8 @@ def command_compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from attnbench.rundir import RunFolderUnreadable
+
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.command_line = ["attnbench", *argv]  # recorded in meta.json: the run's reproduce line
@@ -745,6 +752,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed: not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (so the interpreter's final flush stays quiet)
         return 0
+    except RunFolderUnreadable as error:  # a hand-edited or damaged run folder
+        print(f"attnbench: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as error:  # a read-only or full disk, a name too long: what failed and where, never a traceback
         where = f" {error.filename}" if error.filename else ""
         print(f"attnbench: cannot read or write{where}: {error.strerror or error}", file=sys.stderr)

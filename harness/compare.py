@@ -11,13 +11,12 @@ that was ok in A and is not in B (error, crashed, missing) is a regression of it
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 from attnbench.results import read_results
-from attnbench.rundir import read_samples
+from attnbench.rundir import read_meta, read_samples
 from attnbench.stats import Interval, ratio_of_medians
 from attnbench.summary import format_number, markdown_table
 
@@ -94,7 +93,7 @@ def compare_runs(
 ) -> Comparison:
     a, b = (read_results(run).drop_duplicates("cell_key", keep="last").set_index("cell_key") for run in (run_a, run_b))
     samples_a, samples_b = read_samples(run_a), read_samples(run_b)
-    meta = [json.loads((r / "meta.json").read_text()) if (r / "meta.json").exists() else {} for r in (run_a, run_b)]
+    meta = [read_meta(r) for r in (run_a, run_b)]
     notes = machine_differences(*meta)
     machines_differ = "different machines or software" if notes else ""
     ok_a, ok_b = a[a.status == "ok"], b[b.status == "ok"]

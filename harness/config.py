@@ -510,7 +510,10 @@ def read_config_text(name_or_path: str) -> tuple[str, str]:
     """(source, TOML text) of a TOML path or of a preset's name (quick, default, ...)."""
     path = Path(name_or_path)
     if path.is_file():
-        return str(path), path.read_text()
+        try:
+            return str(path), path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ConfigError(str(path), [f"not UTF-8 text ({error.reason} at byte {error.start}): save it as UTF-8"])
     presets = _preset_files()
     if name_or_path in presets:
         return f"preset '{name_or_path}'", presets[name_or_path].read_text()

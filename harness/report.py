@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 import shlex
 import zlib
@@ -26,7 +25,7 @@ from attnbench.memory import CPU_METHOD
 from attnbench.plots import plot_error, plot_pareto, plot_speedup, plot_versus_n, styles
 from attnbench.reference import LOCALITY_WINDOW
 from attnbench.results import read_results
-from attnbench.rundir import read_samples, write_text_atomic
+from attnbench.rundir import read_meta, read_samples, write_text_atomic
 from attnbench.summary import (
     GROUP_COLUMNS,
     MACHINE,
@@ -523,8 +522,7 @@ def about_blocks(run_dir: Path, meta: dict) -> list[Block]:
 
 def report_blocks(run_dir: Path) -> list[Block]:
     frame = with_machine(read_results(run_dir))
-    meta_path = run_dir / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta = read_meta(run_dir)
     baseline = baseline_of(frame)
     style = styles(label_order(frame))
     peaks = best_peaks(meta.get("peaks", {}), meta.get("peaks_at_end", {}))

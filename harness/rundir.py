@@ -26,6 +26,24 @@ class RunFolderBusy(RuntimeError):
     """Another process writes this run folder."""
 
 
+class RunFolderUnreadable(ValueError):
+    """A file of a run folder that cannot be read as what it should be (a hand edit, a disk fault)."""
+
+
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    """A run folder's meta.json ({} when there is none); RunFolderUnreadable when it is not a JSON object."""
+    path = run_dir / "meta.json"
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RunFolderUnreadable(f"{path} is not valid JSON ({error}): restore it, or start a new run") from None
+    if not isinstance(meta, dict):
+        raise RunFolderUnreadable(f"{path} holds a {type(meta).__name__}, not the run's record (a JSON object)")
+    return meta
+
+
 def new_run_dir(out_root: Path, name: str) -> Path:
     stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
     candidate, suffix = out_root / stem, 1
@@ -108,7 +126,7 @@ class RunFolder:
         return self.path / "meta.json"
 
     def read_meta(self) -> dict[str, Any]:
-        return json.loads(self.meta_path.read_text()) if self.meta_path.exists() else {}
+        return read_meta(self.path)
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         write_json_atomic(self.meta_path, meta)

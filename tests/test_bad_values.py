@@ -277,3 +277,21 @@ def test_check_finds_a_causal_leak_that_appears_only_at_longer_lengths() -> None
         assert result.status == "fail" and "(N=160" in result.detail, result
     for ctx in check_contexts(lambda: Honest()):
         assert run_check("causal_leakage", ctx).status == "pass"
+
+
+def test_a_damaged_meta_json_or_a_utf16_config_is_a_message_and_exit_2(tmp_path: Path, capsys) -> None:
+    """Issue 22, item 12: corrupt meta.json in report, compare and resume, and a UTF-16 config: no traceback."""
+    config = tmp_path / "c.toml"
+    config.write_text('variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    (run / "meta.json").write_text('{"config": {"name": "cut sho')
+    capsys.readouterr()
+    for command in (["report", str(run)], ["compare", str(run), str(run)], ["run", "--resume", str(run)]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert "meta.json is not valid JSON" in err and "Traceback" not in err, command
+    utf16 = tmp_path / "u.toml"
+    utf16.write_text('variants = ["full"]\n', encoding="utf-16")
+    assert main(["run", str(utf16), "--out", str(tmp_path / "out2")]) == 2
+    assert "not UTF-8 text" in capsys.readouterr().err
