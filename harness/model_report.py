@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pandas as pd
 from attnbench.plots import plot_layer_errors, plot_loss_vs_speedup, styles
 from attnbench.report import Block, render_html, render_markdown
 from attnbench.summary import format_number, speedup_text
+from attnbench.rundir import read_meta
 
 
 def read_model_rows(run_dir: Path) -> pd.DataFrame:
@@ -55,7 +55,7 @@ def summary_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 def write_model_report(run_dir: Path) -> Path:
     """report.md, report.html and plots/ of a model run folder; returns the path of report.html."""
     frame = read_model_rows(run_dir)
-    meta = json.loads((run_dir / "meta.json").read_text())
+    meta = read_meta(run_dir)
     style = styles(list(dict.fromkeys(frame.label)))
     model = meta.get("model", {})
     blocks = [

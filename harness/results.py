@@ -169,6 +169,9 @@ def read_results(run_dir: Path) -> pd.DataFrame:
     frame = pd.read_csv(io.StringIO(complete), on_bad_lines="skip", dtype=text_columns)
     frame = frame.reindex(columns=COLUMNS)  # a run written before a column existed reads it as missing
     frame = frame.fillna({column: "" for column in text_columns})
+    # a line that is not a cell's row (a hand edit, a disk fault): no known status, or no sequence length
+    frame = frame[frame.status.isin(STATUSES) & pd.to_numeric(frame.seq_len, errors="coerce").notna()]
+    frame = frame.astype({"seq_len": int})
     # a cell recorded twice (a folder written by two processes before the lock, or an old duplicate plan): the
     # later row stands, so report, resume and compare see one row per cell
     return frame.drop_duplicates("cell_key", keep="last").reset_index(drop=True)

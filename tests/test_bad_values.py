@@ -295,3 +295,18 @@ def test_a_damaged_meta_json_or_a_utf16_config_is_a_message_and_exit_2(tmp_path:
     utf16.write_text('variants = ["full"]\n', encoding="utf-16")
     assert main(["run", str(utf16), "--out", str(tmp_path / "out2")]) == 2
     assert "not UTF-8 text" in capsys.readouterr().err
+
+
+def test_a_garbage_line_in_results_csv_is_no_cell(tmp_path: Path) -> None:
+    """Issue 22, item 12: a hand-edited line is not read as a bogus cell, and the report still builds."""
+    from attnbench.report import write_report
+
+    config = tmp_path / "c.toml"
+    config.write_text('variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    with (run / "results.csv").open("a") as file:
+        file.write("some,garbage,typed,by,hand\n")
+    frame = read_results(run)
+    assert len(frame) == 1 and frame.status.iloc[0] == "ok"
+    assert write_report(run).exists()
