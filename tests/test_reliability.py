@@ -205,7 +205,8 @@ def test_writer_resuming_a_file_from_an_older_version_keeps_every_row_aligned(tm
     # an older results.csv: one of today's columns missing, one column today's version no longer writes
     path = tmp_path / "results.csv"
     older = [column for column in COLUMNS if column != "label"] + ["retired"]
-    old_row = {column: "" for column in older} | {"cell_key": "old", "variant": "full", "status": "ok", "retired": "x"}
+    old_row = {column: "" for column in older} | {"cell_key": "old", "variant": "full", "status": "ok", "seq_len": "32"}
+    old_row["retired"] = "x"
     with path.open("w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=older)
         writer.writeheader()
