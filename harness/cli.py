@@ -630,21 +630,24 @@ def _stored_isolation(run_dir: Path | None) -> bool:
 
 
 def _stored_config(run_dir: Path, overrides: dict[str, Any], cluster: bool = False) -> SweepConfig:
-    """The config a run was started with (from its meta.json), validated again."""
-
+    """The config a run was started with, validated again: from its meta.json, or, where that is gone, from the
+    config.toml every run writes beside it."""
     from attnbench.config import parse_config
     from attnbench.results import results_table_problem
+    from attnbench.rundir import read_meta
 
-    meta_path = run_dir / "meta.json"
-    if not meta_path.is_file():
-        raise ConfigError(str(run_dir), ["not a run folder (no meta.json): --resume takes results/<run-id>"])
+    meta_path, stored = run_dir / "meta.json", run_dir / "config.toml"
+    if not meta_path.is_file() and not stored.is_file():
+        raise ConfigError(
+            str(run_dir), ["not a run folder (no meta.json, no config.toml): --resume takes results/<run-id>"]
+        )
     if overrides:
         raise ConfigError(str(run_dir), [f"--resume runs the stored config; drop {', '.join(overrides)}"])
     problem = results_table_problem(run_dir / "results.csv")
     if problem:
         raise ConfigError(str(run_dir), [problem])
-    from attnbench.rundir import read_meta
-
+    if not meta_path.is_file():
+        return load_config(str(stored), cluster=cluster)
     config = read_meta(run_dir).get("config")
     if not isinstance(config, dict):
         raise ConfigError(str(meta_path), ["has no stored config: it is not the record of an attnbench run"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -143,6 +144,7 @@ class Isolated(OneAtATime):
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        remove_stale_worker_folders()
 
     def run_group(self, group: Group) -> GroupResult:
         rows, samples = [], []
@@ -155,7 +157,7 @@ class Isolated(OneAtATime):
         return GroupResult(rows, samples)
 
     def _attempt(self, group: Group) -> tuple[GroupResult, list[Any]]:
-        with tempfile.TemporaryDirectory(prefix="attnbench-worker-") as folder:
+        with tempfile.TemporaryDirectory(prefix=f"{WORKER_FOLDER}{os.getpid()}-") as folder:
             channel, errors = Path(folder) / "channel.jsonl", Path(folder) / "stderr.txt"
             request = json.dumps(group_request(group, self.settings))
             process = subprocess.Popen(
@@ -202,6 +204,23 @@ class Isolated(OneAtATime):
             cells, where = _in_flight(group, last_step)
             reason = f"the group's process {why} ({where}): {tail}"
             return GroupResult([]), [row_for(cell, status="crashed", reason=reason) for cell in cells]
+
+
+WORKER_FOLDER = "attnbench-worker-"  # + the parent's pid + a random part: a worker's channel and stderr
+
+
+def remove_stale_worker_folders() -> None:
+    """Worker folders whose parent process is gone (a `kill -9` of an --isolate run leaves its folder behind)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{WORKER_FOLDER}*-*"):
+        pid = folder.name.removeprefix(WORKER_FOLDER).split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            continue
 
 
 def _die_with_parent() -> None:

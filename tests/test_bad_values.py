@@ -310,3 +310,39 @@ def test_a_garbage_line_in_results_csv_is_no_cell(tmp_path: Path) -> None:
     frame = read_results(run)
     assert len(frame) == 1 and frame.status.iloc[0] == "ok"
     assert write_report(run).exists()
+
+
+def test_resume_without_meta_json_runs_the_config_toml_beside_it(tmp_path: Path) -> None:
+    """Issue 22, item 12: a run folder whose meta.json is gone still resumes from the config.toml every run writes."""
+    config = tmp_path / "c.toml"
+    config.write_text('variants = ["full"]\nseq_lens = [16, 32]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    lines = (run / "results.csv").read_text().splitlines(keepends=True)
+    (run / "results.csv").write_text("".join(lines[:-1]))  # the N=32 group lost
+    (run / "meta.json").unlink()
+    assert main(["run", "--resume", str(run), "--no-progress", "--no-report"]) == 0
+    assert sorted(read_results(run).seq_len) == [16, 32] and (run / "meta.json").exists()
+
+
+def test_an_isolated_run_removes_worker_folders_a_killed_run_left(tmp_path: Path) -> None:
+    """Issue 22, item 12: `kill -9` of an --isolate run leaves its worker's temporary folder; the next one removes
+    it (its parent is gone) and leaves a live process's alone."""
+    import os
+    import subprocess
+    import tempfile
+
+    from attnbench.config import Settings
+    from attnbench.run import WORKER_FOLDER, Isolated
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = Path(tempfile.mkdtemp(prefix=f"{WORKER_FOLDER}{gone.pid}-"))
+    live = Path(tempfile.mkdtemp(prefix=f"{WORKER_FOLDER}{os.getpid()}-"))
+    try:
+        Isolated(Settings())
+        assert not stale.exists() and live.exists()
+    finally:
+        for folder in (stale, live):
+            if folder.exists():
+                folder.rmdir()
