@@ -82,7 +82,7 @@ def group_cost(cell: Cell, *, error: bool, float64_peaks: Peaks | None) -> Group
     drawn = INPUT_COPIES * b * h * max(n_q, n_k) * (2 * d + e) * 4
     if not error:
         return GroupCost(drawn, held, 0.0, 0.0, 0.0)
-    copies = b * h * (n_q * d + n_k * (d + e)) * FLOAT64  # Q, K, V in float64
+    copies = held / s.dtype_bytes * FLOAT64  # Q, K, V in float64
     kept = 2 * b * h * n_q * e * FLOAT64  # output and uniform average
     rows = min(n_q, reference_chunk_rows(b, h, n_k, REFERENCE_CHUNK_ELEMENTS))
     chunk = REFERENCE_CHUNK_COPIES * b * h * rows * n_k * FLOAT64

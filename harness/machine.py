@@ -286,12 +286,12 @@ def available_memory_bytes(device: str) -> int:
     return available if capped is None else min(available, capped)
 
 
-def cgroup_headroom_bytes(root: Path | None = None) -> int | None:
+def cgroup_headroom_bytes() -> int | None:
     """Limit minus usage of the memory control group this process is in (None: no limit found).
 
     v2: `<group>/memory.max` and `memory.current`, the group named by the `0::` line of /proc/self/cgroup;
     v1: `memory/<group>/memory.limit_in_bytes` and `memory.usage_in_bytes`."""
-    root = root or CGROUP_ROOT
+    root = CGROUP_ROOT
     try:
         lines = PROC_CGROUP.read_text().splitlines()
     except OSError:

@@ -75,8 +75,7 @@ class RunFolder:
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self._lock.seek(0)
-            holder = self._lock.read().strip() or "another process"
+            holder = _lock_holder(self._lock)
             self._lock.close()
             raise RunFolderBusy(
                 f"{path} is being written by {holder}; one writer per run folder (wait for it, or stop it first)"
@@ -168,9 +167,15 @@ def being_written(run_dir: Path) -> str | None:
         try:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return file.read().strip() or "another process"
+            return _lock_holder(file)
         fcntl.flock(file, fcntl.LOCK_UN)
     return None
+
+
+def _lock_holder(lock: Any) -> str:
+    """What the writer holding the lock wrote into it: "process 12 on host"."""
+    lock.seek(0)
+    return lock.read().strip() or "another process"
 
 
 def read_samples(run_dir: Path) -> dict[str, list[float]]:
