@@ -35,11 +35,28 @@ def require_local_model(model_dir: Path, command: str) -> None:
         raise CaptureError(f"{model_dir} is not a local model folder (no config.json); nothing is downloaded")
 
 
+def model_config(model_dir: Path, command: str) -> object:
+    """The local model's config as transformers reads it. CaptureError (before any weight is read) when the folder
+    is not a local model, or its config.json is not JSON or names a model type this transformers does not know."""
+    require_local_model(model_dir, command)
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)
+    except Exception as error:  # OSError (not JSON), ValueError/KeyError (no or an unknown model_type), ...
+        text = " ".join(str(error).split())
+        text = text if len(text) <= 300 else text[:299] + "…"
+        raise CaptureError(f"{model_dir / 'config.json'} cannot be used ({type(error).__name__}: {text})") from None
+
+
 def _load(model_dir: Path) -> tuple[nn.Module, object]:
-    require_local_model(model_dir, "capture")
+    config = model_config(model_dir, "capture")
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True).eval()
+    try:
+        model = AutoModel.from_pretrained(str(model_dir), config=config, local_files_only=True).eval()
+    except Exception as error:  # missing or damaged weights
+        raise CaptureError(f"could not load {model_dir}: {type(error).__name__}: {error}") from None
     return model, model.config
 
 
@@ -77,7 +94,16 @@ def capture_qkv(
     random_tokens: int | None = None,
     seed: int = 0,
 ) -> dict[str, Tensor]:
-    """Run the model once and write q, k, v (layers, batch, heads, seq, head_dim) to `out` (.pt or .safetensors)."""
+    """Run the model once and write q, k, v (layers, batch, heads, seq, head_dim) to `out` (.pt, .safetensors or
+    .npz: whatever the `captured` input reads)."""
+    from attnbench.inputs import unknown_format, write_tensors
+
+    problem = unknown_format(out)
+    if problem:  # before the model is loaded
+        raise CaptureError(f"--out {problem}")
+    out.parent.mkdir(parents=True, exist_ok=True)  # an OSError here is the CLI's: the path and why
+    if not os.access(out.parent, os.W_OK):
+        raise CaptureError(f"--out {out}: its folder cannot be written (read-only, or no permission)")
     model, config = _load(model_dir)
     ids = _tokens(model_dir, config, text=text, token_ids=token_ids, random_tokens=random_tokens, seed=seed)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -104,11 +130,5 @@ def capture_qkv(
             handle.remove()
     layers = [roles for roles in recorded.values() if set(roles) == {"q", "k", "v"}]
     tensors = {role: torch.stack([layer[role] for layer in layers]).contiguous() for role in ("q", "k", "v")}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix == ".safetensors":
-        from safetensors.torch import save_file
-
-        save_file(tensors, str(out))
-    else:
-        torch.save(tensors, out)
+    write_tensors(out, tensors)
     return tensors

@@ -194,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     capture.add_argument(
         "model_dir", type=Path, help="a local model folder (config.json + weights); nothing is downloaded"
     )
-    capture.add_argument("--out", type=Path, required=True, help="file to write: .pt or .safetensors")
+    capture.add_argument(
+        "--out", type=Path, required=True, help="file to write: .pt, .safetensors or .npz (what the captured input reads)"
+    )
     source = capture.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="text to tokenize (needs a tokenizer in the model folder)")
     source.add_argument("--token-ids", type=_csv(int), help="comma-separated token ids")
@@ -292,7 +294,7 @@ def command_capture(args: argparse.Namespace) -> int:
 def command_model(args: argparse.Namespace) -> int:
     import time as clock
 
-    from attnbench.capture import CaptureError, _tokens, require_local_model
+    from attnbench.capture import CaptureError, _tokens, model_config
     from attnbench.machine import machine_info
     from attnbench.model_report import write_model_report
     from attnbench.model_study import (
@@ -326,7 +328,7 @@ def command_model(args: argparse.Namespace) -> int:
         if text is not None and not text.strip():
             problems.append("the text is empty")
         try:
-            require_local_model(args.model_dir, "attnbench model")
+            model_config(args.model_dir, "attnbench model")  # a local folder, its config.json readable
             local = True
         except CaptureError as error:
             problems.append(str(error))
@@ -545,7 +547,13 @@ def command_run(args: argparse.Namespace) -> int:
             executor=args.executor,
             address=args.address,
         )
-    except RayUnavailable as error:
+    except OSError as error:  # a full disk mid-run: finished groups are on disk whole (the main boundary says why)
+        error.add_note(f"the cells finished so far are kept in {run_dir}/; make room, then continue with: "
+                       f"attnbench run --resume {run_dir}")  # fmt: skip
+        raise
+    except RayUnavailable as error:  # raised before the run wrote anything: a new run's empty folder goes
+        if args.resume is None and not any(run_dir.iterdir()):
+            run_dir.rmdir()
         print(f"attnbench: {error}", file=sys.stderr)
         return EXIT_USAGE
     except RunFolderBusy as error:
@@ -564,17 +572,22 @@ def command_run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     from attnbench.verdict import verdict_terminal
 
-    write_summary(run_dir)
     frame = read_results(run_dir)
     print(verdict_terminal(frame, terminal_width()))
     outputs = "results.csv, samples.csv, meta.json, config.toml, summary.md"
     report = None
-    if not args.no_report:
-        from attnbench.report import write_report
+    try:
+        write_summary(run_dir)
+        if not args.no_report:
+            from attnbench.report import write_report
 
-        print("attnbench: writing the report and its plots…", file=sys.stderr, flush=True)
-        report = write_report(run_dir)
-        outputs += ", report.md, plots/"
+            print("attnbench: writing the report and its plots…", file=sys.stderr, flush=True)
+            report = write_report(run_dir)
+            outputs += ", report.md, plots/"
+    except OSError as error:
+        error.add_note(f"every cell is recorded in {run_dir}/results.csv; make room, then write the report with: "
+                       f"attnbench report {run_dir}")  # fmt: skip
+        raise
     print(f"attnbench: {noise_line(frame)}", file=sys.stderr)
     failed = frame[frame.status != "ok"].status.value_counts().sort_index()
     if len(failed):
@@ -665,6 +678,7 @@ def _run_folder(path: Path) -> Path | None:
 
 def command_report(args: argparse.Namespace) -> int:
     from attnbench.report import write_report
+    from attnbench.summary import write_summary
 
     from attnbench.results import read_results
 
@@ -678,8 +692,9 @@ def command_report(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_NOTHING_RAN
+    write_summary(args.run_dir)  # the tables too: a run whose disk filled up before them gets them here
     report = write_report(args.run_dir)
-    print(f"attnbench: wrote report.md and plots/; report: {report}")
+    print(f"attnbench: wrote summary.md, report.md and plots/; report: {report}")
     if not (frame.status == "ok").any():
         print(
             f"attnbench: no cell ran ok in this run ({', '.join(sorted(set(frame.status)))}): the report gives the "
@@ -761,6 +776,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a read-only or full disk, a name too long: what failed and where, never a traceback
         where = f" {error.filename}" if error.filename else ""
         print(f"attnbench: cannot read or write{where}: {error.strerror or error}", file=sys.stderr)
+        for note in getattr(error, "__notes__", []):  # what was kept, and how to go on (added where it is known)
+            print(f"attnbench: {note}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from attnbench.atomic import write_atomic
 from attnbench.interface import did_you_mean
 from torch import Tensor
 
@@ -206,6 +207,40 @@ CAPTURE_LAYOUT = (
 )
 
 
+CAPTURE_FORMATS = (".pt", ".safetensors", ".npz")  # what `read_tensors` reads and `write_tensors` writes
+
+
+def unknown_format(path: Path) -> str | None:
+    """Why `path` cannot hold captured tensors by its suffix (None when it can)."""
+    if path.suffix.lower() in CAPTURE_FORMATS:
+        return None
+    return f"{path}: unknown format '{path.suffix}' (use {', '.join(CAPTURE_FORMATS)})"
+
+
+def write_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
+    """`tensors` by name to a file `read_tensors` reads back, in the format its suffix names (written whole or not
+    at all: `attnbench.atomic`)."""
+    problem = unknown_format(path)
+    if problem:
+        raise ValueError(problem)
+    suffix = path.suffix.lower()
+
+    def write(temporary: Path) -> None:
+        if suffix == ".pt":
+            torch.save(tensors, temporary)
+        elif suffix == ".safetensors":
+            from safetensors.torch import save_file
+
+            save_file(tensors, str(temporary))
+        else:
+            import numpy as np
+
+            with temporary.open("wb") as file:  # a file object: np.savez would add a second .npz to a name
+                np.savez(file, **{name: tensor.numpy() for name, tensor in tensors.items()})
+
+    write_atomic(path, write)
+
+
 def read_tensors(path: Path) -> dict[str, Tensor]:
     """The tensors of a .pt, .safetensors or .npz file, by name."""
     if not path.is_file():
@@ -224,7 +259,7 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
             with np.load(path) as archive:
                 data = {name: torch.from_numpy(archive[name]) for name in archive.files}
         else:
-            raise ValueError(f"captured file {path}: unknown format '{suffix}' (use .pt, .safetensors or .npz)")
+            raise ValueError(f"captured file {unknown_format(path)}")
     except ImportError as error:
         raise ValueError(
             f"captured file {path}: reading {suffix} needs {error.name} (pip install {error.name})"

@@ -78,15 +78,14 @@ def compare(output: Tensor, exact: Tensor) -> tuple[float, float]:
 
 def load_model(model_dir: Path) -> tuple[nn.Module, str]:
     """The model with its head where it has one: ("causal-lm" | "masked-lm" | "base")."""
-    from attnbench.capture import CaptureError, require_local_model
+    from attnbench.capture import CaptureError, model_config
 
     try:
-        require_local_model(model_dir, "attnbench model")
+        config = model_config(model_dir, "attnbench model")
     except CaptureError as error:
         raise ModelStudyError(str(error)) from None
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
-    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)
     if getattr(config, "is_encoder_decoder", False):
         raise ModelStudyError(
             f"{config.model_type} is an encoder-decoder model: attnbench model studies encoders and decoders only"

@@ -30,6 +30,7 @@ from matplotlib.transforms import Bbox  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, MaxNLocator, NullLocator  # noqa: E402
 
 from attnbench.analysis import ERROR_RESOLUTION  # noqa: E402
+from attnbench.atomic import write_atomic  # noqa: E402
 
 EXACT_FLOOR = 1e-7  # error shown for exact variants (float rounding), so they sit on a log axis
 BUILT_IN_COLOURS = {  # one colour per variant name, the same in every report
@@ -257,8 +258,10 @@ def _frame(fig: plt.Figure, title: str, subtitle: str, legend: dict[str, Line2D]
 
 def _save(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, facecolor="white")
-    plt.close(fig)
+    try:  # a full disk leaves no half image
+        write_atomic(path, lambda temporary: fig.savefig(temporary, format="png", dpi=DPI, facecolor="white"))
+    finally:
+        plt.close(fig)
     return path
 
 

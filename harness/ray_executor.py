@@ -39,8 +39,15 @@ class RayUnavailable(RuntimeError):
     """Ray is not installed, the cluster cannot be reached, or its nodes run another attnbench than the driver."""
 
 
+AUTH_HINT = (
+    "the cluster uses token authentication: set RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN, "
+    "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) as on its nodes, then run again"
+)
+
+
 def reachable_or_raise(address: str, timeout_s: float = 10.0) -> None:
-    """Fail fast on a HOST:PORT nobody listens on (Ray itself retries for minutes); other forms are Ray's."""
+    """Fail fast on a HOST:PORT nobody listens on, or whose cluster refuses this process's auth token (Ray
+    itself retries either for a while, then names neither); other address forms are left to Ray."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or "://" in address:
         return
@@ -48,6 +55,25 @@ def reachable_or_raise(address: str, timeout_s: float = 10.0) -> None:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as error:
         raise RayUnavailable(f"no Ray cluster answers at {address} ({error.strerror or error})") from None
+    if _refuses_token(address):
+        raise RayUnavailable(f"the Ray cluster at {address} refused this process: {AUTH_HINT}")
+
+
+def _refuses_token(address: str) -> bool:
+    """Whether the GCS at `address` answers with an authentication error (one RPC; a Ray without token
+    authentication, or any other failure, says no here and is left to `ray.init`)."""
+    try:
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError
+    except ImportError:
+        return False
+    try:
+        GcsClient(address=address)
+    except AuthenticationError:
+        return True
+    except Exception:  # an older Ray, another fault: ray.init says what it is
+        return False
+    return False
 
 
 def _chain(first: Group | None, rest: Iterator[Group]) -> Iterator[Group]:
@@ -64,12 +90,14 @@ def measure_on_node(request: dict[str, Any]) -> dict[str, Any]:
     from attnbench.registry import registry
     from attnbench.run import Isolated
 
+    import ray
+
     group, settings = read_group_request(request)
     if request["isolate"]:
         result = Isolated(settings).run_group(group)
     else:
         result = measure_group(group, settings, registry)
-    return result_record(result)
+    return {**result_record(result), "node": ray.get_runtime_context().get_node_id()}
 
 
 def attnbench_on_node() -> dict[str, str]:
@@ -85,6 +113,13 @@ def attnbench_on_node() -> dict[str, str]:
         "path": str(Path(attnbench.__file__).parent),
         "python": platform.python_version(),
     }
+
+
+def _slot_name(slot: Any) -> str:
+    """A slot as a person reads it: the node's id and address, or a GPU."""
+    if slot == "gpu":
+        return "the node holding a GPU"
+    return f"node {slot['NodeID']} ({slot.get('NodeManagerAddress', '?')})"
 
 
 def _import_ray():
@@ -126,8 +161,10 @@ class RayExecutor:
                 say(f"joining the Ray cluster at {address}…")
             try:
                 dashboard = ray.init(**options).dashboard_url
-            except Exception as error:  # an unreachable address, a broken installation
-                raise RayUnavailable(f"could not start or join Ray ({type(error).__name__}: {error})") from None
+            except Exception as error:  # an unreachable address, a refused token, a broken installation
+                text = " ".join(str(error).split())
+                hint = f"; if {AUTH_HINT}" if address is not None else ""
+                raise RayUnavailable(f"could not start or join Ray ({type(error).__name__}: {text}){hint}") from None
         self.in_flight: dict[Any, tuple[Group, Any]] = {}
         try:
             self.meta = self._joined(address, dashboard)
@@ -137,7 +174,7 @@ class RayExecutor:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         self.cpu_nodes = [n for n in nodes if n.get("Resources", {}).get("CPU", 0) >= 1]
         self.free_nodes = list(self.cpu_nodes)
-        self.attempts: dict[str, int] = {}  # group key -> times it was lost with its node
+        self.reruns: dict[str, list[str]] = {}  # group key -> why it was run again (its node lost), each time
         self.free_gpus = int(sum(n.get("Resources", {}).get("GPU", 0) for n in nodes))
         self.total_gpus = self.free_gpus
         cpus = sum(n["Resources"].get("CPU", 0) for n in nodes)
@@ -212,15 +249,16 @@ class RayExecutor:
             return None
         return self.free_nodes.pop(0) if self.free_nodes else None
 
-    def _node_lost(self, ref: Any) -> bool:
-        """Whether the task failed because its node died or went away (not because of what it ran)."""
+    def _node_lost(self, ref: Any) -> str:
+        """Why the task failed if its node died or went away (not because of what it ran): Ray's error name;
+        "" otherwise."""
         try:
             self.ray.get(ref, timeout=0)
-        except (self.ray.exceptions.NodeDiedError, self.ray.exceptions.TaskUnschedulableError):
-            return True
+        except (self.ray.exceptions.NodeDiedError, self.ray.exceptions.TaskUnschedulableError) as error:
+            return type(error).__name__
         except Exception:
-            return False
-        return False
+            return ""
+        return ""
 
     def _refresh_nodes(self, released: Any) -> None:
         """Give a finished task's slot back, keeping only nodes still alive and adding nodes that joined."""
@@ -284,14 +322,18 @@ class RayExecutor:
             group, slot = self.in_flight.pop(ref)
             lost = self._node_lost(ref)
             self._refresh_nodes(released=slot)
-            if lost and self.attempts.get(group.key(), 0) < RETRIES and (self.free_nodes or self.in_flight):
-                self.attempts[group.key()] = self.attempts.get(group.key(), 0) + 1
+            reruns = self.reruns.setdefault(group.key(), [])
+            if lost and len(reruns) < RETRIES and (self.free_nodes or self.in_flight):
+                reruns.append(f"{_slot_name(slot)} was lost mid-group ({lost}): measured again from the start")
                 self.say(f"a node was lost while measuring N={group.setting.seq_len}: running that group again")
                 waiting, groups = group, _chain(waiting, groups)
                 continue
-            yield group, self._result(ref, group)
+            result = self._result(ref, group, slot)
+            for row in result.rows:
+                row.reruns = "; ".join(reruns)
+            yield group, result
 
-    def _result(self, ref: Any, group: Group) -> GroupResult:
+    def _result(self, ref: Any, group: Group, slot: Any) -> GroupResult:
         try:
             data = self.ray.get(ref)
         except self.ray.exceptions.RayError as error:  # the worker died twice, the node was lost, a bug in the task
@@ -305,8 +347,12 @@ class RayExecutor:
                 reason = (
                     f"the Ray worker measuring this group died, {1 + RETRIES} attempts ({type(error).__name__}): {text}"
                 )
-            return GroupResult([row_for(cell, status="crashed", reason=reason) for cell in group.cells])
-        return read_result_record(data)
+            node = slot["NodeID"] if slot != "gpu" else ""  # a CUDA task's node is Ray's choice: unknown here
+            return GroupResult([row_for(cell, status="crashed", reason=reason, node=node) for cell in group.cells])
+        result = read_result_record(data)
+        for row in result.rows:
+            row.node = data.get("node", "")
+        return result
 
     def close(self) -> None:
         """Cancel what is still running (Ctrl-C, an error) and stop a runtime this run started."""

@@ -25,7 +25,8 @@ from attnbench.memory import CPU_METHOD
 from attnbench.plots import plot_error, plot_pareto, plot_speedup, plot_versus_n, styles
 from attnbench.reference import LOCALITY_WINDOW
 from attnbench.results import read_results
-from attnbench.rundir import read_meta, read_samples, write_text_atomic
+from attnbench.atomic import write_text_atomic
+from attnbench.rundir import read_meta, read_samples
 from attnbench.summary import (
     GROUP_COLUMNS,
     MACHINE,
@@ -69,6 +70,18 @@ class Block:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-").lower()
+
+
+FILE_PART_CHARS = 48  # a plot file name piece made from free text (an input label holds a captured file's path)
+
+
+def _file_part(text: str) -> str:
+    """`text` as a piece of a file name: its slug, cut to FILE_PART_CHARS with a hash of the whole when longer
+    (two long labels never share a file; the name stays far under the file system's 255 bytes)."""
+    slug = _slug(text)
+    if len(slug) <= FILE_PART_CHARS:
+        return slug
+    return f"{slug[:FILE_PART_CHARS].rstrip('-')}-{zlib.crc32(text.encode()):08x}"
 
 
 def _pivot(
@@ -363,7 +376,8 @@ def plot_blocks(
         images.append((path, f"Speedup against `{baseline}` by N, measured in turns; bars are 95% intervals."))
     for verdict in verdicts(cells):  # one rule: the plot shows the verdict's own choices and its sentence
         for answer in verdict.answers:
-            paired = [c for c in answer.choices + answer.left_out if c.speedup == c.speedup]
+            # a point needs both axes: no error is measured with `error = false`
+            paired = [c for c in answer.choices + answer.left_out if c.speedup == c.speedup and c.error == c.error]
             if not paired:
                 continue
             points = pd.DataFrame(
@@ -386,7 +400,7 @@ def plot_blocks(
                 baseline,
                 f"At N={answer.n} on {verdict.input}: {answer.sentence}",
                 subtitle,
-                plots_dir / f"{slug}-{_slug(verdict.input)}-pareto-N{answer.n}.png",
+                plots_dir / f"{slug}-{_file_part(verdict.input)}-pareto-N{answer.n}.png",
                 style,
             )
             images.append(

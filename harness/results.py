@@ -25,6 +25,8 @@ class Measured:
     exact: bool = False
     host: str = ""  # where it ran: host name and device name
     device_name: str = ""
+    node: str = ""  # the Ray node that measured it ("" outside Ray): two nodes on one host told apart
+    reruns: str = ""  # why its group was measured again from the start (a Ray node lost mid-group), "" if not
     threads: int | None = None
     load_before: float | None = None  # 1-minute load average before and after the cell's group
     load_after: float | None = None

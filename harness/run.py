@@ -363,87 +363,91 @@ def run_plan(
     With `resume`, `run_dir` is an earlier run: only its missing cells are measured, budgets replayed.
     `executor` "ray" sends each group to a Ray task (a local runtime, or the cluster at `address`).
     """
-    run_dir = run_dir or new_run_dir(out_root, config.name)
-
     def say(text: str) -> None:  # a status line on the terminal while no progress bar runs
         if progress:
             print(f"attnbench: {text}", file=sys.stderr, flush=True)
 
-    with RunFolder(run_dir) as folder:
-        if config.settings.threads:
-            torch.set_num_threads(config.settings.threads)
-        meta = folder.read_meta() if resume else {}
-        if resume and meta:
-            meta.setdefault("resumed", []).append(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        else:
-            meta = {
-                "run_id": run_dir.name,
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "command": command or [],
-                "config": config.to_dict(),
-                "overrides": config.overrides,
-                "cells": len(config.cells()),
-                "duplicate_cells_removed": config.duplicates(),
-                "machine": machine_info(config.axes["device"]),
-                "cpu_allocator": allocator_note(),
-                "isolated": isolate,
-                "executor": executor if address is None else f"{executor} at {address}",
-            }
-        folder.write_meta(meta)  # first, before any work: a run killed at once is still a run folder
-        if not resume:
-            folder.write_text("config.toml", config.to_toml())  # `attnbench run <run>/config.toml` runs it again
-        if "peaks" not in meta:
-            say("measuring this machine's matmul and copy peaks (the yardsticks of efficiency)…")
-            meta["peaks"] = _measure_peaks(config)
-            folder.write_meta(meta)
-        remember_peaks(meta["peaks"])  # the guard's time estimates use them
-        budgets = Budgets(config.settings)
-        done: set[str] = set()
-        if resume and (run_dir / "results.csv").exists():
-            finished = read_results(run_dir).drop_duplicates("cell_key", keep="last").set_index("cell_key")
-            done = set(finished.index)
-            # a group whose rows a kill cut short is measured again whole (with its baseline), its rows and
-            # samples forgotten: a resume sees a group done or not done, never half
-            half: set[str] = set()
-            for group in config.groups():
-                keys = {cell.key() for cell in group.cells}
-                if 0 < len(keys & done) < len(keys):
-                    half |= keys
-            folder.forget(half & done)
-            done -= half
-            for cell in config.cells():
-                if cell.key() in done:
-                    row = finished.loc[cell.key()]
-                    budgets.note(cell, row["status"], row["time_median_s"], row.get("peak_mem_bytes"))
-        todo = [group.without(done) for group in config.groups()]
-        todo = [group for group in todo if group.cells]
-        measuring = _executor(executor, config.settings, registry, isolate=isolate, address=address, say=say)
-        if executor == "ray":  # the cluster actually joined, and attnbench on each of its nodes
-            meta.update(measuring.meta)
-            folder.write_meta(meta)
-        bar = tqdm(total=sum(len(g.cells) for g in todo), disable=not progress, unit="cell", dynamic_ncols=True)
-        try:
-            with terminate_as_interrupt():
-                _run_groups(todo, measuring, folder, budgets, bar)
-        except KeyboardInterrupt:  # stop cleanly: finished groups are on disk, the lock is released on exit
-            if threading.current_thread() is threading.main_thread():  # a second Ctrl-C must not cut the cleanup
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # the executor first: a Ray cluster that cannot be joined (unreachable, a missing auth token, another
+    # attnbench on a node) leaves no run folder behind
+    measuring = _executor(executor, config.settings, registry, isolate=isolate, address=address, say=say)
+    run_dir = run_dir or new_run_dir(out_root, config.name)
+    try:
+        with RunFolder(run_dir) as folder:
+            if config.settings.threads:
+                torch.set_num_threads(config.settings.threads)
+            meta = folder.read_meta() if resume else {}
+            if resume and meta:
+                meta.setdefault("resumed", []).append(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            else:
+                meta = {
+                    "run_id": run_dir.name,
+                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "command": command or [],
+                    "config": config.to_dict(),
+                    "overrides": config.overrides,
+                    "cells": len(config.cells()),
+                    "duplicate_cells_removed": config.duplicates(),
+                    "machine": machine_info(config.axes["device"]),
+                    "cpu_allocator": allocator_note(),
+                    "isolated": isolate,
+                    "executor": executor if address is None else f"{executor} at {address}",
+                }
+            folder.write_meta(meta)  # first, before any work: a run killed at once is still a run folder
+            if not resume:
+                folder.write_text("config.toml", config.to_toml())  # `attnbench run <run>/config.toml` runs it again
+            if "peaks" not in meta:
+                say("measuring this machine's matmul and copy peaks (the yardsticks of efficiency)…")
+                meta["peaks"] = _measure_peaks(config)
+                folder.write_meta(meta)
+            remember_peaks(meta["peaks"])  # the guard's time estimates use them
+            budgets = Budgets(config.settings)
+            done: set[str] = set()
+            if resume and (run_dir / "results.csv").exists():
+                finished = read_results(run_dir).drop_duplicates("cell_key", keep="last").set_index("cell_key")
+                done = set(finished.index)
+                # a group whose rows a kill cut short is measured again whole (with its baseline), its rows and
+                # samples forgotten: a resume sees a group done or not done, never half
+                half: set[str] = set()
+                for group in config.groups():
+                    keys = {cell.key() for cell in group.cells}
+                    if 0 < len(keys & done) < len(keys):
+                        half |= keys
+                folder.forget(half & done)
+                done -= half
+                for cell in config.cells():
+                    if cell.key() in done:
+                        row = finished.loc[cell.key()]
+                        budgets.note(cell, row["status"], row["time_median_s"], row.get("peak_mem_bytes"))
+            todo = [group.without(done) for group in config.groups()]
+            todo = [group for group in todo if group.cells]
+            if executor == "ray":  # the cluster actually joined, and attnbench on each of its nodes
+                meta.update(measuring.meta)
+                folder.write_meta(meta)
+            bar = tqdm(total=sum(len(g.cells) for g in todo), disable=not progress, unit="cell", dynamic_ncols=True)
+            try:
+                with terminate_as_interrupt():
+                    _run_groups(todo, measuring, folder, budgets, bar)
+            except KeyboardInterrupt:  # stop cleanly: finished groups are on disk, the lock is released on exit
+                if threading.current_thread() is threading.main_thread():  # a second Ctrl-C must not cut the cleanup
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                bar.close()
+                meta["interrupted"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                folder.write_meta(meta)
+                raise
+            finally:
+                measuring.close()  # Ray: outstanding tasks cancelled, a runtime we started stopped
             bar.close()
-            meta["interrupted"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            folder.write_meta(meta)
-            raise
-        finally:
-            measuring.close()  # Ray: outstanding tasks cancelled, a runtime we started stopped
-        bar.close()
-        frame = read_results(run_dir)
+            frame = read_results(run_dir)
 
-        say("measuring the machine's peaks again, at the end of the run…")
-        meta.update(
-            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            status_counts=frame.status.value_counts().to_dict(),
-            noisy_cells=int((frame.noisy.fillna("") != "").sum()),
-            peaks_at_end=_measure_peaks(config),
-        )
-        folder.write_meta(meta)
+            say("measuring the machine's peaks again, at the end of the run…")
+            meta.update(
+                finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                status_counts=frame.status.value_counts().to_dict(),
+                noisy_cells=int((frame.noisy.fillna("") != "").sum()),
+                peaks_at_end=_measure_peaks(config),
+            )
+            folder.write_meta(meta)
+    finally:
+        measuring.close()  # Ray: outstanding tasks cancelled, a runtime we started stopped (again: idempotent)
     return run_dir

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnbench.atomic import naming, write_text_atomic
 from attnbench.results import ResultsWriter, drop_partial_last_line, read_results
 
 SAMPLE_COLUMNS = ("cell_key", "round", "seconds")
@@ -52,13 +53,6 @@ def new_run_dir(out_root: Path, name: str) -> Path:
         candidate = out_root / f"{stem}-{suffix}"
     candidate.mkdir(parents=True)
     return candidate
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename, so a reader never sees half a file."""
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -135,11 +129,17 @@ class RunFolder:
 
     def append(self, rows: list[Any], samples: list[tuple[str, int, float]]) -> None:
         """One group's rows and samples, flushed to disk before returning (samples first: rows mark done)."""
-        self._samples.writerows(samples)
-        self._samples_file.flush()
-        os.fsync(self._samples_file.fileno())
-        for row in rows:
-            self._results.append(row)
+        try:
+            self._samples.writerows(samples)
+            self._samples_file.flush()
+            os.fsync(self._samples_file.fileno())
+        except OSError as error:  # a full disk: which file (a resume trims the half line it may leave)
+            raise naming(error, self.path / "samples.csv") from None
+        try:
+            for row in rows:
+                self._results.append(row)
+        except OSError as error:
+            raise naming(error, self.path / "results.csv") from None
 
     def finished_keys(self) -> set[str]:
         if not (self.path / "results.csv").exists():

@@ -11,7 +11,7 @@ import pandas as pd
 from attnbench.analysis import scaling_table
 from attnbench.plan import GROUP_COLUMNS as CELL_GROUP_COLUMNS
 from attnbench.results import read_results
-from attnbench.rundir import write_text_atomic
+from attnbench.atomic import write_text_atomic
 
 BASELINE = "full"  # the default baseline; a run's rows name the one they were measured against
 GROUP_COLUMNS = [c for c in CELL_GROUP_COLUMNS if c != "seq_len"]  # a heading per setting, then a table per N

@@ -346,3 +346,26 @@ def test_an_isolated_run_removes_worker_folders_a_killed_run_left(tmp_path: Path
         for folder in (stale, live):
             if folder.exists():
                 folder.rmdir()
+
+
+def test_a_captured_file_at_a_deep_path_gets_a_report_with_plots(tmp_path: Path) -> None:
+    """Issue 22, item 3: an input label holds its captured file's path; a 300-character path made a plot's file name
+    over the file system's 255 bytes (OSError while the report was written)."""
+    import torch
+
+    deep = tmp_path
+    while len(str(deep)) < 300:
+        deep = deep / ("captured-attention-of-a-model-" + "x" * 40)
+    deep.mkdir(parents=True)
+    path = deep / "qkv.pt"
+    torch.save({name: torch.randn(1, 1, 16, 8) for name in "qkv"}, path)
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'seq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n'
+        f'[[inputs]]\nname = "captured"\npath = "{path}"\n[variants.full]\n[variants.band]\nwindow = 4\n'
+    )
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    plots = list((run / "plots").glob("*-pareto-N16.png"))
+    assert plots and all(len(p.name.encode()) <= 120 for p in plots)
+    assert "pareto-N16.png" in (run / "report.md").read_text()

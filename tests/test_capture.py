@@ -66,3 +66,42 @@ def test_capture_random_tokens_and_every_layer(tiny_llama, tmp_path: Path) -> No
 def test_capture_refuses_what_it_cannot_read(tmp_path: Path, capsys) -> None:
     assert main(["capture", str(tmp_path), "--random-tokens", "4", "--out", str(tmp_path / "x.pt")]) == 2
     assert "not a local model folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "config_json, says",
+    [
+        ("{not json", "is not a valid JSON file"),
+        ('{"hidden_size": 32}', "Should have a `model_type` key"),
+        ('{"model_type": "martian"}', "model type `martian`"),
+    ],
+    ids=["not-json", "no-model-type", "unknown-model-type"],
+)
+@pytest.mark.parametrize("command", ["capture", "model"])
+def test_a_config_json_transformers_cannot_use_is_a_message_and_exit_2(
+    command: str, config_json: str, says: str, tmp_path: Path, capsys
+) -> None:
+    """Issue 22, item 12: a damaged or foreign config.json is named with transformers' reason, never a traceback."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(config_json)
+    out = ["--out", str(tmp_path / "qkv.pt")] if command == "capture" else ["--out", str(tmp_path / "o"), "--variants", "band"]
+    assert main([command, str(folder), "--random-tokens", "8", *out]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder / 'config.json'} cannot be used" in err and says in err
+
+
+def test_capture_writes_npz_the_captured_input_reads_and_refuses_other_suffixes(tiny_llama, tmp_path: Path, capsys) -> None:
+    """Issue 22, item 12: `--out x.npz` was a torch archive under an .npz name that the captured input refused."""
+    folder, _ = tiny_llama
+    archive = tmp_path / "qkv.npz"
+    assert main(["capture", str(folder), "--random-tokens", "8", "--out", str(archive)]) == 0
+    inputs = make_inputs("captured", {"path": str(archive), "layer": 1}, batch=1, heads=4, seq_len=8, head_dim=8,
+                         dtype=torch.float32, device=torch.device("cpu"), seed=0)  # fmt: skip
+    reference = tmp_path / "qkv.pt"
+    assert main(["capture", str(folder), "--random-tokens", "8", "--out", str(reference)]) == 0
+    torch.testing.assert_close(inputs.q, torch.load(reference)["q"][1], rtol=0, atol=0)  # the same tensors
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qkv.npz", "qkv.pt"]  # no temporary file left
+    capsys.readouterr()
+    assert main(["capture", str(folder), "--random-tokens", "8", "--out", str(tmp_path / "qkv.npy")]) == 2
+    assert "unknown format '.npy' (use .pt, .safetensors, .npz)" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory):
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)  # the runtime's workers, and the group processes they start, inherit it
     sys.path.insert(0, str(folder))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never a cluster found here
     try:
         yield {**os.environ, **env}, Registry()
     finally:
@@ -204,7 +205,7 @@ def test_a_group_whose_node_is_lost_runs_again_once_on_another_node() -> None:
             nodes[a]["Alive"] = False
             raise NodeDied("node A died")
         cells = [Cell.from_key(key) for key in ref.request["cells"]]
-        return {"rows": [asdict(row_for(cell, host="b")) for cell in cells], "samples": []}
+        return {"rows": [asdict(row_for(cell, host="b")) for cell in cells], "samples": [], "node": b}
 
     fake = SimpleNamespace(
         nodes=lambda: list(nodes.values()),
@@ -217,12 +218,15 @@ def test_a_group_whose_node_is_lost_runs_again_once_on_another_node() -> None:
     executor = object.__new__(RayExecutor)
     executor.__dict__.update(ray=fake, settings=Settings(), isolate=False, say=lambda text: None, started_here=False,
                              cpu_nodes=list(nodes.values()), free_nodes=[nodes[a]], free_gpus=0, total_gpus=0,
-                             attempts={}, in_flight={}, remote=Task())  # fmt: skip
+                             reruns={}, in_flight={}, remote=Task())  # fmt: skip
     config = parse_config({**SMALL, "variants": ["full"], "seq_lens": [16]})
     results = list(executor.measure(iter(config.groups())))
     assert submitted == [a, b]  # lost with node a, run again on b (which the refresh found free)
     ((group, result),) = results
     assert [row.host for row in result.rows] == ["b"] and result.rows[0].status == "ok"
+    (row,) = result.rows  # where it ran and why it ran twice are in its row
+    assert row.node == b
+    assert row.reruns == f"node {a} (?) was lost mid-group (NodeDied): measured again from the start"
 
 
 def test_the_cluster_joined_and_attnbench_on_each_node_are_recorded(runtime) -> None:
@@ -257,5 +261,50 @@ def test_a_node_with_another_attnbench_stops_the_run_before_any_cell(
     err = capsys.readouterr().err
     assert f"the Ray cluster at {address} runs another attnbench than this driver (attnbench 9.9.9)" in err
     assert f"attnbench {attnbench.__version__} from {Path(attnbench.__file__).parent}" in err
-    (run_dir,) = (tmp_path / "out").iterdir()
-    assert read_results(run_dir).empty  # refused before any cell was measured
+    assert not any((tmp_path / "out").iterdir())  # refused before any cell was measured: no run folder left
+
+
+def test_a_cluster_that_refuses_the_token_is_named_with_the_fix_and_leaves_no_folder(tmp_path: Path) -> None:
+    """A real head node with token authentication; the driver has no token: exit 2, the RAY_AUTH_MODE hint,
+    no run folder (the cluster is joined before the folder is made)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    import tempfile
+
+    token = "0123456789abcdef" * 2
+    short = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # Ray's socket paths must stay under 108 bytes
+    server_env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "HOME": str(tmp_path)}
+    head = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
+         "--include-dashboard=false", f"--temp-dir={short}"],
+        env=server_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while True:  # the GCS listening
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and head.poll() is None, "the Ray head did not start"
+                time.sleep(0.5)
+        config = tmp_path / "tiny.toml"
+        config.write_text('seq_lens = [16]\nheads = 1\nhead_dim = 8\nerror = false\nvariants = ["full"]\n')
+        driver_env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_AUTH")}
+        out = tmp_path / "out"
+        refused = subprocess.run(
+            [sys.executable, "-m", "attnbench.cli", "run", str(config), "--executor", "ray",
+             "--address", f"127.0.0.1:{port}", "--out", str(out), "--no-progress", "--no-report"],
+            env={**driver_env, "HOME": str(tmp_path / "driver-home")}, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)  # the head and every process it started (its own session)
+        head.wait()
+        shutil.rmtree(short, ignore_errors=True)
+    assert refused.returncode == 2, refused.stderr
+    assert f"the Ray cluster at 127.0.0.1:{port} refused this process" in refused.stderr
+    assert "set RAY_AUTH_MODE=token" in refused.stderr and "Traceback" not in refused.stderr
+    assert not out.exists() or not any(out.iterdir())

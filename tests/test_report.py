@@ -292,3 +292,14 @@ def test_compare_edge_cases(tmp_path: Path, capsys) -> None:
     frame.to_csv(other_baseline / "results.csv", index=False)
     verdicts = compare_runs(a, other_baseline, speedups=True).table.verdict
     assert verdicts.str.contains("baselines differ: full vs band").all() or set(verdicts) == {"same"}
+
+
+def test_a_run_without_error_measurement_gets_a_report_without_pareto_plots(tmp_path: Path) -> None:
+    """`error = false`: no error to place a point on the speed-error plane (a NaN axis limit was a traceback)."""
+    config = tmp_path / "c.toml"
+    config.write_text('variants = ["full", "band"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n'
+                      "error = false\n")  # fmt: skip
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    plots = {path.name.rsplit("-", 1)[-1] for path in (run / "plots").glob("*.png")}
+    assert plots == {"speedup.png", "time.png", "memory.png"}  # no pareto, no error plot
