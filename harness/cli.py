@@ -781,5 +781,38 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+def entry() -> None:
+    """The `attnbench` command: `main`, then an exit that cannot hang.
+
+    An interpreter's ordinary exit first waits for every non-daemon thread, then runs each native library's
+    destructors: OpenBLAS (numpy's) shuts its thread pool down there, and about 1 run in 70 hung forever at that
+    point after writing its report, with torch's OpenMP workers alive beside it. By the time `main` returns,
+    everything attnbench writes is closed and synced (results and samples fsynced per group, the rest replaced
+    atomically), so the process flushes its output, runs Python's exit hooks (a plugin's own clean-up still
+    runs) and ends with `os._exit`: no thread is waited for, no destructor runs.
+    """
+    import atexit
+    import traceback
+
+    try:
+        code = main()
+    except SystemExit as stop:  # argparse: --help (0), a usage error (2)
+        code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # a bug: its traceback, and Python's own exit status for it
+        traceback.print_exc()
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe or stream: nothing left to say
+                pass
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

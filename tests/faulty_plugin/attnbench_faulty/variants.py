@@ -105,3 +105,19 @@ class LongCall(AttentionVariant):
             big = torch.randn(1, 1, 100_000, 64)
             torch.nn.functional.scaled_dot_product_attention(big, big, big)  # one call, ~40 s on 2 cores
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+class NeverLetsGo(AttentionVariant):
+    """Starts a non-daemon thread that never ends, as a library's worker pool may: an ordinary interpreter exit
+    waits for it forever."""
+
+    name = "never-lets-go"
+    family = "test"
+    exact = False
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        import threading
+
+        if not any(t.name == "never-lets-go" for t in threading.enumerate()):
+            threading.Thread(target=threading.Event().wait, name="never-lets-go", daemon=False).start()
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
