@@ -259,7 +259,8 @@ def _frame(fig: plt.Figure, title: str, subtitle: str, legend: dict[str, Line2D]
 def _save(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:  # a full disk leaves no half image
-        write_atomic(path, lambda temporary: fig.savefig(temporary, format="png", dpi=DPI, facecolor="white"))
+        kind = path.suffix.lstrip(".") or "png"  # the temporary file's name does not say it
+        write_atomic(path, lambda temporary: fig.savefig(temporary, format=kind, dpi=DPI, facecolor="white"))
     finally:
         plt.close(fig)
     return path

@@ -90,14 +90,29 @@ def drop_partial_last_line(path: Path) -> None:
             file.truncate(data.rfind(b"\n") + 1)
 
 
+class RunFolderUnreadable(ValueError):
+    """A file of a run folder that cannot be read as what it should be (a hand edit, a disk fault)."""
+
+
 def results_table_problem(path: Path) -> str | None:
-    """Why rows cannot be appended to the CSV at `path` (None when they can, or when it does not exist yet)."""
+    """Why the CSV at `path` cannot be read as results or appended to (None when it can, or does not exist yet):
+    no `cell_key` column, or a header narrower than its rows (values would land under the wrong columns)."""
     if not path.exists() or path.stat().st_size == 0:
         return None
-    with path.open(newline="") as file:
-        header = next(csv.reader(file), [])
+    try:
+        with path.open(newline="") as file:
+            reader = csv.reader(file)
+            header = next(reader, [])
+            widest = max((len(record) for record in reader), default=0)
+    except (UnicodeDecodeError, csv.Error) as error:
+        return f"{path} cannot be read as CSV text ({error}); restore it, or start a new run"
     if "cell_key" not in header:
         return f"{path} is not an attnbench results table (no cell_key column); not appending to it"
+    if widest > len(header):
+        return (
+            f"{path}: its header names {len(header)} columns but a row has {widest} values (a damaged or hand-edited "
+            "header); restore it, or start a new run"
+        )
     return None
 
 
@@ -166,6 +181,9 @@ class ResultsWriter:
 def read_results(run_dir: Path) -> pd.DataFrame:
     """results.csv as a DataFrame (a trailing partial line from a killed run is dropped)."""
     text_columns = {f.name: str for f in fields(Measured) if f.type == "str"} | {"hparams": str, "label": str}
+    problem = results_table_problem(run_dir / "results.csv")
+    if problem:
+        raise RunFolderUnreadable(problem)
     data = (run_dir / "results.csv").read_text()
     complete = data[: data.rfind("\n") + 1]  # a row cut short by a kill has no line end yet
     frame = pd.read_csv(io.StringIO(complete), on_bad_lines="skip", dtype=text_columns)

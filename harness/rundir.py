@@ -18,17 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.atomic import naming, write_text_atomic
-from attnbench.results import ResultsWriter, drop_partial_last_line, read_results
+from attnbench.results import ResultsWriter, RunFolderUnreadable, drop_partial_last_line, read_results
 
 SAMPLE_COLUMNS = ("cell_key", "round", "seconds")
 
 
 class RunFolderBusy(RuntimeError):
     """Another process writes this run folder."""
-
-
-class RunFolderUnreadable(ValueError):
-    """A file of a run folder that cannot be read as what it should be (a hand edit, a disk fault)."""
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:

@@ -369,3 +369,26 @@ def test_a_captured_file_at_a_deep_path_gets_a_report_with_plots(tmp_path: Path)
     plots = list((run / "plots").glob("*-pareto-N16.png"))
     assert plots and all(len(p.name.encode()) <= 120 for p in plots)
     assert "pareto-N16.png" in (run / "report.md").read_text()
+
+
+def test_a_results_header_narrower_than_its_rows_is_unreadable_not_a_traceback(tmp_path: Path, capsys) -> None:
+    """Issue 22, item 12: a cut header put every value under the wrong column; resume raised ValueError and report
+    said the run had no finished cell. Now resume, report and compare name the file, exit 2."""
+    config = tmp_path / "c.toml"
+    config.write_text('variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    header, *rows = (run / "results.csv").read_text().splitlines(keepends=True)
+    (run / "results.csv").write_text(",".join(header.split(",")[:5]) + "\n" + "".join(rows))
+    capsys.readouterr()
+    for command in (["run", "--resume", str(run)], ["report", str(run)], ["compare", str(run), str(run)]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert "its header names 5 columns but a row has" in err and "Traceback" not in err, command
+
+
+def test_model_refuses_a_min_run_time_that_never_ends(tmp_path: Path, capsys) -> None:
+    """Issue 22, item 6: `model --min-run-time inf` hung; refused with the other problems, before any loading."""
+    assert main(["model", str(tmp_path), "--variants", "band", "--random-tokens", "8", "--min-run-time", "inf",
+                 "--out", str(tmp_path / "o")]) == 2  # fmt: skip
+    assert "--min-run-time must be a finite number > 0, got inf" in capsys.readouterr().err

@@ -45,7 +45,8 @@ def _in_namespace(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_read_only_out_is_a_message_and_exit_2(tmp_path: Path) -> None:
-    """run, report and capture with --out on a read-only mount: exit 2, the path and the reason, no traceback."""
+    """run, report, capture and model with --out on a read-only mount: exit 2, the path and the reason, no
+    traceback."""
     (tmp_path / "c.toml").write_text(CONFIG.replace("[16, 32, 48, 64, 80, 96, 112, 128]", "[16]"))
     done = subprocess.run(
         [*CLI.split(), "run", str(tmp_path / "c.toml"), "--out", str(tmp_path / "done"), "--no-progress",
@@ -58,17 +59,21 @@ mount -t tmpfs -o size=1m tmpfs $M && cp -r {run} $M/run && mount -o remount,ro 
 {CLI} run $T/c.toml --out $M/out --no-progress > $T/run.log 2>&1; echo "run $?"
 {CLI} report $M/run > $T/report.log 2>&1; echo "report $?"
 {CLI} capture $T --random-tokens 4 --out $M/qkv.pt > $T/capture.log 2>&1; echo "capture $?"
+{CLI} model $T --variants band --random-tokens 4 --out $M/model > $T/model.log 2>&1; echo "model $?"
 """
     shell = _in_namespace(script, tmp_path)
     assert shell.returncode != 99, shell.stderr
     codes = dict(line.split() for line in shell.stdout.splitlines())
-    assert codes == {"run": "2", "report": "2", "capture": "2"}, shell.stdout
+    assert codes == {"run": "2", "report": "2", "capture": "2", "model": "2"}, shell.stdout
     for name in ("run", "report"):
         log = (tmp_path / f"{name}.log").read_text()
         assert f"cannot read or write {tmp_path / 'mnt'}" in log and "Read-only file system" in log, log
         assert "Traceback" not in log
     capture = (tmp_path / "capture.log").read_text()
-    assert "Traceback" not in capture and "attnbench:" in capture  # no model folder there: refused before writing
+    assert f"--out {tmp_path / 'mnt' / 'qkv.pt'}: its folder cannot be written" in capture  # before any loading
+    assert "Traceback" not in capture
+    model = (tmp_path / "model.log").read_text()  # every problem at once, the read-only --out among them
+    assert f"--out {tmp_path / 'mnt' / 'model'}: Read-only file system" in model and "Traceback" not in model
 
 
 def test_a_disk_that_fills_up_mid_run_loses_nothing_and_the_run_resumes(tmp_path: Path) -> None:
