@@ -471,7 +471,7 @@ def command_list() -> int:
 def command_run(args: argparse.Namespace) -> int:
     from attnbench.ray_executor import RayUnavailable
     from attnbench.run import exit_now_if_abandoned, run_plan
-    from attnbench.rundir import RunFolderBusy, new_run_dir
+    from attnbench.rundir import RunFolderBusy, new_run_dir, read_samples
     from attnbench.results import read_results
     from attnbench.summary import noise_line, write_summary
 
@@ -573,7 +573,7 @@ def command_run(args: argparse.Namespace) -> int:
     from attnbench.verdict import verdict_terminal
 
     frame = read_results(run_dir)
-    print(verdict_terminal(frame, terminal_width()))
+    print(verdict_terminal(frame, terminal_width(), read_samples(run_dir)))
     outputs = "results.csv, samples.csv, meta.json, config.toml, summary.md"
     report = None
     try:

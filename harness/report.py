@@ -374,7 +374,7 @@ def plot_blocks(
         )
         path = plot_speedup(timed, baseline, title, subtitle, plots_dir / f"{slug}-speedup.png", style)
         images.append((path, f"Speedup against `{baseline}` by N, measured in turns; bars are 95% intervals."))
-    for verdict in verdicts(cells):  # one rule: the plot shows the verdict's own choices and its sentence
+    for verdict in verdicts(cells, samples):  # one rule: the plot shows the verdict's own choices and its sentence
         for answer in verdict.answers:
             # a point needs both axes: no error is measured with `error = false`
             paired = [c for c in answer.choices + answer.left_out if c.speedup == c.speedup and c.error == c.error]
@@ -544,7 +544,7 @@ def report_blocks(run_dir: Path) -> list[Block]:
     samples = read_samples(run_dir)
     blocks = header_blocks(run_dir, meta, frame) + [Block("toc")]
     blocks += [Block("heading", "Verdict", level=2), Block("text", VERDICT_INTRO.format(baseline=f"`{baseline}`"))]
-    for verdict_block in verdict_blocks(frame):
+    for verdict_block in verdict_blocks(frame, samples):
         blocks.append(Block("heading", block_title(verdict_block), level=3))
         blocks.append(Block("text", verdict_block.sentence))
         for answer in verdict_block.verdict.answers:

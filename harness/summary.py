@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 from attnbench.analysis import scaling_table
+from attnbench.atomic import write_text_atomic
 from attnbench.plan import GROUP_COLUMNS as CELL_GROUP_COLUMNS
 from attnbench.results import read_results
-from attnbench.atomic import write_text_atomic
+from attnbench.rundir import read_samples
 
 BASELINE = "full"  # the default baseline; a run's rows name the one they were measured against
 GROUP_COLUMNS = [c for c in CELL_GROUP_COLUMNS if c != "seq_len"]  # a heading per setting, then a table per N
@@ -230,6 +231,7 @@ def write_summary(run_dir: Path) -> str:
     from attnbench.verdict import verdict_markdown
 
     preamble = SUMMARY_PREAMBLE.format(run_id=run_dir.name, mem_note=methods, noise=noise_line(frame))
-    text = preamble + "\n## Verdict\n\n" + verdict_markdown(frame) + "\n## By N\n\n" + summary_tables(frame)
+    verdict = verdict_markdown(frame, read_samples(run_dir))
+    text = preamble + "\n## Verdict\n\n" + verdict + "\n## By N\n\n" + summary_tables(frame)
     write_text_atomic(run_dir / "summary.md", text)
     return text

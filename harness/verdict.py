@@ -3,7 +3,8 @@ than the baseline, and what it costs in accuracy.
 
 A setting is every group column but input and N. Its time and memory come from its timed rows (its first
 input, unless every input was timed); each input's error from its own rows. Per N the verdict names the
-fastest exact variant and the speed-error Pareto set (no other variant is both faster and more accurate),
+fastest exact variant and the speed-error Pareto set (a variant leaves it only when another is at least as
+accurate and faster beyond the noise, paired in their own rounds),
 each with its paired speedup interval, error vs uniform and peak memory, and when it starts to pay off
 (the crossover N against the baseline). One sentence per input says what its error figures can tell.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from attnbench.analysis import ERROR_RESOLUTION, crossover_table
 from attnbench.reference import LOCALITY_WINDOW
+from attnbench.stats import paired_speedup
 from attnbench.summary import (
     GROUP_COLUMNS,
     MACHINE,
@@ -49,8 +51,10 @@ class Choice:
     pays_off: str  # N from which it is faster than the baseline, e.g. "≈ 700", "≤ 256", "> 4096"
     time_s: float = float("nan")  # median time per call
     noisy: bool = False  # its timing is flagged noisy
+    rounds: tuple[float, ...] = ()  # its per-call time in each round of its group (samples.csv), round order
     fastest_exact: bool = False
     left_out: str = ""  # why it is not offered as a choice ("" when it is)
+    ties: list[str] = field(default_factory=list)  # more accurate choices it is not faster than beyond noise
 
     @property
     def speed(self) -> float:
@@ -181,12 +185,14 @@ def timed_input(timed: pd.DataFrame, source: str) -> str:
     return str(timed["input"].iloc[0]) if len(timed) else ""
 
 
-def verdicts(frame: pd.DataFrame) -> list[InputVerdict]:
+def verdicts(frame: pd.DataFrame, samples: dict[str, list[float]] | None = None) -> list[InputVerdict]:
     """Every setting × input of a run's rows, N by N, in the order the run measured them. An input that was
     timed itself is judged on its own speed; one whose error alone was measured, on its setting's first
-    timed input's."""
+    timed input's. `samples` (cell key -> per-round seconds, `read_samples`) lets two variants be compared in
+    their own rounds; without it, by their intervals against the baseline."""
     if frame.empty:
         return []
+    samples = samples or {}
     frame = with_machine(frame)
     baseline = baseline_of(frame)
     varying = {c for c in SETTING_COLUMNS if frame[c].nunique(dropna=False) > 1}
@@ -206,31 +212,54 @@ def verdicts(frame: pd.DataFrame) -> list[InputVerdict]:
             )
             verdict = InputVerdict(words, str(source), baseline, input_sentence(on_input), str(timed_on))
             for n, at_n in on_input[on_input.status == "ok"].groupby("seq_len"):
-                answer = judge(int(n), _candidates(at_n, own[own.seq_len == n], baseline, pays_off), baseline)
+                candidates = _candidates(at_n, own[own.seq_len == n], baseline, pays_off, samples)
+                answer = judge(int(n), candidates, baseline)
                 if answer is not None:
                     verdict.answers.append(answer)
             out.append(verdict)
     return out
 
 
+MIN_PAIRED_ROUNDS = 3  # rounds two variants need in common for their own paired ratio
+
+
+def faster_beyond_noise(a: Choice, b: Choice) -> bool:
+    """Whether `a` is faster than `b` beyond the noise: the 95% interval of b's time over a's, round by round (the
+    same rounds, so a slow stretch of the machine cancels), lies above 1. Without both variants' rounds, a's
+    speedup interval against the baseline must lie wholly above b's; with neither, nothing is beyond noise."""
+    common = min(len(a.rounds), len(b.rounds))
+    if common >= MIN_PAIRED_ROUNDS:
+        return paired_speedup(list(b.rounds[:common]), list(a.rounds[:common])).low > 1
+    if a.speedup == a.speedup and b.speedup == b.speedup:
+        return a.speedup_low > b.speedup_high
+    return False
+
+
 def _dominates(a: Choice, b: Choice) -> bool:
-    """`a` is at least as accurate as `b` and `b` is not clearly faster (its speed within or below a's interval);
-    better on one of the two."""
-    return (
-        a.error_rank <= b.error_rank and a.speed_high >= b.speed and (a.error_rank < b.error_rank or a.speed > b.speed)
-    )
+    """The README's rule: `a` is at least as accurate as `b` and faster beyond the noise. A third variant's
+    noise plays no part: only a and b's own rounds decide."""
+    return a.error_rank <= b.error_rank and faster_beyond_noise(a, b)
 
 
 def pareto_set(candidates: list[Choice]) -> list[Choice]:
     """The candidates no other candidate dominates, fastest first: the one rule behind the verdict, its plots'
-    frontiers and their titles."""
+    frontiers and their titles. A member that a more accurate member is not slower than beyond noise is a tie
+    (`ties` names them): the two differ in accuracy, and their speeds cannot be told apart."""
     front = [c for c in candidates if not any(_dominates(other, c) for other in candidates if other is not c)]
+    for c in front:
+        c.ties = [o.label for o in front if o is not c and o.error_rank < c.error_rank and not faster_beyond_noise(c, o)]
     return sorted(front, key=lambda c: -c.speed)
 
 
-def _candidates(errors: pd.DataFrame, timed: pd.DataFrame, baseline: str, pays_off: dict[str, str]) -> list[Choice]:
+def _candidates(
+    errors: pd.DataFrame,
+    timed: pd.DataFrame,
+    baseline: str,
+    pays_off: dict[str, str],
+    samples: dict[str, list[float]],
+) -> list[Choice]:
     """Every variant with an ok row at one N, its speed and memory from `timed` and its error from `errors`.
-    Speed is the paired speedup (or, where the baseline did not run, 1 / time)."""
+    Speed is the paired speedup (or, where the baseline did not run, 1 / time); its rounds from `samples`."""
     speed = timed.set_index("label")
     base_memory = speed.peak_mem_bytes.get(baseline, float("nan")) if len(speed) else float("nan")
     candidates = []
@@ -253,6 +282,7 @@ def _candidates(errors: pd.DataFrame, timed: pd.DataFrame, baseline: str, pays_o
                 pays_off="–" if row.label == baseline else pays_off.get(row.label, "–"),
                 time_s=float(s.time_median_s),
                 noisy=bool(s.noisy),
+                rounds=tuple(samples.get(str(s.cell_key), ())),
             )
         )
     return candidates
@@ -290,11 +320,8 @@ def judge(n: int, candidates: list[Choice], baseline: str) -> Answer | None:
         if c not in front:
             dominators = [o for o in contenders if o is not c and _dominates(o, c)]  # never empty: c is not in front
             by = min(dominators, key=lambda o: (o not in front, o.speed))  # the nearest choice that beats it
-            if c.speed < by.speed:
-                accuracy = " and not more accurate" if c.error == c.error else ""  # no claim without an error
-                c.left_out = f"slower than {by.label}{accuracy}"
-            else:
-                c.left_out = f"dominated by {by.label}: as accurate or more, not slower beyond noise"
+            accuracy = " and not more accurate" if c.error == c.error else ""  # no claim without an error
+            c.left_out = f"slower than {by.label} beyond noise{accuracy}"
     if fastest_exact is not None:
         fastest_exact.fastest_exact = True
     chosen = [c for c in front if c is not fastest_exact]
@@ -326,14 +353,11 @@ def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str
     slower = [c.label for c in approximate if c.speedup <= 1]
     slower += [c.label for c in left_out if c.family != "exact" and c.left_out.startswith("slower")]
     useless = [c.label for c in left_out if "averaging V" in c.left_out]
-    dominated = [c.label for c in left_out if c.left_out.startswith("dominated")]
     reasons = []
     if slower:
         reasons.append(f"slower ({', '.join(slower)})")
     if useless:
         reasons.append(f"no better than averaging V ({', '.join(useless)})")
-    if dominated:
-        reasons.append(f"dominated ({', '.join(dominated)})")
     if maybe:
         perhaps = ", ".join(f"{c.label} ({_speed(c)})" for c in maybe)
         others = "; the other approximate variants are " + " or ".join(reasons) if reasons else ""
@@ -368,6 +392,7 @@ def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list
     rows = []
     for choice in answer.choices:
         name = choice.label + (" (fastest exact)" if choice.fastest_exact else "")
+        name += f" (speed ties {', '.join(choice.ties)})" if choice.ties else ""
         error = "exact" if choice.family == "exact" else error_text(choice.error)
         memory = f"{format_number(choice.peak_mem_bytes / MIB, '.1f')} ({format_number(choice.memory_ratio, '.2f')}×)"
         if choice.speedup == choice.speedup:
@@ -416,8 +441,10 @@ def timing_note(verdict: InputVerdict) -> str:
 
 VERDICT_INTRO = (
     "For each input and N: the answer in one sentence, then the fastest exact variant and the approximations "
-    "no other beats on both speed and error (the Pareto set, fastest first), then the variants left out and why "
-    "(slower, dominated, or no better than averaging V). Speedups are paired, in turns with {baseline}, with a "
+    "no other beats on both speed and error (the Pareto set, fastest first: a variant leaves it only when another "
+    "is at least as accurate and faster beyond the noise in their own rounds; 'speed ties X' marks one that a more "
+    "accurate X is not slower than beyond the noise), then the variants left out and why (slower beyond noise "
+    "and not more accurate, or no better than averaging V). Speedups are paired, in turns with {baseline}, with a "
     "95% interval; error is against exact attention relative to averaging V (0 exact, 1 no better than "
     "averaging); 'faster from N' is the N from which {baseline} is beaten at every larger N measured."
 )
@@ -433,10 +460,10 @@ class VerdictBlock:
     verdict: InputVerdict
 
 
-def verdict_blocks(frame: pd.DataFrame) -> list[VerdictBlock]:
+def verdict_blocks(frame: pd.DataFrame, samples: dict[str, list[float]] | None = None) -> list[VerdictBlock]:
     """Every setting × input's verdict, those whose content is the same merged into one block."""
     blocks: dict[str, VerdictBlock] = {}
-    for verdict in verdicts(frame):
+    for verdict in verdicts(frame, samples):
         sentence = " ".join(text for text in (verdict.sentence, timing_note(verdict)) if text)
         body = sentence + "\n" + "\n".join(
             answer.sentence + str(verdict_rows(verdict, answer)) + left_out_text(answer) for answer in verdict.answers
@@ -456,9 +483,9 @@ def block_title(block: VerdictBlock) -> str:
     ) + ")"
 
 
-def verdict_markdown(frame: pd.DataFrame) -> str:
+def verdict_markdown(frame: pd.DataFrame, samples: dict[str, list[float]] | None = None) -> str:
     """The verdicts of a run as Markdown: per block a heading and a sentence, per N the answer and a table."""
-    found = verdict_blocks(frame)
+    found = verdict_blocks(frame, samples)
     if not found:
         return "No cell ran ok: there is nothing to recommend.\n"
     parts = [VERDICT_INTRO.format(baseline=f"`{found[0].verdict.baseline}`")]
@@ -475,9 +502,9 @@ def verdict_markdown(frame: pd.DataFrame) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def verdict_terminal(frame: pd.DataFrame, width: int) -> str:
+def verdict_terminal(frame: pd.DataFrame, width: int, samples: dict[str, list[float]] | None = None) -> str:
     """The verdicts as plain text that fits `width` columns: per N the answer, an aligned table, the left-out."""
-    found = verdict_blocks(frame)
+    found = verdict_blocks(frame, samples)
     if not found:
         return "No cell ran ok: there is nothing to recommend."
     parts = []

@@ -148,7 +148,7 @@ def test_verdict_names_the_fastest_exact_the_pareto_set_and_crossovers(tmp_path:
     assert "| band | 2.05× [1.95–2.15] | 0.3 | 0.1 (0.50×) | ≈ 1,000 |" in verdict_section
     # strided is offered nowhere, and says why where it ran
     assert "**N=256:** Nothing beats full here: the approximate variants are slower (strided)." in verdict_section
-    assert "Left out: strided (slower than full and not more accurate; 0.16× [0.15–0.17], error 0.1)." in text
+    assert "Left out: strided (slower than full beyond noise and not more accurate; 0.16× [0.15–0.17], error 0.1)." in text
     assert text.index("## Verdict") < text.index("## Plots") < text.index("Time per call")  # the answer first
 
 
