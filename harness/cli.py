@@ -14,7 +14,7 @@ from attnbench import __version__
 from attnbench.config import ConfigError, SweepConfig, load_config, preset_names
 from attnbench.registry import registry
 
-EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_NOTHING_RAN, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_NOTHING_RAN, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_STATUS = """exit status:
   0    success
   1    compare --fail-above: a regression; check: a check failed
@@ -25,6 +25,8 @@ EXIT_STATUS = """exit status:
   3    run, report: no cell ran ok (every cell failed, was unsupported or skipped; report: or none finished;
        run --dry-run: no cell would run);
        model: no variant ran ok
+  4    compare --fail-above: no regression found, but some cells were inconclusive (their intervals too wide
+       to tell same from changed); the message says how many
   130  run: interrupted (Ctrl-C); finished cells are kept, the message gives the --resume command;
        model: interrupted, model.csv keeps the variants finished
 """
@@ -153,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="compare two runs cell by cell, deciding from their timing samples (bootstrap intervals)",
         description="Compare two run folders cell by cell: time ratios B / A with bootstrap intervals and verdicts.",
         epilog="exit status: 0 no regression; 1 a regression (with --fail-above: a cell slower beyond PCT, or a "
-        "cell ok in A that is not ok in B); 2 usage (e.g. not a run folder)",
+        "cell ok in A that is not ok in B); 2 usage (e.g. not a run folder); 4 with --fail-above: no regression, "
+        "but some cells inconclusive (the message says how many)",
     )
     compare.add_argument("run_a", type=Path, help="run folder A, the reference")
     compare.add_argument("run_b", type=Path, help="run folder B, compared against A")
@@ -162,14 +165,23 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="PCT",
         help="exit 1 if a cell is slower by more than PCT percent (its whole 95%% interval beyond PCT) or a cell ok "
-        "in A is not ok in B (for CI); without it the verdicts use 5%%",
+        "in A is not ok in B, 4 if none is but some cells are inconclusive (for CI); without it the verdicts use 5%%",
     )
     compare.add_argument(
-        "--speedups",
-        action="store_true",
-        help="compare each cell's in-turn speedup against its baseline instead of its absolute time "
-        "(the robust choice across machines)",
+        "--margin",
+        type=float,
+        metavar="PCT",
+        help="'same' only when a cell's whole interval lies within ±PCT percent (default: the threshold)",
     )
+    compare.add_argument(
+        "--measure",
+        choices=["auto", "speedup", "time"],
+        default="auto",
+        help="auto (default): each cell's in-turn speedup against its baseline where both runs have one (whole-run "
+        "shifts of the machine cancel), else its time; speedup: only cells with both speedups; time: absolute "
+        "median times (only comparable on one machine, quiet both times)",
+    )
+    compare.add_argument("--speedups", action="store_true", help="the same as --measure speedup")
     check = commands.add_parser(
         "check",
         help="run the conformance checks on a variant (for variant authors)",
@@ -719,9 +731,14 @@ def command_compare(args: argparse.Namespace) -> int:
         if (holder := being_written(run)) is not None:
             print(f"attnbench: {run} is still being written ({holder}): compare it once the run ends", file=sys.stderr)
             return EXIT_USAGE
+    if args.margin is not None and not 0 <= args.margin < math.inf:
+        print(f"attnbench: --margin must be a finite percentage >= 0, got {args.margin:g}", file=sys.stderr)
+        return EXIT_USAGE
     threshold = DEFAULT_THRESHOLD if args.fail_above is None else args.fail_above / 100
+    margin = None if args.margin is None else args.margin / 100
+    measure = "speedup" if args.speedups else args.measure
     try:
-        result = compare_runs(args.run_a, args.run_b, threshold=threshold, speedups=args.speedups)
+        result = compare_runs(args.run_a, args.run_b, threshold=threshold, margin=margin, measure=measure)
     except (ValueError, KeyError, IndexError, UnicodeDecodeError) as error:  # pandas' parser errors are ValueErrors
         print(f"attnbench: a run folder is unreadable: {type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -739,10 +756,12 @@ def command_compare(args: argparse.Namespace) -> int:
             return EXIT_REGRESSION
         if result.inconclusive():
             print(
-                f"attnbench: no regression found, but {result.inconclusive()} cell(s) are inconclusive (see their "
-                "verdicts): this gate could not judge them",
+                f"attnbench: no regression found, but {result.inconclusive()} of {len(result.table)} cell(s) are "
+                "inconclusive (see their verdicts and intervals): this gate could not judge them; more rounds "
+                "(min_run_time) or a quieter machine narrow the intervals",
                 file=sys.stderr,
             )
+            return EXIT_INCONCLUSIVE
     return 0
 
 

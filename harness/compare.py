@@ -1,12 +1,16 @@
 """Compare two runs cell by cell and decide from their timing samples, not from two medians.
 
-For each cell in both runs: the ratio of median times B / A with a bootstrap 95% interval (each run's
-samples resampled on their own), or with `speedups=True` the ratio of the in-turn speedups against the
-baseline (robust across machines: each run's speedup was measured in turns on one machine). A cell is
-"slower" or "faster" only when the whole interval clears the threshold; "inconclusive" when either side was
-flagged noisy (a wide spread, or other processes competing for the CPU) or, for times, the two runs come
-from different machines or software (the verdict names why); otherwise "same". A cell
-that was ok in A and is not in B (error, crashed, missing) is a regression of its own.
+For each cell in both runs, by default (`measure="auto"`) the ratio of its in-turn speedups against the baseline,
+A / B: each run's speedup was measured in turns on one machine, so a run that was slower or faster as a whole
+(another process, a warmer CPU) cancels, as it does not in absolute times. Its 95% interval resamples each run's
+per-round ratios (baseline time / cell time, the same round) on their own. Where either run lacks that speedup,
+or with `measure="time"`, the ratio of median times B / A with each run's samples resampled.
+
+Verdicts with an equivalence margin: "slower" / "faster" when the whole interval lies beyond the threshold,
+"same" only when it lies within ±margin, "inconclusive" otherwise (the interval is too wide to tell), each with
+its interval. Noise flags are reported beside the verdict, never vetoes; for absolute times, runs from different
+machines or software, or without samples, are inconclusive (nothing to decide with). A cell that was ok in A and
+is not in B (error, crashed, missing) is a regression of its own.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ class Comparison:
     only_in_a: int
     only_in_b: int
     machine_notes: list[str]
-    measure: str  # "time" or "speedup"
+    measure: str  # what was asked: "auto", "speedup" or "time" (each row says which it used)
+    threshold: float = DEFAULT_THRESHOLD
+    margin: float = DEFAULT_THRESHOLD
     plan_notes: list[str] = field(default_factory=list)
 
     def regressions(self) -> pd.DataFrame:
@@ -68,17 +74,32 @@ def _planned_cells(meta: dict) -> set[str] | None:
         return None
 
 
-def decide(interval: Interval, threshold: float, why_inconclusive: str) -> str:
-    """'slower' / 'faster' when the interval of B / A clears the threshold, 'inconclusive (...)' when it
-    would but the measurement cannot carry it, else 'same'."""
-    if interval.low != interval.low:  # NaN: nothing to decide with
-        return f"inconclusive ({why_inconclusive})"
+MEASURES = ("auto", "speedup", "time")  # auto: the in-turn speedup where both runs have it, else the time
+
+
+def decide(interval: Interval, threshold: float, margin: float, cannot_decide: str = "") -> str:
+    """The verdict on a ratio (> 1: B is slower): 'slower' / 'faster' when its whole interval lies beyond the
+    threshold, 'same' when it lies within ±margin, 'inconclusive (why)' otherwise, or when `cannot_decide` says
+    the measurement cannot carry a decision (no samples, another machine's absolute times)."""
+    if cannot_decide:
+        return f"inconclusive ({cannot_decide})"
+    if interval.low != interval.low or interval.high != interval.high:  # NaN: nothing to decide with
+        return "inconclusive (no interval)"
     side = interval.clears(threshold)
-    if side is None:
+    if side is not None:
+        return "slower" if side == "above" else "faster"
+    if 1 / (1 + margin) <= interval.low and interval.high <= 1 + margin:
         return "same"
-    if why_inconclusive:
-        return f"inconclusive ({why_inconclusive})"
-    return "slower" if side == "above" else "faster"
+    return f"inconclusive (the interval reaches beyond ±{100 * margin:g}% without clearing {100 * threshold:g}%)"
+
+
+def _round_ratios(run: pd.DataFrame, samples: dict[str, list[float]], row: pd.Series) -> list[float]:
+    """The cell's per-round speedups (its group's baseline time over its own, the same round); [] without them."""
+    group = run[(run.group_key == row.group_key) & (run.label == row.baseline)]
+    own, base = samples.get(str(row.name)), samples.get(str(group.index[0])) if len(group) else None
+    if not own or not base:
+        return []
+    return [b / v for b, v in zip(base, own)]
 
 
 def _noise_cause(x: pd.Series, y: pd.Series) -> str:
@@ -89,8 +110,18 @@ def _noise_cause(x: pd.Series, y: pd.Series) -> str:
 
 
 def compare_runs(
-    run_a: Path, run_b: Path, *, threshold: float = DEFAULT_THRESHOLD, speedups: bool = False
+    run_a: Path,
+    run_b: Path,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    margin: float | None = None,
+    measure: str = "auto",
 ) -> Comparison:
+    """Every cell of both runs with its ratio, interval and verdict (`decide`), and the cells B broke.
+    `margin` (default: the threshold) bounds what counts as "same"."""
+    if measure not in MEASURES:
+        raise ValueError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
+    margin = threshold if margin is None else margin
     a, b = (read_results(run).drop_duplicates("cell_key", keep="last").set_index("cell_key") for run in (run_a, run_b))
     samples_a, samples_b = read_samples(run_a), read_samples(run_b)
     meta = [read_meta(r) for r in (run_a, run_b)]
@@ -102,29 +133,31 @@ def compare_runs(
         x, y = ok_a.loc[key], ok_b.loc[key]
         if pd.isna(x.time_median_s) or pd.isna(y.time_median_s):
             continue  # an input whose error alone was measured (its setting was timed on another input)
-        if speedups:
-            if pd.isna(x.speedup) or pd.isna(y.speedup):
-                continue
-            baselines = "" if x.baseline == y.baseline else f"baselines differ: {x.baseline} vs {y.baseline}"
-            # speedup B / speedup A, inverted so that > 1 means B got slower relative to its baseline
-            interval = Interval(
-                x.speedup / y.speedup,
-                x.speedup_low / y.speedup_high if y.speedup_high else float("nan"),
-                x.speedup_high / y.speedup_low if y.speedup_low else float("nan"),
-            )
-            # each speedup was measured in turns on one machine, so other machines are fine; a loaded one is not:
-            # threads stolen by another process slow variants unequally (many small kernels more than one big)
-            why = "; ".join(cause for cause in (baselines, _noise_cause(x, y)) if cause)
+        both = pd.notna(x.speedup) and pd.notna(y.speedup)
+        if measure == "speedup" and not both:
+            continue
+        by_speedup = measure == "speedup" or (measure == "auto" and both and x.baseline == y.baseline)
+        noise = _noise_cause(x, y)
+        if by_speedup:  # A / B: > 1 means B got slower relative to its baseline
+            ratios_a, ratios_b = _round_ratios(a, samples_a, x), _round_ratios(b, samples_b, y)
+            if ratios_a and ratios_b:
+                interval = ratio_of_medians(ratios_b, ratios_a)
+            else:  # no samples: the two intervals' far ends (wider than the bootstrap's)
+                interval = Interval(
+                    x.speedup / y.speedup,
+                    x.speedup_low / y.speedup_high if y.speedup_high else float("nan"),
+                    x.speedup_high / y.speedup_low if y.speedup_low else float("nan"),
+                )
+            cannot_decide = "" if x.baseline == y.baseline else f"baselines differ: {x.baseline} vs {y.baseline}"
         else:
             sa, sb = samples_a.get(key), samples_b.get(key)
             if sa and sb:
                 interval = ratio_of_medians(sa, sb)
             else:  # no samples (a run written before they were kept, or a lost file): no interval to decide on
-                ratio = y.time_median_s / x.time_median_s
-                interval = Interval(ratio, float("nan"), float("nan"))
+                interval = Interval(y.time_median_s / x.time_median_s, float("nan"), float("nan"))
             missing = [side for side, found in (("A", sa), ("B", sb)) if not found]
             no_samples = f"no timing samples in {' and '.join(missing)}" if missing else ""
-            why = "; ".join(cause for cause in (no_samples, machines_differ, _noise_cause(x, y)) if cause)
+            cannot_decide = "; ".join(cause for cause in (no_samples, machines_differ) if cause)
         rows.append(
             {
                 "cell_key": key,
@@ -132,15 +165,17 @@ def compare_runs(
                 "seq_len": x["seq_len"],
                 "setting": f"{x['device']}/{x['dtype']}/{x['mode']}{'/causal' if x.causal else ''}",
                 "input": x["input"],
-                "a": x.speedup if speedups else 1e3 * x.time_median_s,
-                "b": y.speedup if speedups else 1e3 * y.time_median_s,
+                "measure": "speedup" if by_speedup else "time",
+                "a": x.speedup if by_speedup else 1e3 * x.time_median_s,
+                "b": y.speedup if by_speedup else 1e3 * y.time_median_s,
                 "ratio": interval.estimate,
                 "low": interval.low,
                 "high": interval.high,
                 "memory_ratio": y.peak_mem_bytes / x.peak_mem_bytes if x.peak_mem_bytes else float("nan"),
                 "error_a": x.err_vs_uniform,
                 "error_b": y.err_vs_uniform,
-                "verdict": decide(interval, threshold, why),
+                "verdict": decide(interval, threshold, margin, cannot_decide),
+                "noise": noise,  # reported, not a veto: the interval already carries the spread
             }
         )
     planned_b = _planned_cells(meta[1])
@@ -164,15 +199,21 @@ def compare_runs(
         only_in_b=len(b.index.difference(a.index)),
         machine_notes=notes,
         plan_notes=unread_plan,
-        measure="speedup" if speedups else "time",
+        measure=measure,
+        threshold=threshold,
+        margin=margin,
     )
 
 
 def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
-    what = "speedup vs baseline, A / B" if result.measure == "speedup" else "time, B / A"
-    lines = [f"Comparing A = {run_a} with B = {run_b}: ratios of {what} (> 1: B is slower), 95% intervals."]
+    lines = [
+        f"Comparing A = {run_a} with B = {run_b}: per cell the ratio (> 1: B is slower) of its in-turn speedup "
+        "against the baseline, A / B, where both runs have one (measure 'speedup'), else of its median time, B / A "
+        f"('time'), with a 95% interval. slower / faster: the whole interval beyond {100 * result.threshold:g}%; "
+        f"same: within ±{100 * result.margin:g}%; inconclusive: too wide to tell."
+    ]
     if result.machine_notes:
-        lines.append("The runs come from different machines or software; a time change there is inconclusive:")
+        lines.append("The runs come from different machines or software (speedups still compare; times do not):")
         lines += [f"  - {note}" for note in result.machine_notes]
     lines += result.plan_notes
     if result.only_in_a or result.only_in_b:
@@ -187,19 +228,19 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
     if table.empty:
         lines.append("No cell ran ok in both runs: nothing to compare (are these runs of the same config?).")
         return "\n".join(lines)
-    unit = "×" if result.measure == "speedup" else " ms"
     rows = [
         [
             r.label,
             str(r.seq_len),
             r.setting,
             r.input,
-            format_number(r.a, ".2f") + unit,
-            format_number(r.b, ".2f") + unit,
+            r.measure,
+            format_number(r.a, ".2f") + ("×" if r.measure == "speedup" else " ms"),
+            format_number(r.b, ".2f") + ("×" if r.measure == "speedup" else " ms"),
             f"{format_number(r.ratio, '.3f')} [{format_number(r.low, '.3f')}–{format_number(r.high, '.3f')}]",
             format_number(r.memory_ratio, ".3f"),
             f"{format_number(r.error_a, '.3g')} → {format_number(r.error_b, '.3g')}",
-            r.verdict,
+            r.verdict + (f"; noisy: {r.noise}" if r.noise else ""),
         ]
         for r in table.itertuples()
     ]
@@ -208,6 +249,7 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
         "N",
         "setting",
         "input",
+        "measure",
         "A",
         "B",
         "ratio [95% CI]",
