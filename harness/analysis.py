@@ -62,8 +62,35 @@ def crossover(n: list[float], ratio: list[float]) -> tuple[float | None, str]:
     return at, f"N ≈ {at:,.0f} (between {n_a:g} and {n_b:g}{note})"
 
 
+def beyond_noise_from(n: list[float], speedup_low: list[float]) -> float | None:
+    """The smallest N from which the speedup's interval lies above 1× at every larger measured N (None: not at
+    the largest N): where "faster" stops depending on the noise."""
+    clear = None
+    for a, low in zip(reversed(n), reversed(speedup_low)):
+        if low is None or math.isnan(low) or low <= 1:
+            break
+        clear = a
+    return clear
+
+
+def faster_from(n: list[float], speedup: list[float], speedup_low: list[float]) -> str:
+    """The crossover N of the median speedups (`crossover`), with what the intervals add: the N from which it is
+    faster beyond noise, where that is not the first N after the crossing, or that it never is."""
+    at, text = crossover(n, [1 / s if s else float("nan") for s in speedup])
+    if at is None:
+        return text
+    clear = beyond_noise_from(n, speedup_low)
+    first = next((a for a in n if a >= at), None)  # the first measured N on the faster side
+    if clear is None:
+        return text + "; not faster beyond noise at the largest N (its interval reaches 1×)"
+    if clear != first:
+        return text + f"; beyond noise from N={clear:g}"
+    return text
+
+
 def crossover_table(cells: pd.DataFrame, baseline: str = "full") -> pd.DataFrame:
-    """Per variant label: the N from which it is faster, and smaller, than `baseline`."""
+    """Per variant label: the N from which it is faster (with what its intervals add), and smaller, than
+    `baseline`."""
     ok = cells[cells.status == "ok"]
     base = ok[ok.label == baseline].set_index("seq_len")
     rows = []
@@ -73,12 +100,11 @@ def crossover_table(cells: pd.DataFrame, baseline: str = "full") -> pd.DataFrame
         if not shared:
             continue
         group = group.set_index("seq_len").loc[shared]
-        time_ratio = (1 / group.speedup).tolist()  # paired, measured in turns with the baseline
         memory_ratio = (group.peak_mem_bytes / base.loc[shared, "peak_mem_bytes"]).tolist()
         rows.append(
             {
-                "label": label,
-                "faster_from": crossover(shared, time_ratio)[1],
+                "label": label,  # speedups paired, measured in turns with the baseline
+                "faster_from": faster_from(shared, group.speedup.tolist(), group.speedup_low.tolist()),
                 "smaller_from": crossover(shared, memory_ratio)[1],
             }
         )
@@ -95,6 +121,27 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
         return row["flops"] / row["time_median_s"] / peak
 
     return cells.apply(fraction, axis=1) if len(cells) else pd.Series(dtype=float)
+
+
+def raised_peaks(cells: pd.DataFrame, peaks: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:
+    """`peaks` with each device/dtype's matmul peak raised to the highest FLOP/s an ok cell achieved, where that is
+    higher (a peak measured low on a busy machine would put efficiencies above 100%), and a note per raise."""
+    raised, notes = {key: dict(value) for key, value in peaks.items()}, []
+    ok = cells[(cells.status == "ok") & cells.time_median_s.notna() & cells.flops.notna()] if len(cells) else cells
+    for key, rows in (ok.groupby([ok["device"], ok["dtype"]]) if len(ok) else []):
+        name = f"{key[0]}/{key[1]}"
+        measured = raised.get(name, {}).get("matmul_flops_per_s")
+        if not measured:
+            continue
+        rates = rows.flops / rows.time_median_s
+        top = rows.loc[rates.idxmax()]
+        if rates.max() > measured:
+            raised[name]["matmul_flops_per_s"] = float(rates.max())
+            notes.append(
+                f"{name}: {top['label']} at N={top['seq_len']} reached {rates.max() / 1e9:.1f} GFLOP/s, above the "
+                f"measured matmul peak {measured / 1e9:.1f}: the peak is raised to it (efficiencies are shares of it)"
+            )
+    return raised, notes
 
 
 ERROR_RESOLUTION = 1e-4  # errors vs uniform below this count as equal (float rounding, not accuracy)

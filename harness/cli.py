@@ -539,11 +539,14 @@ def command_run(args: argparse.Namespace) -> int:
         + f"; results in {run_dir}/",
         file=sys.stderr,
     )
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load > 0.5:
+    from attnbench.noise import NOISY_COMPETITION, competing_now
+
+    competing, cores = competing_now(), os.cpu_count() or 1  # other processes' CPU now, not a lagging load average
+    if competing is not None and competing > NOISY_COMPETITION:
         print(
-            f"attnbench: the machine is already busy (load {load:.1f} on {cores} cores): timings will be noisy "
-            "(each cell says so); in-turn speedups hold best when torch's threads fit the idle cores (--threads)",
+            f"attnbench: the machine is already busy (other processes use {competing:.1f} of {cores} cores): timings "
+            "will be noisy (each cell says so); in-turn speedups hold best when torch's threads fit the idle cores "
+            "(--threads)",
             file=sys.stderr,
         )
     already = len(read_results(run_dir)) if args.resume is not None and (run_dir / "results.csv").exists() else 0

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 from attnbench.results import read_results
 from attnbench.rundir import read_meta, read_samples
-from attnbench.stats import Interval, ratio_of_medians
+from attnbench.stats import Interval, ratio_of_medians, seed_of
 from attnbench.summary import format_number, markdown_table
 
 DEFAULT_THRESHOLD = 0.05  # a change is called only when its interval clears 5% (or --fail-above)
@@ -141,7 +141,7 @@ def compare_runs(
         if by_speedup:  # A / B: > 1 means B got slower relative to its baseline
             ratios_a, ratios_b = _round_ratios(a, samples_a, x), _round_ratios(b, samples_b, y)
             if ratios_a and ratios_b:
-                interval = ratio_of_medians(ratios_b, ratios_a)
+                interval = ratio_of_medians(ratios_b, ratios_a, seed_of(key))
             else:  # no samples: the two intervals' far ends (wider than the bootstrap's)
                 interval = Interval(
                     x.speedup / y.speedup,
@@ -152,7 +152,7 @@ def compare_runs(
         else:
             sa, sb = samples_a.get(key), samples_b.get(key)
             if sa and sb:
-                interval = ratio_of_medians(sa, sb)
+                interval = ratio_of_medians(sa, sb, seed_of(key))
             else:  # no samples (a run written before they were kept, or a lost file): no interval to decide on
                 interval = Interval(y.time_median_s / x.time_median_s, float("nan"), float("nan"))
             missing = [side for side, found in (("A", sa), ("B", sb)) if not found]

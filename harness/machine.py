@@ -115,6 +115,11 @@ def best_peaks(*measurements: dict[str, dict]) -> dict[str, dict]:
     return best
 
 
+def run_peaks(meta: dict) -> dict[str, dict]:
+    """A run's peaks: the best of those measured at its start, between its groups and at its end."""
+    return best_peaks(meta.get("peaks", {}), meta.get("peaks_between", {}), meta.get("peaks_at_end", {}))
+
+
 def memory_total_bytes() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

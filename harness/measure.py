@@ -406,7 +406,8 @@ class GroupMeasurement:
         return time.perf_counter() - start
 
     def _speedups(self, samples: dict[str, list[float]], timed: set[str]) -> None:
-        """Speedup of each timed cell against the group's baseline, round by round, with a bootstrap interval."""
+        """Speedup of each timed cell against the group's baseline, round by round, with its order-statistic
+        interval and that interval's coverage."""
         baseline = next((c.key() for c in self.group.cells if is_baseline(c, self.settings.baseline)), None)
         if baseline is None or baseline not in timed:
             return
@@ -417,6 +418,7 @@ class GroupMeasurement:
                 speedup=interval.estimate,
                 speedup_low=interval.low,
                 speedup_high=interval.high,
+                speedup_coverage=interval.coverage,
             )
 
     # ---- memory and cost ----------------------------------------------------------------------

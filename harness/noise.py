@@ -88,3 +88,11 @@ def noise_reason(median: float, iqr: float, competing: float | None) -> str:
     if competing is not None and competing > NOISY_COMPETITION:
         reasons.append(f"other processes used {competing:.1f} cores while it ran")
     return "; ".join(reasons)
+
+
+def competing_now(seconds: float = 0.5) -> float | None:
+    """Cores' worth of CPU other processes use right now, watched for `seconds` (None where /proc/stat is not
+    readable): the noise flag's measure, for the warning a run gives as it starts."""
+    watch = LoadWatch.start()
+    time.sleep(seconds)
+    return watch.competing_cores()

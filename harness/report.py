@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Callable
 
 import pandas as pd
-from attnbench.analysis import crossover_table, efficiency, scaling_table
+from attnbench.analysis import crossover_table, efficiency, raised_peaks, scaling_table
 from attnbench.config import overrides_text
-from attnbench.machine import best_peaks, machine_words
+from attnbench.machine import machine_words, run_peaks
 from attnbench.memory import CPU_METHOD
 from attnbench.plots import plot_error, plot_pareto, plot_speedup, plot_versus_n, styles
 from attnbench.reference import LOCALITY_WINDOW
@@ -32,6 +32,7 @@ from attnbench.summary import (
     MACHINE,
     baseline_of,
     format_number,
+    interval_words,
     label_order,
     markdown_table,
     noise_line,
@@ -153,7 +154,7 @@ def detail_blocks(cells: pd.DataFrame, heading: str, peaks: dict) -> list[Block]
         blocks.append(
             _table(
                 f"Speedup against `{baseline}`: the median over rounds of its time / this time in the same round, "
-                "with a bootstrap 95% interval.",
+                f"with {interval_words(cells)}.",
                 _pivot(cells, speedup_text, lambda r: _nan(r.speedup), higher_is_better=True),
             )
         )
@@ -236,16 +237,11 @@ def detail_blocks(cells: pd.DataFrame, heading: str, peaks: dict) -> list[Block]
         with_efficiency = cells.assign(efficiency=efficiency(cells, peaks))
         blocks.append(
             _table(
-                "Achieved FLOP/s from each variant's cost model, as a share of this run's measured dense-matmul peak "
-                "(best of several bursts at the start and the end of the run; a sparse variant counts only the work "
-                "its algorithm does). Above 100% means the peak was measured in a slow stretch of the machine or the "
-                "cell's time in a fast one: noise, not a result.",
-                _pivot(
-                    with_efficiency,
-                    lambda r: (
-                        format_number(100 * r.efficiency, ".1f") + ("% (above peak)" if r.efficiency > 1 else "%")
-                    ),
-                ),
+                "Achieved FLOP/s from each variant's cost model, as a share of this run's dense-matmul peak (best "
+                "of bursts at the run's threads at its start, between groups and at its end, raised to the highest "
+                "rate a cell reached where that was higher: see 'measured peaks'; a sparse variant counts only the "
+                "work its algorithm does).",
+                _pivot(with_efficiency, lambda r: format_number(100 * r.efficiency, ".1f") + "%"),
             )
         )
         blocks += _scaling_blocks(cells, baseline)
@@ -495,15 +491,17 @@ def header_blocks(run_dir: Path, meta: dict, frame: pd.DataFrame) -> list[Block]
     return [Block("heading", f"attnbench report: {run_dir.name}", level=1)] + [Block("text", line) for line in lines]
 
 
-def about_blocks(run_dir: Path, meta: dict) -> list[Block]:
+def about_blocks(run_dir: Path, meta: dict, frame: pd.DataFrame) -> list[Block]:
     machine = meta.get("machine", {})
     versions = machine.get("versions", {})
     peaks = "; ".join(
         f"{key}: {value.get('matmul_flops_per_s', float('nan')) / 1e9:.0f} GFLOP/s matmul, "
         f"{value.get('copy_bytes_per_s', float('nan')) / 1e9:.1f} GB/s copy"
-        for key, value in best_peaks(meta.get("peaks", {}), meta.get("peaks_at_end", {})).items()
+        for key, value in run_peaks(meta).items()
         if "error" not in value
     )
+    _, raises = raised_peaks(frame, run_peaks(meta))
+    peaks += "".join(f"; {note}" for note in raises)
     facts = [
         ["run", run_dir.name],
         ["devices", ", ".join(f"{k}: {v}" for k, v in machine.get("devices", {}).items())],
@@ -539,7 +537,7 @@ def report_blocks(run_dir: Path) -> list[Block]:
     meta = read_meta(run_dir)
     baseline = baseline_of(frame)
     style = styles(label_order(frame))
-    peaks = best_peaks(meta.get("peaks", {}), meta.get("peaks_at_end", {}))
+    peaks, _ = raised_peaks(frame, run_peaks(meta))
     varying = {c for c in SETTING_COLUMNS if frame[c].nunique(dropna=False) > 1}
     samples = read_samples(run_dir)
     blocks = header_blocks(run_dir, meta, frame) + [Block("toc")]
@@ -562,7 +560,7 @@ def report_blocks(run_dir: Path) -> list[Block]:
     for _, cells in frame.groupby(GROUP_COLUMNS + [MACHINE], sort=False, dropna=False):
         heading = f"{cells.iloc[0]['input']} — {setting_words(cells.iloc[0], varying)}"
         blocks += detail_blocks(cells, heading, peaks)
-    return blocks + about_blocks(run_dir, meta)
+    return blocks + about_blocks(run_dir, meta, frame)
 
 
 def _headings(blocks: list[Block]) -> list[Block]:

@@ -43,8 +43,9 @@ class Measured:
     compile_s: float | None = None  # first call minus a timed call: compilation, lazy set-up
     baseline: str = ""  # the group's baseline variant the speedup is measured against
     speedup: float | None = None  # median over rounds of baseline time / this time, same round (paired)
-    speedup_low: float | None = None  # bootstrap 95% interval of that median
+    speedup_low: float | None = None  # distribution-free interval of that median (order statistics of the rounds)
     speedup_high: float | None = None
+    speedup_coverage: float | None = None  # the interval's coverage: >= 0.95 from 6 rounds, min–max below
     peak_mem_bytes: int | None = None  # per call, state kept between calls excluded (attnbench.memory)
     state_mem_bytes: int | None = None  # kept between calls: what a fresh instance's first call leaves behind
     mem_method: str = ""

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import torch
 from attnbench.config import Settings, SweepConfig
-from attnbench.machine import allocator_note, machine_info, measure_peaks, remember_peaks
+from attnbench.machine import allocator_note, best_peaks, machine_info, measure_peaks, remember_peaks
 from attnbench.measure import GroupResult, measure_group, memory_limit
 from attnbench.plan import Cell, Group
 from attnbench.registry import Registry
@@ -295,8 +295,16 @@ class Budgets:
         return None if known is None or cell.seq_len <= known[0] else f"larger N skipped: {known[1]}"
 
 
-def _run_groups(todo: list[Group], executor: Executor, folder: RunFolder, budgets: Budgets, bar: tqdm) -> None:
-    """Each group: cells over budget skipped, the rest measured, rows and samples appended as each finishes."""
+def _run_groups(
+    todo: list[Group],
+    executor: Executor,
+    folder: RunFolder,
+    budgets: Budgets,
+    bar: tqdm,
+    between: Callable[[], None] = lambda: None,
+) -> None:
+    """Each group: cells over budget skipped, the rest measured, rows and samples appended as each finishes, then
+    `between()` (the machine's peaks measured again, on this machine)."""
 
     def startable() -> Iterator[Group]:  # drawn lazily: a budget skip follows every result in so far
         for group in todo:
@@ -317,14 +325,15 @@ def _run_groups(todo: list[Group], executor: Executor, folder: RunFolder, budget
         for row in result.rows:
             budgets.note(Cell.from_key(row.cell_key), row.status, row.time_median_s, row.peak_mem_bytes)
         bar.update(len(result.rows))
+        between()
 
 
-def _measure_peaks(config: SweepConfig) -> dict[str, Any]:
+def _measure_peaks(config: SweepConfig, trials: int = 5) -> dict[str, Any]:
     peaks = {}
     for device in config.axes["device"]:
         for dtype in config.axes["dtype"]:
             try:
-                peaks[f"{device}/{dtype}"] = measure_peaks(device, getattr(torch, dtype))
+                peaks[f"{device}/{dtype}"] = measure_peaks(device, getattr(torch, dtype), trials=trials)
             except Exception as error:  # e.g. cuda asked for on a machine without it: cells say so too
                 peaks[f"{device}/{dtype}"] = {"error": f"{type(error).__name__}: {error}"}
     return peaks
@@ -424,9 +433,13 @@ def run_plan(
                 meta.update(measuring.meta)
                 folder.write_meta(meta)
             bar = tqdm(total=sum(len(g.cells) for g in todo), disable=not progress, unit="cell", dynamic_ncols=True)
+            def peaks_between() -> None:  # a quiet moment between groups may show a higher peak than the ends
+                if executor == "local":  # on Ray the groups run on other machines than this one
+                    meta["peaks_between"] = best_peaks(meta.get("peaks_between", {}), _measure_peaks(config, trials=2))
+
             try:
                 with terminate_as_interrupt():
-                    _run_groups(todo, measuring, folder, budgets, bar)
+                    _run_groups(todo, measuring, folder, budgets, bar, peaks_between)
             except KeyboardInterrupt:  # stop cleanly: finished groups are on disk, the lock is released on exit
                 if threading.current_thread() is threading.main_thread():  # a second Ctrl-C must not cut the cleanup
                     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -201,7 +201,7 @@ SUMMARY_PREAMBLE = """# attnbench summary: {run_id}
 
 Time: median ± IQR of per-call samples. The variants of each group (same inputs and shape) are timed in
 interleaved rounds, and the speedup is the median over rounds of the baseline's time / the variant's time
-in the same round, with a bootstrap 95% interval. Peak memory: one call, beyond the inputs ({mem_note}).
+in the same round, with {interval}. Peak memory: one call, beyond the inputs ({mem_note}).
 Error vs uniform: ||O − O*|| / ||U − O*||, O* exact softmax attention in float64 and U the uniform average
 of V over the visible keys; 0 is exact, 1 is no better than ignoring Q and K.
 {noise}
@@ -224,13 +224,27 @@ def noise_line(frame: pd.DataFrame) -> str:
     )
 
 
+def interval_words(frame: pd.DataFrame) -> str:
+    """Which interval the run's speedups carry, and its coverage, in words (the report and summary say it)."""
+    coverage = pd.to_numeric(frame.get("speedup_coverage"), errors="coerce").dropna() if len(frame) else pd.Series()
+    kind = "a distribution-free interval of that median from the order statistics of the per-round ratios"
+    if coverage.empty:  # a run written before coverage was recorded: its intervals were percentile bootstraps
+        return "a bootstrap 95% interval"
+    low = float(coverage.min())
+    if low >= 0.95:
+        return f"{kind} (coverage ≥ {100 * low:.1f}%)"
+    return f"{kind} (coverage ≥ 95% from 6 rounds; cells with fewer rounds have min–max, coverage ≥ {100 * low:.1f}%)"
+
+
 def write_summary(run_dir: Path) -> str:
     """Build summary.md for a run folder and return its text."""
     frame = read_results(run_dir)
     methods = ", ".join(sorted(set(frame.mem_method) - {""})) or "none measured"
     from attnbench.verdict import verdict_markdown
 
-    preamble = SUMMARY_PREAMBLE.format(run_id=run_dir.name, mem_note=methods, noise=noise_line(frame))
+    preamble = SUMMARY_PREAMBLE.format(
+        run_id=run_dir.name, mem_note=methods, noise=noise_line(frame), interval=interval_words(frame)
+    )
     verdict = verdict_markdown(frame, read_samples(run_dir))
     text = preamble + "\n## Verdict\n\n" + verdict + "\n## By N\n\n" + summary_tables(frame)
     write_text_atomic(run_dir / "summary.md", text)

@@ -139,13 +139,20 @@ def input_sentence(rows: pd.DataFrame) -> str:
     if stats.empty:
         return "Error was not measured on this input."
     entropy = stats.input_entropy.mean()
-    local, sink = stats.input_band_mass.mean(), stats.input_sink_mass.mean()
-    spread = stats.input_head_spread.mean()
-    figures = (
-        f"entropy {entropy:.2f} of uniform, {format_number(100 * local, '.0f')}% of the mass within "
-        f"±{LOCALITY_WINDOW} positions, {format_number(100 * sink, '.0f')}% on the first token"
-        + (f", heads differing by {spread:.2f}" if spread == spread and spread >= 0.05 else "")
-    )
+
+    def figures_of(at: pd.DataFrame) -> str:
+        local, sink, spread = at.input_band_mass.mean(), at.input_sink_mass.mean(), at.input_head_spread.mean()
+        return (
+            f"entropy {at.input_entropy.mean():.2f} of uniform, {format_number(100 * local, '.0f')}% of the mass "
+            f"within ±{LOCALITY_WINDOW} positions, {format_number(100 * sink, '.0f')}% on the first token"
+            + (f", heads differing by {spread:.2f}" if spread == spread and spread >= 0.05 else "")
+        )
+
+    by_n = list(stats.groupby("seq_len"))
+    if len(by_n) == 1:
+        figures = figures_of(stats)
+    else:  # the statistics move with N (locality falls as N grows): each N its own, never one average
+        figures = "; ".join(f"at N={n}: {figures_of(at)}" for n, at in by_n)
     if entropy >= NEAR_UNIFORM_ENTROPY:
         return (
             f"Attention on this input is near-uniform ({figures}): averaging V is already close to exact, so "
@@ -160,11 +167,18 @@ def input_sentence(rows: pd.DataFrame) -> str:
 
 def _short_crossover(text: str) -> str:
     """'N ≈ 1,234 (between …)' -> '≈ 1,234'; 'already at N=256 …' -> '≤ 256'; 'not within … (N ≤ 4096)' -> '> 4096';
-    'not monotone: …' -> 'not monotone'; an interpolated N with a dip before it -> '≈ 1,234 (not monotone)'."""
+    'not monotone: …' -> 'not monotone'; an interpolated N with a dip before it -> '≈ 1,234 (not monotone)'; what
+    the intervals add: '≈ 1,234, clear ≥ 4,096' (beyond noise only from there) or '≈ 1,234, within noise'."""
+    if "beyond noise from N=" in text:
+        clear = f", clear ≥ {int(float(text.split('beyond noise from N=')[1].split()[0].rstrip(';)'))):,}"
+    elif "not faster beyond noise" in text:
+        clear = ", within noise"
+    else:
+        clear = ""
     if text.startswith("N ≈"):
-        return "≈ " + text.split()[2] + (" (not monotone)" if "not monotone" in text else "")
+        return "≈ " + text.split()[2] + (" (not monotone)" if "not monotone" in text else "") + clear
     if text.startswith("already at N="):
-        return "≤ " + text.split("N=")[1].split()[0]
+        return "≤ " + text.split("N=")[1].split()[0] + clear
     if text.startswith("not within"):
         return "> " + text.rsplit("≤ ", 1)[1].rstrip(")")
     if text.startswith("not monotone"):
@@ -224,7 +238,7 @@ MIN_PAIRED_ROUNDS = 3  # rounds two variants need in common for their own paired
 
 
 def faster_beyond_noise(a: Choice, b: Choice) -> bool:
-    """Whether `a` is faster than `b` beyond the noise: the 95% interval of b's time over a's, round by round (the
+    """Whether `a` is faster than `b` beyond the noise: the interval of b's time over a's, round by round (the
     same rounds, so a slow stretch of the machine cancels), lies above 1. Without both variants' rounds, a's
     speedup interval against the baseline must lie wholly above b's; with neither, nothing is beyond noise."""
     common = min(len(a.rounds), len(b.rounds))

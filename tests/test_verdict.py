@@ -233,3 +233,33 @@ def test_membership_does_not_depend_on_a_third_variants_noise() -> None:
     for spread in (1.5, 4.0, 10.0):
         noisy = timed("lsh", "lsh", 0.05, 1e-3 / 3, drift, [rng.uniform(1 / spread, spread) for _ in drift])
         assert {c.label for c in pareto_set([fast, middle, slow, noisy])} - {"lsh"} == alone, spread
+
+
+
+def test_faster_from_says_what_the_intervals_add() -> None:
+    """Issue 23, item 7: 'faster from ≈ 930' while N=1024's interval spanned 0.52–2.18×. The crossing of the
+    medians is kept, and the N from which the interval clears 1× is added (or that it never does)."""
+    from attnbench.analysis import faster_from
+
+    n = [256, 512, 1024, 2048]
+    assert faster_from(n, [0.5, 0.9, 1.2, 2.0], [0.45, 0.8, 0.52, 1.6]) == (
+        "N ≈ 660 (between 512 and 1024); beyond noise from N=2048"
+    )
+    assert faster_from(n, [0.5, 0.9, 1.2, 1.3], [0.45, 0.8, 0.52, 0.9]).endswith(
+        "; not faster beyond noise at the largest N (its interval reaches 1×)"
+    )
+    assert faster_from(n, [0.5, 0.9, 1.2, 2.0], [0.45, 0.8, 1.1, 1.6]) == "N ≈ 660 (between 512 and 1024)"
+
+
+
+def test_the_input_sentence_gives_each_n_its_own_figures(tmp_path: Path) -> None:
+    """Issue 23, item 7: '34% within ±64' averaged 64%, 29% and 10% over N; each N now has its own."""
+    from attnbench.verdict import input_sentence
+
+    run = synthetic_run(tmp_path / "run")
+    local = {"256": "0.64", "512": "0.29", "1024": "0.1", "2048": "0.05"}
+    edit_rows(run, lambda rows: [{**r, "input_band_mass": local[r["seq_len"]] if r["input_band_mass"] else ""}
+                                 for r in rows])  # fmt: skip
+    sentence = input_sentence(read_results(run))
+    for n, share in (("256", "64%"), ("512", "29%"), ("1024", "10%"), ("2048", "5%")):
+        assert f"at N={n}: entropy 0.70 of uniform, {share} of the mass within ±64" in sentence
