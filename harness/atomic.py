@@ -20,14 +20,26 @@ def naming(error: OSError, path: Path) -> OSError:
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """`write(temporary)` writes the whole content to the path it is given; it then replaces `path`."""
-    temporary = path.with_name(path.name + ".tmp")
+    # beside the target (a rename never crosses file systems), hidden, and short enough that any legal target name
+    # gives a legal temporary name
+    temporary = path.with_name(f".{path.name[:200]}.{os.getpid()}.tmp")
     try:
         write(temporary)
+        os.chmod(temporary, 0o666 & ~_umask())  # as an ordinary new file (some writers make theirs 0600)
         os.replace(temporary, path)
-    except OSError as error:
-        raise naming(error, path) from None
+    except OSError as error:  # named by the file the user asked for, never the temporary one
+        if error.filename in (None, str(temporary)):
+            raise OSError(error.errno, error.strerror or str(error), str(path)) from None
+        raise
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    """The process's file-creation mask (reading it means setting it: set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: Path, text: str) -> None:

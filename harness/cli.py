@@ -207,7 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
         "model_dir", type=Path, help="a local model folder (config.json + weights); nothing is downloaded"
     )
     capture.add_argument(
-        "--out", type=Path, required=True, help="file to write: .pt, .safetensors or .npz (what the captured input reads)"
+        "--out",
+        type=Path,
+        required=True,
+        help="file to write: .pt, .safetensors or .npz (what the captured input reads)",
     )
     source = capture.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="text to tokenize (needs a tokenizer in the model folder)")
@@ -426,7 +429,9 @@ def command_model(args: argparse.Namespace) -> int:
             rows += study.rows(spec, min_run_time=args.min_run_time)
             write_rows(run_dir / "model.csv", rows)  # after each variant: an interrupted study keeps what it has
     except KeyboardInterrupt:
-        print(f"\nattnbench: interrupted; {run_dir}/model.csv has the variants finished so far", file=sys.stderr)
+        kept = (f"{run_dir}/model.csv has the variants finished so far" if rows
+                else f"no variant had finished: {run_dir}/ holds only meta.json")  # fmt: skip
+        print(f"\nattnbench: interrupted; {kept}", file=sys.stderr)
         return EXIT_INTERRUPTED
     meta["finished"] = clock.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_json_atomic(run_dir / "meta.json", meta)
@@ -563,8 +568,11 @@ def command_run(args: argparse.Namespace) -> int:
             address=args.address,
         )
     except OSError as error:  # a full disk mid-run: finished groups are on disk whole (the main boundary says why)
-        error.add_note(f"the cells finished so far are kept in {run_dir}/; make room, then continue with: "
-                       f"attnbench run --resume {run_dir}")  # fmt: skip
+        if (run_dir / "meta.json").is_file() or (run_dir / "config.toml").is_file():
+            error.add_note(f"the cells finished so far are kept in {run_dir}/; make room (or make it writable), then "
+                           f"continue with: attnbench run --resume {run_dir}")  # fmt: skip
+        else:  # not even meta.json was written: nothing to resume
+            error.add_note(f"nothing was recorded in {run_dir}/; make room (or make it writable), then run again")
         raise
     except RayUnavailable as error:  # raised before the run wrote anything: a new run's empty folder goes
         if args.resume is None and not any(run_dir.iterdir()):
@@ -600,8 +608,8 @@ def command_run(args: argparse.Namespace) -> int:
             report = write_report(run_dir)
             outputs += ", report.md, plots/"
     except OSError as error:
-        error.add_note(f"every cell is recorded in {run_dir}/results.csv; make room, then write the report with: "
-                       f"attnbench report {run_dir}")  # fmt: skip
+        error.add_note(f"every cell is recorded in {run_dir}/results.csv; make room (or make it writable), then "
+                       f"write the report with: attnbench report {run_dir}")  # fmt: skip
         raise
     print(f"attnbench: {noise_line(frame)}", file=sys.stderr)
     failed = frame[frame.status != "ok"].status.value_counts().sort_index()
@@ -707,8 +715,13 @@ def command_report(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_NOTHING_RAN
-    write_summary(args.run_dir)  # the tables too: a run whose disk filled up before them gets them here
-    report = write_report(args.run_dir)
+    try:
+        write_summary(args.run_dir)  # the tables too: a run whose disk filled up before them gets them here
+        report = write_report(args.run_dir)
+    except OSError as error:
+        error.add_note(f"the run's results are untouched; make room (or make it writable), then run again: "
+                       f"attnbench report {args.run_dir}")  # fmt: skip
+        raise
     print(f"attnbench: wrote summary.md, report.md and plots/; report: {report}")
     if not (frame.status == "ok").any():
         print(
@@ -723,17 +736,17 @@ def command_report(args: argparse.Namespace) -> int:
 def command_compare(args: argparse.Namespace) -> int:
     from attnbench.compare import DEFAULT_THRESHOLD, compare_runs, format_comparison
 
+    from attnbench.rundir import being_written
+
+    for run in (args.run_a, args.run_b):  # first: a run just started has no results.csv yet
+        if (holder := being_written(run)) is not None:
+            print(f"attnbench: {run} is still being written ({holder}): compare it once the run ends", file=sys.stderr)
+            return EXIT_USAGE
     if _run_folder(args.run_a) is None or _run_folder(args.run_b) is None:
         return 2
     if args.fail_above is not None and not 0 <= args.fail_above < math.inf:
         print(f"attnbench: --fail-above must be a finite percentage >= 0, got {args.fail_above:g}", file=sys.stderr)
         return EXIT_USAGE
-    from attnbench.rundir import being_written
-
-    for run in (args.run_a, args.run_b):
-        if (holder := being_written(run)) is not None:
-            print(f"attnbench: {run} is still being written ({holder}): compare it once the run ends", file=sys.stderr)
-            return EXIT_USAGE
     if args.margin is not None and not 0 <= args.margin < math.inf:
         print(f"attnbench: --margin must be a finite percentage >= 0, got {args.margin:g}", file=sys.stderr)
         return EXIT_USAGE
@@ -822,6 +835,9 @@ def entry() -> None:
         code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
         if isinstance(stop.code, str):
             print(stop.code, file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C before main's own handling (while modules import)
+        print("\nattnbench: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
     except BaseException:  # a bug: its traceback, and Python's own exit status for it
         traceback.print_exc()
         code = 1
@@ -830,7 +846,8 @@ def entry() -> None:
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
-                stream.flush()
+                if stream is not None:  # None: started with that stream closed (`attnbench list >&-`)
+                    stream.flush()
             except (OSError, ValueError):  # a closed pipe or stream: nothing left to say
                 pass
         os._exit(code)

@@ -239,8 +239,11 @@ MAX_NAME_LENGTH = 100  # run folders are named <time>-<name>: file systems allow
 
 def name_problem(name: str) -> str | None:
     """Why `name` cannot name a run folder (None when it can): a plain file name, no path, not too long."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        return f"{name!r} must be a plain file name (it names the run folder): no '/', no '..', not empty"
+    if not name or name in (".", "..") or "/" in name or "\\" in name or any(ord(c) < 32 for c in name):
+        return (
+            f"{name!r} must be a plain file name (it names the run folder): no '/', no '..', no control characters "
+            "(a newline), not empty"
+        )
     if len(name.encode()) > MAX_NAME_LENGTH:
         return f"{len(name.encode())} bytes long; at most {MAX_NAME_LENGTH} (it names the run folder)"
     return None
@@ -362,6 +365,11 @@ def _axis_problems(axes: dict[str, list[Any]], at: Callable[[str], str]) -> list
     ]
     problems += [_unknown(at("mode"), m, MODES, ALIASES["mode"]) for m in axes["mode"] if m not in MODES]
     problems += [f"{at('padding')}: {p} must be a fraction in [0, 1)" for p in axes["padding"] if not 0.0 <= p < 1.0]
+    problems += [
+        f"{at('seeds')}: must be between 0 and 2^63 - 1 (torch's generator seeds), got {seed}"
+        for seed in axes["seed"]
+        if not 0 <= seed < 2**63
+    ]
     return problems
 
 
@@ -371,6 +379,7 @@ def _unknown(where: str, value: str, known: Sequence[str], aliases: dict[str, st
     return f"{where}: unknown '{value}' (known: {', '.join(known)}{more})" + (f".{hint}" if hint else "")
 
 
+MAX_RUN_TIME_S = 86400.0  # min_run_time beyond a day per cell is a typo, not a plan
 MAX_THREADS_PER_CORE = 4  # torch threads beyond this many per core only oversubscribe (and 10^5 crash torch)
 
 
@@ -381,6 +390,9 @@ def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
         for key in positive
         if not 0 < getattr(s, key) < math.inf  # NaN fails too: a budget or timing length that never ends is refused
     ]
+    if 0 < s.min_run_time < math.inf and s.min_run_time > MAX_RUN_TIME_S:  # 1e308 is finite and never ends
+        limit = f"must be at most {MAX_RUN_TIME_S:g} s per cell (a day)"
+        problems.append(f"{at('min_run_time')}: {limit}, got {s.min_run_time:g}")
     if s.min_rounds < 2:
         problems.append(f"{at('min_rounds')}: must be >= 2 (a spread needs samples), got {s.min_rounds}")
     most = MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
@@ -512,7 +524,7 @@ def read_config_text(name_or_path: str) -> tuple[str, str]:
     path = Path(name_or_path)
     if path.is_file():
         try:
-            return str(path), path.read_text(encoding="utf-8")
+            return str(path), path.read_text(encoding="utf-8-sig")  # a leading BOM (some editors) is no statement
         except UnicodeDecodeError as error:
             raise ConfigError(str(path), [f"not UTF-8 text ({error.reason} at byte {error.start}): save it as UTF-8"])
     presets = _preset_files()

@@ -243,8 +243,10 @@ def write_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
 
 def read_tensors(path: Path) -> dict[str, Tensor]:
     """The tensors of a .pt, .safetensors or .npz file, by name."""
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"captured file {path} does not exist")
+    if not path.is_file():
+        raise ValueError(f"captured file {path} is not a regular file (a folder or a device)")
     suffix = path.suffix.lower()
     try:
         if suffix == ".pt":
@@ -281,6 +283,13 @@ def captured_layout_problems(data: dict[str, Any], layer: int) -> list[str]:
     if missing:
         return [f"missing tensor(s) {', '.join(missing)}; expected {CAPTURE_LAYOUT}"]
     q, k, v = data["q"], data["k"], data["v"]
+    odd = [
+        f"{name} is a {tensor.layout} tensor on {tensor.device.type}; expected a dense (strided) tensor with values"
+        for name, tensor in (("q", q), ("k", k), ("v", v))
+        if tensor.layout != torch.strided or tensor.device.type == "meta"
+    ]
+    if odd:  # sparse or meta tensors: nothing below could read their values
+        return odd
     if not (q.dim() == k.dim() == v.dim() and q.dim() in (4, 5)):
         return [f"q, k, v have {q.dim()}, {k.dim()}, {v.dim()} dimensions; expected {CAPTURE_LAYOUT}"]
     problems = []

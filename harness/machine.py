@@ -294,7 +294,8 @@ def available_memory_bytes(device: str) -> int:
 def cgroup_headroom_bytes() -> int | None:
     """Limit minus usage of the memory control group this process is in (None: no limit found).
 
-    v2: `<group>/memory.max` and `memory.current`, the group named by the `0::` line of /proc/self/cgroup;
+    v2: `<group>/memory.max` and `memory.current` (under `unified/` on a hybrid host), the group named by the
+    `0::` line of /proc/self/cgroup;
     v1: `memory/<group>/memory.limit_in_bytes` and `memory.usage_in_bytes`."""
     root = CGROUP_ROOT
     try:
@@ -306,8 +307,9 @@ def cgroup_headroom_bytes() -> int | None:
         _id, controllers, group = line.split(":", 2)
         groups[controllers] = group.lstrip("/")
     candidates = []
-    if "" in groups:  # v2, unified
+    if "" in groups:  # v2, unified: at the root, or under unified/ on a hybrid (v1 + v2) host
         candidates.append((root / groups[""], "memory.max", "memory.current"))
+        candidates.append((root / "unified" / groups[""], "memory.max", "memory.current"))
     for controllers, group in groups.items():
         if "memory" in controllers.split(","):  # v1
             candidates.append((root / "memory" / group, "memory.limit_in_bytes", "memory.usage_in_bytes"))

@@ -70,6 +70,8 @@ def failure(error: BaseException) -> dict[str, str]:
     only at the call (one its capabilities cannot express, e.g. too few heads) is `unsupported`, not broken."""
     if isinstance(error, UnsupportedOptionError):
         return {"status": "unsupported", "reason": str(error)}
+    if isinstance(error, SystemExit):  # a plugin ending the process is that cell's failure, not the run's end
+        return {"status": "error", "reason": f"the variant called sys.exit({error.code!r})"}
     return {
         "status": "oom" if is_out_of_memory(error) else "error",
         "reason": f"{type(error).__name__}: {error}".strip(),
@@ -108,7 +110,7 @@ def admit(cell: Cell, settings: Settings, registry: Registry) -> Admission:
     reference) against the limits. Nothing of the cell's size is allocated."""
     try:
         variant = registry.create(cell.variant.name, seed=cell.seed, **dict(cell.variant.hparams))
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # SystemExit: a plugin's sys.exit() is its cell's error
         return Admission(None, {"status": "error", "reason": f"could not build the variant: {error}"})
     fields: dict[str, Any] = {"family": variant.family, "exact": variant.exact}
     if cell.device.startswith("cuda") and not torch.cuda.is_available():
@@ -291,7 +293,7 @@ class GroupMeasurement:
                 self.first_call[key] = time.perf_counter() - started
                 if not all(torch.isfinite(g).all() for g in grads if g is not None):
                     return self._fail(key, {"status": "error", "reason": "gradients have NaN or Inf"})
-        except Exception as error:
+        except (Exception, SystemExit) as error:
             self._fail(key, failure(error))
 
     def _self_check(self, cell: Cell, variant: AttentionVariant) -> tuple[bool, str]:
@@ -354,7 +356,7 @@ class GroupMeasurement:
                 self._clock(calls[key], 1)  # warm-up
                 warm[key] = once = self._clock(calls[key], 1)
                 blocks[key] = max(1, int(MIN_SAMPLE_S / max(once, 1e-9)))
-            except Exception as error:
+            except (Exception, SystemExit) as error:
                 calls.pop(key, None)
                 self._fail(key, failure(error))
         samples: dict[str, list[float]] = {key: [] for key in calls}
@@ -374,7 +376,7 @@ class GroupMeasurement:
                 try:
                     self.progress("timing", key)
                     samples[key].append(self._clock(calls[key], blocks[key]) / blocks[key])
-                except Exception as error:
+                except (Exception, SystemExit) as error:
                     calls.pop(key)
                     self._fail(key, failure(error))
         for key in calls:
@@ -437,7 +439,7 @@ class GroupMeasurement:
             self.fields[key].update(
                 peak_mem_bytes=memory.peak_bytes, state_mem_bytes=memory.state_bytes, mem_method=memory.method
             )
-        except Exception as error:
+        except (Exception, SystemExit) as error:
             self._fail(key, failure(error))
 
 

@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 
 import pandas as pd
+from attnbench.atomic import write_text_atomic
 from attnbench.plots import plot_layer_errors, plot_loss_vs_speedup, styles
 from attnbench.report import Block, render_html, render_markdown
 from attnbench.summary import format_number, speedup_text
@@ -137,6 +138,6 @@ def write_model_report(run_dir: Path) -> Path:
             "cross-attention and cached decoding stay exact.",
         )
     )
-    (run_dir / "report.md").write_text(render_markdown(blocks))
-    (run_dir / "report.html").write_text(render_html(blocks, run_dir))
+    write_text_atomic(run_dir / "report.md", render_markdown(blocks))  # whole or the old one: a full disk
+    write_text_atomic(run_dir / "report.html", render_html(blocks, run_dir))
     return run_dir / "report.html"

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 from attnbench import hf_attention
+from attnbench.atomic import write_text_atomic
 from attnbench.hf_attention import IMPLEMENTATION, Routing
 from attnbench.plan import VariantSpec
 from attnbench.registry import registry
@@ -174,6 +175,9 @@ class ModelStudy:
         self.model, self.kind, self.ids, self.labels = model, kind, ids, labels
         self.causal = is_causal_model(model)
         name = type(model).__name__
+        declared = getattr(model.config, "num_hidden_layers", None)
+        if isinstance(declared, int) and declared < 1:
+            raise ModelStudyError(f"{name} has num_hidden_layers = {declared}: no attention layer to swap")
         try:
             self.model.set_attn_implementation(IMPLEMENTATION)
         except Exception as error:  # an architecture that does not take attention implementations
@@ -287,10 +291,13 @@ class ModelStudy:
 
 
 def write_rows(path: Path, rows: list[ModelRow]) -> None:
+    """model.csv, replaced whole (`attnbench.atomic`): a full disk leaves the previous variants' rows."""
     import csv
+    import io
     from dataclasses import asdict
 
-    with path.open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=MODEL_COLUMNS)
-        writer.writeheader()
-        writer.writerows(asdict(row) for row in rows)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=MODEL_COLUMNS)
+    writer.writeheader()
+    writer.writerows(asdict(row) for row in rows)
+    write_text_atomic(path, buffer.getvalue())

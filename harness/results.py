@@ -187,9 +187,14 @@ def read_results(run_dir: Path) -> pd.DataFrame:
         raise RunFolderUnreadable(problem)
     data = (run_dir / "results.csv").read_text()
     complete = data[: data.rfind("\n") + 1]  # a row cut short by a kill has no line end yet
+    if not complete.strip():  # no header yet (a run stopped before its first row, a full disk)
+        return pd.DataFrame(columns=COLUMNS)
     frame = pd.read_csv(io.StringIO(complete), on_bad_lines="skip", dtype=text_columns)
     frame = frame.reindex(columns=COLUMNS)  # a run written before a column existed reads it as missing
     frame = frame.fillna({column: "" for column in text_columns})
+    numeric = [f.name for f in fields(Measured) if "float" in str(f.type) or "int" in str(f.type)]
+    for column in numeric:  # a hand-edited value that is no number reads as missing, never as text
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
     # a line that is not a cell's row (a hand edit, a disk fault): no known status, or no sequence length
     frame = frame[frame.status.isin(STATUSES) & pd.to_numeric(frame.seq_len, errors="coerce").notna()]
     frame = frame.astype({"seq_len": int})

@@ -421,12 +421,14 @@ def run_plan(
                     keys = {cell.key() for cell in group.cells}
                     if 0 < len(keys & done) < len(keys):
                         half |= keys
-                folder.forget(half & done)
                 done -= half
                 for cell in config.cells():
                     if cell.key() in done:
                         row = finished.loc[cell.key()]
                         budgets.note(cell, row["status"], row["time_median_s"], row.get("peak_mem_bytes"))
+            if resume:  # every row and sample of a cell not done goes (a group cut short, or samples written with
+                # no rows before a full disk): each cell is measured again from nothing, its samples one measurement's
+                folder.forget({cell.key() for cell in config.cells()} - done)
             todo = [group.without(done) for group in config.groups()]
             todo = [group for group in todo if group.cells]
             if executor == "ray":  # the cluster actually joined, and attnbench on each of its nodes

@@ -12,6 +12,7 @@ import csv
 import fcntl
 import io
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -27,6 +28,13 @@ class RunFolderBusy(RuntimeError):
     """Another process writes this run folder."""
 
 
+# the entries of meta.json that are read back, and what each must be (a hand edit can make them anything)
+META_TYPES: dict[str, type] = {
+    "config": dict, "overrides": dict, "machine": dict, "peaks": dict, "peaks_between": dict, "peaks_at_end": dict,
+    "command": list, "resumed": list, "ray_cluster": dict, "model": dict, "status_counts": dict,
+}  # fmt: skip
+
+
 def read_meta(run_dir: Path) -> dict[str, Any]:
     """A run folder's meta.json ({} when there is none); RunFolderUnreadable when it is not a JSON object."""
     path = run_dir / "meta.json"
@@ -38,6 +46,13 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         raise RunFolderUnreadable(f"{path} is not valid JSON ({error}): restore it, or start a new run") from None
     if not isinstance(meta, dict):
         raise RunFolderUnreadable(f"{path} holds a {type(meta).__name__}, not the run's record (a JSON object)")
+    wrong = [
+        f"{key} is a {type(meta[key]).__name__}, not a {kind.__name__}"
+        for key, kind in META_TYPES.items()
+        if key in meta and not isinstance(meta[key], kind)
+    ]
+    if wrong:
+        raise RunFolderUnreadable(f"{path} is not a run's record as written ({'; '.join(wrong)}): restore it")
     return meta
 
 
@@ -74,27 +89,46 @@ class RunFolder:
         self._lock.truncate()
         self._lock.write(f"process {os.getpid()} on {os.uname().nodename}")
         self._lock.flush()
-        self._open_writers()
+        self._results: ResultsWriter | None = None  # both tables opened at the first append: meta.json comes first
+        self._samples_file: Any = None
 
     def _open_writers(self) -> None:
         """Both tables opened for appending, a line cut short by a kill or a full disk trimmed first."""
-        self._results = ResultsWriter(self.path / "results.csv")
+        if self._results is not None:
+            return
         samples = self.path / "samples.csv"
-        drop_partial_last_line(samples)
-        new = not samples.exists() or samples.stat().st_size == 0
-        self._samples_file = samples.open("a", newline="")
-        self._samples = csv.writer(self._samples_file)
-        if new:
-            self._samples.writerow(SAMPLE_COLUMNS)
-            self._samples_file.flush()
+        try:
+            self._results = ResultsWriter(self.path / "results.csv")
+        except OSError as error:
+            raise naming(error, self.path / "results.csv") from None
+        try:
+            drop_partial_last_line(samples)
+            new = not samples.exists() or samples.stat().st_size == 0
+            self._samples_file = samples.open("a", newline="")
+            self._samples = csv.writer(self._samples_file)
+            if new:
+                self._samples.writerow(SAMPLE_COLUMNS)
+                self._samples_file.flush()
+        except OSError as error:
+            raise naming(error, samples) from None
+
+    def _close_writers(self, quiet: bool = False) -> None:
+        """Both tables closed; `quiet`: a failing flush (a full disk) does not replace the error being raised."""
+        for file in (self._results, self._samples_file):
+            try:
+                if file is not None:
+                    file.close()
+            except OSError:
+                if not quiet:
+                    raise
+        self._results, self._samples_file = None, None
 
     def forget(self, keys: set[str]) -> None:
         """Drop the rows and samples of `keys` from both tables (rewritten atomically): a group a kill cut short
         while its rows were being written is measured again whole, with its baseline, never half."""
         if not keys:
             return
-        self._results.close()
-        self._samples_file.close()
+        self._close_writers()
         for name in ("results.csv", "samples.csv"):
             path = self.path / name
             if not path.exists():
@@ -103,12 +137,14 @@ class RunFolder:
                 records = list(csv.reader(file))
             if not records or "cell_key" not in records[0]:
                 continue
-            column = records[0].index("cell_key")
-            kept = [records[0]] + [r for r in records[1:] if len(r) > column and r[column] not in keys]
+            column, width = records[0].index("cell_key"), len(records[0])
+            # a line of another width is half a line (a kill, a full disk): it goes with the forgotten cells
+            kept = [records[0]] + [r for r in records[1:] if len(r) == width and r[column] not in keys]
+            if len(kept) == len(records):
+                continue
             buffer = io.StringIO()
             csv.writer(buffer).writerows(kept)
             write_text_atomic(path, buffer.getvalue())
-        self._open_writers()
 
     @property
     def meta_path(self) -> Path:
@@ -125,6 +161,7 @@ class RunFolder:
 
     def append(self, rows: list[Any], samples: list[tuple[str, int, float]]) -> None:
         """One group's rows and samples, flushed to disk before returning (samples first: rows mark done)."""
+        self._open_writers()
         try:
             self._samples.writerows(samples)
             self._samples_file.flush()
@@ -142,16 +179,17 @@ class RunFolder:
             return set()
         return set(read_results(self.path).cell_key)
 
-    def close(self) -> None:
-        self._results.close()
-        self._samples_file.close()
-        self._lock.close()  # releases the flock
+    def close(self, quiet: bool = False) -> None:
+        try:
+            self._close_writers(quiet)
+        finally:
+            self._lock.close()  # releases the flock
 
     def __enter__(self) -> "RunFolder":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        self.close(quiet=kind is not None)  # an error in flight (a full disk) stays the one reported
 
 
 def being_written(run_dir: Path) -> str | None:
@@ -180,10 +218,16 @@ def read_samples(run_dir: Path) -> dict[str, list[float]]:
     if not path.exists():
         return {}
     out: dict[str, dict[int, float]] = {}
-    with path.open(newline="") as file:
-        for record in csv.DictReader(file):
-            try:  # a group measured again after a kill overwrites its earlier samples, round by round
-                out.setdefault(record["cell_key"], {})[int(record["round"])] = float(record["seconds"])
-            except (TypeError, ValueError, KeyError):  # a line cut short by a kill
-                continue
+    try:
+        with path.open(newline="") as file:
+            for record in csv.DictReader(file):
+                try:  # a group measured again after a kill overwrites its earlier samples, round by round
+                    seconds = float(record["seconds"])
+                    if 0 < seconds < math.inf:  # a hand-edited 0, negative or NaN is no time
+                        out.setdefault(record["cell_key"], {})[int(record["round"])] = seconds
+                except (TypeError, ValueError, KeyError):  # a line cut short by a kill
+                    continue
+    except (UnicodeDecodeError, csv.Error) as error:
+        problem = f"{path} cannot be read as CSV text ({error}); restore it, or start a new run"
+        raise RunFolderUnreadable(problem) from None
     return {key: [rounds[r] for r in sorted(rounds)] for key, rounds in out.items()}

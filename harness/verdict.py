@@ -261,7 +261,8 @@ def pareto_set(candidates: list[Choice]) -> list[Choice]:
     (`ties` names them): the two differ in accuracy, and their speeds cannot be told apart."""
     front = [c for c in candidates if not any(_dominates(other, c) for other in candidates if other is not c)]
     for c in front:
-        c.ties = [o.label for o in front if o is not c and o.error_rank < c.error_rank and not faster_beyond_noise(c, o)]
+        more_accurate = [o for o in front if o is not c and o.error_rank < c.error_rank]
+        c.ties = [o.label for o in more_accurate if not faster_beyond_noise(c, o)]
     return sorted(front, key=lambda c: -c.speed)
 
 
@@ -348,6 +349,9 @@ def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str
     """'Use X: 3.1× [2.9–3.4] faster than full at error 0.12 vs uniform.' or 'Nothing beats full here: …'."""
     approximate = [c for c in offered if c.family != "exact"]
     paired = any(c.speedup == c.speedup for c in offered)
+    if not offered:  # no exact variant ran, and every approximation is left out
+        why = "; ".join(f"{c.label}: {c.left_out}" for c in left_out)
+        return f"Nothing to recommend here: no exact variant ran and every other is left out ({why})."
     if not paired:
         fastest = min(offered, key=lambda c: c.time_s)
         return f"Fastest: {fastest.label} ({format_number(fastest.time_s * 1e3, '.3g')} ms per call); {baseline} did not run here."

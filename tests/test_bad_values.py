@@ -24,6 +24,8 @@ TINY = {"variants": ["full"], "seq_lens": [16], "heads": 1, "head_dim": 8}
         ("cell_timeout_s", float("inf")),
         ("threads", 100000),
         ("self_check_len", 0),
+        ("min_run_time", 1e308),  # finite, and never ends
+        ("seeds", [2**64]),  # every cell failed: overflow when unpacking long long
     ],
 )
 def test_non_finite_and_out_of_range_settings_are_refused(key: str, value: float) -> None:
@@ -37,7 +39,7 @@ def test_a_non_finite_input_parameter_is_refused() -> None:
         parse_config({**TINY, "inputs": [{"name": "gaussian", "temperature": float("nan")}]})
 
 
-@pytest.mark.parametrize("name", ["../../x", "a/b", "..", "x" * 300])
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", "x" * 300, "two\nlines"])
 def test_a_config_name_must_be_a_plain_file_name(name: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="name: "):
         parse_config({**TINY, "name": name})
@@ -88,15 +90,16 @@ def test_run_refuses_an_output_of_the_wrong_shape_or_dtype(plugin_registry, tmp_
     assert frame.loc["half", "status"] == "error" and "output is (1, 1, 16, 8) float64" in frame.loc["half", "reason"]
 
 
-@pytest.mark.parametrize("version", ["v2", "v1"])
+@pytest.mark.parametrize("version", ["v2", "v2-hybrid", "v1"])
 def test_the_memory_guard_reads_the_control_groups_limit(version: str, tmp_path: Path, monkeypatch) -> None:
-    """Inside a 3 GiB container the guard must not see the host's memory (full-math once ran into the OOM killer)."""
+    """Inside a 3 GiB container the guard must not see the host's memory (full-math once ran into the OOM killer).
+    A hybrid host mounts v2 under unified/ beside the v1 controllers."""
     import attnbench.machine as machine
 
     gib = 2**30
-    if version == "v2":
-        group = tmp_path / "job.slice"
-        group.mkdir()
+    if version.startswith("v2"):
+        group = tmp_path / ("unified" if version == "v2-hybrid" else "") / "job.slice"
+        group.mkdir(parents=True)
         (group / "memory.max").write_text(f"{3 * gib}\n")
         (group / "memory.current").write_text(f"{1 * gib}\n")
         membership = "0::/job.slice\n"
@@ -111,8 +114,8 @@ def test_the_memory_guard_reads_the_control_groups_limit(version: str, tmp_path:
     monkeypatch.setattr(machine, "PROC_CGROUP", tmp_path / "self-cgroup")
     assert machine.cgroup_headroom_bytes() == 2 * gib
     assert machine.available_memory_bytes("cpu") <= 2 * gib
-    (group / ("memory.max" if version == "v2" else "memory.limit_in_bytes")).write_text(
-        "max\n" if version == "v2" else f"{2**63 - 4096}\n"
+    (group / ("memory.max" if version.startswith("v2") else "memory.limit_in_bytes")).write_text(
+        "max\n" if version.startswith("v2") else f"{2**63 - 4096}\n"
     )
     assert machine.cgroup_headroom_bytes() is None  # no limit: the machine's own memory counts
 
@@ -190,7 +193,7 @@ def test_compare_refuses_a_folder_being_written_or_unreadable(tmp_path: Path, ca
     holder.start()
     try:
         deadline = time.monotonic() + 30
-        while not (busy / "results.csv").exists() and time.monotonic() < deadline:
+        while not ((busy / ".lock").exists() and (busy / ".lock").read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert main(["compare", str(done), str(busy)]) == 2
         assert "is still being written (process" in capsys.readouterr().err
@@ -214,7 +217,7 @@ def _hold_lock(folder: Path) -> None:
         time.sleep(60)
 
 
-@pytest.mark.parametrize("fault", ["nan", "inf", "complex"])
+@pytest.mark.parametrize("fault", ["nan", "inf", "complex", "sparse"])
 def test_a_captured_file_with_non_finite_or_complex_values_is_refused(fault: str, tmp_path: Path) -> None:
     """Issue 22, item 5 (and the complex values of item 12): refused at validation, naming the file and where."""
     import torch
@@ -222,6 +225,8 @@ def test_a_captured_file_with_non_finite_or_complex_values_is_refused(fault: str
     q, k, v = (torch.randn(1, 2, 32, 8) for _ in range(3))
     if fault == "complex":
         k = torch.complex(k, torch.ones_like(k))
+    elif fault == "sparse":  # review of issue 22: a sparse (or meta) tensor was a traceback
+        q = q.to_sparse()
     else:
         v[0, 1, 5, 3] = float(fault)
     path = tmp_path / "qkv.pt"
@@ -232,6 +237,8 @@ def test_a_captured_file_with_non_finite_or_complex_values_is_refused(fault: str
     assert str(path) in text
     if fault == "complex":
         assert "k is complex64; expected real floating point" in text
+    elif fault == "sparse":
+        assert "q is a torch.sparse_coo tensor on cpu; expected a dense (strided) tensor" in text
     else:
         assert "v has 1 NaN or Inf value(s), the first at index (0, 1, 5, 3)" in text
 
@@ -392,3 +399,94 @@ def test_model_refuses_a_min_run_time_that_never_ends(tmp_path: Path, capsys) ->
     assert main(["model", str(tmp_path), "--variants", "band", "--random-tokens", "8", "--min-run-time", "inf",
                  "--out", str(tmp_path / "o")]) == 2  # fmt: skip
     assert "--min-run-time must be a finite number > 0, got inf" in capsys.readouterr().err
+
+
+
+def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Review of issue 22: a UTF-8 config with a BOM (some Windows editors) got 'Invalid statement (line 1)'."""
+    from attnbench.config import load_config
+
+    config = tmp_path / "bom.toml"
+    config.write_bytes(b"\xef\xbb\xbf" + b'variants = ["full"]\nseq_lens = [16]\n')
+    assert [c.seq_len for c in load_config(str(config)).cells()] == [16]
+
+
+def _damage(run: Path, how: str) -> None:
+    import json
+
+    results, samples, meta = run / "results.csv", run / "samples.csv", run / "meta.json"
+    if how == "results-not-utf8":
+        results.write_bytes(results.read_bytes() + b"\xff\xfe\x00 binary\n")
+    elif how == "results-empty":
+        results.write_bytes(b"")
+    elif how in ("time-not-a-number", "speedup-not-a-number"):
+        column = "time_median_s" if how.startswith("time") else "speedup"
+        header, *rows = results.read_text().splitlines()
+        index = header.split(",").index(column)
+        import csv
+        import io
+
+        records = list(csv.reader(io.StringIO(results.read_text())))
+        for record in records[1:]:
+            record[index] = "zzz"
+        buffer = io.StringIO()
+        csv.writer(buffer).writerows(records)
+        results.write_text(buffer.getvalue())
+    elif how == "samples-not-utf8":
+        samples.write_bytes(samples.read_bytes() + b"\xff\xfe garbage\n")
+    elif how == "samples-nonsense":
+        samples.write_text(samples.read_text().replace(",0,", ",0,-5e3,").replace("\n", "\n", 1))
+    else:
+        key, value = how.split("=")
+        data = json.loads(meta.read_text())
+        data[key] = json.loads(value)
+        meta.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["results-not-utf8", "results-empty", "time-not-a-number", "speedup-not-a-number", "samples-not-utf8",
+     "samples-nonsense", 'config="hello"', "machine=null", 'peaks="zzz"', "command=5"],
+)  # fmt: skip
+def test_a_damaged_run_file_is_a_message_never_a_traceback(how: str, tmp_path: Path, capsys) -> None:
+    """Review of issue 22: each of these damages gave a traceback (exit 1) in report, compare or resume. Each
+    command now reads what it can or names the file and exits 2."""
+    config = tmp_path / "c.toml"
+    config.write_text('variants = ["full", "band"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    _damage(run, how)
+    for command in (["report", str(run)], ["compare", str(run), str(run)], ["run", "--resume", str(run), "--no-progress"]):
+        code = main(command)  # an exception here is the failure
+        err = capsys.readouterr().err
+        assert code in (0, 2, 3), (command, code, err)
+        if code == 2:
+            assert str(run) in err, (command, err)
+
+
+@pytest.mark.parametrize("rows_lost", ["two-of-three", "all-three"])
+def test_a_resume_keeps_no_sample_of_a_cell_it_measures_again(rows_lost: str, tmp_path: Path) -> None:
+    """Review of issue 22: a group whose rows were cut short (or whose samples reached the disk and none of its rows,
+    as a full disk leaves it) kept the old samples of its cells without a row, so samples.csv held two
+    measurements of a cell (25 samples for a row saying 5). Every sample of a cell measured again is dropped."""
+    from attnbench.rundir import read_samples
+
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'seq_lens = [16, 32]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n[variants.full]\n[variants.band]\n'
+        "window = [4, 8]\n"
+    )
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    lines = (run / "results.csv").read_text().splitlines(keepends=True)
+    cut = 2 if rows_lost == "two-of-three" else 3  # the last group (N=32) has three rows
+    (run / "results.csv").write_text("".join(lines[:-cut]))
+    assert main(["run", "--resume", str(run), "--no-progress", "--no-report"]) == 0
+    frame = read_results(run)
+    assert len(frame) == 6 and frame.cell_key.is_unique and frame.speedup.notna().all()
+    samples = read_samples(run)
+    assert {row.cell_key: len(samples[row.cell_key]) for row in frame.itertuples()} == {
+        row.cell_key: row.time_repeats for row in frame.itertuples()
+    }
+    with (run / "samples.csv").open() as file:
+        assert sum(1 for _ in file) - 1 == int(frame.time_repeats.sum())  # no stray line of a forgotten cell

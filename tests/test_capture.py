@@ -105,3 +105,22 @@ def test_capture_writes_npz_the_captured_input_reads_and_refuses_other_suffixes(
     capsys.readouterr()
     assert main(["capture", str(folder), "--random-tokens", "8", "--out", str(tmp_path / "qkv.npy")]) == 2
     assert "unknown format '.npy' (use .pt, .safetensors, .npz)" in capsys.readouterr().err
+
+
+def test_model_refuses_a_model_without_layers(tmp_path: Path, capsys) -> None:
+    """Review of issue 22: num_hidden_layers = 0 was an IndexError traceback."""
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=0, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=100, max_position_embeddings=64,
+                                      architectures=["LlamaForCausalLM"])  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "empty")
+    argv = ["model", str(tmp_path / "empty"), "--variants", "band", "--random-tokens", "8", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "has num_hidden_layers = 0: no attention layer to swap" in capsys.readouterr().err
+
+
+def test_capture_writes_a_file_whose_name_is_as_long_as_the_file_system_allows(tiny_llama, tmp_path: Path) -> None:
+    """Review of issue 22: the temporary file's added '.tmp' pushed a legal 252–255-byte name over the limit."""
+    folder, _ = tiny_llama
+    out = tmp_path / ("q" * 252 + ".pt")  # 255 bytes
+    assert main(["capture", str(folder), "--random-tokens", "8", "--out", str(out)]) == 0
+    assert torch.load(out)["q"].shape == (2, 1, 4, 8, 8) and [p.name for p in tmp_path.iterdir()] == [out.name]

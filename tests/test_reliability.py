@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -238,3 +239,31 @@ def test_the_command_exits_when_done_whatever_threads_a_plugin_left(installed_pl
     assert finished.stdout.rstrip().endswith("chatty plugin: bye")  # a plugin's atexit hook ran, last
     (run,) = (tmp_path / "out").iterdir()
     assert (run / "report.md").stat().st_size > 0
+
+
+def test_a_plugin_calling_sys_exit_costs_its_cell_not_the_run(installed_plugins, tmp_path: Path) -> None:
+    """Review of issue 22: in process, a plugin's sys.exit() ended the run silently with exit 0 (3 of 9 cells, no
+    summary, meta.json neither finished nor interrupted). It is now that cell's error and the sweep goes on."""
+    config = tmp_path / "c.toml"
+    config.write_text('variants = ["full", "exits"]\nseq_lens = [16, 32, 64]\nheads = 1\nhead_dim = 8\n'
+                      "min_run_time = 0.01\n")  # fmt: skip
+    finished = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", "run", str(config), "--out", str(tmp_path / "out"), "--no-progress",
+         "--no-report"], env=installed_plugins, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert finished.returncode == 0, finished.stderr
+    (run,) = (tmp_path / "out").iterdir()
+    frame = read_results(run).set_index(["variant", "seq_len"])
+    assert len(frame) == 6 and (frame.loc["full"].status == "ok").all()
+    assert frame.loc[("exits", 16), "status"] == "ok"
+    assert frame.loc[("exits", 32), "status"] == "error"
+    assert frame.loc[("exits", 32), "reason"].startswith("the variant called sys.exit(3)")
+    assert (run / "summary.md").exists() and "finished" in json.loads((run / "meta.json").read_text())
+
+
+def test_the_command_started_with_its_output_closed_exits_cleanly(tmp_path: Path) -> None:
+    """Review of issue 22: `attnbench list >&-` ended in a traceback in the exit path (sys.stdout is None)."""
+    listed = subprocess.run(
+        f"{Path(sys.executable).parent / 'attnbench'} list >&-", shell=True, capture_output=True, text=True, timeout=120
+    )
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr

@@ -103,6 +103,7 @@ cp -r $M/out $T/resumed
     log = (tmp_path / "run.log").read_text()
     assert codes["run"] == "2", log
     assert "No space left on device" in log and "Traceback" not in log
+    assert f"cannot read or write {tmp_path / 'mnt' / 'out'}/" in log  # the file, never a bare "cannot write"
     assert "continue with: attnbench run --resume" in log
     (stopped,) = (tmp_path / "full").iterdir()
     assert 1 <= len(read_results(stopped)) < 16  # stopped mid-run, rows of finished groups kept
@@ -146,3 +147,33 @@ cp -r $M/out $T/written
     (written,) = (tmp_path / "written").iterdir()
     assert (written / "summary.md").stat().st_size > 0 and (written / "report.md").stat().st_size > 0
     assert list((written / "plots").glob("*.png"))
+
+
+@pytest.mark.parametrize("size, first_refused", [("4k", "meta.json"), ("8k", "config.toml")])
+def test_a_disk_full_at_the_first_writes_names_the_file_and_a_follow_up_that_works(
+    size: str, first_refused: str, tmp_path: Path
+) -> None:
+    """Review of issue 22: meta.json is the first file a run writes (the tables open at the first row); a disk that
+    refuses it says nothing was recorded (no --resume to offer); one that refuses the next file offers the resume,
+    which completes once there is room."""
+    (tmp_path / "c.toml").write_text(CONFIG.replace("[16, 32, 48, 64, 80, 96, 112, 128]", "[16]"))
+    script = f"""
+mount -t tmpfs -o size={size} tmpfs $M || exit 99
+{CLI} run $T/c.toml --out $M/out --no-progress --no-report > $T/run.log 2>&1; echo "run $?"
+mount -o remount,size=4m $M || exit 99
+{CLI} run --resume $M/out/* --no-progress --no-report > $T/resume.log 2>&1; echo "resume $?"
+cp -r $M/out $T/after
+"""
+    shell = _in_namespace(script, tmp_path)
+    assert shell.returncode != 99, shell.stderr
+    codes = dict(line.split() for line in shell.stdout.splitlines())
+    log = (tmp_path / "run.log").read_text()
+    assert codes["run"] == "2" and f"/{first_refused}: No space left on device" in log, log
+    (run,) = (tmp_path / "after").iterdir()
+    if first_refused == "meta.json":
+        assert "nothing was recorded in" in log and "then run again" in log
+        assert codes["resume"] == "2"  # not a run folder: as the message said, run again instead
+    else:
+        assert "continue with: attnbench run --resume" in log
+        assert codes["resume"] == "0", (tmp_path / "resume.log").read_text()
+        assert len(read_results(run)) == 2 and (read_results(run).status == "ok").all()

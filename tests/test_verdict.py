@@ -263,3 +263,12 @@ def test_the_input_sentence_gives_each_n_its_own_figures(tmp_path: Path) -> None
     sentence = input_sentence(read_results(run))
     for n, share in (("256", "64%"), ("512", "29%"), ("1024", "10%"), ("2048", "5%")):
         assert f"at N={n}: entropy 0.70 of uniform, {share} of the mass within ±64" in sentence
+
+
+def test_a_run_with_no_exact_variant_and_only_useless_approximations_gets_a_verdict() -> None:
+    """Review of issue 22: `run quick --variants linear` crashed the verdict (min() of nothing): no summary."""
+    answer = judge(256, [choice("linear", "linear", float("nan"), float("nan"), float("nan"), 0.999)], "full")
+    assert answer.choices == [] and answer.sentence == (
+        "Nothing to recommend here: no exact variant ran and every other is left out "
+        "(linear: no better than averaging V)."
+    )

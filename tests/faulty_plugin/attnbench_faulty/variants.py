@@ -121,3 +121,16 @@ class NeverLetsGo(AttentionVariant):
         if not any(t.name == "never-lets-go" for t in threading.enumerate()):
             threading.Thread(target=threading.Event().wait, name="never-lets-go", daemon=False).start()
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+class ExitsTheProcess(AttentionVariant):
+    """Calls sys.exit(3) from N=32 on, as a plugin ending on an internal check might."""
+
+    name = "exits"
+    family = "test"
+    exact = False
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        if q.shape[-2] >= 32:
+            sys.exit(3)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
