@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", type=_csv(str), help="fwd, fwd+bwd, or fwd,fwd+bwd for both")
     run.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
     run.add_argument("--threads", type=int, help="torch threads (default: the config's `threads`, 0 = torch's default)")
+    run.add_argument(
+        "--processes",
+        type=int,
+        metavar="K",
+        help="measure each group in K fresh worker processes, one after another, each timing min_run_time / K: the "
+        "spread between processes enters every speedup interval (default: the config's `processes`, 1)",
+    )
     run.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="skip report.md / report.html / plots at the end")
@@ -503,6 +510,7 @@ def command_run(args: argparse.Namespace) -> int:
             "mode": args.mode,
             "seeds": args.seeds,
             "threads": args.threads,
+            "processes": args.processes,
         }.items()
         if value is not None
     }
@@ -533,6 +541,10 @@ def command_run(args: argparse.Namespace) -> int:
         print(f"attnbench: {error}", file=sys.stderr)
         return EXIT_USAGE
     cells = config.cells()
+    if args.executor == "ray" and config.settings.processes > 1:
+        print("attnbench: processes > 1 runs on this machine's worker processes; with --executor ray use "
+              "--isolate instead (each group a process on its node)", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     if args.dry_run:
         return _dry_run(config)
     run_dir = args.resume if args.resume is not None else new_run_dir(args.out, config.name)

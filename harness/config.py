@@ -67,6 +67,7 @@ class Settings:
     time_every_input: bool = False  # False: each setting timed on its first input, error measured on every input
     self_check_len: int = 200
     cell_timeout_s: float = 600.0  # with --isolate: a step with no progress for this long is killed
+    processes: int = 1  # each group measured in this many fresh worker processes, merged (attnbench.processes)
 
 
 SETTING_KINDS: dict[str, type] = {  # key -> type, read from the declaration (`float | None` -> float)
@@ -379,6 +380,7 @@ def _unknown(where: str, value: str, known: Sequence[str], aliases: dict[str, st
     return f"{where}: unknown '{value}' (known: {', '.join(known)}{more})" + (f".{hint}" if hint else "")
 
 
+MAX_PROCESSES = 16  # --processes: worker processes per group
 MAX_RUN_TIME_S = 86400.0  # min_run_time beyond a day per cell is a typo, not a plan
 MAX_THREADS_PER_CORE = 4  # torch threads beyond this many per core only oversubscribe (and 10^5 crash torch)
 
@@ -403,6 +405,8 @@ def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
         )
     if s.memory_limit_gb is not None and not 0 < s.memory_limit_gb < math.inf:
         problems.append(f"{at('memory_limit_gb')}: must be a finite number > 0, got {s.memory_limit_gb}")
+    if not 1 <= s.processes <= MAX_PROCESSES:
+        problems.append(f"{at('processes')}: must be between 1 and {MAX_PROCESSES}, got {s.processes}")
     if s.self_check_len < 2:
         problems.append(f"{at('self_check_len')}: must be >= 2 (the self-check needs a sequence), got {s.self_check_len}")
     return problems

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, TypeVar
 
@@ -342,6 +343,22 @@ def _measure_peaks(config: SweepConfig, trials: int = 5) -> dict[str, Any]:
 EXECUTORS = ("local", "ray")
 
 
+class Processes(OneAtATime):
+    """`--processes k`: each group measured in k fresh worker processes, one after another (each timing
+    `min_run_time / k`), merged by `attnbench.processes.merge_processes`: the spread between processes enters
+    every speedup interval."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.each = Isolated(replace(settings, min_run_time=settings.min_run_time / settings.processes))
+
+    def run_group(self, group: Group) -> GroupResult:
+        from attnbench.processes import merge_processes
+
+        results = [self.each.run_group(group) for _ in range(self.settings.processes)]
+        return merge_processes(group, results, self.settings.baseline)
+
+
 def _executor(
     name: str, settings: Settings, registry: Registry, *, isolate: bool, address: str | None, say
 ) -> Executor:
@@ -351,6 +368,8 @@ def _executor(
         return RayExecutor(settings, address=address, isolate=isolate, say=say)
     if address is not None:
         raise ValueError("--address names a Ray cluster: use it with --executor ray")
+    if settings.processes > 1:  # fresh processes each time: isolated by construction
+        return Processes(settings)
     return Isolated(settings) if isolate else InProcess(settings, registry)
 
 

@@ -226,6 +226,12 @@ def noise_line(frame: pd.DataFrame) -> str:
 
 def interval_words(frame: pd.DataFrame) -> str:
     """Which interval the run's speedups carry, and its coverage, in words (the report and summary say it)."""
+    processes = pd.to_numeric(frame.get("processes"), errors="coerce").dropna() if len(frame) else pd.Series()
+    if len(processes) and processes.max() > 1:
+        return (
+            f"a two-level bootstrap 95% interval over its {int(processes.max())} worker processes and their rounds "
+            "(processes resampled, then rounds; seeded per cell): the spread between processes is in it"
+        )
     coverage = pd.to_numeric(frame.get("speedup_coverage"), errors="coerce").dropna() if len(frame) else pd.Series()
     kind = "a distribution-free interval of that median from the order statistics of the per-round ratios"
     if coverage.empty:  # a run written before coverage was recorded: its intervals were percentile bootstraps

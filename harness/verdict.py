@@ -297,7 +297,8 @@ def _candidates(
                 pays_off="–" if row.label == baseline else pays_off.get(row.label, "–"),
                 time_s=float(s.time_median_s),
                 noisy=bool(s.noisy),
-                rounds=tuple(samples.get(str(s.cell_key), ())),
+                # a cell timed in several processes has no rounds shared with the others: compared by interval
+                rounds=tuple(samples.get(str(s.cell_key), ())) if not (s.get("processes") or 1) > 1 else (),
             )
         )
     return candidates
