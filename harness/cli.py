@@ -785,8 +785,8 @@ def command_compare(args: argparse.Namespace) -> int:
         if result.inconclusive():
             print(
                 f"attnbench: no regression found, but {result.inconclusive()} of {len(result.table)} cell(s) are "
-                "inconclusive (see their verdicts and intervals): this gate could not judge them; more rounds "
-                "(min_run_time) or a quieter machine narrow the intervals",
+                "inconclusive (their verdicts say why): this gate could not judge them; where an interval was too "
+                "wide, more rounds (min_run_time) or a quieter machine narrow it",
                 file=sys.stderr,
             )
             return EXIT_INCONCLUSIVE

@@ -93,6 +93,13 @@ def decide(interval: Interval, threshold: float, margin: float, cannot_decide: s
     return f"inconclusive (the interval reaches beyond ±{100 * margin:g}% without clearing {100 * threshold:g}%)"
 
 
+def _baseline_verdict(by_time: str) -> str:
+    """Under `--measure auto` the baseline is shown by its time, B / A, but not judged: its speedup is 1 by
+    construction, and its time cannot tell a slower machine from a slower baseline (only `--measure time`, on one
+    quiet machine, judges it). Neither a regression nor inconclusive; said when it moved."""
+    return f"baseline, not judged (its time: {by_time}; --measure time judges it)"
+
+
 def _round_ratios(run: pd.DataFrame, samples: dict[str, list[float]], row: pd.Series) -> list[float]:
     """The cell's per-round speedups (its group's baseline time over its own, the same round); [] without them."""
     group = run[(run.group_key == row.group_key) & (run.label == row.baseline)]
@@ -136,13 +143,18 @@ def compare_runs(
         both = pd.notna(x.speedup) and pd.notna(y.speedup)
         if measure == "speedup" and not both:
             continue
-        by_speedup = measure == "speedup" or (measure == "auto" and both and x.baseline == y.baseline)
+        # the baseline's speedup against itself is 1 by construction: a slower baseline shows only in its time
+        is_baseline = x.label == x.baseline
+        by_speedup = measure == "speedup" or (
+            measure == "auto" and both and x.baseline == y.baseline and not is_baseline
+        )
         noise = _noise_cause(x, y)
         if by_speedup:  # A / B: > 1 means B got slower relative to its baseline
             ratios_a, ratios_b = _round_ratios(a, samples_a, x), _round_ratios(b, samples_b, y)
-            if ratios_a and ratios_b:
+            several = max(x.get("processes") or 1, y.get("processes") or 1) > 1  # rounds not shared across cells
+            if ratios_a and ratios_b and not several:
                 interval = ratio_of_medians(ratios_b, ratios_a, seed_of(key))
-            else:  # no samples: the two intervals' far ends (wider than the bootstrap's)
+            else:  # no samples, or --processes runs: the two intervals' far ends (each two-level there)
                 interval = Interval(
                     x.speedup / y.speedup,
                     x.speedup_low / y.speedup_high if y.speedup_high else float("nan"),
@@ -174,7 +186,9 @@ def compare_runs(
                 "memory_ratio": y.peak_mem_bytes / x.peak_mem_bytes if x.peak_mem_bytes else float("nan"),
                 "error_a": x.err_vs_uniform,
                 "error_b": y.err_vs_uniform,
-                "verdict": decide(interval, threshold, margin, cannot_decide),
+                "verdict": _baseline_verdict(decide(interval, threshold, margin, cannot_decide))
+                if is_baseline and measure == "auto"
+                else decide(interval, threshold, margin, cannot_decide),
                 "noise": noise,  # reported, not a veto: the interval already carries the spread
             }
         )
@@ -260,4 +274,11 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
     lines.append(markdown_table(headers, rows))
     counts = table.verdict.str.replace(r" \(.*", "", regex=True).value_counts().to_dict()
     lines.append("Verdicts: " + ", ".join(f"{count} {name}" for name, count in counts.items()))
+    moved = table[table.verdict.str.contains(r"its time: (?:slower|faster)", regex=True)]
+    if len(moved):
+        lines.append(
+            f"The baseline's own time changed in {len(moved)} cell(s) (its time: slower or faster): a slower or "
+            "faster machine, or a change of the baseline itself; every speedup above is relative to it. Judge the "
+            "baseline with --measure time (one quiet machine)."
+        )
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from attnbench.analysis import ERROR_RESOLUTION, crossover_table
 from attnbench.reference import LOCALITY_WINDOW
-from attnbench.stats import paired_speedup
+from attnbench.stats import CONFIDENCE, paired_speedup
 from attnbench.summary import (
     GROUP_COLUMNS,
     MACHINE,
@@ -52,6 +52,7 @@ class Choice:
     time_s: float = float("nan")  # median time per call
     noisy: bool = False  # its timing is flagged noisy
     rounds: tuple[float, ...] = ()  # its per-call time in each round of its group (samples.csv), round order
+    coverage: float = float("nan")  # its speedup interval's coverage (NaN: a bootstrap's nominal 95%)
     fastest_exact: bool = False
     left_out: str = ""  # why it is not offered as a choice ("" when it is)
     ties: list[str] = field(default_factory=list)  # more accurate choices it is not faster than beyond noise
@@ -66,9 +67,14 @@ class Choice:
         return self.speedup_high if self.speedup == self.speedup else self.speed
 
     @property
+    def trusted_interval(self) -> bool:
+        """Whether its interval is a 95% one (fewer than 6 rounds give min–max at a lower coverage)."""
+        return not self.coverage < CONFIDENCE
+
+    @property
     def clearly_faster(self) -> bool:
-        """Faster than the baseline beyond its 95% interval."""
-        return self.speedup_low == self.speedup_low and self.speedup_low > 1
+        """Faster than the baseline beyond its 95% interval (an interval of lower coverage names no winner)."""
+        return self.speedup_low == self.speedup_low and self.speedup_low > 1 and self.trusted_interval
 
     @property
     def no_better_than_uniform(self) -> bool:
@@ -234,7 +240,7 @@ def verdicts(frame: pd.DataFrame, samples: dict[str, list[float]] | None = None)
     return out
 
 
-MIN_PAIRED_ROUNDS = 3  # rounds two variants need in common for their own paired ratio
+MIN_PAIRED_ROUNDS = 6  # rounds two variants need in common: from 6 the order-statistic interval covers >= 95%
 
 
 def faster_beyond_noise(a: Choice, b: Choice) -> bool:
@@ -244,14 +250,17 @@ def faster_beyond_noise(a: Choice, b: Choice) -> bool:
     common = min(len(a.rounds), len(b.rounds))
     if common >= MIN_PAIRED_ROUNDS:
         return paired_speedup(list(b.rounds[:common]), list(a.rounds[:common])).low > 1
-    if a.speedup == a.speedup and b.speedup == b.speedup:
+    if a.speedup == a.speedup and b.speedup == b.speedup and a.trusted_interval and b.trusted_interval:
         return a.speedup_low > b.speedup_high
     return False
 
 
 def _dominates(a: Choice, b: Choice) -> bool:
     """The README's rule: `a` is at least as accurate as `b` and faster beyond the noise. A third variant's
-    noise plays no part: only a and b's own rounds decide."""
+    noise plays no part: only a and b's own rounds decide. An approximation never dominates exact attention
+    (its unmeasured error is not "at least as accurate")."""
+    if b.family == "exact" and a.family != "exact":
+        return False
     return a.error_rank <= b.error_rank and faster_beyond_noise(a, b)
 
 
@@ -299,6 +308,7 @@ def _candidates(
                 noisy=bool(s.noisy),
                 # a cell timed in several processes has no rounds shared with the others: compared by interval
                 rounds=tuple(samples.get(str(s.cell_key), ())) if not (s.get("processes") or 1) > 1 else (),
+                coverage=float(s.speedup_coverage) if pd.notna(s.get("speedup_coverage")) else float("nan"),
             )
         )
     return candidates
@@ -360,7 +370,8 @@ def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str
     exact_winner = next((c for c in offered if c.family == "exact" and c.label != baseline and c.clearly_faster), None)
     if winners:
         best = winners[0]  # the fastest of the Pareto set
-        text = f"Use {best.label}: {_speed(best)} faster than {baseline} at error {_error(best)} vs uniform"
+        accuracy = f"at error {_error(best)} vs uniform" if best.error == best.error else "(error not measured)"
+        text = f"Use {best.label}: {_speed(best)} faster than {baseline} {accuracy}"
         text += _memory(best)
         accurate = min(winners, key=lambda c: c.error_rank)
         if accurate is not best:
@@ -408,6 +419,9 @@ VERDICT_HEADERS = ["variant", "speedup vs {baseline} [95% CI]", "error vs unifor
 def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list[list[str]]]:
     """The choices offered at one N as a table: a row per choice."""
     headers = [h.format(baseline=verdict.baseline) for h in VERDICT_HEADERS]
+    lowest = min((c.coverage for c in answer.choices if c.coverage == c.coverage), default=CONFIDENCE)
+    if lowest < CONFIDENCE:  # min–max of too few rounds: say what the interval is
+        headers[1] = headers[1].replace("95% CI", f"CI, coverage {100 * lowest:.0f}%")
     rows = []
     for choice in answer.choices:
         name = choice.label + (" (fastest exact)" if choice.fastest_exact else "")

@@ -205,12 +205,12 @@ def test_compare_decides_from_samples_identical_vs_shifted(tmp_path: Path) -> No
     base = synthetic_run(tmp_path / "a")
     same = synthetic_run(tmp_path / "same")
     regressed = synthetic_run(tmp_path / "b", scale={"band": 1.5, "strided": 1.02})
-    assert set(compare_runs(base, same).table.verdict) == {"same"}
+    assert set(compare_runs(base, same).table.query("label != 'full'").verdict) == {"same"}
     result = compare_runs(base, regressed)
     verdicts = result.table.groupby("label").verdict.unique()
     assert list(verdicts["band"]) == ["slower"]
     assert list(verdicts["strided"]) == ["same"]  # 2%: its interval does not clear 5%
-    assert list(verdicts["full"]) == ["same"]
+    assert list(verdicts["full"]) == ["baseline, not judged (its time: same; --measure time judges it)"]
     band = result.table[result.table.label == "band"]
     assert (band.low > 1.4).all() and (band.high < 1.6).all()
     assert result.only_in_a == result.only_in_b == 0 and result.machine_notes == []
@@ -332,7 +332,10 @@ def test_a_whole_run_slower_as_a_block_is_no_regression_of_any_cell(tmp_path: Pa
     gate on absolute times. Speedups against the in-run baseline cancel such a shift: the default compares them."""
     a = synthetic_run(tmp_path / "a")
     b = synthetic_run(tmp_path / "b", scale={name: 1.35 for name in CURVES})  # every variant, baseline included
-    assert set(compare_runs(a, b).table.verdict) == {"same"}
+    table = compare_runs(a, b).table.set_index("label")
+    assert set(table.drop("full").verdict) == {"same"}
+    # the baseline is shown by its time, not judged: a slower machine and a slower `full` look alike there
+    assert set(table.loc["full"].verdict) == {"baseline, not judged (its time: slower; --measure time judges it)"}
     assert set(compare_runs(a, b, measure="time").table.verdict) == {"slower"}
     assert main(["compare", str(a), str(b), "--fail-above", "10"]) == 0
 
@@ -359,3 +362,15 @@ def test_no_efficiency_exceeds_100_percent_the_peak_is_raised_and_said(tmp_path:
     assert notes and "above the measured matmul peak 22.0: the peak is raised to it" in notes[0]
     text = report_text(run)
     assert "the peak is raised to it" in text and "above peak" not in text
+
+
+
+def test_a_slower_baseline_is_said_even_where_only_speedups_are_judged(tmp_path: Path, capsys) -> None:
+    """Review of issue 23: a 2× slower `full` showed as 'same' (its speedup against itself is 1) and every other
+    cell 'faster'. The baseline's own time is shown and a line says it moved; `--measure time` judges it."""
+    a = synthetic_run(tmp_path / "a")
+    b = synthetic_run(tmp_path / "b", scale={"full": 2.0})
+    assert main(["compare", str(a), str(b), "--fail-above", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "The baseline's own time changed in 4 cell(s)" in out
+    assert main(["compare", str(a), str(b), "--fail-above", "10", "--measure", "time"]) == 1

@@ -272,3 +272,28 @@ def test_a_run_with_no_exact_variant_and_only_useless_approximations_gets_a_verd
         "Nothing to recommend here: no exact variant ran and every other is left out "
         "(linear: no better than averaging V)."
     )
+
+
+def test_an_approximation_of_unmeasured_error_never_knocks_out_exact_attention() -> None:
+    """Review of issue 23: with `error = false`, the fastest exact variant was offered and left out at once
+    ('slower than linear beyond noise'): an unknown error counted as 0."""
+    answer = judge(
+        1024,
+        [choice("full-math", "exact", 1.0, 1.0, 1.0, 0.0), choice("linear", "linear", 3.0, 2.8, 3.2, float("nan"))],
+        "full-math",
+    )
+    assert [c.label for c in answer.choices] == ["full-math", "linear"] and answer.left_out == []
+    assert answer.sentence.startswith("Use linear: 3× [2.8–3.2] faster than full-math (error not measured)")
+
+
+def test_an_interval_of_too_few_rounds_names_no_winner_and_says_its_coverage() -> None:
+    """Review of issue 23: with 2 or 3 rounds the min–max 'interval' (50%, 75% coverage) was headed '95% CI' and
+    still named winners."""
+    from attnbench.verdict import InputVerdict, verdict_rows
+
+    few = choice("band", "band", 1.5, 1.2, 1.8, 0.3)
+    few.coverage = 0.75
+    answer = judge(1024, [choice("full", "exact", 1.0, 1.0, 1.0, 0.0), few], "full")
+    assert not few.clearly_faster and answer.sentence.startswith("Nothing clearly beats full here")
+    headers, _ = verdict_rows(InputVerdict("s", "realistic", "full", "", "realistic"), answer)
+    assert headers[1] == "speedup vs full [CI, coverage 75%]"
