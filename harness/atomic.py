@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Callable
 
 
-def naming(error: OSError, path: Path) -> OSError:
-    """`error` with `path` as its file name where it names none (a failed `write()` to an open file)."""
-    if error.filename is not None:
+def naming(error: OSError, path: Path, instead_of: Path | None = None) -> OSError:
+    """`error` with `path` as its file name where it names none (a failed `write()` to an open file) or names
+    `instead_of` (the temporary file the user never asked for)."""
+    if error.filename is not None and error.filename != (str(instead_of) if instead_of else None):
         return error
     return OSError(error.errno, error.strerror or str(error), str(path))
 
@@ -28,9 +29,7 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         os.chmod(temporary, 0o666 & ~_umask())  # as an ordinary new file (some writers make theirs 0600)
         os.replace(temporary, path)
     except OSError as error:  # named by the file the user asked for, never the temporary one
-        if error.filename in (None, str(temporary)):
-            raise OSError(error.errno, error.strerror or str(error), str(path)) from None
-        raise
+        raise naming(error, path, instead_of=temporary) from None
     finally:
         temporary.unlink(missing_ok=True)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 from attnbench.results import read_results
 from attnbench.rundir import read_meta, read_samples
-from attnbench.stats import Interval, ratio_of_medians, seed_of
+from attnbench.stats import Interval, ratio_of_medians, round_ratios, seed_of
 from attnbench.summary import format_number, markdown_table
 
 DEFAULT_THRESHOLD = 0.05  # a change is called only when its interval clears 5% (or --fail-above)
@@ -106,7 +106,7 @@ def _round_ratios(run: pd.DataFrame, samples: dict[str, list[float]], row: pd.Se
     own, base = samples.get(str(row.name)), samples.get(str(group.index[0])) if len(group) else None
     if not own or not base:
         return []
-    return [b / v for b, v in zip(base, own)]
+    return round_ratios(base, own)
 
 
 def _noise_cause(x: pd.Series, y: pd.Series) -> str:

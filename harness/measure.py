@@ -78,6 +78,19 @@ def failure(error: BaseException) -> dict[str, str]:
     }
 
 
+def timing_fields(spread: Spread) -> dict[str, Any]:
+    """A row's time columns from the spread of its samples (one measurement, or several processes' pooled)."""
+    return {
+        "time_median_s": spread.median,
+        "time_p10_s": spread.p10,
+        "time_p25_s": spread.p25,
+        "time_p75_s": spread.p75,
+        "time_p90_s": spread.p90,
+        "time_iqr_s": spread.iqr,
+        "time_repeats": spread.count,
+    }
+
+
 def is_baseline(cell: Cell, baseline: str) -> bool:
     """`baseline` names a variant with its defaults (`full`) or a setting by its label (`band(window=64)`)."""
     return cell.variant.label() == baseline
@@ -382,13 +395,7 @@ class GroupMeasurement:
         for key in calls:
             spread = Spread.of(samples[key])
             self.fields[key].update(
-                time_median_s=spread.median,
-                time_p10_s=spread.p10,
-                time_p25_s=spread.p25,
-                time_p75_s=spread.p75,
-                time_p90_s=spread.p90,
-                time_iqr_s=spread.iqr,
-                time_repeats=spread.count,
+                **timing_fields(spread),
                 compile_s=max(0.0, self.first_call.get(key, spread.median) - spread.median),
             )
         self._speedups(samples, set(calls))

@@ -96,6 +96,11 @@ class RunFolderUnreadable(ValueError):
     """A file of a run folder that cannot be read as what it should be (a hand edit, a disk fault)."""
 
 
+def not_csv(path: Path, error: Exception) -> str:
+    """Why a run folder's table (results.csv, samples.csv) cannot be read: not text, or not CSV."""
+    return f"{path} cannot be read as CSV text ({error}); restore it, or start a new run"
+
+
 def results_table_problem(path: Path) -> str | None:
     """Why the CSV at `path` cannot be read as results or appended to (None when it can, or does not exist yet):
     no `cell_key` column, or a header narrower than its rows (values would land under the wrong columns)."""
@@ -107,7 +112,7 @@ def results_table_problem(path: Path) -> str | None:
             header = next(reader, [])
             widest = max((len(record) for record in reader), default=0)
     except (UnicodeDecodeError, csv.Error) as error:
-        return f"{path} cannot be read as CSV text ({error}); restore it, or start a new run"
+        return not_csv(path, error)
     if "cell_key" not in header:
         return f"{path} is not an attnbench results table (no cell_key column); not appending to it"
     if widest > len(header):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.atomic import naming, write_text_atomic
-from attnbench.results import ResultsWriter, RunFolderUnreadable, drop_partial_last_line, read_results
+from attnbench.results import ResultsWriter, RunFolderUnreadable, drop_partial_last_line, not_csv, read_results
 
 SAMPLE_COLUMNS = ("cell_key", "round", "seconds")
 
@@ -228,6 +228,5 @@ def read_samples(run_dir: Path) -> dict[str, list[float]]:
                 except (TypeError, ValueError, KeyError):  # a line cut short by a kill
                     continue
     except (UnicodeDecodeError, csv.Error) as error:
-        problem = f"{path} cannot be read as CSV text ({error}); restore it, or start a new run"
-        raise RunFolderUnreadable(problem) from None
+        raise RunFolderUnreadable(not_csv(path, error)) from None
     return {key: [rounds[r] for r in sorted(rounds)] for key, rounds in out.items()}

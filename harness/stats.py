@@ -70,12 +70,28 @@ class Interval:
         return None
 
 
+def _percentile_interval(estimate: float, draws: list[float]) -> Interval:
+    """`estimate` with the central CONFIDENCE share of its bootstrap `draws` as its interval."""
+    ordered, tail = sorted(draws), (1 - CONFIDENCE) / 2
+    return Interval(estimate, quantile(ordered, tail), quantile(ordered, 1 - tail))
+
+
 def _bootstrap(estimate, samples: list[list[float]], seed: int) -> Interval:
     """Percentile bootstrap of `estimate(*samples)`, each list resampled with replacement on its own."""
     rng = random.Random(seed)
-    values = sorted(estimate(*[rng.choices(s, k=len(s)) for s in samples]) for _ in range(RESAMPLES))
-    tail = (1 - CONFIDENCE) / 2
-    return Interval(estimate(*samples), quantile(values, tail), quantile(values, 1 - tail))
+    draws = [estimate(*[rng.choices(s, k=len(s)) for s in samples]) for _ in range(RESAMPLES)]
+    return _percentile_interval(estimate(*samples), draws)
+
+
+def two_level_interval(groups: list[list[float]], seed: int) -> Interval:
+    """The median of every value, with the percentile interval of a two-level bootstrap: the groups (worker
+    processes) drawn with replacement, then each drawn group's values, so the spread between groups enters it."""
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(RESAMPLES):
+        drawn = [rng.choice(groups) for _ in groups]
+        draws.append(statistics.median([v for values in drawn for v in rng.choices(values, k=len(values))]))
+    return _percentile_interval(statistics.median([v for values in groups for v in values]), draws)
 
 
 def median_interval(values: list[float]) -> Interval:
@@ -102,7 +118,12 @@ def paired_speedup(baseline: list[float], variant: list[float]) -> Interval:
     Pairs measured in the same round share the machine's state at that moment, so a slow stretch cancels
     in the ratio instead of landing on whichever was timed then.
     """
-    return median_interval([b / v for b, v in zip(baseline, variant)])
+    return median_interval(round_ratios(baseline, variant))
+
+
+def round_ratios(baseline: list[float], variant: list[float]) -> list[float]:
+    """baseline / variant round by round (sample i of each is from round i): the per-round speedups."""
+    return [b / v for b, v in zip(baseline, variant)]
 
 
 def seed_of(key: str) -> int:

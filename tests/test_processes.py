@@ -9,7 +9,8 @@ from pathlib import Path
 from attnbench.cli import main
 from attnbench.config import parse_config
 from attnbench.measure import GroupResult
-from attnbench.processes import merge_processes, two_level_interval
+from attnbench.processes import merge_processes
+from attnbench.stats import two_level_interval
 from attnbench.results import read_results, row_for
 from attnbench.rundir import read_samples
 from attnbench.stats import median_interval
@@ -23,9 +24,10 @@ def test_the_spread_between_processes_widens_the_interval_where_rounds_alone_do_
     per_process = [[level * rng.uniform(0.99, 1.01) for _ in range(9)] for level in levels]
     alone = median_interval(per_process[0])
     assert alone.high - alone.low < 0.03
-    estimate, low, high = two_level_interval(per_process, seed=1)
+    interval = two_level_interval(per_process, seed=1)
+    estimate, low, high = interval.estimate, interval.low, interval.high
     assert low <= 1.01 and high >= 1.24 and low <= estimate <= high
-    assert two_level_interval(per_process, seed=1) == (estimate, low, high)  # seeded: the same interval
+    assert two_level_interval(per_process, seed=1) == interval  # seeded: the same interval
 
 
 def test_merge_pools_each_cells_samples_and_keeps_the_first_ok_row() -> None:
@@ -59,3 +61,21 @@ def test_a_run_with_processes_measures_every_cell_in_each_and_says_which_interva
     assert all(len(samples[row.cell_key]) == row.time_repeats >= 18 for row in frame.itertuples())  # 9 rounds × 2
     assert "two-level bootstrap 95% interval over its 2 worker processes" in (run / "summary.md").read_text()
     assert main(["run", str(config), "--processes", "0", "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_a_cell_missing_from_one_process_is_paired_with_its_own_processes_baseline() -> None:
+    """Each process's ratios come from that process's rounds: band timed in processes 2 and 3 only is divided by
+    the baseline of processes 2 and 3, never shifted onto process 1's."""
+    config = parse_config({"variants": ["full", "band"], "seq_lens": [16], "heads": 1, "head_dim": 8})
+    (group,) = config.groups()
+    full, band = (cell.key() for cell in group.cells)
+
+    def process(full_s: float, band_s: float | None) -> GroupResult:
+        rows = [row_for(group.cells[0], time_median_s=full_s, speedup=1.0),
+                row_for(group.cells[1], time_median_s=band_s, speedup=2.0, status="ok" if band_s else "error")]
+        samples = [(full, r, full_s) for r in range(5)] + ([(band, r, band_s) for r in range(5)] if band_s else [])
+        return GroupResult(rows, samples)  # fmt: skip
+
+    merged = merge_processes(group, [process(4e-3, None), process(1e-3, 5e-4), process(1e-3, 5e-4)], "full")
+    row = next(row for row in merged.rows if row.cell_key == band)
+    assert (row.speedup, row.speedup_low, row.speedup_high) == (2.0, 2.0, 2.0)  # 1e-3 / 5e-4 in both processes
