@@ -11,6 +11,16 @@ from attnbench.results import read_results
 from attnbench.run import run_plan
 
 TINY = {"variants": ["full"], "seq_lens": [16], "heads": 1, "head_dim": 8}
+FULL_AT_16 = 'variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n'  # as a config file
+
+
+def finished_run(tmp_path: Path, toml: str, *flags: str) -> Path:
+    """The folder of a run of the config text `toml` (written to tmp_path/c.toml) into tmp_path/out, which ended ok."""
+    config = tmp_path / "c.toml"
+    config.write_text(toml)
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", *flags]) == 0
+    (run,) = (tmp_path / "out").iterdir()
+    return run
 
 
 @pytest.mark.parametrize(
@@ -127,13 +137,12 @@ def test_a_group_cut_short_while_its_rows_were_written_is_measured_again_whole(t
 
     from attnbench.rundir import read_samples
 
-    config = tmp_path / "c.toml"
-    config.write_text(
+    run = finished_run(
+        tmp_path,
         'variants = ["full", "band"]\nseq_lens = [16, 32]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n'
-        "min_rounds = 3\nerror = false\n"
+        "min_rounds = 3\nerror = false\n",
+        "--no-report",
     )
-    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
-    (run,) = (tmp_path / "out").iterdir()
     lines = (run / "results.csv").read_text().splitlines(keepends=True)
     (run / "results.csv").write_text("".join(lines[:-1]))  # the last group's second row never written
     samples = (run / "samples.csv").read_bytes()
@@ -160,10 +169,7 @@ def test_io_errors_are_a_message_and_exit_2_never_a_traceback(tmp_path: Path, mo
     assert main(["run", "quick", "--seq-lens", "16", "--out", str(blocker / "out"), "--no-progress"]) == 2
     assert "cannot read or write" in capsys.readouterr().err
 
-    config = tmp_path / "c.toml"
-    config.write_text('variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
-    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
-    (run,) = (tmp_path / "out").iterdir()
+    run = finished_run(tmp_path, FULL_AT_16)
     before = (run / "report.md").read_text()
 
     def full_disk(path: Path, text: str) -> None:
@@ -288,10 +294,7 @@ def test_check_finds_a_causal_leak_that_appears_only_at_longer_lengths() -> None
 
 def test_a_damaged_meta_json_or_a_utf16_config_is_a_message_and_exit_2(tmp_path: Path, capsys) -> None:
     """Issue 22, item 12: corrupt meta.json in report, compare and resume, and a UTF-16 config: no traceback."""
-    config = tmp_path / "c.toml"
-    config.write_text('variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
-    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
-    (run,) = (tmp_path / "out").iterdir()
+    run = finished_run(tmp_path, FULL_AT_16, "--no-report")
     (run / "meta.json").write_text('{"config": {"name": "cut sho')
     capsys.readouterr()
     for command in (["report", str(run)], ["compare", str(run), str(run)], ["run", "--resume", str(run)]):
@@ -308,10 +311,7 @@ def test_a_garbage_line_in_results_csv_is_no_cell(tmp_path: Path) -> None:
     """Issue 22, item 12: a hand-edited line is not read as a bogus cell, and the report still builds."""
     from attnbench.report import write_report
 
-    config = tmp_path / "c.toml"
-    config.write_text('variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
-    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
-    (run,) = (tmp_path / "out").iterdir()
+    run = finished_run(tmp_path, FULL_AT_16, "--no-report")
     with (run / "results.csv").open("a") as file:
         file.write("some,garbage,typed,by,hand\n")
     frame = read_results(run)
@@ -321,10 +321,7 @@ def test_a_garbage_line_in_results_csv_is_no_cell(tmp_path: Path) -> None:
 
 def test_resume_without_meta_json_runs_the_config_toml_beside_it(tmp_path: Path) -> None:
     """Issue 22, item 12: a run folder whose meta.json is gone still resumes from the config.toml every run writes."""
-    config = tmp_path / "c.toml"
-    config.write_text('variants = ["full"]\nseq_lens = [16, 32]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
-    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
-    (run,) = (tmp_path / "out").iterdir()
+    run = finished_run(tmp_path, FULL_AT_16.replace("[16]", "[16, 32]"), "--no-report")
     lines = (run / "results.csv").read_text().splitlines(keepends=True)
     (run / "results.csv").write_text("".join(lines[:-1]))  # the N=32 group lost
     (run / "meta.json").unlink()
@@ -366,13 +363,11 @@ def test_a_captured_file_at_a_deep_path_gets_a_report_with_plots(tmp_path: Path)
     deep.mkdir(parents=True)
     path = deep / "qkv.pt"
     torch.save({name: torch.randn(1, 1, 16, 8) for name in "qkv"}, path)
-    config = tmp_path / "c.toml"
-    config.write_text(
+    run = finished_run(
+        tmp_path,
         'seq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n'
-        f'[[inputs]]\nname = "captured"\npath = "{path}"\n[variants.full]\n[variants.band]\nwindow = 4\n'
+        f'[[inputs]]\nname = "captured"\npath = "{path}"\n[variants.full]\n[variants.band]\nwindow = 4\n',
     )
-    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
-    (run,) = (tmp_path / "out").iterdir()
     plots = list((run / "plots").glob("*-pareto-N16.png"))
     assert plots and all(len(p.name.encode()) <= 120 for p in plots)
     assert "pareto-N16.png" in (run / "report.md").read_text()
@@ -381,10 +376,7 @@ def test_a_captured_file_at_a_deep_path_gets_a_report_with_plots(tmp_path: Path)
 def test_a_results_header_narrower_than_its_rows_is_unreadable_not_a_traceback(tmp_path: Path, capsys) -> None:
     """Issue 22, item 12: a cut header put every value under the wrong column; resume raised ValueError and report
     said the run had no finished cell. Now resume, report and compare name the file, exit 2."""
-    config = tmp_path / "c.toml"
-    config.write_text('variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
-    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
-    (run,) = (tmp_path / "out").iterdir()
+    run = finished_run(tmp_path, FULL_AT_16, "--no-report")
     header, *rows = (run / "results.csv").read_text().splitlines(keepends=True)
     (run / "results.csv").write_text(",".join(header.split(",")[:5]) + "\n" + "".join(rows))
     capsys.readouterr()
@@ -451,12 +443,10 @@ def _damage(run: Path, how: str) -> None:
 def test_a_damaged_run_file_is_a_message_never_a_traceback(how: str, tmp_path: Path, capsys) -> None:
     """Review of issue 22: each of these damages gave a traceback (exit 1) in report, compare or resume. Each
     command now reads what it can or names the file and exits 2."""
-    config = tmp_path / "c.toml"
-    config.write_text('variants = ["full", "band"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n')
-    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
-    (run,) = (tmp_path / "out").iterdir()
+    run = finished_run(tmp_path, FULL_AT_16.replace('["full"]', '["full", "band"]'), "--no-report")
     _damage(run, how)
-    for command in (["report", str(run)], ["compare", str(run), str(run)], ["run", "--resume", str(run), "--no-progress"]):
+    commands = (["report", str(run)], ["compare", str(run), str(run)], ["run", "--resume", str(run), "--no-progress"])
+    for command in commands:
         code = main(command)  # an exception here is the failure
         err = capsys.readouterr().err
         assert code in (0, 2, 3), (command, code, err)
@@ -471,13 +461,12 @@ def test_a_resume_keeps_no_sample_of_a_cell_it_measures_again(rows_lost: str, tm
     measurements of a cell (25 samples for a row saying 5). Every sample of a cell measured again is dropped."""
     from attnbench.rundir import read_samples
 
-    config = tmp_path / "c.toml"
-    config.write_text(
+    run = finished_run(
+        tmp_path,
         'seq_lens = [16, 32]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n[variants.full]\n[variants.band]\n'
-        "window = [4, 8]\n"
+        "window = [4, 8]\n",
+        "--no-report",
     )
-    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
-    (run,) = (tmp_path / "out").iterdir()
     lines = (run / "results.csv").read_text().splitlines(keepends=True)
     cut = 2 if rows_lost == "two-of-three" else 3  # the last group (N=32) has three rows
     (run / "results.csv").write_text("".join(lines[:-cut]))
