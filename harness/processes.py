@@ -1,7 +1,8 @@
 """`--processes k`: one group measured in k fresh worker processes, one after another, and their results merged.
 
 The rounds of one process share more than the machine's moment: its memory layout, where its threads landed,
-how its warm-up settled. Quiet reruns of one cell differed by up to 1.25× while each run's interval was ±1.5%:
+how its warm-up settled. An audit reported quiet reruns of one cell differing by 1.25× while each run's interval
+was ±1.5%:
 an interval from one process's rounds cannot see that. Measured in k processes, a cell's speedup interval is a
 two-level bootstrap: processes resampled with replacement, then each chosen process's rounds, so the spread
 between processes enters it. Time statistics come from every process's samples; everything else (error,
