@@ -2,10 +2,9 @@
 
 The rounds of one process share more than the machine's moment: its memory layout, where its threads landed,
 how its warm-up settled. An audit reported quiet reruns of one cell differing by 1.25× while each run's interval
-was ±1.5%:
-an interval from one process's rounds cannot see that. Measured in k processes, a cell's speedup interval is a
-two-level bootstrap: processes resampled with replacement, then each chosen process's rounds, so the spread
-between processes enters it. Time statistics come from every process's samples; everything else (error,
+was ±1.5%: an interval from one process's rounds cannot see that. Measured in k processes, a cell's speedup
+interval is a two-level bootstrap: processes resampled with replacement, then each chosen process's rounds, so the
+spread between processes enters it. Time statistics come from every process's samples; everything else (error,
 memory, flags) from the first process that measured the cell ok.
 """
 
