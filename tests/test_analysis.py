@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 import pytest
-from attnbench.analysis import loglog_slope, scaling_table
+from attnbench.report.analysis import loglog_slope, scaling_table
 
 
 def test_slope_of_power_laws() -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 from attnbench.cli import main
-from attnbench.config import ConfigError, parse_config
-from attnbench.results import read_results
-from attnbench.run import run_plan
+from attnbench.plan.config import ConfigError, parse_config
+from attnbench.run.sweep import run_plan
+from attnbench.runfolder.results import read_results
 
 TINY = {"variants": ["full"], "seq_lens": [16], "heads": 1, "head_dim": 8}
 FULL_AT_16 = 'variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n'  # as a config file
@@ -104,7 +104,7 @@ def test_run_refuses_an_output_of_the_wrong_shape_or_dtype(plugin_registry, tmp_
 def test_the_memory_guard_reads_the_control_groups_limit(version: str, tmp_path: Path, monkeypatch) -> None:
     """Inside a 3 GiB container the guard must not see the host's memory (full-math once ran into the OOM killer).
     A hybrid host mounts v2 under unified/ beside the v1 controllers."""
-    import attnbench.machine as machine
+    import attnbench.measure.machine as machine
 
     gib = 2**30
     if version.startswith("v2"):
@@ -135,7 +135,7 @@ def test_a_group_cut_short_while_its_rows_were_written_is_measured_again_whole(t
     line (its tail cut) must not leave a row without its baseline's speedup, nor samples merged from two runs."""
     import csv
 
-    from attnbench.rundir import read_samples
+    from attnbench.runfolder.folder import read_samples
 
     run = finished_run(
         tmp_path,
@@ -162,7 +162,7 @@ def test_io_errors_are_a_message_and_exit_2_never_a_traceback(tmp_path: Path, mo
     the write call): exit 2 with the path and the reason; the report left is the old one, never 0 bytes."""
     import errno
 
-    import attnbench.report as report
+    import attnbench.report.run_report as report
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -217,7 +217,7 @@ def _hold_lock(folder: Path) -> None:
     """A run's writer, holding the folder's lock (RunFolder's), as a run in progress does."""
     import time
 
-    from attnbench.rundir import RunFolder
+    from attnbench.runfolder.folder import RunFolder
 
     with RunFolder(folder):
         time.sleep(60)
@@ -309,7 +309,7 @@ def test_a_damaged_meta_json_or_a_utf16_config_is_a_message_and_exit_2(tmp_path:
 
 def test_a_garbage_line_in_results_csv_is_no_cell(tmp_path: Path) -> None:
     """Issue 22, item 12: a hand-edited line is not read as a bogus cell, and the report still builds."""
-    from attnbench.report import write_report
+    from attnbench.report.run_report import write_report
 
     run = finished_run(tmp_path, FULL_AT_16, "--no-report")
     with (run / "results.csv").open("a") as file:
@@ -336,8 +336,8 @@ def test_an_isolated_run_removes_worker_folders_a_killed_run_left(tmp_path: Path
     import subprocess
     import tempfile
 
-    from attnbench.config import Settings
-    from attnbench.run import WORKER_FOLDER, Isolated
+    from attnbench.plan.config import Settings
+    from attnbench.run.executors import WORKER_FOLDER, Isolated
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -396,11 +396,11 @@ def test_model_refuses_a_min_run_time_that_never_ends(tmp_path: Path, capsys) ->
 
 def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     """Review of issue 22: a UTF-8 config with a BOM (some Windows editors) got 'Invalid statement (line 1)'."""
-    from attnbench.config import load_config
+    from attnbench.plan.config import load_config
 
     config = tmp_path / "bom.toml"
     config.write_bytes(b"\xef\xbb\xbf" + b'variants = ["full"]\nseq_lens = [16]\n')
-    assert [c.seq_len for c in load_config(str(config)).cells()] == [16]
+    assert [c.seq_len for c in load_config(str(config)).plan().cells] == [16]
 
 
 def _damage(run: Path, how: str) -> None:
@@ -459,7 +459,7 @@ def test_a_resume_keeps_no_sample_of_a_cell_it_measures_again(rows_lost: str, tm
     """Review of issue 22: a group whose rows were cut short (or whose samples reached the disk and none of its rows,
     as a full disk leaves it) kept the old samples of its cells without a row, so samples.csv held two
     measurements of a cell (25 samples for a row saying 5). Every sample of a cell measured again is dropped."""
-    from attnbench.rundir import read_samples
+    from attnbench.runfolder.folder import read_samples
 
     run = finished_run(
         tmp_path,

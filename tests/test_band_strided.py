@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 from attnbench.interface import clear_kept_state
-from attnbench.memory import peak_memory
-from attnbench.reference import dense_masked_attention
+from attnbench.measure.memory import peak_memory
+from attnbench.ops import dense_masked_attention
 from attnbench.registry import registry
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from attnbench.cli import main
-from attnbench.inputs import make_inputs
+from attnbench.inputs.catalogue import make_inputs
 
 transformers = pytest.importorskip("transformers")
 

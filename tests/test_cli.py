@@ -52,9 +52,9 @@ def test_run_writes_results_and_prints_summary(tmp_path: Path, capsys: pytest.Ca
 def test_an_overridden_run_can_be_reproduced_from_its_folder(tmp_path: Path) -> None:
     """meta.json and the report name the command and the overrides; config.toml runs the same cells again."""
     import json
-    import tomllib
 
-    from attnbench.config import load_config, parse_config
+    import tomllib
+    from attnbench.plan.config import load_config, parse_config
 
     argv = ["run", "quick", "--variants", "full,band", "--seq-lens", "48", "--causal", "true", "--out", str(tmp_path)]
     assert main([*argv, "--no-progress", "--no-report"]) == 0
@@ -64,7 +64,7 @@ def test_an_overridden_run_can_be_reproduced_from_its_folder(tmp_path: Path) -> 
     assert meta["command"][1:4] == ["run", "quick", "--variants"]
     resolved = parse_config(tomllib.loads((run_dir / "config.toml").read_text()))
     expected = load_config("quick", {"variants": ["full", "band"], "seq_lens": [48], "causal": [True]})
-    assert resolved.cells() == expected.cells() and resolved.settings == expected.settings
+    assert resolved.plan().cells == expected.plan().cells and resolved.settings == expected.settings
     assert main(["report", str(run_dir)]) == 0
     top = (run_dir / "report.md").read_text().split("## ")[0]
     assert "`attnbench run quick --variants full,band --seq-lens 48 --causal true" in top
@@ -96,11 +96,11 @@ def test_run_warns_when_other_processes_use_the_cpu_not_on_a_lagging_load_averag
     import subprocess
     import sys
 
-    import attnbench.noise
+    import attnbench.measure.noise
 
     args = ["run", "quick", "--variants", "full", "--seq-lens", "32", "--no-progress", "--no-report"]
     monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 3.0, 3.0))  # our own previous run, still in the average
-    monkeypatch.setattr(attnbench.noise, "competing_now", lambda seconds=0.5: 0.0)
+    monkeypatch.setattr(attnbench.measure.noise, "competing_now", lambda seconds=0.5: 0.0)
     assert main([*args, "--out", str(tmp_path / "quiet")]) == 0
     assert "already busy" not in capsys.readouterr().err
     monkeypatch.undo()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from attnbench.config import ConfigError, load_config, parse_config, read_config_text
+from attnbench.plan.config import ConfigError, load_config, parse_config, read_config_text
 
 
 def test_presets_load_and_cover_every_builtin() -> None:
@@ -54,7 +54,7 @@ def test_lists_expand_to_cells_ordered_by_n() -> None:
     config = parse_config(
         {"variants": ["full", "full-math"], "seq_lens": [512, 128], "causal": [False, True], "mode": ["fwd", "fwd+bwd"]}
     )
-    cells = config.cells()
+    cells = config.plan().cells
     assert len(cells) == 2 * 2 * 2 * 2
     series = [c for c in cells if not c.causal and c.mode == "fwd"]  # one setting: N grows, variants inside
     assert [c.seq_len for c in series] == [128] * 2 + [512] * 2

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from attnbench.flops import causal_pairs, count_matmul_flops
 from attnbench.interface import Shape
+from attnbench.measure.flops import causal_pairs, count_matmul_flops
 from attnbench.registry import registry
 from attnbench.variants.flex import FLEX_BACKEND
 

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from attnbench.reference import exact_reference
+from attnbench.measure.reference import exact_reference
 from attnbench.registry import registry
 from attnbench.variants.linear import orthogonal_features
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from attnbench.reference import dense_masked_attention
+from attnbench.ops import dense_masked_attention
 from attnbench.registry import registry
 from attnbench.variants import flex
 from torch._dynamo.utils import counters

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attnbench.inputs import padding_mask
+from attnbench.inputs.catalogue import padding_mask
 from attnbench.interface import UnsupportedOptionError
-from attnbench.reference import exact_reference
+from attnbench.measure.reference import exact_reference
 from attnbench.registry import registry
 
 

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from attnbench.config import parse_config
-from attnbench.estimate import cell_estimate, group_cost, over_budget_reason
-from attnbench.machine import warm_allocator
-from attnbench.memory import LiveTensorPeak
-from attnbench.reference import exact_reference
+from attnbench.measure.estimate import cell_estimate, group_cost, over_budget_reason
+from attnbench.measure.machine import warm_allocator
+from attnbench.measure.memory import LiveTensorPeak
+from attnbench.measure.reference import exact_reference
+from attnbench.plan.config import parse_config
 from attnbench.registry import registry
-from attnbench.results import read_results
-
+from attnbench.runfolder.results import read_results
 from test_run_folder import answer_ctrl_c, attnbench, only_run, write_config
 
 PEAKS = {  # a slow machine's yardsticks, so that the figures below do not depend on this one's
@@ -29,7 +28,7 @@ PEAKS = {  # a slow machine's yardsticks, so that the figures below do not depen
 
 
 def one_cell(text: str):
-    (cell,) = parse_config({"variants": ["full"], "heads": 1, "head_dim": 8, **text}).cells()
+    (cell,) = parse_config({"variants": ["full"], "heads": 1, "head_dim": 8, **text}).plan().cells
     return cell
 
 
@@ -94,7 +93,7 @@ def test_dry_run_prints_the_plan_and_its_estimates_without_a_run_folder(tmp_path
 
 
 def test_report_on_a_run_folder_with_no_finished_cell_says_so(tmp_path: Path) -> None:
-    from attnbench.results import ResultsWriter
+    from attnbench.runfolder.results import ResultsWriter
 
     run = tmp_path / "killed"
     run.mkdir()
@@ -162,7 +161,7 @@ def test_the_warm_allocator_returns_what_it_kept() -> None:
 
 def test_a_measured_peak_over_the_limit_skips_larger_n(plugin_registry, tmp_path: Path) -> None:
     """A plugin whose cost() understates its memory passes the estimate once; its measured peak stops its larger N."""
-    from attnbench.run import run_plan
+    from attnbench.run.sweep import run_plan
 
     registry = plugin_registry(
         "greedy-plugin",

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from attnbench.config import ConfigError, parse_config
-from attnbench.inputs import CALIBRATION, DISTRIBUTIONS, make_inputs, validate_input
-from attnbench.reference import exact_reference
+from attnbench.inputs.catalogue import DISTRIBUTIONS, make_inputs, validate_input
+from attnbench.inputs.synthetic import CALIBRATION
+from attnbench.measure.reference import exact_reference
+from attnbench.plan.config import ConfigError, parse_config
 
 SYNTHETIC = [name for name in DISTRIBUTIONS if name != "captured"]
 

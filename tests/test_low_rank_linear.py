@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from attnbench.metrics import error_metrics
-from attnbench.reference import exact_reference
+from attnbench.measure.metrics import error_metrics
+from attnbench.measure.reference import exact_reference
 from attnbench.registry import registry
 
 
@@ -170,7 +170,7 @@ def test_performer_causal_stabilizer_uses_only_earlier_keys(monkeypatch: pytest.
 
 def test_performer_error_falls_with_more_features() -> None:
     """On the default input (gaussian, temperature 1, d=64), for every seed, m=1024 beats m=64."""
-    from attnbench.inputs import make_inputs
+    from attnbench.inputs.catalogue import make_inputs
 
     errors = {64: [], 1024: []}
     for seed in range(4):

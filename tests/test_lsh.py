@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attnbench.interface import VariantError
-from attnbench.metrics import error_metrics
-from attnbench.reference import dense_masked_attention, exact_reference
+from attnbench.measure.metrics import error_metrics
+from attnbench.measure.reference import exact_reference
+from attnbench.ops import dense_masked_attention
 from attnbench.registry import registry
 from attnbench.variants.lsh import hash_buckets
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from attnbench import measure
-from attnbench.config import parse_config
-from attnbench.noise import noise_reason
-from attnbench.plan import AXES, CELL_COLUMNS, GROUP_COLUMNS, Cell
-from attnbench.results import COLUMNS
+from attnbench.measure import group as measure
+from attnbench.measure.noise import noise_reason
+from attnbench.plan.cells import AXES, CELL_COLUMNS, GROUP_COLUMNS, Cell
+from attnbench.plan.config import parse_config
+from attnbench.runfolder.rows import COLUMNS
 from attnbench.stats import paired_speedup, ratio_of_medians
 
 RECORDER = """
@@ -50,7 +50,7 @@ def test_group_is_timed_in_shuffled_rounds_each_variant_once_per_round(plugin_re
     )  # fmt: skip
     import recorder
 
-    [group] = config.groups()
+    [group] = config.plan().groups
     recorder.CALLS.clear()
     result = measure.measure_group(group, config.settings, registry)
     calls = recorder.CALLS
@@ -109,15 +109,17 @@ def test_axes_are_declared_once_and_everything_derives_from_them() -> None:
     assert set(GROUP_COLUMNS) == set(CELL_COLUMNS) - {"variant", "label", "hparams"}
     assert set(COLUMNS) >= set(CELL_COLUMNS)
     config = parse_config({"variants": ["full"], "seq_lens": [32], "kv_lens": [48], "value_dim": [24]})
-    [cell] = config.cells()
+    [cell] = config.plan().cells
     assert (cell.seq_len, cell.n_k, cell.v_dim) == (32, 48, 24)
     assert Cell.from_key(cell.key()) == cell
-    assert parse_config(config.to_dict()).cells() == config.cells()
+    assert parse_config(config.to_dict()).plan().cells == config.plan().cells
 
 
 def test_a_new_axis_added_in_one_place_reaches_keys_rows_and_group_columns(tmp_path: Path, monkeypatch) -> None:
-    """Copy plan.py, add one field to Cell, and the copy's config keys, cell key and columns all carry it."""
-    source = Path(measure.__file__).with_name("plan.py").read_text()
+    """Copy plan/cells.py, add one field to Cell, and the copy's config keys, cell key and columns all carry it."""
+    from attnbench.plan import cells
+
+    source = Path(cells.__file__).read_text()
     marker = '    seq_len: int = axis("seq_lens", int, [256, 1024])'
     assert marker in source
     patched = source.replace(marker, '    window_scale: int = axis("window_scales", int, [1])\n' + marker)
@@ -137,9 +139,9 @@ def test_a_new_axis_added_in_one_place_reaches_keys_rows_and_group_columns(tmp_p
 
 
 def test_end_to_end_rows_carry_speedup_noise_and_where_it_ran(tmp_path: Path) -> None:
-    from attnbench.results import read_results
-    from attnbench.run import run_plan
-    from attnbench.rundir import read_samples
+    from attnbench.run.sweep import run_plan
+    from attnbench.runfolder.folder import read_samples
+    from attnbench.runfolder.results import read_results
 
     config = parse_config(
         {"variants": ["full", "full-math", "band"], "seq_lens": [64, 128], "heads": 2, "head_dim": 16,
@@ -158,8 +160,8 @@ def test_end_to_end_rows_carry_speedup_noise_and_where_it_ran(tmp_path: Path) ->
 
 
 def test_an_option_refused_only_at_the_call_is_unsupported_not_an_error(tmp_path: Path) -> None:
-    from attnbench.results import read_results
-    from attnbench.run import run_plan
+    from attnbench.run.sweep import run_plan
+    from attnbench.runfolder.results import read_results
 
     config = parse_config(
         {"variants": {"full": {}, "strided": {"factorize": True}}, "seq_lens": [32], "heads": 1, "head_dim": 8,
@@ -198,13 +200,13 @@ def test_compile_s_is_the_first_call_at_the_shape_minus_a_warm_call(plugin_regis
          "min_rounds": 2},
         registry=registry,
     )  # fmt: skip
-    [row] = measure.measure_group(config.groups()[0], config.settings, registry).rows
+    [row] = measure.measure_group(config.plan().groups[0], config.settings, registry).rows
     assert 0.25 < row.compile_s < 1.0 and row.time_median_s < 0.01
 
 
 def test_shared_qk_lsh_runs_forward_and_backward(tmp_path: Path) -> None:
-    from attnbench.results import read_results
-    from attnbench.run import run_plan
+    from attnbench.run.sweep import run_plan
+    from attnbench.runfolder.results import read_results
 
     config = parse_config(
         {"variants": {"full": {}, "lsh": {"shared_qk": True}}, "seq_lens": [128], "heads": 2, "head_dim": 16,
@@ -215,7 +217,7 @@ def test_shared_qk_lsh_runs_forward_and_backward(tmp_path: Path) -> None:
 
 
 def test_baseline_is_a_variant_setting_of_the_run() -> None:
-    from attnbench.config import ConfigError
+    from attnbench.plan.config import ConfigError
 
     with pytest.raises(ConfigError, match="baseline: 'nope' is not one of this run's variant settings"):
         parse_config({"variants": ["full", "band"], "baseline": "nope"})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from attnbench.interface import AttentionVariant, kept_between_calls
-from attnbench.memory import call_memory
+from attnbench.measure.memory import call_memory
 from attnbench.registry import registry
 
 B, H, N, D = 2, 2, 256, 16

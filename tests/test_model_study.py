@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import torch
 from attnbench.cli import main
-from attnbench.model_study import ModelStudy, load_model, masked_inputs, parse_variant_specs
-from attnbench.plan import VariantSpec
+from attnbench.model.study import ModelStudy, load_model, masked_inputs
+from attnbench.plan.cells import VariantSpec
 
 transformers = pytest.importorskip("transformers")
 N = 64
@@ -84,7 +84,7 @@ def test_the_command_writes_a_table_and_a_report(models, tmp_path: Path, capsys:
 def test_models_whose_attention_cannot_be_swapped_faithfully_are_refused(tmp_path: Path) -> None:
     """A sliding window the variants do not model makes the exact model through attnbench differ from the
     model's own: refused with the figure, not measured against the wrong reference."""
-    from attnbench.model_study import ModelStudyError
+    from attnbench.model.study import ModelStudyError
 
     config = transformers.MistralConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                         num_key_value_heads=2, intermediate_size=64, sliding_window=8)  # fmt: skip
@@ -111,7 +111,7 @@ def test_bad_input_is_refused_before_the_model_is_loaded(tmp_path: Path, capsys:
     assert "unbalanced parentheses" in capsys.readouterr().err
     assert main(["model", str(tmp_path), "--variants", "band", "--random-tokens", "1"]) == 2
     assert "--random-tokens must be >= 2" in capsys.readouterr().err
-    assert [s.label() for s in parse_variant_specs("band(window=64, block_size=32),lsh")] == [
+    assert [s.label() for s in VariantSpec.parse("band(window=64, block_size=32),lsh")] == [
         "band(block_size=32, window=64)",
         "lsh",
     ]

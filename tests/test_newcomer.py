@@ -10,12 +10,11 @@ import pytest
 import torch
 from attnbench import cli
 from attnbench.cli import main
-from attnbench.config import ConfigError, load_config, parse_config, parse_variant_specs
 from attnbench.conformance import check_contexts, run_check
 from attnbench.interface import AttentionVariant
-from attnbench.model_study import ModelStudyError
-from attnbench.model_study import parse_variant_specs as model_variant_specs
-from attnbench.results import read_results
+from attnbench.plan.cells import VariantSpec
+from attnbench.plan.config import ConfigError, load_config, parse_config
+from attnbench.runfolder.results import read_results
 
 TINY = 'seq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\nmin_rounds = 2\nerror = false\n'
 
@@ -50,15 +49,18 @@ def test_a_plain_name_keeps_the_grid_of_a_file_written_as_tables(tmp_path: Path)
     assert labels(config) == ["band(window=8)", "band(window=16)", "band(window=4)"]
 
 
-def test_run_and_model_read_variants_with_one_parser() -> None:
+def test_variant_specs_read_back_from_their_labels_and_refuse_what_they_cannot_be() -> None:
+    """One parser (`VariantSpec.parse`) reads `run --variants`, `model --variants` and a report's labels."""
     text = "band(window=64, block_size=32),lsh,strided(pattern=fixed)"
-    assert model_variant_specs(text) == parse_variant_specs(text)
+    specs = VariantSpec.parse(text)
+    assert [s.label() for s in specs] == ["band(block_size=32, window=64)", "lsh", "strided(pattern=fixed)"]
+    assert VariantSpec.parse(",".join(s.label() for s in specs)) == specs
     with pytest.raises(ValueError, match="window takes one value here"):
-        parse_variant_specs("band(window=[64, 128])")
+        VariantSpec.parse("band(window=[64, 128])")
     with pytest.raises(ValueError, match="window is given twice"):
-        parse_variant_specs("band(window=64, window=128)")
-    with pytest.raises(ModelStudyError, match="--variants: unbalanced parentheses"):
-        model_variant_specs("band(window=64")
+        VariantSpec.parse("band(window=64, window=128)")
+    with pytest.raises(ValueError, match="unbalanced parentheses"):
+        VariantSpec.parse("band(window=64")
 
 
 def test_the_cells_of_a_run_carry_the_label_typed(tmp_path: Path) -> None:
@@ -174,9 +176,9 @@ def test_every_preset_states_its_measured_run_time() -> None:
     """`attnbench presets` gives each preset's run time as measured on 2 cores (its `measured_run_time`)."""
     import re
 
-    from attnbench.config import preset_descriptions, load_config
+    from attnbench.plan.config import load_config, preset_descriptions
 
     for name, (description, run_time) in preset_descriptions().items():
         pattern = r"^[\d.]+ (s|min|h) \(load [\d.]+\), \d{4}-\d\d-\d\d(, .+)?$"  # a note may follow the date
         assert description and re.match(pattern, run_time), (name, run_time)
-        assert load_config(name).cells()  # the descriptive key does not disturb the config
+        assert load_config(name).plan().cells  # the descriptive key does not disturb the config

@@ -13,9 +13,9 @@ from typing import Callable
 import matplotlib
 import pandas as pd
 import seaborn as sns
-from attnbench.memory import CPU_METHOD, CUDA_METHOD
-from attnbench.plots import FIGURE_WIDTH, THEME, plot_error, plot_speedup, plot_versus_n, styles, variant_colour
-from attnbench.report import memory_title, write_report
+from attnbench.report.plots import FIGURE_WIDTH, THEME, plot_error, plot_speedup, plot_versus_n, styles, variant_colour
+from attnbench.report.run_report import memory_title, write_report
+from attnbench.runfolder.rows import CPU_METHOD, CUDA_METHOD
 
 from tests.test_report import edit_rows, synthetic_run
 

@@ -7,13 +7,13 @@ import random
 from pathlib import Path
 
 from attnbench.cli import main
-from attnbench.config import parse_config
-from attnbench.measure import GroupResult
-from attnbench.processes import merge_processes
-from attnbench.stats import two_level_interval
-from attnbench.results import read_results, row_for
-from attnbench.rundir import read_samples
-from attnbench.stats import median_interval
+from attnbench.measure.group import GroupResult
+from attnbench.plan.config import parse_config
+from attnbench.run.processes import merge_processes
+from attnbench.runfolder.folder import read_samples
+from attnbench.runfolder.results import read_results
+from attnbench.runfolder.rows import row_for
+from attnbench.stats import median_interval, two_level_interval
 
 
 def test_the_spread_between_processes_widens_the_interval_where_rounds_alone_do_not() -> None:
@@ -32,7 +32,7 @@ def test_the_spread_between_processes_widens_the_interval_where_rounds_alone_do_
 
 def test_merge_pools_each_cells_samples_and_keeps_the_first_ok_row() -> None:
     config = parse_config({"variants": ["full", "band"], "seq_lens": [16], "heads": 1, "head_dim": 8})
-    (group,) = config.groups()
+    (group,) = config.plan().groups
     full, band = (cell.key() for cell in group.cells)
 
     def process(level: float, band_ok: bool = True) -> GroupResult:
@@ -67,7 +67,7 @@ def test_a_cell_missing_from_one_process_is_paired_with_its_own_processes_baseli
     """Each process's ratios come from that process's rounds: band timed in processes 2 and 3 only is divided by
     the baseline of processes 2 and 3, never shifted onto process 1's."""
     config = parse_config({"variants": ["full", "band"], "seq_lens": [16], "heads": 1, "head_dim": 8})
-    (group,) = config.groups()
+    (group,) = config.plan().groups
     full, band = (cell.key() for cell in group.cells)
 
     def process(full_s: float, band_s: float | None) -> GroupResult:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import attnbench
 import pytest
-from attnbench.config import parse_config
-from attnbench.plan import Cell
-from attnbench.results import read_results
-from attnbench.run import run_plan
+from attnbench.plan.cells import Cell
+from attnbench.plan.config import parse_config
+from attnbench.run.sweep import run_plan
+from attnbench.runfolder.results import read_results
 
 from tests.conftest import write_plugin
 
@@ -173,9 +173,9 @@ def test_a_group_whose_node_is_lost_runs_again_once_on_another_node() -> None:
     from dataclasses import asdict
     from types import SimpleNamespace
 
-    from attnbench.config import Settings
-    from attnbench.ray_executor import RayExecutor
-    from attnbench.results import row_for
+    from attnbench.plan.config import Settings
+    from attnbench.run.ray_executor import RayExecutor
+    from attnbench.runfolder.rows import row_for
 
     class NodeDied(Exception):
         pass
@@ -220,7 +220,7 @@ def test_a_group_whose_node_is_lost_runs_again_once_on_another_node() -> None:
                              cpu_nodes=list(nodes.values()), free_nodes=[nodes[a]], free_gpus=0, total_gpus=0,
                              reruns={}, in_flight={}, remote=Task())  # fmt: skip
     config = parse_config({**SMALL, "variants": ["full"], "seq_lens": [16]})
-    results = list(executor.measure(iter(config.groups())))
+    results = list(executor.measure(iter(config.plan().groups)))
     assert submitted == [a, b]  # lost with node a, run again on b (which the refresh found free)
     ((group, result),) = results
     assert [row.host for row in result.rows] == ["b"] and result.rows[0].status == "ok"
@@ -231,8 +231,8 @@ def test_a_group_whose_node_is_lost_runs_again_once_on_another_node() -> None:
 
 def test_the_cluster_joined_and_attnbench_on_each_node_are_recorded(runtime) -> None:
     import attnbench
-    from attnbench.config import Settings
-    from attnbench.ray_executor import RayExecutor
+    from attnbench.plan.config import Settings
+    from attnbench.run.ray_executor import RayExecutor
 
     executor = RayExecutor(Settings(), say=lambda text: None)  # joins the module's runtime, as a cluster's
     executor.close()
@@ -252,7 +252,7 @@ def test_a_node_with_another_attnbench_stops_the_run_before_any_cell(
     import attnbench
     from attnbench.cli import main
 
-    monkeypatch.setattr("attnbench.ray_executor.DRIVER_VERSION", "9.9.9")  # the workers import the real one
+    monkeypatch.setattr("attnbench.run.ray_executor.DRIVER_VERSION", "9.9.9")  # the workers import the real one
     config = tmp_path / "tiny.toml"
     config.write_text('seq_lens = [16]\nheads = 1\nhead_dim = 8\nerror = false\nvariants = ["full"]\n')
     address = ray.get_runtime_context().gcs_address

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from attnbench.inputs import make_inputs, padding_mask
-from attnbench.masking import allowed_keys, rows_with_visible_key
-from attnbench.memory import LiveTensorPeak, peak_memory
-from attnbench.metrics import error_metrics
-from attnbench.reference import dense_masked_attention, exact_reference
+from attnbench.inputs.catalogue import make_inputs, padding_mask
+from attnbench.measure.memory import LiveTensorPeak, peak_memory
+from attnbench.measure.metrics import error_metrics
+from attnbench.measure.reference import exact_reference
+from attnbench.ops import allowed_keys, dense_masked_attention, rows_with_visible_key
 
 
 def qkv(b: int = 2, h: int = 2, n: int = 50, d: int = 8, seed: int = 0) -> list[torch.Tensor]:

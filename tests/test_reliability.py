@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from attnbench.config import parse_config
-from attnbench.results import COLUMNS, ResultsWriter, read_results, row_for
-from attnbench.run import run_plan as run_sweep
+from attnbench.plan.config import parse_config
+from attnbench.run.sweep import run_plan as run_sweep
+from attnbench.runfolder.results import ResultsWriter, read_results
+from attnbench.runfolder.rows import COLUMNS, row_for
 
 from tests.conftest import write_plugin
 
@@ -212,7 +213,7 @@ def test_writer_resuming_a_file_from_an_older_version_keeps_every_row_aligned(tm
         writer = csv.DictWriter(file, fieldnames=older)
         writer.writeheader()
         writer.writerow(old_row)
-    cell = parse_config({"variants": ["full"], "seq_lens": [64]}).cells()[0]
+    cell = parse_config({"variants": ["full"], "seq_lens": [64]}).plan().cells[0]
     with ResultsWriter(path) as writer:
         writer.append(row_for(cell, family="exact", exact=True))
     frame = read_results(tmp_path)

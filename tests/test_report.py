@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from attnbench.analysis import crossover
 from attnbench.cli import main
-from attnbench.compare import compare_runs
-from attnbench.config import parse_config
-from attnbench.report import write_report
-from attnbench.results import ResultsWriter, row_for
+from attnbench.plan.config import parse_config
+from attnbench.report.analysis import crossover
+from attnbench.report.compare import compare_runs
+from attnbench.report.run_report import write_report
+from attnbench.runfolder.results import ResultsWriter
+from attnbench.runfolder.rows import row_for
 
 # time = a * N^slope, memory = m * N^slope; full quadratic, band linear but slower at small N
 CURVES = {"full": (1e-8, 2.0, 100.0, 1.0), "band": (1e-5, 1.0, 50.0, 1.0), "strided": (1e-6, 1.5, 400.0, 1.0)}
@@ -25,7 +26,7 @@ def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: floa
     config = parse_config({"variants": list(CURVES), "seq_lens": [256, 512, 1024, 2048]})
     samples = []
     with ResultsWriter(folder / "results.csv") as writer:
-        for cell in config.cells():
+        for cell in config.plan().cells:
             name, n = cell.variant.name, cell.seq_len
             row = row_for(cell, family="exact" if name == "full" else name, exact=True)
             if name == "strided" and n == 2048:
@@ -127,8 +128,8 @@ def test_report_of_a_run_written_before_newer_columns(tmp_path: Path) -> None:
 def test_verdict_names_the_fastest_exact_the_pareto_set_and_crossovers(tmp_path: Path) -> None:
     """On the constructed curves: band beats full from N = 1000 at error 0.3; strided (error 0.1) is slower
     than full at every N, so full, exact and faster, dominates it: it is in no Pareto set."""
-    from attnbench.results import read_results
-    from attnbench.verdict import verdicts
+    from attnbench.report.verdict import verdicts
+    from attnbench.runfolder.results import read_results
 
     run = synthetic_run(tmp_path / "run")
     (verdict,) = verdicts(read_results(run))
@@ -154,8 +155,8 @@ def test_verdict_names_the_fastest_exact_the_pareto_set_and_crossovers(tmp_path:
 
 
 def test_verdict_on_a_near_uniform_input_says_accuracy_cannot_separate_variants(tmp_path: Path) -> None:
-    from attnbench.results import read_results
-    from attnbench.verdict import verdicts
+    from attnbench.report.verdict import verdicts
+    from attnbench.runfolder.results import read_results
 
     run = synthetic_run(tmp_path / "run")
     edit_rows(run, lambda rows: [{**r, "input_entropy": "0.93" if r["input_entropy"] else ""} for r in rows])
@@ -166,8 +167,8 @@ def test_verdict_on_a_near_uniform_input_says_accuracy_cannot_separate_variants(
 
 def test_a_run_over_two_kinds_of_machine_is_judged_per_machine(tmp_path: Path) -> None:
     """Groups that ran on different device names (a Ray cluster) are never compared across machines."""
-    from attnbench.results import read_results
-    from attnbench.verdict import verdicts
+    from attnbench.report.verdict import verdicts
+    from attnbench.runfolder.results import read_results
 
     run = synthetic_run(tmp_path / "run")
     edit_rows(run, lambda rows: [{**r, "device_name": "GPU A" if int(r["seq_len"]) <= 512 else "CPU B"} for r in rows])
@@ -183,7 +184,7 @@ def test_a_run_over_two_kinds_of_machine_is_judged_per_machine(tmp_path: Path) -
 def test_colours_stay_with_the_variant_name_across_runs() -> None:
     """Two runs with different subsets draw a variant in the same colour; settings of one variant share its
     colour and differ by marker; a plugin's colour comes from its name alone."""
-    from attnbench.plots import styles
+    from attnbench.report.plots import styles
 
     first = styles(["full", "band(window=64)", "band(window=256)", "lsh", "my-plugin"])
     second = styles(["lsh", "performer", "band(window=256)", "my-plugin", "linear"])
@@ -317,7 +318,7 @@ def test_a_run_without_error_measurement_gets_a_report_without_pareto_plots(tmp_
 def test_compare_says_inconclusive_when_the_interval_cannot_tell() -> None:
     """Issue 23, item 2: a 50% slowdown measured 1.93× [1.03–2.39] was 'same' (its interval did not clear 5%).
     'same' now needs the whole interval within the margin; an interval reaching past it is inconclusive."""
-    from attnbench.compare import decide
+    from attnbench.report.compare import decide
     from attnbench.stats import Interval
 
     assert decide(Interval(1.93, 1.03, 2.39), 0.05, 0.05).startswith("inconclusive (the interval reaches")
@@ -344,18 +345,18 @@ def test_no_efficiency_exceeds_100_percent_the_peak_is_raised_and_said(tmp_path:
     """Issue 23, item 6: under load `full` reached 107–114% of a matmul peak measured low. The peak is the best of
     start, between groups and end, and where a cell still beats it, it is raised to that cell's rate and the report
     says so."""
-    from attnbench.analysis import efficiency, raised_peaks
-    from attnbench.machine import run_peaks
-    from attnbench.results import read_results
+    from attnbench.report.analysis import efficiency, raised_peaks
+    from attnbench.runfolder.meta import RunMeta
+    from attnbench.runfolder.results import read_results
 
     run = synthetic_run(tmp_path / "run")  # full: 4·N²·64 flops in 1e-8·N² s = 25.6 GFLOP/s, band more
     meta = json.loads((run / "meta.json").read_text())
     low = {"matmul_flops_per_s": 2.0e10, "copy_bytes_per_s": 1e10}
     meta.update(peaks={"cpu/float32": low}, peaks_between={"cpu/float32": {**low, "matmul_flops_per_s": 2.2e10}})
     (run / "meta.json").write_text(json.dumps(meta))
-    assert run_peaks(meta)["cpu/float32"]["matmul_flops_per_s"] == 2.2e10  # best of start and between groups
+    assert RunMeta(meta).peaks["cpu/float32"]["matmul_flops_per_s"] == 2.2e10  # best of start and between groups
     frame = read_results(run)
-    peaks, notes = raised_peaks(frame, run_peaks(meta))
+    peaks, notes = raised_peaks(frame, RunMeta(meta).peaks)
     ok = frame[frame.status == "ok"]
     assert peaks["cpu/float32"]["matmul_flops_per_s"] == pytest.approx((ok.flops / ok.time_median_s).max())
     assert efficiency(frame, peaks).max() == pytest.approx(1.0)

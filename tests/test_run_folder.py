@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from attnbench.cli import build_parser
-from attnbench.results import read_results
+from attnbench.runfolder.results import read_results
+from helpers import source_modules
 
 TESTS = Path(__file__).parent
 SMALL = ["--seq-lens", "64", "--no-progress", "--no-report"]
@@ -293,9 +294,16 @@ def test_the_wheel_ships_its_presets_and_works_outside_the_checkout(tmp_path: Pa
     )
     assert listing.returncode == 0 and "band " in listing.stdout, listing.stderr
     script = (
-        "from attnbench.config import load_config, preset_names\n"
+        "from attnbench.plan.config import load_config, preset_names\n"
         "for n in preset_names(): load_config(n)\nprint(preset_names())"
     )
     presets = subprocess.run([python, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert presets.returncode == 0, presets.stderr
     assert {"quick", "default", "lsh", "error-study"} <= set(eval(presets.stdout))
+    # every module of the checkout is in the wheel and imports from there: no sub-package left out by a list
+    names = sorted(source_modules())
+    script = "import importlib, sys\nfor n in sys.argv[1:]: print(importlib.import_module(n).__file__)"
+    imported = subprocess.run([python, "-c", script, *names], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert imported.returncode == 0, imported.stderr
+    files = imported.stdout.split()
+    assert len(files) == len(names) and all(f.startswith(str(site)) for f in files), imported.stdout

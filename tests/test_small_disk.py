@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from attnbench.results import read_results
-from attnbench.rundir import read_samples
+from attnbench.runfolder.folder import read_samples
+from attnbench.runfolder.results import read_results
 
 CLI = f"{sys.executable} -m attnbench.cli"
 CONFIG = (

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnbench.config import parse_config
-from attnbench.results import COLUMNS, read_results
-from attnbench.summary import write_summary
-from attnbench.run import run_plan as run_sweep
+from attnbench.plan.config import parse_config
+from attnbench.report.summary import write_summary
+from attnbench.run.sweep import run_plan as run_sweep
+from attnbench.runfolder.results import read_results
+from attnbench.runfolder.rows import COLUMNS
 
 MISBEHAVING = """
     import time

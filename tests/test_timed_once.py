@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnbench.config import parse_config
-from attnbench.report import write_report
-from attnbench.results import read_results
-from attnbench.run import run_plan
-from attnbench.verdict import verdicts
+from attnbench.plan.config import parse_config
+from attnbench.report.run_report import write_report
+from attnbench.report.verdict import verdicts
+from attnbench.run.sweep import run_plan
+from attnbench.runfolder.results import read_results
 
 TINY = {"heads": 1, "head_dim": 8, "min_run_time": 0.01, "min_rounds": 3, "variants": ["full", "band"]}
 INPUTS = [{"name": "realistic"}, {"name": "gaussian"}]
@@ -16,7 +16,7 @@ INPUTS = [{"name": "realistic"}, {"name": "gaussian"}]
 
 def test_later_inputs_get_error_without_timing_and_borrow_the_first_inputs_speed(tmp_path: Path) -> None:
     config = parse_config({**TINY, "seq_lens": [32, 64], "inputs": INPUTS})
-    assert [group.timed for group in config.groups()] == [True, True, False, False]
+    assert [group.timed for group in config.plan().groups] == [True, True, False, False]
     run = run_plan(config, tmp_path, progress=False)
     frame = read_results(run)
     later = frame[frame["input"] == "gaussian"]

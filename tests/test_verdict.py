@@ -5,10 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from attnbench.analysis import crossover
-from attnbench.results import read_results
-from attnbench.verdict import Choice, judge, pareto_set, verdict_blocks, verdict_markdown, verdict_terminal
-
+from attnbench.report.analysis import crossover
+from attnbench.report.verdict import (
+    Choice,
+    judge,
+    pareto_set,
+    verdict_blocks,
+    verdict_markdown,
+    verdict_terminal,
+    verdicts,
+)
+from attnbench.runfolder.results import read_results
 from test_report import edit_rows, synthetic_run
 
 
@@ -114,7 +121,7 @@ def test_faster_from_in_the_verdict_is_not_the_first_faster_n(tmp_path: Path) ->
         return rows
 
     edit_rows(run, band_fast_only_at_512)
-    (verdict,) = [b.verdict for b in verdict_blocks(read_results(run))]
+    (verdict,) = [b.verdict for b in verdict_blocks(verdicts(read_results(run)))]
     pays_off = {c.label: c.pays_off for a in verdict.answers for c in a.choices + a.left_out}
     assert pays_off["band"] == "not monotone"
 
@@ -124,21 +131,21 @@ def test_identical_verdicts_are_merged_into_one_block(tmp_path: Path) -> None:
     frame = read_results(run)
     twin = frame.assign(input="gaussian-twin")  # the same figures on a second input
     both = pd.concat([frame, twin], ignore_index=True)
-    blocks = verdict_blocks(both)
+    blocks = verdict_blocks(verdicts(both))
     assert len(blocks) == 1 and len(blocks[0].titles) == 2
-    assert "and 1 more with the same verdict: gaussian-twin" in verdict_markdown(both)
+    assert "and 1 more with the same verdict: gaussian-twin" in verdict_markdown(verdict_blocks(verdicts(both)))
 
 
 def test_the_terminal_verdict_fits_80_columns(tmp_path: Path) -> None:
     frame = read_results(synthetic_run(tmp_path / "run"))
-    text = verdict_terminal(frame, 80)
+    text = verdict_terminal(verdict_blocks(verdicts(frame)), 80)
     assert "N=2048: Use band" in text and "Left out: strided" in text
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
 def test_the_pareto_plots_show_the_verdicts_own_choices_and_sentence(tmp_path: Path, monkeypatch) -> None:
     """One rule: each speed-error plot joins exactly the verdict's offered choices and is titled with its answer."""
-    import attnbench.report as report
+    import attnbench.report.run_report as report
 
     drawn = []
     real = report.plot_pareto
@@ -150,7 +157,7 @@ def test_the_pareto_plots_show_the_verdicts_own_choices_and_sentence(tmp_path: P
     monkeypatch.setattr(report, "plot_pareto", spy)
     run = synthetic_run(tmp_path / "run")
     report.write_report(run)
-    (verdict,) = [b.verdict for b in verdict_blocks(read_results(run))]
+    (verdict,) = [b.verdict for b in verdict_blocks(verdicts(read_results(run)))]
     expected = [
         (f"At N={a.n} on {verdict.input}: {a.sentence}", [c.label for c in a.choices], {c.label for c in a.choices + a.left_out})
         for a in verdict.answers
@@ -168,7 +175,7 @@ def test_without_an_error_measured_the_verdict_claims_nothing_about_accuracy() -
     )
     (band,) = answer.left_out
     assert band.left_out == "slower than full beyond noise"
-    from attnbench.verdict import left_out_text
+    from attnbench.report.verdict import left_out_text
 
     assert left_out_text(answer) == "Left out: band (slower than full beyond noise; 0.50× [0.40–0.60])."
 
@@ -239,7 +246,7 @@ def test_membership_does_not_depend_on_a_third_variants_noise() -> None:
 def test_faster_from_says_what_the_intervals_add() -> None:
     """Issue 23, item 7: 'faster from ≈ 930' while N=1024's interval spanned 0.52–2.18×. The crossing of the
     medians is kept, and the N from which the interval clears 1× is added (or that it never does)."""
-    from attnbench.analysis import faster_from
+    from attnbench.report.analysis import faster_from
 
     n = [256, 512, 1024, 2048]
     assert faster_from(n, [0.5, 0.9, 1.2, 2.0], [0.45, 0.8, 0.52, 1.6]) == (
@@ -254,7 +261,7 @@ def test_faster_from_says_what_the_intervals_add() -> None:
 
 def test_the_input_sentence_gives_each_n_its_own_figures(tmp_path: Path) -> None:
     """Issue 23, item 7: '34% within ±64' averaged 64%, 29% and 10% over N; each N now has its own."""
-    from attnbench.verdict import input_sentence
+    from attnbench.report.verdict import input_sentence
 
     run = synthetic_run(tmp_path / "run")
     local = {"256": "0.64", "512": "0.29", "1024": "0.1", "2048": "0.05"}
@@ -289,7 +296,7 @@ def test_an_approximation_of_unmeasured_error_never_knocks_out_exact_attention()
 def test_an_interval_of_too_few_rounds_names_no_winner_and_says_its_coverage() -> None:
     """Review of issue 23: with 2 or 3 rounds the min–max 'interval' (50%, 75% coverage) was headed '95% CI' and
     still named winners."""
-    from attnbench.verdict import InputVerdict, verdict_rows
+    from attnbench.report.verdict import InputVerdict, verdict_rows
 
     few = choice("band", "band", 1.5, 1.2, 1.8, 0.3)
     few.coverage = 0.75
@@ -297,3 +304,29 @@ def test_an_interval_of_too_few_rounds_names_no_winner_and_says_its_coverage() -
     assert not few.clearly_faster and answer.sentence.startswith("Nothing clearly beats full here")
     headers, _ = verdict_rows(InputVerdict("s", "realistic", "full", "", "realistic"), answer)
     assert headers[1] == "speedup vs full [CI, coverage 75%]"
+
+
+def test_fastest_in_tables_and_titles_is_the_verdicts_rule(tmp_path: Path) -> None:
+    """One dominance rule: a detail table's bold times and a plot title's "fastest" are the variants no other is
+    faster than beyond noise (`faster_beyond_noise`, in their own rounds), not the lowest median."""
+    from attnbench.report.run_report import detail_blocks
+    from attnbench.report.verdict import fastest_labels
+    from attnbench.runfolder.folder import read_samples
+
+    run = synthetic_run(tmp_path / "run")
+    frame, samples = read_results(run), read_samples(run)
+    group = frame[frame["input"] == frame["input"].iloc[0]]
+    at = group[(group.seq_len == 1024) & (group.status == "ok")].sort_values("time_median_s")
+    lead, second = at.label.iloc[0], at.label.iloc[1]
+    assert fastest_labels(at, samples) == [lead]  # faster than the rest in every round: alone
+
+    def bold_at_1024(samples: dict) -> set[str]:
+        time_table = next(b for b in detail_blocks(group, "h", {}, samples) if b.kind == "table")
+        column = time_table.headers.index("N=1024")
+        return {time_table.rows[row][0] for row, col in time_table.best if col == column}
+
+    assert bold_at_1024(samples) == {lead}
+    keys, seconds = at.set_index("label").cell_key, float(at.time_median_s.iloc[0])
+    samples = {**samples, keys[lead]: [seconds] * 11, keys[second]: [seconds * (1.2 if i % 2 else 0.85) for i in range(11)]}
+    assert set(fastest_labels(at, samples)) == {lead, second}  # the runner-up is within noise of the leader now
+    assert bold_at_1024(samples) == {lead, second}

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from attnbench.interface import Hyperparameter
-from attnbench.timing import synchronize
+from attnbench.ops import synchronize
 from einops import reduce
 from torch import Tensor
 

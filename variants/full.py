@@ -10,8 +10,7 @@ from dataclasses import replace
 
 import torch.nn.functional as F
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Shape, dense_attention_cost
-from attnbench.masking import allowed_keys, rows_with_visible_key
-from attnbench.reference import dense_masked_attention
+from attnbench.ops import allowed_keys, dense_masked_attention, rows_with_visible_key
 from einops import rearrange
 from torch import Tensor
 

@@ -5,8 +5,9 @@
 
 Non-causal and causal, forward, float32, B=1, H=8, D=64, on the CPU, default gaussian input; error
 against exact softmax attention (err vs uniform: 0 exact, 1 = uniform averaging). The two are timed in
-turns (`attnbench.timing.time_interleaved`), so a slow stretch of the machine falls on both alike. performer-pytorch's
-causal form without its CUDA kernel is a cumulative sum of N outer products (its memory grows as N*m*D).
+turns (`attnbench.measure.timing.time_in_turns`), so a slow stretch of the machine falls on both alike.
+performer-pytorch's causal form without its CUDA kernel is a cumulative sum of N outer products (its memory
+grows as N*m*D).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import argparse
 import sys
 
 import torch
-from attnbench.inputs import make_inputs
-from attnbench.machine import warm_allocator
-from attnbench.metrics import error_metrics
-from attnbench.reference import exact_reference
+from attnbench.inputs.catalogue import make_inputs
+from attnbench.measure.machine import warm_allocator
+from attnbench.measure.metrics import error_metrics
+from attnbench.measure.reference import exact_reference
+from attnbench.measure.timing import time_in_turns
 from attnbench.registry import registry
-from attnbench.timing import time_interleaved
+from attnbench.stats import Spread
 
 
 def main() -> int:
@@ -63,12 +65,13 @@ def main() -> int:
                     "performer-pytorch FastAttention": lambda: theirs(q, k, v),
                     "attnbench performer": lambda: ours(q, k, v, causal=causal),
                 }
-                timings = time_interleaved(calls, cpu, min_run_time=args.min_run_time)
+                samples = time_in_turns(calls, cpu, min_run_time=args.min_run_time)
+                timings = {label: Spread.of(seconds) for label, seconds in samples.items()}
                 rows = [(label, timings[label], error_metrics(fn(), reference)) for label, fn in calls.items()]
             for label, timing, error in rows:
-                ratio = rows[0][1].median_s / rows[1][1].median_s
+                ratio = rows[0][1].median / rows[1][1].median
                 print(
-                    f"| {n} | {causal} | {label} | {timing.median_s * 1e3:.1f} ± {timing.iqr_s * 1e3:.1f} | "
+                    f"| {n} | {causal} | {label} | {timing.median * 1e3:.1f} ± {timing.iqr * 1e3:.1f} | "
                     f"{ratio:.2f}× | {error.vs_uniform:.3f} |"
                 )
         return 0

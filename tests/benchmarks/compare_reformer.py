@@ -7,7 +7,7 @@ Both run shared-QK (reformer-pytorch's only mode), bucket_size=64, n_buckets = N
 paper's setting, which reformer-pytorch fixes), forward, float32, B=1, H=8, D=64, on the CPU. Our
 default n_buckets (at most 64) is timed too. Errors are against exact attention with the same
 shared-QK keys (reformer-pytorch's duplicates are not de-duplicated, ours are). The three are timed in
-turns (`attnbench.timing.time_interleaved`), so a slow stretch of the machine falls on all alike.
+turns (`attnbench.measure.timing.time_in_turns`), so a slow stretch of the machine falls on all alike.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from attnbench.machine import warm_allocator
-from attnbench.metrics import error_metrics
-from attnbench.reference import Reference
+from attnbench.measure.machine import warm_allocator
+from attnbench.measure.metrics import error_metrics
+from attnbench.measure.reference import Reference
+from attnbench.measure.timing import time_in_turns
 from attnbench.registry import registry
-from attnbench.timing import time_interleaved
+from attnbench.stats import Spread
 from attnbench.variants.lsh import default_buckets
 from einops import rearrange
 
@@ -78,15 +79,16 @@ def main() -> int:
                 f"attnbench lsh (n_buckets={n // bucket})": lambda: ours_paper(q, q, v),
                 f"attnbench lsh (default n_buckets={default_buckets(n, bucket)})": lambda: ours_default(q, q, v),
             }
-            timings = time_interleaved(calls, cpu, min_run_time=args.min_run_time)
+            samples = time_in_turns(calls, cpu, min_run_time=args.min_run_time)
+            timings = {label: Spread.of(seconds) for label, seconds in samples.items()}
             rows = [(label, timings[label], error_metrics(fn(), reference)) for label, fn in calls.items()]
-        base = rows[0][1].median_s
+        base = rows[0][1].median
         print(f"N={n}, H={h}, D={d}, bucket_size={bucket}, n_hashes={args.n_hashes}, threads={torch.get_num_threads()}")
         print("| implementation | time ms (median ± IQR) | speedup vs reformer-pytorch | err vs uniform | rel Frobenius |")
         print("|---|---|---|---|---|")
         for label, timing, error in rows:
             print(
-                f"| {label} | {timing.median_s * 1e3:.1f} ± {timing.iqr_s * 1e3:.1f} | {base / timing.median_s:.2f}× "
+                f"| {label} | {timing.median * 1e3:.1f} ± {timing.iqr * 1e3:.1f} | {base / timing.median:.2f}× "
                 f"| {error.vs_uniform:.3f} | {error.rel_fro:.3f} |"
             )
         return 0

@@ -12,7 +12,7 @@ def pytest_configure(config) -> None:
 
 
 def pytest_benchmark_update_machine_info(config, machine_info: dict) -> None:
-    from attnbench.machine import cpu_model, versions
+    from attnbench.measure.machine import cpu_model, versions
 
     machine_info["torch"] = torch.__version__
     machine_info["torch_threads"] = torch.get_num_threads()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from attnbench.plan import VariantSpec
+from attnbench.plan.cells import VariantSpec
 from attnbench.registry import registry
 
 SEQ_LENS = [1024, 4096]

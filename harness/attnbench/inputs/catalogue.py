@@ -1,0 +1,142 @@
+"""The catalogue of inputs: each distribution's name, defaults and positive parameters, their validation, the key
+padding rule, and `make_inputs`, which draws one cell's Q/K/V (and mask) on the CPU and moves them.
+
+The distributions themselves are in `attnbench.inputs.synthetic` and `attnbench.inputs.captured`.
+
+b - batch, h - heads, n - sequence, d - head dim
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from attnbench.inputs.captured import captured, captured_layout_problems, read_tensors
+from attnbench.inputs.synthetic import clustered, gaussian, local, lowrank, realistic
+from attnbench.interface import did_you_mean
+from attnbench.ops import padding_mask
+
+
+@dataclass
+class Inputs:
+    q: Tensor  # (b, h, n, d)
+    k: Tensor  # (b, h, n, d)
+    v: Tensor  # (b, h, n, d)
+    key_padding_mask: Tensor | None  # (b, n) bool, True = padding
+
+
+# ---- captured Q/K/V from a file ------------------------------------------------------------------
+
+
+# ---- the registry of distributions ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Distribution:
+    make: Callable[..., tuple[Tensor, Tensor, Tensor]]
+    defaults: dict[str, Any]
+    positive: tuple[str, ...]  # numeric parameters that must be > 0
+
+
+DISTRIBUTIONS: dict[str, Distribution] = {
+    "gaussian": Distribution(gaussian, {"temperature": 1.0}, ("temperature",)),
+    "clustered": Distribution(
+        clustered, {"clusters": 8, "spread": 0.3, "temperature": 0.1}, ("clusters", "spread", "temperature")
+    ),
+    "local": Distribution(
+        local, {"length": 64.0, "temperature": 0.1, "noise": 0.5}, ("length", "temperature", "noise")
+    ),
+    "lowrank": Distribution(lowrank, {"rank": 8, "temperature": 1.0}, ("rank", "temperature")),
+    "realistic": Distribution(realistic, {"temperature": 1.0}, ("temperature",)),
+    "captured": Distribution(captured, {"path": "", "layer": 0, "beyond": "error"}, ()),
+}
+
+
+def validate_input(name: str, params: dict[str, Any]) -> list[str]:
+    """Problems with an input spec: unknown distribution or parameter, bad values, an unreadable captured file."""
+    if name not in DISTRIBUTIONS:
+        return [f"unknown input distribution '{name}' (known: {', '.join(DISTRIBUTIONS)}){_hint(name, DISTRIBUTIONS)}"]
+    spec = DISTRIBUTIONS[name]
+    problems = [
+        f"input '{name}': unknown parameter '{key}' (known: {', '.join(spec.defaults)}){_hint(key, spec.defaults)}"
+        for key in params
+        if key not in spec.defaults
+    ]
+    problems += [
+        f"input '{name}': {key} must be a finite positive number, got {value!r}"
+        for key, value in params.items()
+        if key in spec.positive
+        and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf)
+    ]
+    if name == "captured":
+        problems += _captured_problems(params)
+    return problems
+
+
+def _hint(word: Any, known: Any) -> str:
+    """'. Did you mean: gaussian?' when `word` is a near miss of one of `known`, else ''."""
+    hint = did_you_mean(word, list(known)) if isinstance(word, str) else ""
+    return f".{hint}" if hint else ""
+
+
+def _captured_problems(params: dict[str, Any]) -> list[str]:
+    path, layer, beyond = params.get("path", ""), params.get("layer", 0), params.get("beyond", "error")
+    if beyond not in ("error", "tile"):
+        return [f'input \'captured\': beyond must be "error" or "tile", got {beyond!r}{_hint(beyond, ("error", "tile"))}']
+    if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
+        return [f"input 'captured': layer must be an integer >= 0, got {layer!r}"]
+    if not isinstance(path, str) or not path:
+        return ["input 'captured': give path = \"file.pt|.safetensors|.npz\" (see `attnbench capture`)"]
+    try:
+        problems = captured_layout_problems(read_tensors(Path(path)), layer)
+    except ValueError as error:
+        return [f"input 'captured': {error}"]
+    return [f"input 'captured': {path}: {p}" for p in problems]
+
+
+def make_inputs(
+    name: str,
+    params: dict[str, Any],
+    *,
+    batch: int,
+    heads: int,
+    seq_len: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    padding: float = 0.0,
+    kv_len: int | None = None,
+    value_dim: int | None = None,
+) -> Inputs:
+    """Q, K, V for one cell: drawn on the CPU in float32 from `seed`, then cast and moved (same on every device).
+
+    Cross-attention (kv_len != seq_len) takes the first seq_len queries and the first kv_len keys of a
+    sequence drawn at the longer length; a value_dim other than head_dim draws V as iid N(0, 1) of that width.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    spec = DISTRIBUTIONS[name]
+    n_k = kv_len or seq_len
+    length = max(seq_len, n_k)
+    q, k, v = spec.make(generator, (batch, heads, length, head_dim), **{**spec.defaults, **params})
+    if value_dim and value_dim != head_dim:
+        v = torch.randn(batch, heads, length, value_dim, generator=generator)
+    q, k, v = q[:, :, :seq_len], k[:, :, :n_k], v[:, :, :n_k]
+    mask = padding_mask(batch, n_k, padding)
+    return Inputs(
+        q=q.to(device=device, dtype=dtype).contiguous(),
+        k=k.to(device=device, dtype=dtype).contiguous(),
+        v=v.to(device=device, dtype=dtype).contiguous(),
+        key_padding_mask=None if mask is None else mask.to(device),
+    )
+
+
+LOCALITY_WINDOW = 64  # the band |i - j| <= w in which the input statistics measure attention mass
+
+
+HEAD_STATISTICS = ("entropy", "local_mass", "sink_mass")  # per head, of the exact attention on the inputs

@@ -1,0 +1,124 @@
+"""Memory of one call, beyond its inputs, under one rule for every variant:
+
+- **per-call peak**: the most bytes the call itself holds at once. State the variant keeps between calls
+  (cached patterns, projections, rotations) is not part of it: it is measured on a warm variant, and a view
+  of memory that existed before the call (an `expand` of a cached tensor) is no new memory.
+- **kept state**: the bytes a fresh variant (its module-level caches emptied, see
+  `attnbench.interface.kept_between_calls`) creates in its first call and still holds after it returns, its
+  output dropped. Reported in a column of its own.
+
+CUDA: the caching allocator's figures. CPU: bytes of tensor storages, tracked with a TorchDispatchMode that
+sees every tensor an operator returns and a weak reference that sees its storage freed. It cannot see
+memory a kernel allocates privately and frees before returning (e.g. a fused attention kernel's scratch
+buffers, oneDNN workspaces), nor Python objects: a lower bound on the process's growth, exact for code
+made of ordinary tensor operations.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from attnbench.interface import clear_kept_state
+from attnbench.runfolder.rows import CPU_METHOD, CUDA_METHOD
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+class LiveTensorPeak(TorchDispatchMode):
+    """Tracks the bytes of tensor storages created while the mode is active and still alive, and their peak.
+
+    An operator's output that shares the storage of one of its tensor arguments (a view, an in-place result)
+    is no new memory and is not counted.
+    """
+
+    def __init__(self, exclude: tuple[torch.Tensor, ...] = ()) -> None:
+        super().__init__()
+        self.excluded = {_storage_key(t) for t in exclude}
+        self.live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        arguments = {_storage_key(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for item in tree_flatten(result)[0]:
+            if isinstance(item, torch.Tensor) and _storage_key(item) not in arguments:
+                self._track(item)
+        return result
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key == 0 or key in self.live or key in self.excluded:
+            return
+        size = storage.nbytes()
+        self.live[key] = size
+        self.current += size
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._release, key)
+
+    def _release(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+
+
+@dataclass(frozen=True)
+class CallMemory:
+    """Per-call peak bytes (kept state excluded), the bytes of state kept between calls, and how measured."""
+
+    peak_bytes: int
+    state_bytes: int | None
+    method: str
+
+
+def _held_after(fn: Callable[[], Any], device: torch.device, inputs: tuple[torch.Tensor, ...]) -> int:
+    """Bytes `fn` creates and still holds once it returned and its result was dropped."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.memory_allocated(device) - before
+    with LiveTensorPeak(exclude=inputs) as tracker:
+        fn()
+    return tracker.current
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device, inputs: tuple[torch.Tensor, ...]) -> tuple[int, str]:
+    """Run `fn` once and return (peak bytes beyond `inputs` and beyond what existed before, the method used).
+
+    The result of `fn` is dropped inside, so its memory counts at its peak and is then freed.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        baseline = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - baseline, CUDA_METHOD
+    with LiveTensorPeak(exclude=inputs) as tracker:
+        fn()
+    return tracker.peak, CPU_METHOD
+
+
+def call_memory(
+    warm_call: Callable[[], Any],
+    first_call: Callable[[], Any] | None,
+    device: torch.device,
+    inputs: tuple[torch.Tensor, ...],
+) -> CallMemory:
+    """The memory rule above. `warm_call` calls a variant that has run before (its state exists);
+    `first_call`, when given, calls a fresh instance of it: its kept state is what that first call leaves."""
+    state = None
+    if first_call is not None:
+        clear_kept_state()
+        state = _held_after(first_call, device, inputs)
+    peak, method = peak_memory(warm_call, device, inputs)
+    return CallMemory(peak_bytes=peak, state_bytes=state, method=method)

@@ -1,0 +1,148 @@
+"""The public helpers for variant authors — what a built-in variant or a plugin may use besides the interface:
+which keys a query may see (dense patterns for references, small row masks for variants), the key padding rule,
+the dense masked reference and the exactness check against it with its tolerance, SDPA's default scale, the cost
+helpers of softmax attention, and device synchronization. Built-in variants import only `attnbench.interface`,
+this module and each other.
+
+b - batch, h - heads, i - query position, j - key position
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import einsum
+from torch import Tensor
+
+from attnbench.interface import (
+    AttentionVariant,
+    default_scale,
+    dense_attention_cost,
+    saved_scores_bytes,
+    softmax_attention_flops,
+)
+
+__all__ = [
+    "TOLERANCE",
+    "allowed_keys",
+    "default_scale",
+    "dense_attention_cost",
+    "dense_masked_attention",
+    "exactness_error",
+    "max_abs_difference",
+    "padding_mask",
+    "rows_with_visible_key",
+    "saved_scores_bytes",
+    "softmax_attention_flops",
+    "synchronize",
+]
+
+
+def allowed_keys(
+    n_q: int,
+    n_k: int,
+    *,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    device: torch.device | str = "cpu",
+    query_offset: int = 0,
+) -> Tensor:
+    """Dense (b or 1, 1, i, j) bool, True where query `query_offset + i` may see key j.
+
+    Quadratic in size: for references and checks, never for a sub-quadratic variant's forward pass.
+    """
+    rows = torch.arange(query_offset, query_offset + n_q, device=device)[:, None]  # (i, 1)
+    cols = torch.arange(n_k, device=device)[None, :]  # (1, j)
+    allowed = (cols <= rows) if causal else torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    allowed = allowed[None, None]  # (1, 1, i, j)
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask[:, None, None, :]  # (b, 1, i, j)
+    return allowed
+
+
+def rows_with_visible_key(
+    batch: int, n_q: int, *, causal: bool, key_padding_mask: Tensor | None, device: torch.device | str = "cpu"
+) -> Tensor | None:
+    """(b, 1, i, 1) bool, True where query i sees at least one key; None when every query does.
+
+    O(b * (i + j)): used by variants to zero rows that see nothing (the interface's convention).
+    """
+    if key_padding_mask is None:
+        return None  # with no padding, every query sees key 0 (causal) or all keys
+    real = ~key_padding_mask  # (b, j)
+    any_real = real.any(dim=-1)  # (b,)
+    if not causal:
+        visible = any_real[:, None].expand(batch, n_q)
+    else:
+        first_real = torch.where(any_real, real.int().argmax(dim=-1), torch.full_like(any_real, n_q, dtype=torch.long))
+        visible = torch.arange(n_q, device=device)[None, :] >= first_real[:, None]  # (b, i)
+    if bool(visible.all()):
+        return None
+    return visible[:, None, :, None]
+
+
+def dense_masked_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None) -> Tensor:
+    """softmax(QK^T / sqrt(d)) V, restricted to `allowed` (broadcastable to (b, h, i, j)) when given.
+
+    The textbook computation, N x N in memory. A query with no allowed key outputs zeros.
+    """
+    scores = einsum(q, k, "b h i d, b h j d -> b h i j") * default_scale(q.shape[-1])
+    if allowed is None:
+        return einsum(torch.softmax(scores, dim=-1), v, "b h i j, b h j e -> b h i e")
+    any_allowed = allowed.any(dim=-1, keepdim=True)  # (b, h, i, 1)
+    # rows with no allowed key get all-zero scores (no NaN), then zero weights
+    scores = scores.masked_fill(~allowed & any_allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).masked_fill(~allowed, 0.0)
+    return einsum(weights, v, "b h i j, b h j e -> b h i e")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a clock read after a call counts it (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# max abs difference an exact variant may show against the float64 dense reference: the one tolerance of the
+# run's self-check and of `attnbench check`
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+def max_abs_difference(a: Tensor, b: Tensor) -> float:
+    """The largest |a - b| over all elements, in float64."""
+    return (a.to(torch.float64) - b.to(torch.float64)).abs().max().item()
+
+
+def padding_mask(batch: int, n: int, fraction: float, device: torch.device | str = "cpu") -> Tensor | None:
+    """(b, j) bool, True = padding. Right padding as in a real batch: element b has
+    round(fraction * n * (b + 1) / batch) padded keys at the end, so each element pads a different amount, and at
+    least one key per element stays real. None when `fraction` is 0. The one padding rule of inputs and checks."""
+    if fraction <= 0:
+        return None
+    padded = [min(n - 1, round(fraction * n * (index + 1) / batch)) for index in range(batch)]
+    lengths = torch.tensor([n - p for p in padded], device=device)
+    return torch.arange(n, device=device)[None, :] >= lengths[:, None]
+
+
+def exactness_error(
+    variant: AttentionVariant,
+    *,
+    n: int,
+    causal: bool,
+    padded: bool,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int = 0,
+) -> float:
+    """Max abs difference between an exact variant and the dense masked reference of its own pattern."""
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, n, 16, generator=generator).to(device, dtype) for _ in range(3))
+    mask = padding_mask(2, n, 0.5, device) if padded else None  # a quarter and a half of the keys
+    pattern = variant.support_mask(n, n, causal)
+    if pattern is None:
+        raise ValueError(f"{variant.name} is declared exact but its support_mask returned None")
+    if pattern.dim() == 3:  # one pattern per head, cycling: head h uses pattern[h % len(pattern)]
+        pattern = pattern[torch.arange(q.shape[1]) % pattern.shape[0]]
+    allowed = pattern.to(device).expand(q.shape[1], n, n)[None]
+    if mask is not None:
+        allowed = allowed & ~mask[:, None, None, :]
+    expected = dense_masked_attention(q.double(), k.double(), v.double(), allowed)
+    return max_abs_difference(variant(q, k, v, causal=causal, key_padding_mask=mask), expected)

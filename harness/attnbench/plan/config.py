@@ -1,0 +1,537 @@
+"""Sweep configuration: TOML presets plus CLI overrides, validated whole into a plan of cells.
+
+Every problem in a config is collected and reported at once, before the first cell runs. The sweep axes
+and their keys come from `attnbench.plan`; the other keys are the measurement `Settings`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Sequence, get_type_hints
+
+import tomllib
+
+from attnbench.inputs.captured import captured_fit_problems
+from attnbench.inputs.catalogue import validate_input
+from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
+from attnbench.plan.cells import AXES, InputSpec, Plan, VariantSpec, expand, groups_of
+from attnbench.registry import Registry
+from attnbench.registry import registry as default_registry
+
+PRESETS = "attnbench.configs"  # configs/ in the source tree, package data in a wheel
+MODES = ("fwd", "fwd+bwd")
+DEVICES = ("cpu", "cuda")
+ALIASES = {  # common spellings of an enumerated value -> the one attnbench takes (suggested, never replaced)
+    "dtype": {"fp16": "float16", "half": "float16", "f16": "float16", "bf16": "bfloat16", "fp32": "float32",
+              "f32": "float32", "float": "float32", "single": "float32", "fp64": "float64", "f64": "float64",
+              "double": "float64"},
+    "mode": {"forward": "fwd", "bwd": "fwd+bwd", "backward": "fwd+bwd", "train": "fwd+bwd"},
+    "device": {"gpu": "cuda"},
+}  # fmt: skip
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message lists every problem, those of command-line flags apart from the
+    file's (a flag's problem begins with its name, `--variants: ...`)."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.problems = problems
+        flagged = [p for p in problems if p.startswith("--")]
+        own = [p for p in problems if not p.startswith("--")]
+        parts = [(what, listed) for what, listed in (("the command line", flagged), (source, own)) if listed]
+        super().__init__(
+            "\n".join(
+                f"{what} has {len(listed)} problem(s):\n" + "\n".join(f"  - {p}" for p in listed)
+                for what, listed in parts
+            )
+        )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How cells are measured: everything in a config that is not a sweep axis."""
+
+    min_run_time: float = 0.2  # seconds of timing per cell, at least (in turns with its group)
+    min_rounds: int = 9  # rounds of turns at least, paired with the baseline: 9 gives a 96% order-statistic
+    # interval of the median speedup without its two extremes (5 could only give min–max, 93.8%)
+    baseline: str = "full"  # the variant every speedup in a group is measured against, round by round
+    threads: int = 0  # torch threads; 0: torch's default on this machine (recorded in every row either way)
+    time_budget_s: float = 10.0  # median seconds per call above which larger N are skipped
+    memory_limit_gb: float | None = None  # default: 80% of available memory
+    error: bool = True  # error against float64 exact attention
+    time_every_input: bool = False  # False: each setting timed on its first input, error measured on every input
+    self_check_len: int = 200
+    cell_timeout_s: float = 600.0  # with --isolate: a step with no progress for this long is killed
+    processes: int = 1  # each group measured in this many fresh worker processes, merged (attnbench.processes)
+
+
+SETTING_KINDS: dict[str, type] = {  # key -> type, read from the declaration (`float | None` -> float)
+    name: next(t for t in getattr(hint, "__args__", (hint,)) if t is not type(None))
+    for name, hint in get_type_hints(Settings).items()
+}
+
+
+@dataclass
+class SweepConfig:
+    """A resolved config: each axis's values (cell field -> list) and the measurement settings."""
+
+    name: str = "custom"
+    description: str = ""
+    axes: dict[str, list[Any]] = field(default_factory=lambda: {name: list(d) for name, _, d in AXES.values()})
+    settings: Settings = field(default_factory=Settings)
+    overrides: dict[str, Any] = field(default_factory=dict)  # what the command line changed in the file or preset
+
+    @property
+    def variants(self) -> list[VariantSpec]:
+        return self.axes["variant"]
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return self.axes["seq_len"]
+
+    def plan(self) -> Plan:
+        """The cells and comparison groups, expanded once: a run takes this and hands it along."""
+        listed = 1
+        for values in self.axes.values():
+            listed *= len(values)
+        cells = expand(self.axes)
+        every = self.settings.time_every_input or not self.settings.error  # without error, every input is timed
+        return Plan(cells, groups_of(cells, time_every_input=every), duplicates=listed - len(cells))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as a TOML-like dict that `parse_config` reads back to the same config."""
+        out: dict[str, Any] = {"name": self.name, "description": self.description}
+        for key, (name, kind, _) in AXES.items():
+            values = self.axes[name]
+            if kind is VariantSpec:
+                out[key] = [{"name": v.name, **dict(v.params)} for v in values]
+            elif kind is InputSpec:
+                out[key] = [{"name": i.name, **dict(i.params)} for i in values]
+            else:
+                out[key] = list(values)
+        out.update(asdict(self.settings))
+        return out
+
+    def to_toml(self) -> str:
+        """The resolved config as a TOML file that `attnbench run FILE` runs again (overrides applied)."""
+        values = self.to_dict()
+        lines = [
+            f"# {self.name}" + (f" with {overrides_text(self.overrides)}" if self.overrides else "") + ", resolved"
+        ]
+        tables = {key: values.pop(key) for key in ("inputs", "variants")}
+        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
+        for key, entries in tables.items():
+            for entry in entries:
+                lines += ["", f"[[{key}]]"] + [f"{k} = {_toml_value(v)}" for k, v in entry.items() if v is not None]
+        return "\n".join(lines) + "\n"
+
+
+def suggest(value: Any, known: Sequence[str], aliases: dict[str, str] | None = None) -> str:
+    """' Did you mean: float16?' for a misspelt, differently cased or aliased value (cdua, CUDA, fp16), else ''."""
+    if not isinstance(value, str):
+        return ""
+    word = value.strip().lower().removeprefix("torch.")
+    alias = (aliases or {}).get(word, word if word in known else None)
+    return f" Did you mean: {alias}?" if alias else did_you_mean(word, list(known))
+
+
+def overrides_text(overrides: dict[str, Any]) -> str:
+    """'seq_lens = [512], causal = [true]': what the command line changed, in the config's own words."""
+    return ", ".join(f"{key} = {_toml_value(value)}" for key, value in overrides.items())
+
+
+def _toml_value(value: Any) -> str:
+    """A TOML literal for a value of a config (strings, numbers, booleans and lists of them)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value) if value == value and abs(value) != float("inf") else ("nan" if value != value else "inf")
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+DESCRIPTIVE_KEYS = ("name", "description", "measured_run_time")  # words about a config, not how it runs
+KNOWN_KEYS = set(AXES) | set(SETTING_KINDS) | set(DESCRIPTIVE_KEYS)
+
+
+MAX_NAME_LENGTH = 100  # run folders are named <time>-<name>: file systems allow 255 bytes a name
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a run folder (None when it can): a plain file name, no path, not too long."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or any(ord(c) < 32 for c in name):
+        return (
+            f"{name!r} must be a plain file name (it names the run folder): no '/', no '..', no control characters "
+            "(a newline), not empty"
+        )
+    if len(name.encode()) > MAX_NAME_LENGTH:
+        return f"{len(name.encode())} bytes long; at most {MAX_NAME_LENGTH} (it names the run folder)"
+    return None
+
+
+def _type_ok(value: Any, kind: type) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _grid(params: dict[str, Any]) -> list[tuple[tuple[str, Any], ...]]:
+    """{'w': [1, 2], 'x': 3} -> [(('w', 1), ('x', 3)), (('w', 2), ('x', 3))]."""
+    keys = sorted(params)
+    values = [_as_list(params[k]) for k in keys]
+    return [tuple(zip(keys, combo)) for combo in itertools.product(*values)]
+
+
+def parse_config(
+    raw: dict[str, Any],
+    *,
+    source: str = "config",
+    registry: Registry = default_registry,
+    cluster: bool = False,
+    flags: dict[str, str] | None = None,
+) -> SweepConfig:
+    """Validate a config dict (as read from TOML, overrides applied) and resolve it; ConfigError lists every problem.
+    With `cluster` (a Ray run) CUDA is not required here, but `cuda:N` is refused: Ray hands each task one GPU.
+    `flags` maps the keys the command line set to their flags (`seq_lens` -> `--seq-lens`): their problems
+    name the flag, not the file."""
+    flags = flags or {}
+
+    def at(key: str) -> str:
+        return flags.get(key, key)
+
+    problems: list[str] = []
+    config = SweepConfig()
+    raw = {key: value for key, value in raw.items() if value is not None}  # None: "not set" (as meta.json writes it)
+    for key in raw:
+        if key not in KNOWN_KEYS:
+            problems.append(
+                f"unknown key '{key}'.{did_you_mean(key, sorted(KNOWN_KEYS))} "
+                f"Known keys: {', '.join(sorted(KNOWN_KEYS))}"
+            )
+    for key in DESCRIPTIVE_KEYS:
+        if key in raw and not isinstance(raw[key], str):
+            problems.append(f"{key}: expected str, got {raw[key]!r}")
+        elif key in ("name", "description") and key in raw:
+            setattr(config, key, raw[key])
+    if isinstance(raw.get("name"), str) and (problem := name_problem(raw["name"])):
+        problems.append(f"name: {problem}")
+    for key, (name, kind, _) in AXES.items():
+        if key not in raw or kind in (VariantSpec, InputSpec):
+            continue
+        values = _as_list(raw[key])
+        if not values or any(not _type_ok(v, kind) for v in values):
+            problems.append(
+                f"{at(key)}: expected {kind.__name__} or a non-empty list of {kind.__name__}, got {raw[key]!r}"
+            )
+        else:
+            config.axes[name] = [float(v) if kind is float else v for v in values]
+    settings = {}
+    for key, kind in SETTING_KINDS.items():
+        if key in raw:
+            if _type_ok(raw[key], kind):
+                settings[key] = float(raw[key]) if kind is float else raw[key]
+            else:
+                problems.append(f"{at(key)}: expected {kind.__name__}, got {raw[key]!r}")
+    config.settings = Settings(**settings)
+    problems += _axis_problems(config.axes, at) + _setting_problems(config.settings, at)
+
+    if "inputs" in raw:
+        config.axes["input"] = []
+        for index, item in enumerate(_as_list(raw["inputs"])):
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                problems.append(f"inputs[{index}]: expected a table with a 'name', got {item!r}")
+                continue
+            params = {k: v for k, v in item.items() if k != "name"}
+            problems += [f"inputs[{index}]: {p}" for p in validate_input(item["name"], params)]
+            config.axes["input"].append(InputSpec(item["name"], tuple(sorted(params.items()))))
+
+    config.axes["variant"], variant_problems = _parse_variants(raw.get("variants"), registry, at("variants"))
+    problems += variant_problems
+    labels = [spec.label() for spec in config.axes["variant"]]
+    # the default baseline may be absent (no speedups then); one asked for by name must be there
+    if config.settings.baseline != Settings().baseline and config.settings.baseline not in labels and labels:
+        problems.append(
+            f"{at('baseline')}: '{config.settings.baseline}' is not one of this run's variant settings "
+            f"({', '.join(labels)}); speedups are measured against it, so name one of them."
+            + did_you_mean(config.settings.baseline, labels)
+        )
+    if "inputs" in raw and not config.axes["input"]:
+        problems.append("inputs: an empty list gives no cell; give at least one [[inputs]] table")
+    if config.axes["input"] and config.axes["seq_len"] and config.axes["kv_len"]:
+        problems += _machine_problems(config.axes, cluster, at)  # with the others: every problem is listed at once
+    if problems:
+        raise ConfigError(source, problems)
+    return config
+
+
+def _axis_problems(axes: dict[str, list[Any]], at: Callable[[str], str]) -> list[str]:
+    problems = [f"{at('seq_lens')}: {n} must be >= 1" for n in axes["seq_len"] if n < 1]
+    problems += [f"{at('kv_lens')}: {n} must be >= 0 (0: equal to N)" for n in axes["kv_len"] if n < 0]
+    problems += [f"{at('value_dim')}: {n} must be >= 0 (0: equal to head_dim)" for n in axes["value_dim"] if n < 0]
+    problems += [
+        f"{at(axis)}: {v} must be >= 1" for axis in ("batch", "heads", "head_dim") for v in axes[axis] if v < 1
+    ]
+    problems += [_unknown(at("dtype"), d, ALL_DTYPES, ALIASES["dtype"]) for d in axes["dtype"] if d not in ALL_DTYPES]
+    problems += [
+        _unknown(at("device"), d, DEVICES, ALIASES["device"], ", or cuda:N")
+        for d in axes["device"]
+        if d not in DEVICES and not re.fullmatch(r"cuda:\d+", d)
+    ]
+    problems += [_unknown(at("mode"), m, MODES, ALIASES["mode"]) for m in axes["mode"] if m not in MODES]
+    problems += [f"{at('padding')}: {p} must be a fraction in [0, 1)" for p in axes["padding"] if not 0.0 <= p < 1.0]
+    problems += [
+        f"{at('seeds')}: must be between 0 and 2^63 - 1 (torch's generator seeds), got {seed}"
+        for seed in axes["seed"]
+        if not 0 <= seed < 2**63
+    ]
+    return problems
+
+
+def _unknown(where: str, value: str, known: Sequence[str], aliases: dict[str, str], more: str = "") -> str:
+    """`dtype: unknown 'fp16' (known: float64, ...). Did you mean: float16?`"""
+    hint = suggest(value, known, aliases)
+    return f"{where}: unknown '{value}' (known: {', '.join(known)}{more})" + (f".{hint}" if hint else "")
+
+
+MAX_PROCESSES = 16  # --processes: worker processes per group
+MAX_RUN_TIME_S = 86400.0  # min_run_time beyond a day per cell is a typo, not a plan
+MAX_THREADS_PER_CORE = 4  # torch threads beyond this many per core only oversubscribe (and 10^5 crash torch)
+
+
+def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
+    positive = ("min_run_time", "time_budget_s", "cell_timeout_s")
+    problems = [
+        f"{at(key)}: must be a finite number > 0, got {getattr(s, key)}"
+        for key in positive
+        if not 0 < getattr(s, key) < math.inf  # NaN fails too: a budget or timing length that never ends is refused
+    ]
+    if 0 < s.min_run_time < math.inf and s.min_run_time > MAX_RUN_TIME_S:  # 1e308 is finite and never ends
+        limit = f"must be at most {MAX_RUN_TIME_S:g} s per cell (a day)"
+        problems.append(f"{at('min_run_time')}: {limit}, got {s.min_run_time:g}")
+    if s.min_rounds < 2:
+        problems.append(f"{at('min_rounds')}: must be >= 2 (a spread needs samples), got {s.min_rounds}")
+    most = MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
+    if not 0 <= s.threads <= most:
+        problems.append(
+            f"{at('threads')}: must be between 0 (torch's default) and {most} ({MAX_THREADS_PER_CORE} per core of "
+            f"this machine), got {s.threads}"
+        )
+    if s.memory_limit_gb is not None and not 0 < s.memory_limit_gb < math.inf:
+        problems.append(f"{at('memory_limit_gb')}: must be a finite number > 0, got {s.memory_limit_gb}")
+    if not 1 <= s.processes <= MAX_PROCESSES:
+        problems.append(f"{at('processes')}: must be between 1 and {MAX_PROCESSES}, got {s.processes}")
+    if s.self_check_len < 2:
+        problems.append(f"{at('self_check_len')}: must be >= 2 (the self-check needs a sequence), got {s.self_check_len}")
+    return problems
+
+
+def _parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tuple[list[VariantSpec], list[str]]:
+    """`variants` is a list of names, or a table name -> {hyperparameter: value or list of values}. `where` is
+    how problems name it: `variants` (a problem then names `variants.NAME`) or the flag that set it."""
+    if raw is None:
+        return [], [
+            "variants: missing; give a list of names or a [variants.NAME] table per variant (see `attnbench list`)"
+        ]
+    if isinstance(raw, list):  # names, or tables with a "name" (each its own grid)
+        entries = [
+            (item, {})
+            if isinstance(item, str)
+            else (item.get("name"), {k: v for k, v in item.items() if k != "name"})
+            if isinstance(item, dict)
+            else (None, item)
+            for item in raw
+        ]
+    elif isinstance(raw, dict):
+        entries = list(raw.items())
+    else:
+        entries = []
+    if not entries:
+        return [], [f"{where}: expected a non-empty list of names or table of tables, got {raw!r}"]
+
+    def named(name: Any, point: tuple[tuple[str, Any], ...] | None = None) -> str:
+        """`variants.band` in a file; `--variants: band(window=-1)` on the command line."""
+        if where == "variants":
+            return f"variants.{name}"
+        return where if point is None else f"{where}: {VariantSpec(name, point).label()}"
+
+    specs, problems = [], []
+    for name, params in entries:
+        if not isinstance(name, str) or not isinstance(params, dict):
+            problems.append(f"{named(name)}: expected a table of hyperparameters, got {params!r}")
+            continue
+        try:
+            variant_class = registry.load(name)
+        except VariantError as error:
+            problems.append(f"{named(name)}: {error}")
+            continue
+        empty = [key for key, value in params.items() if value == []]
+        if empty:  # reported, and the rest of the table still checked
+            problems.append(f"{named(name)}: {', '.join(empty)} = [] gives no setting; give a value or drop the key")
+            params = {key: value for key, value in params.items() if key not in empty}
+        for point in _grid(params):
+            point_problems = variant_class.validate_hyperparams(dict(point))
+            if not point_problems:
+                try:  # a constructor that raises is found now, not in every cell
+                    variant_class(seed=0, **dict(point))
+                except Exception as error:
+                    point_problems = [
+                        f"could not build {VariantSpec(name, point).label()}: {type(error).__name__}: {error}"
+                    ]
+            problems += [f"{named(name, point)}: {p}" for p in point_problems]
+            if not point_problems:
+                specs.append(VariantSpec(name, point))
+    return list(dict.fromkeys(specs)), problems
+
+
+def _machine_problems(axes: dict[str, list[Any]], cluster: bool, at: Callable[[str], str]) -> list[str]:
+    """What this machine cannot run: CUDA devices without CUDA, captured inputs smaller than the cells. On a
+    cluster the devices are the workers': only `cuda:N` is refused (each task sees the one GPU Ray gives it)."""
+    import torch
+
+    problems = []
+    cuda = [d for d in axes["device"] if d.startswith("cuda")]
+    if cluster:
+        problems += [f"{at('device')}: {d}: with --executor ray name the device `cuda` (Ray gives each task one GPU)"
+                     for d in cuda if ":" in d]  # fmt: skip
+    elif cuda and not torch.cuda.is_available():
+        problems.append(f"{at('device')}: {', '.join(cuda)} asked for, but CUDA is not available on this machine")
+    elif cuda:
+        count = torch.cuda.device_count()
+        problems += [f"{at('device')}: {d} does not exist (this machine has {count} CUDA devices)" for d in cuda
+                     if re.fullmatch(r"cuda:\d+", d) and int(d.split(":")[1]) >= count]  # fmt: skip
+    length = max(max(axes["seq_len"]), max(axes["kv_len"]))
+    for spec in axes["input"]:
+        if spec.name == "captured" and not validate_input(spec.name, dict(spec.params)):  # else listed already
+            problems += [
+                f"inputs: captured {dict(spec.params).get('path')}: {p}"
+                for p in captured_fit_problems(
+                    dict(spec.params), max(axes["batch"]), max(axes["heads"]), length, set(axes["head_dim"])
+                )
+            ]
+    return problems
+
+
+def _preset_files() -> dict[str, Any]:
+    """Preset name -> its resource (a file in configs/, or in the installed package)."""
+    return {
+        entry.name.removesuffix(".toml"): entry
+        for entry in resources.files(PRESETS).iterdir()
+        if entry.name.endswith(".toml")
+    }
+
+
+def preset_names() -> list[str]:
+    return sorted(_preset_files())
+
+
+def preset_descriptions() -> dict[str, tuple[str, str]]:
+    """Preset name -> (its `description`, its `measured_run_time`: how long it took, and where)."""
+    out = {}
+    for name, entry in sorted(_preset_files().items()):
+        try:
+            raw = tomllib.loads(entry.read_text())
+            out[name] = (str(raw.get("description", "")), str(raw.get("measured_run_time", "not measured")))
+        except tomllib.TOMLDecodeError as error:
+            out[name] = (f"(not valid TOML: {error})", "")
+    return out
+
+
+def read_config_text(name_or_path: str) -> tuple[str, str]:
+    """(source, TOML text) of a TOML path or of a preset's name (quick, default, ...)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        try:
+            return str(path), path.read_text(encoding="utf-8-sig")  # a leading BOM (some editors) is no statement
+        except UnicodeDecodeError as error:
+            raise ConfigError(str(path), [f"not UTF-8 text ({error.reason} at byte {error.start}): save it as UTF-8"])
+    presets = _preset_files()
+    if name_or_path in presets:
+        return f"preset '{name_or_path}'", presets[name_or_path].read_text()
+    known = sorted(presets)
+    raise ConfigError(
+        name_or_path,
+        [
+            f"no such file, and no preset of that name.{did_you_mean(name_or_path, known)} "
+            f"Presets: {', '.join(known) or 'none found in ' + PRESETS}"
+        ],
+    )
+
+
+def load_config(
+    name_or_path: str,
+    overrides: dict[str, Any] | None = None,
+    *,
+    registry: Registry = default_registry,
+    cluster: bool = False,
+) -> SweepConfig:
+    """Read a preset or TOML file, apply CLI overrides (same keys as the file), validate, resolve. The problems
+    an override causes name its flag (`--seq-lens`). `variants` is `--variants` text or a list of specs (or
+    of such text): a setting as written, a plain name with the file's grid for it."""
+    source, text = read_config_text(name_or_path)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(source, [f"not valid TOML: {error}"]) from None
+    raw.setdefault("name", Path(name_or_path).stem)
+    if Path(name_or_path).is_file():  # a captured file named relative to the config, wherever `run` starts
+        for item in raw.get("inputs", []) if isinstance(raw.get("inputs"), list) else []:
+            if isinstance(item, dict) and isinstance(item.get("path"), str) and not Path(item["path"]).is_absolute():
+                item["path"] = str((Path(name_or_path).resolve().parent / item["path"]))
+    overrides = dict(overrides or {})
+    flags = {key: "--" + key.replace("_", "-") for key in overrides}
+    problems: list[str] = []
+    if "variants" in overrides:
+        try:
+            specs = _as_specs(overrides["variants"])
+        except ValueError as error:  # the file's variants are checked instead, so every other problem is listed
+            problems.append(f"{flags.pop('variants')}: {error}")
+            del overrides["variants"]
+        else:
+            raw["variants"] = _variant_tables(specs, raw.get("variants"))
+            overrides["variants"] = [spec.label() for spec in specs]  # as meta.json and the report repeat them
+    raw.update({key: value for key, value in overrides.items() if key != "variants"})
+    try:
+        config = parse_config(raw, source=source, registry=registry, cluster=cluster, flags=flags)
+    except ConfigError as error:
+        raise ConfigError(source, problems + error.problems) from None
+    if problems:
+        raise ConfigError(source, problems)
+    config.overrides = overrides
+    return config
+
+
+def _as_specs(value: str | list[str | VariantSpec]) -> list[VariantSpec]:
+    """`--variants` text, or a list of specs and such text, as specs (ValueError: what cannot be read)."""
+    items = [value] if isinstance(value, str) else list(value)
+    return [spec for item in items for spec in ([item] if isinstance(item, VariantSpec) else VariantSpec.parse(item))]
+
+
+def _variant_tables(specs: list[VariantSpec], variants: Any) -> list[Any]:
+    """`variants` for the settings a command line named: each setting as written; a plain name with the file's
+    grid for it (its table, or each of its tables), else with its defaults."""
+    tables: list[Any] = []
+    for spec in specs:
+        if spec.params:
+            tables.append({"name": spec.name, **dict(spec.params)})
+        elif isinstance(variants, dict) and isinstance(variants.get(spec.name), dict):
+            tables.append({"name": spec.name, **variants[spec.name]})
+        else:
+            listed = variants if isinstance(variants, list) else []
+            tables += [item for item in listed if isinstance(item, dict) and item.get("name") == spec.name] or [
+                {"name": spec.name}
+            ]
+    return tables

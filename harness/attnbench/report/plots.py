@@ -1,0 +1,527 @@
+"""Plots of one run, drawn apart from measuring: speedup, time, memory and error against N, speed against error.
+
+Drawn with seaborn under one theme sized for a phone: a figure is FIGURE_WIDTH inches wide, so shown 368 px
+wide (on a 390 px screen) its smallest text is still 11 px. A variant keeps its colour in every report
+(fixed for the built-ins, derived from the name for plugins); its hyperparameter settings differ by marker and
+dashes. Titles say the message, the setting is the subtitle; legends sit under the plot and list only what
+has data; log axes are ticked in plain numbers ("2×", "4096"); plots with several inputs (or swaps) are
+seaborn facets, one panel each.
+"""
+
+from __future__ import annotations
+
+import functools
+import textwrap
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, MaxNLocator, NullLocator  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
+
+from attnbench.atomic import write_atomic  # noqa: E402
+from attnbench.report.analysis import ERROR_RESOLUTION  # noqa: E402
+
+EXACT_FLOOR = 1e-7  # error shown for exact variants (float rounding), so they sit on a log axis
+BUILT_IN_COLOURS = {  # one colour per variant name, the same in every report
+    "full": "#222222",
+    "full-math": "#7f7f7f",
+    "full-xformers": "#8c564b",
+    "band": "#1f77b4",
+    "strided": "#17becf",
+    "lsh": "#d62728",
+    "linformer": "#9467bd",
+    "linear": "#2ca02c",
+    "performer": "#ff7f0e",
+}
+PLUGIN_COLOURS = ["#e377c2", "#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
+DASHES: list[tuple[float, ...]] = [(), (4, 1.5), (1, 1), (3, 1.25, 1.5, 1.25)]  # solid, dashed, dotted, dash-dot
+
+FIGURE_WIDTH = 6.0  # inches; with the theme's fonts (≥ 13 pt) text is ≥ 11 px where the figure is 368 px wide
+PANEL_HEIGHT = 3.8  # inches of plot area per panel; title, subtitle and legend add their own height
+DPI = 160  # 960 px wide: sharp on a phone's dense screen, and the size the report shows when a plot is opened
+THEME = {"style": "whitegrid", "context": "notebook", "font_scale": 1.3}  # seaborn's: 14.3 pt ticks, 15.6 pt labels
+GREY = "#555555"
+HALO = {"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1}  # behind text drawn over lines
+
+
+@dataclass(frozen=True)
+class Style:
+    colour: str
+    marker: str
+    dashes: tuple[float, ...]  # seaborn's dash spec: () is a solid line
+
+    @property
+    def linestyle(self) -> str | tuple[int, tuple[float, ...]]:
+        """The dashes as a matplotlib line style."""
+        return (0, self.dashes) if self.dashes else "-"
+
+
+def variant_name(label: str) -> str:
+    """`band(window=64)` -> `band`."""
+    return label.split("(", 1)[0]
+
+
+def variant_colour(name: str) -> str:
+    """The colour of a variant name: fixed for the built-ins, from a hash of the name for any other."""
+    return BUILT_IN_COLOURS.get(name) or PLUGIN_COLOURS[zlib.crc32(name.encode()) % len(PLUGIN_COLOURS)]
+
+
+def styles(labels: list[str]) -> dict[str, Style]:
+    """Per label, in the given order (legends follow it): its variant's colour, and a marker and dashes per
+    hyperparameter setting of that variant (settings numbered in sorted order)."""
+    by_name: dict[str, list[str]] = {}
+    for label in sorted(set(labels)):
+        by_name.setdefault(variant_name(label), []).append(label)
+    out = {}
+    for label in dict.fromkeys(labels):
+        name = variant_name(label)
+        index = by_name[name].index(label)
+        out[label] = Style(variant_colour(name), MARKERS[index % len(MARKERS)], DASHES[index % len(DASHES)])
+    return out
+
+
+def _themed(plot: Callable[..., Path]) -> Callable[..., Path]:
+    """Draw under the report's seaborn theme, scoped: the caller's matplotlib settings are left as they were."""
+
+    @functools.wraps(plot)
+    def themed(*args, **kwargs) -> Path:
+        with sns.axes_style(THEME["style"]), sns.plotting_context(THEME["context"], font_scale=THEME["font_scale"]):
+            return plot(*args, **kwargs)
+
+    return themed
+
+
+def _present(frame: pd.DataFrame, style: dict[str, Style]) -> list[str]:
+    """The labels of `frame` in the style's (the report's) order."""
+    present = set(frame.label)
+    return [label for label in style if label in present]
+
+
+def _by_label(style: dict[str, Style], labels: list[str], lines: bool = True) -> dict:
+    """seaborn's arguments that draw each label in its own colour and marker (and dashes, for `lines`)."""
+    kwargs = {
+        "hue": "label",
+        "style": "label",
+        "hue_order": labels,
+        "style_order": labels,
+        "palette": {label: style[label].colour for label in labels},
+        "markers": {label: style[label].marker for label in labels},
+    }
+    return kwargs | ({"dashes": {label: style[label].dashes for label in labels}} if lines else {})
+
+
+def _lines(
+    ax: plt.Axes,
+    data: pd.DataFrame,
+    y: str,
+    style: dict[str, Style],
+    errorbar: tuple[str, int] | None = None,
+    x: str = "seq_len",
+) -> list[str]:
+    """A seaborn line per label of `data` against N in its fixed colour, marker and dashes: the median of the rows
+    at each N, with `errorbar` (seaborn's, e.g. ("pi", 50) for the quartiles) shaded. Returns the labels drawn."""
+    labels = _present(data, style)
+    if labels:
+        sns.lineplot(
+            data=data,
+            x=x,
+            y=y,
+            **_by_label(style, labels),
+            estimator="median",
+            errorbar=errorbar,
+            err_kws={"alpha": 0.15, "linewidth": 0},
+            markersize=7,
+            legend=False,
+            ax=ax,
+        )
+    return labels
+
+
+def _key(style: Style, line: bool = True) -> Line2D:
+    """A legend handle: the marker, on a line in the label's dashes when `line`."""
+    return Line2D(
+        [], [], color=style.colour, marker=style.marker, linestyle=style.linestyle if line else "none", markersize=7
+    )
+
+
+def _times(value: float, _position: int = 0) -> str:
+    """A ratio as a tick label: "4×", and "1/4×" under one (shorter than 0.25×, much shorter than 0.015625×)."""
+    return f"{value:g}×" if value >= 1 else f"1/{1 / value:g}×"
+
+
+def _n_axis(ax: plt.Axes, ns: list[int]) -> None:
+    """N on a log2 axis, ticked at the swept lengths and written as plain numbers."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(ns))
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    if len(ticks) == 1:
+        ax.set_xlim(ticks[0] / 1.5, ticks[0] * 1.5)
+
+
+class _PlainLogFormatter(LogFormatter):
+    """matplotlib's choice of which log ticks to label, written as plain numbers (0.3, 2, 100): no superscripts,
+    which are too small to read on a phone."""
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
+def _log_y(ax: plt.Axes) -> None:
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(_PlainLogFormatter())
+    ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False))
+
+
+def _ratio_axis(axis: matplotlib.axis.Axis, low: float, high: float) -> None:
+    """A log ratio axis ticked at plain powers of two (…, 0.5×, 1×, 2×, 4×, …) between `low` and `high`."""
+    exponents = range(int(np.floor(np.log2(max(low, 1e-3)))), int(np.ceil(np.log2(max(high, 1e-3)))) + 1)
+    ticks = [2.0**e for e in exponents]
+    if len(ticks) > 6:  # a wide range: every other power (every third for a very wide one), so labels fit
+        ticks = ticks[:: 2 if len(ticks) <= 12 else 3]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(_times))
+    axis.set_minor_locator(NullLocator())
+
+
+def _speedup_x_axis(ax: plt.Axes, points: pd.DataFrame) -> None:
+    """A log speedup axis (ticked "2×") spanning the points' speedups and intervals, 1× included, with room for
+    direct labels."""
+    ax.set_xscale("log")
+    low = float(pd.concat([points.speedup_low, points.speedup, pd.Series([1.0])]).min())
+    high = float(pd.concat([points.speedup_high, points.speedup, pd.Series([1.0])]).max())
+    _ratio_axis(ax.xaxis, low, high)
+    ax.set_xlim(low / 1.3, high * 1.6)
+
+
+def _speedup_xerr(row) -> list[list[float]]:
+    """matplotlib's asymmetric x error of one point: its speedup interval, never negative."""
+    return [[max(row.speedup - row.speedup_low, 0)], [max(row.speedup_high - row.speedup, 0)]]
+
+
+def _exact_floor(errors: pd.Series) -> float:
+    """Where errors at float rounding are drawn: a decade under the smallest error that is not rounding."""
+    approximate = errors[errors >= ERROR_RESOLUTION]
+    return 10 ** np.floor(np.log10(approximate.min()) - 1) if len(approximate) else 1e-2
+
+
+def _reference_line(ax: plt.Axes, y: float, text: str, linestyle: str = "--", colour: str = "#999999") -> None:
+    """A horizontal reference (the baseline, uniform averaging, the exact floor) named at its left end."""
+    ax.axhline(y, color=colour, linestyle=linestyle, linewidth=1.2)
+    ax.text(0.01, y, text, transform=ax.get_yaxis_transform(), fontsize="small", color=GREY, va="bottom", bbox=HALO)
+
+
+def _wrap(text: str, points: float, width_in: float) -> str:
+    """`text` wrapped to lines that fit `width_in` inches at a font of `points` (an average glyph ~0.56 em)."""
+    return textwrap.fill(text, max(int(width_in * 72 / (0.56 * points)), 20))
+
+
+def _frame(fig: plt.Figure, title: str, subtitle: str, legend: dict[str, Line2D]) -> None:
+    """Title and subtitle above the plot, the legend in two columns under it; the figure grows to hold them
+    (its width stays FIGURE_WIDTH: the phone's text size depends on it)."""
+    size = plt.rcParams["font.size"]
+    title_pt, subtitle_pt = 1.15 * size, 0.85 * size
+    width = fig.get_figwidth()
+    title = _wrap(title, title_pt * 1.08, width - 0.15)  # bold is wider
+    subtitle = _wrap(subtitle, subtitle_pt, width - 0.15)
+    header = (title.count("\n") + 1) * 1.3 * title_pt / 72 + (subtitle.count("\n") + 1) * 1.3 * subtitle_pt / 72 + 0.2
+    legend_height, options = 0.0, {"fontsize": "small", "frameon": False, "handlelength": 2.0, "columnspacing": 1.0}
+    if legend:
+        trial = fig.legend(list(legend.values()), list(legend), ncols=2, **options)  # two columns, if they fit
+        columns = 2 if trial.get_window_extent(fig.canvas.get_renderer()).width <= fig.bbox.width else 1
+        trial.remove()
+        rows = -(-len(legend) // columns)
+        legend_height = rows * 1.45 * 0.83 * size / 72 + 0.25
+    body = fig.get_figheight()
+    height = body + header + legend_height
+    fig.set_figheight(height)
+    fig.set_layout_engine("constrained", rect=(0, 0, 1, 1 - header / height))
+    fig.text(0.1 / width, 1 - 0.1 / height, title, fontsize=title_pt, fontweight="bold", va="top")
+    fig.text(0.1 / width, 1 - 0.1 / height - (title.count("\n") + 1) * 1.3 * title_pt / 72 / height, subtitle,
+             fontsize=subtitle_pt, color=GREY, va="top")  # fmt: skip
+    if legend:
+        fig.legend(list(legend.values()), list(legend), loc="outside lower center", ncols=columns, **options)
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # a full disk leaves no half image
+        kind = path.suffix.lstrip(".") or "png"  # the temporary file's name does not say it
+        write_atomic(path, lambda temporary: fig.savefig(temporary, format=kind, dpi=DPI, facecolor="white"))
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _finish(fig: plt.Figure, title: str, subtitle: str, path: Path, legend: dict[str, Line2D]) -> Path:
+    _frame(fig, title, subtitle, legend)
+    return _save(fig, path)
+
+
+@_themed
+def plot_versus_n(
+    cells: pd.DataFrame,
+    column: str,
+    ylabel: str,
+    title: str,
+    subtitle: str,
+    path: Path,
+    style: dict[str, Style],
+    scale: float = 1.0,
+    samples: pd.DataFrame | None = None,
+    lower_bounds: frozenset[str] = frozenset(),
+) -> Path:
+    """One line per label of `column` (times `scale`) against N, log-log. With `samples` (label, seq_len and
+    `column`, one row per raw sample) the line is their median and the band their quartiles; without, the
+    cells' own values. Labels in `lower_bounds` are marked so in the legend (a figure that misses something)."""
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, PANEL_HEIGHT))
+    ok = cells[(cells.status == "ok") & cells[column].notna()]
+    data = ok if samples is None else samples[samples.label.isin(set(ok.label))]
+    data = data.assign(**{column: data[column].astype(float) * scale})
+    labels = _lines(ax, data, column, style, errorbar=None if samples is None else ("pi", 50))
+    _n_axis(ax, list(cells.seq_len))
+    _log_y(ax)
+    ax.set_xlabel("sequence length N (tokens)")
+    ax.set_ylabel(ylabel)
+    legend = {label + (" (lower bound)" if label in lower_bounds else ""): _key(style[label]) for label in labels}
+    return _finish(fig, title, subtitle, path, legend)
+
+
+@_themed
+def plot_speedup(
+    cells: pd.DataFrame, baseline: str, title: str, subtitle: str, path: Path, style: dict[str, Style]
+) -> Path:
+    """Speedup against the baseline by N, one line per label, its paired 95% interval as error bars, 1× marked."""
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, PANEL_HEIGHT))
+    ok = cells[(cells.status == "ok") & cells.speedup.notna() & (cells.label != baseline)]
+    present = _present(ok, style)
+    # dodged: the labels' intervals at one N side by side, a few percent of an octave apart, not on top of each other
+    shift = {label: 2 ** (0.05 * (i - (len(present) - 1) / 2)) for i, label in enumerate(present)}
+    ok = ok.assign(dodged=ok.seq_len * ok.label.map(shift))
+    labels = _lines(ax, ok, "speedup", style, x="dodged")
+    for label in labels:
+        group = ok[ok.label == label].sort_values("seq_len")
+        y = group.speedup.to_numpy(dtype=float)
+        errors = np.vstack([y - group.speedup_low.to_numpy(dtype=float), group.speedup_high.to_numpy(dtype=float) - y])
+        ax.errorbar(
+            group.dodged, y, yerr=np.clip(np.nan_to_num(errors), 0, None), fmt="none", ecolor=style[label].colour,
+            capsize=3, linewidth=1.2,
+        )  # fmt: skip
+    _reference_line(ax, 1.0, f"{baseline} (1×)", linestyle="-", colour="black")
+    _n_axis(ax, list(cells.seq_len))
+    ax.set_yscale("log")
+    values = pd.concat([ok.speedup_low, ok.speedup_high, pd.Series([1.0])]).dropna()
+    _ratio_axis(ax.yaxis, float(values.min()), float(values.max()))
+    ax.set_xlabel("sequence length N (tokens)")
+    ax.set_ylabel(f"speedup vs {baseline} (↑ better)")
+    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+
+
+@_themed
+def plot_error(cells: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]) -> Path:
+    """Error relative to uniform averaging against N of the approximate variants, a seaborn facet (one panel
+    under the other) per input; errors at float rounding (an exact-pattern variant whose support covers
+    everything) sit on an "exact" floor line."""
+    ok = cells[(cells.status == "ok") & cells.err_vs_uniform.notna() & (cells.family != "exact")]
+    floor = _exact_floor(ok.err_vs_uniform)
+    data = ok.assign(err_vs_uniform=ok.err_vs_uniform.clip(lower=floor))
+    labels = _present(data, style)
+    grid = sns.relplot(
+        data=data,
+        kind="line",
+        x="seq_len",
+        y="err_vs_uniform",
+        row="input",
+        **_by_label(style, labels),
+        markersize=7,
+        legend=False,
+        height=PANEL_HEIGHT,
+        aspect=FIGURE_WIDTH / PANEL_HEIGHT,
+        facet_kws={"sharey": True, "sharex": True, "despine": False},
+    )
+    grid.set_titles(row_template="input: {row_name}")
+    for ax in grid.axes.flat:
+        _reference_line(ax, 1.0, "uniform averaging")
+        if (ok.err_vs_uniform < ERROR_RESOLUTION).any():
+            _reference_line(ax, floor, "exact (error ≈ 0)", linestyle=":")
+        _n_axis(ax, list(cells.seq_len))
+        _log_y(ax)
+        ax.set_ylabel("error vs uniform (↓ better)")
+        ax.set_xlabel("sequence length N (tokens)")
+    fig = grid.figure
+    fig.set_size_inches(FIGURE_WIDTH, PANEL_HEIGHT * len(grid.axes.flat))
+    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+
+
+def _place_labels(ax: plt.Axes, points: list[tuple[float, float, str, str]]) -> None:
+    """Direct labels beside their points, each on the first spot (right of its point, then left, nudged up or
+    down) inside the axes that covers no point, no other label and no text already drawn. A label with no free
+    spot is left out: the legend names its point. Call after the layout is done (it works in its pixels)."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    step = plt.rcParams["font.size"]  # points: about a line of the labels' font
+    radius = 9 * fig.dpi / 72  # a marker's half width, in pixels
+    taken = [text.get_window_extent(renderer) for text in ax.texts]
+    marks = {}  # the box of each point: no label may cover another's point
+    for x, y, text, _ in points:
+        px, py = ax.transData.transform((x, y))
+        marks[text] = Bbox.from_extents(px - radius, py - radius, px + radius, py + radius)
+    for x, y, text, colour in sorted(points, key=lambda p: (-p[1], p[0])):
+        others = taken + [box for label, box in marks.items() if label != text]
+        kwargs = {"textcoords": "offset points", "fontsize": "small", "color": colour, "va": "center", "bbox": HALO}
+        label = ax.annotate(text, (x, y), xytext=(10, 0), **kwargs)
+        for side, dy in [(side, k * step) for k in (0, -1, 1, -2, 2, -3, 3) for side in (1, -1)]:
+            label.xyann = (10 * side, dy)
+            label.set_horizontalalignment("left" if side > 0 else "right")
+            box = label.get_window_extent(renderer)
+            fits = box.x0 >= inside.x0 and box.x1 <= inside.x1 and box.y0 >= inside.y0 and box.y1 <= inside.y1
+            if fits and not any(box.overlaps(other) for other in others):
+                break
+        else:
+            label.remove()
+            continue
+        taken.append(box)
+        if dy:  # moved off its point's height: drawn again with a thin leader line back to it
+            label.remove()
+            leader = {"arrowstyle": "-", "color": colour, "lw": 0.8, "alpha": 0.6, "shrinkB": 6}
+            label = ax.annotate(text, (x, y), xytext=(10 * side, dy), ha=label.get_ha(), arrowprops=leader, **kwargs)
+        label.set_in_layout(False)
+
+
+@_themed
+def plot_pareto(
+    points: pd.DataFrame,
+    front: list[str],
+    baseline: str,
+    title: str,
+    subtitle: str,
+    path: Path,
+    style: dict[str, Style],
+) -> Path:
+    """Speedup against error, one labelled bubble per label (area ~ peak memory), the verdict's choices joined.
+
+    points: label, speedup, speedup_low, speedup_high, error, memory_ratio (to the baseline); `front`: the labels
+    the verdict offers (`attnbench.verdict.pareto_set`, one rule for both), drawn as the frontier. Exact variants
+    (error below ERROR_RESOLUTION) sit on a floor line marked "exact", a decade under the most accurate
+    approximation, so the axis spans the errors that differ.
+    """
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, PANEL_HEIGHT + 0.6))
+    floor = _exact_floor(points.error)
+    shown = points.assign(error=points.error.clip(lower=floor), bubble=points.memory_ratio.fillna(1.0).clip(lower=0.01))
+    labels = _present(shown, style)
+    for row in shown.itertuples():
+        ax.errorbar(row.speedup, row.error, xerr=_speedup_xerr(row), color=style[row.label].colour, linewidth=1.2)
+    sns.scatterplot(
+        data=shown,
+        x="speedup",
+        y="error",
+        **_by_label(style, labels, lines=False),
+        size="bubble",
+        sizes=(50, 400),
+        size_norm=(0, float(shown.bubble.max())),  # area: 50 pt² plus a part in proportion to peak memory
+        alpha=0.75,
+        edgecolor="white",
+        legend=False,
+        zorder=3,
+        ax=ax,
+    )
+    legend = {label: _key(style[label], line=False) for label in labels}
+    chosen = shown.set_index("label").loc[[label for label in front if label in set(shown.label)]]
+    if len(chosen) > 1:
+        chosen = chosen.sort_values("speedup")
+        (legend["the verdict's choices"],) = ax.step(
+            chosen.speedup, chosen.error, where="post", color="black", linewidth=1.2, alpha=0.5, zorder=1
+        )
+    _reference_line(ax, 1.0, "uniform averaging")
+    if (points.error < ERROR_RESOLUTION).any():
+        _reference_line(ax, floor, "exact (error ≈ 0)", linestyle=":")
+    ax.axvline(1.0, color="black", linewidth=1.2)
+    _speedup_x_axis(ax, shown)
+    _log_y(ax)
+    ax.set_ylim(floor / 2, max(float(shown.error.max()) * 2, 2.0))
+    ax.set_xlabel(f"speedup vs {baseline} (→ faster)")
+    ax.set_ylabel("error vs uniform (↓ better)")
+    ax.text(1.0, 1.01, "bubble area ~ peak memory", transform=ax.transAxes, fontsize="small", color=GREY,
+            ha="right", va="bottom")  # fmt: skip
+    _frame(fig, title, subtitle, legend)
+    fig.canvas.draw()  # the layout first: labels are placed in its pixels
+    _place_labels(ax, [(r.speedup, r.error, r.label, style[r.label].colour) for r in shown.itertuples()])
+    return _save(fig, path)
+
+
+@_themed
+def plot_layer_errors(rows: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]) -> Path:
+    """`attnbench model`: relative error by layer, per variant, a seaborn facet per swap: left every layer swapped
+    (hidden states), right one layer swapped at a time (that layer's attention output)."""
+    exact = rows.groupby("label").rel_error.max() < ERROR_RESOLUTION  # exact everywhere: nothing to draw
+    rows = rows[~rows.label.map(exact) & (rows.layer != "final")]
+    names = {"all": "every layer swapped", "single": "one layer swapped"}
+    data = rows.assign(
+        layer=rows.layer.astype(int), rel_error=rows.rel_error.clip(lower=EXACT_FLOOR), panel=rows.swap.map(names)
+    )
+    labels = _present(data, style)
+    grid = sns.relplot(
+        data=data,
+        kind="line",
+        x="layer",
+        y="rel_error",
+        col="panel",
+        col_order=[names["all"], names["single"]],
+        **_by_label(style, labels),
+        markersize=7,
+        legend=False,
+        height=PANEL_HEIGHT,
+        aspect=FIGURE_WIDTH / 2 / PANEL_HEIGHT,
+        facet_kws={"sharey": True, "despine": False},
+    )
+    grid.set_titles(col_template="{col_name}")
+    grid.set_axis_labels("layer", "relative error vs exact")
+    for ax in grid.axes.flat:
+        _log_y(ax)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
+    fig = grid.figure
+    fig.set_size_inches(FIGURE_WIDTH, PANEL_HEIGHT)
+    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+
+
+@_themed
+def plot_loss_vs_speedup(finals: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]) -> Path:
+    """`attnbench model`: each variant's end-to-end forward speedup against its change in loss."""
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, PANEL_HEIGHT))
+    labels = _present(finals, style)
+    for row in finals.itertuples():
+        ax.errorbar(row.speedup, row.loss_change, xerr=_speedup_xerr(row), color=style[row.label].colour, capsize=4,
+                    linewidth=1.2)  # fmt: skip
+    sns.scatterplot(
+        data=finals,
+        x="speedup",
+        y="loss_change",
+        **_by_label(style, labels, lines=False),
+        s=70,
+        legend=False,
+        zorder=3,
+        ax=ax,
+    )
+    ax.axhline(0.0, color="#999999", linestyle="--", linewidth=1.2)
+    ax.axvline(1.0, color="black", linewidth=1.2)
+    _speedup_x_axis(ax, finals)
+    ax.set_xlabel("forward speedup vs exact (→ faster)")
+    ax.set_ylabel("loss change (nats/token)")
+    _frame(fig, title, subtitle, {label: _key(style[label], line=False) for label in labels})
+    fig.canvas.draw()
+    _place_labels(ax, [(r.speedup, r.loss_change, r.label, style[r.label].colour) for r in finals.itertuples()])
+    return _save(fig, path)

@@ -1,0 +1,568 @@
+"""The report of a run: report.md, a self-contained report.html (images embedded) and plots/*.png.
+
+The first screen answers the question (the verdict: per setting, input and N, the fastest exact variant and
+the speed-error Pareto set); then the plots; then the detail tables per comparison group (time, speedup,
+memory, state, error, the input's statistics, dropped mass, efficiency, slopes, crossovers, failures);
+then how the numbers were taken, the machine and the resolved config. Every table has one row order.
+"""
+
+from __future__ import annotations
+
+import shlex
+import zlib
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from attnbench.atomic import write_text_atomic
+from attnbench.inputs.catalogue import LOCALITY_WINDOW
+from attnbench.plan.config import overrides_text
+from attnbench.report.analysis import crossover_table, efficiency, raised_peaks, scaling_table
+from attnbench.report.document import Block, _slug, render_html, render_markdown
+from attnbench.report.plots import plot_error, plot_pareto, plot_speedup, plot_versus_n, styles
+from attnbench.report.summary import interval_words, noise_line
+from attnbench.report.text import (
+    GROUP_COLUMNS,
+    MACHINE,
+    baseline_of,
+    format_number,
+    label_order,
+    machine_words,
+    speedup_text,
+    with_machine,
+)
+from attnbench.report.verdict import (
+    SETTING_COLUMNS,
+    VERDICT_INTRO,
+    InputVerdict,
+    block_title,
+    fastest_labels,
+    left_out_text,
+    setting_key,
+    setting_words,
+    verdict_rows,
+)
+from attnbench.report.view import RunView
+from attnbench.runfolder.meta import RunMeta
+from attnbench.runfolder.rows import CPU_METHOD
+
+MIB = 2**20
+# Variants whose call is one fused kernel (SDPA's, for `full`): on the CPU the live-tensor tracker sees their output
+# but none of the kernel's private scratch (attnbench.memory), so their CPU peak is a lower bound, never a winner.
+ONE_FUSED_KERNEL = frozenset({"full"})
+
+
+FILE_PART_CHARS = 48  # a plot file name piece made from free text (an input label holds a captured file's path)
+
+
+def _file_part(text: str) -> str:
+    """`text` as a piece of a file name: its slug, cut to FILE_PART_CHARS with a hash of the whole when longer
+    (two long labels never share a file; the name stays far under the file system's 255 bytes)."""
+    slug = _slug(text)
+    if len(slug) <= FILE_PART_CHARS:
+        return slug
+    return f"{slug[:FILE_PART_CHARS].rstrip('-')}-{zlib.crc32(text.encode()):08x}"
+
+
+def lowest(score: Callable[[pd.Series], float]) -> Callable[[pd.DataFrame], list[str]]:
+    """Best of a column's rows: the label of the lowest score (memory, error)."""
+
+    def best(at_n: pd.DataFrame) -> list[str]:
+        scores = at_n.apply(score, axis=1).dropna()
+        return [at_n.loc[scores.idxmin()].label] if len(scores) else []
+
+    return best
+
+
+def _pivot(
+    cells: pd.DataFrame,
+    formatter: Callable[[pd.Series], str],
+    best_of: Callable[[pd.DataFrame], list[str]] | None = None,
+) -> tuple[list[str], list[list[str]], set[tuple[int, int]]]:
+    """label × N table of formatter(row) over ok cells (failed cells read as their status), rows in
+    `label_order`; with `best_of` (ok rows at one N -> the best labels), the best cells of each N are marked."""
+    ns = sorted(cells.seq_len.unique())
+    labels = label_order(cells)
+    rows, best = [], set()
+    for column, n in enumerate(ns, start=1):
+        at_n = cells[(cells.seq_len == n) & (cells.status == "ok")]
+        if best_of is None or at_n.empty:
+            continue
+        best |= {(labels.index(label), column) for label in best_of(at_n)}
+    for label in labels:
+        row = [label]
+        for n in ns:
+            match = cells[(cells.label == label) & (cells.seq_len == n)]
+            if match.empty:
+                row.append("")
+            elif match.iloc[0].status != "ok":
+                row.append(match.iloc[0].status)
+            else:
+                row.append(formatter(match.iloc[0]))
+        rows.append(row)
+    return ["variant"] + [f"N={n}" for n in ns], rows, best
+
+
+def _table(caption: str, table: tuple[list[str], list[list[str]], set[tuple[int, int]]]) -> Block:
+    headers, rows, best = table
+    return Block("table", headers=headers, rows=rows, best=best, caption=caption)
+
+
+def _nan(value: object) -> float:
+    return float(value) if value is not None and pd.notna(value) else float("nan")
+
+
+def detail_blocks(
+    cells: pd.DataFrame, heading: str, peaks: dict, samples: dict[str, list[float]] | None = None
+) -> list[Block]:
+    """The detail tables of one comparison group (one setting and input), N as columns; the fastest per N by the
+    verdict's rule (`samples`: per-round seconds, so two variants are compared in their own rounds)."""
+    blocks = [Block("heading", heading, level=3)]
+    baseline = baseline_of(cells)
+    timed = cells.timed.fillna(True).astype(bool).any()
+    base = cells[(cells.label == baseline) & (cells.status == "ok")].set_index("seq_len")
+
+    def to_base(row: pd.Series, column: str) -> float:
+        """This cell's `column` over the baseline's at the same N (NaN without a baseline)."""
+        if row.seq_len not in base.index or not base.loc[row.seq_len, column]:
+            return float("nan")
+        return row[column] / base.loc[row.seq_len, column]
+
+    if timed:
+        blocks.append(
+            _table(
+                "Time per call, ms: median ± IQR over the interleaved rounds (fastest per N in bold: every variant "
+                "no other is faster than beyond noise, the verdict's rule).",
+                _pivot(
+                    cells,
+                    lambda r: f"{r.time_median_s * 1e3:.2f} ± {r.time_iqr_s * 1e3:.2f}",
+                    lambda at_n: fastest_labels(at_n, samples),
+                ),
+            )
+        )
+        blocks.append(
+            _table(
+                f"Speedup against `{baseline}`: the median over rounds of its time / this time in the same round, "
+                f"with {interval_words(cells)}.",
+                _pivot(cells, speedup_text, lambda at_n: fastest_labels(at_n, samples)),
+            )
+        )
+        blocks.append(
+            _table(
+                f"Peak memory of one call beyond the inputs, MiB (ratio to `{baseline}`); state a variant keeps "
+                "between calls is not in it (smallest per N in bold).",
+                _pivot(
+                    cells,
+                    lambda r: (
+                        f"{format_number(r.peak_mem_bytes / MIB, '.1f')} "
+                        f"({format_number(to_base(r, 'peak_mem_bytes'), '.2f')}×)"
+                    ),
+                    lowest(lambda r: _nan(r.peak_mem_bytes)),
+                ),
+            )
+        )
+        blocks.append(
+            _table(
+                "State kept between calls (cached patterns, projections, rotations), MiB: built by the first call.",
+                _pivot(cells, lambda r: format_number(r.state_mem_bytes / MIB, ".2f")),
+            )
+        )
+    else:
+        blocks.append(Block("text", "Error only: time and memory of this setting were measured on its first input."))
+    approximate = cells.family != "exact"
+    blocks.append(
+        _table(
+            "Error against exact softmax attention (float64): vs-uniform / relative Frobenius / mean row cosine. "
+            "vs-uniform is ‖O−O*‖/‖U−O*‖: 0 exact, 1 no better than averaging V (most accurate approximation "
+            "per N in bold).",
+            _pivot(
+                cells,
+                lambda r: " / ".join(
+                    format_number(value, spec)
+                    for value, spec in ((r.err_vs_uniform, ".3g"), (r.err_rel_fro, ".2e"), (r.err_row_cosine, ".3f"))
+                ),
+                lowest(lambda r: _nan(r.err_vs_uniform) if approximate[r.name] else float("nan")),
+            ),
+        )
+    )
+    stats = cells.dropna(subset=["input_entropy"]).groupby("seq_len").first()
+    if len(stats):
+        rows = [
+            [
+                str(n),
+                f"{r.input_entropy:.3f}",
+                f"{r.input_band_mass:.3f}",
+                format_number(_nan(r.input_sink_mass), ".3f"),
+                format_number(_nan(r.input_head_spread), ".3f"),
+            ]
+            for n, r in stats.iterrows()
+        ]
+        blocks.append(
+            Block(
+                "table",
+                headers=[
+                    "N",
+                    "attention entropy",
+                    f"mass within ±{LOCALITY_WINDOW}",
+                    "mass on first token",
+                    "head spread",
+                ],
+                rows=rows,
+                caption="The input, seen through exact attention: normalized entropy (mean over rows of H(p) / "
+                f"log(visible keys); 1 uniform, 0 one key), the share of mass within |i − j| ≤ {LOCALITY_WINDOW}, "
+                "the share on the first token, and the spread of entropy across heads. Read the errors against these.",
+            )
+        )
+    exact_patterns = cells[cells.dropped_mass.notna()]
+    if len(exact_patterns):
+        blocks.append(
+            _table(
+                "Exact-pattern variants: the exact attention mass outside their support, the whole source of their "
+                "error.",
+                _pivot(exact_patterns, lambda r: format_number(r.dropped_mass, ".3g")),
+            )
+        )
+    if timed:
+        with_efficiency = cells.assign(efficiency=efficiency(cells, peaks))
+        blocks.append(
+            _table(
+                "Achieved FLOP/s from each variant's cost model, as a share of this run's dense-matmul peak (best "
+                "of bursts at the run's threads at its start, between groups and at its end, raised to the highest "
+                "rate a cell reached where that was higher: see 'measured peaks'; a sparse variant counts only the "
+                "work its algorithm does).",
+                _pivot(with_efficiency, lambda r: format_number(100 * r.efficiency, ".1f") + "%"),
+            )
+        )
+        blocks += _scaling_blocks(cells, baseline)
+    failed = cells[cells.status != "ok"]
+    if len(failed):
+        order = {label: index for index, label in enumerate(label_order(cells))}
+        failed = failed.sort_values(["label", "seq_len"], key=lambda c: c.map(order) if c.name == "label" else c)
+        rows = [[r.label, str(r.seq_len), r.status, r.reason] for r in failed.itertuples()]
+        blocks.append(
+            Block(
+                "table",
+                headers=["variant", "N", "status", "reason"],
+                rows=rows,
+                caption="Cells that did not run to the end, with the reason.",
+            )
+        )
+    return blocks
+
+
+def _scaling_blocks(cells: pd.DataFrame, baseline: str) -> list[Block]:
+    order = label_order(cells)
+    blocks = []
+    scaling = scaling_table(cells)
+    if len(scaling):
+        scaling = scaling.set_index("label").loc[[label for label in order if label in set(scaling.label)]]
+        rows = [
+            [
+                label,
+                r.n_range,
+                format_number(r.time_slope, ".2f") + (" (noisy cells)" if r.noisy else ""),
+                format_number(r.memory_slope, ".2f"),
+            ]
+            for label, r in scaling.iterrows()
+        ]
+        blocks.append(
+            Block(
+                "table",
+                headers=["variant", "N range fitted", "time slope", "memory slope"],
+                rows=rows,
+                caption="Fitted log-log slopes over the ok cells (1 = linear in N, 2 = quadratic).",
+            )
+        )
+    crossings = crossover_table(cells, baseline)
+    if len(crossings):
+        crossings = crossings.set_index("label").loc[[label for label in order if label in set(crossings.label)]]
+        rows = [[label, r.faster_from, r.smaller_from] for label, r in crossings.iterrows()]
+        blocks.append(
+            Block(
+                "table",
+                headers=["variant", "faster from", "smaller from"],
+                rows=rows,
+                caption=f"Crossover against `{baseline}`, interpolated in log-log between swept points.",
+            )
+        )
+    return blocks
+
+
+def _largest(frame: pd.DataFrame) -> pd.DataFrame:
+    ok = frame[frame.status == "ok"]
+    return ok[ok.seq_len == ok.seq_len.max()] if len(ok) else ok
+
+
+def memory_lower_bound(rows: pd.DataFrame) -> pd.Series:
+    """Per row: is its peak memory a lower bound? (taken by the CPU tracker on a variant run as one fused kernel)"""
+    return (rows.mem_method == CPU_METHOD) & rows.variant.isin(ONE_FUSED_KERNEL)
+
+
+def memory_title(rows: pd.DataFrame) -> str:
+    """The memory plot's headline at the largest N: the variant that needs the least memory among those measured
+    whole; a smaller figure that is only a lower bound is named as one, never crowned."""
+    largest = _largest(rows).sort_values("peak_mem_bytes")
+    bound = memory_lower_bound(largest)
+    whole, partial = largest[~bound], largest[bound]
+    n = largest.seq_len.iloc[0]
+    if whole.empty:
+        lead = partial.iloc[0]
+        return (
+            f"At N={n}, {lead.label} needs at least {lead.peak_mem_bytes / MIB:.3g} MiB per call "
+            "(the CPU tracker cannot see its fused kernel's scratch)"
+        )
+    winner = whole.iloc[0]
+    below = partial[partial.peak_mem_bytes < winner.peak_mem_bytes]
+    if below.empty:
+        return f"At N={n}, {winner.label} needs the least memory: {winner.peak_mem_bytes / MIB:.3g} MiB per call"
+    bounds = "; ".join(f"{r.label}: ≥ {r.peak_mem_bytes / MIB:.3g} MiB" for r in below.itertuples())
+    return (
+        f"At N={n}, {winner.label} needs the least fully tracked memory: {winner.peak_mem_bytes / MIB:.3g} MiB "
+        f"per call ({bounds}, kernel scratch unseen)"
+    )
+
+
+def _timing_samples(rows: pd.DataFrame, samples: dict[str, list[float]]) -> pd.DataFrame:
+    """One row per raw timing sample of `rows` (label, seq_len, time_median_s: that sample's seconds); a cell
+    without samples (a folder written before samples.csv) stands for itself with its median."""
+    return pd.DataFrame(
+        [
+            {"label": r.label, "seq_len": r.seq_len, "time_median_s": seconds}
+            for r in rows.itertuples()
+            for seconds in samples.get(r.cell_key) or [r.time_median_s]
+        ]
+    )
+
+
+def plot_blocks(
+    cells: pd.DataFrame,
+    subtitle: str,
+    plots_dir: Path,
+    style: dict,
+    baseline: str,
+    judged: list[InputVerdict],
+    samples: dict[str, list[float]] | None = None,
+) -> list[Block]:
+    """The plots of one setting (every input): speedup, Pareto per input and N (`judged`: the run's verdicts of
+    this setting), time (median and quartiles of `samples`, cell key -> seconds per round), memory, error."""
+    timed = cells[(cells.status == "ok") & cells.time_median_s.notna()]
+    first = cells.iloc[0]  # a readable start, and a hash of every setting column: two settings never share a file
+    setting = "-".join(f"{c}{first[c]}" for c in SETTING_COLUMNS)
+    readable = f"{first['device']}-{first['dtype']}-{first['mode']}-causal{first['causal']}"
+    slug = f"{_slug(readable)}-{zlib.crc32(setting.encode()):08x}"
+    images: list[tuple[Path, str]] = []
+    first = timed[timed["input"] == timed["input"].iloc[0]] if len(timed) else timed  # one input's times
+    if timed.speedup.notna().any():
+        others = _largest(first[first.label != baseline])
+        leaders = fastest_labels(others, samples)  # the verdict's rule: the fastest, and those it does not beat
+        top = others.set_index("label").loc[leaders[0]] if leaders else None
+        title = (
+            f"At N={top.seq_len}, {leaders[0]} runs {top.speedup:.1f}× as fast as {baseline}"
+            + (f" ({', '.join(leaders[1:])} within noise of it)" if leaders[1:] else "")
+            if top is not None and top.speedup == top.speedup
+            else f"Speedup against {baseline}"
+        )
+        path = plot_speedup(timed, baseline, title, subtitle, plots_dir / f"{slug}-speedup.png", style)
+        images.append((path, f"Speedup against `{baseline}` by N, measured in turns; bars are 95% intervals."))
+    for verdict in judged:  # one rule: the plot shows the verdict's own choices and its sentence
+        for answer in verdict.answers:
+            # a point needs both axes: no error is measured with `error = false`
+            paired = [c for c in answer.choices + answer.left_out if c.speedup == c.speedup and c.error == c.error]
+            if not paired:
+                continue
+            points = pd.DataFrame(
+                [
+                    {
+                        "label": c.label,
+                        "speedup": c.speedup,
+                        "speedup_low": c.speedup_low,
+                        "speedup_high": c.speedup_high,
+                        "error": c.error,
+                        "memory_ratio": c.memory_ratio,
+                    }
+                    for c in paired
+                ]
+            )
+            front = [c.label for c in answer.choices]
+            path = plot_pareto(
+                points,
+                front,
+                baseline,
+                f"At N={answer.n} on {verdict.input}: {answer.sentence}",
+                subtitle,
+                plots_dir / f"{slug}-{_file_part(verdict.input)}-pareto-N{answer.n}.png",
+                style,
+            )
+            images.append(
+                (
+                    path,
+                    f"Speed against error at N={answer.n} on `{verdict.input}`: up and to the left is worse; bubble "
+                    "area is peak memory; the step line joins the verdict's choices; bars are the speedup's 95% "
+                    "interval.",
+                )
+            )
+    if len(first):
+        largest = _largest(first)
+        paired = largest.speedup.notna().any()  # the in-turn ratio decides who is fastest; medians alone may not
+        leaders = fastest_labels(largest, samples) or [largest.sort_values("time_median_s").iloc[0].label]
+        fastest = largest.set_index("label").loc[leaders[0]].to_frame().T.assign(label=leaders[0]).iloc[0]
+        path = plot_versus_n(
+            first,
+            "time_median_s",
+            "time per call (ms)",
+            f"At N={fastest.seq_len}, {fastest.label} is fastest: {fastest.time_median_s * 1e3:.3g} ms per call"
+            + (f", {fastest.speedup:.2g}× {baseline} in turns" if paired and fastest.speedup == fastest.speedup else "")
+            + (f" ({', '.join(leaders[1:])} within noise of it)" if leaders[1:] else ""),
+            subtitle,
+            plots_dir / f"{slug}-time.png",
+            style,
+            scale=1e3,
+            samples=_timing_samples(first, samples or {}),
+        )
+        spread = "; the band spans the quartiles of the timing samples" if samples else ""
+        images.append((path, f"Time per call by N (log-log): the median{spread}."))
+    with_memory = first[first.peak_mem_bytes.notna()]
+    if len(with_memory):
+        bounds = frozenset(with_memory[memory_lower_bound(with_memory)].label)
+        path = plot_versus_n(
+            with_memory,
+            "peak_mem_bytes",
+            "peak memory (MiB)",
+            memory_title(with_memory),
+            subtitle,
+            plots_dir / f"{slug}-memory.png",
+            style,
+            scale=1 / MIB,
+            lower_bounds=bounds,
+        )
+        unseen = (
+            f" On the CPU the tracker cannot see the scratch a fused kernel allocates inside itself: "
+            f"{', '.join(f'`{label}`' for label in sorted(bounds))} shows a lower bound."
+            if bounds
+            else ""
+        )
+        images.append((path, f"Peak memory of one call beyond the inputs by N (log-log).{unseen}"))
+    errors = cells[(cells.status == "ok") & cells.err_vs_uniform.notna() & (cells.family != "exact")]
+    if len(errors):
+        first_input = str(errors["input"].iloc[0])
+        best = _largest(errors[errors["input"] == first_input]).sort_values("err_vs_uniform").iloc[0]
+        path = plot_error(
+            cells,
+            f"Most accurate approximation on {first_input} at N={best.seq_len}: {best.label}, with "
+            f"{best.err_vs_uniform:.2f} of averaging's error"
+            if best.err_vs_uniform < 0.95
+            else f"At N={best.seq_len} on {first_input}, no approximation is much better than averaging V "
+            f"(best: {best.label}, {best.err_vs_uniform:.2f})",
+            subtitle,
+            plots_dir / f"{slug}-error.png",
+            style,
+        )
+        images.append(
+            (
+                path,
+                "Error of the approximate variants relative to uniform averaging by N, one panel per "
+                "input: below the dashed line a variant beats averaging V.",
+            )
+        )
+    return [Block("image", str(path.relative_to(plots_dir.parent)), caption=caption) for path, caption in images]
+
+
+def header_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Block]:
+    """Title, how to reproduce the run, the machine in words, the noise."""
+    command = shlex.join(meta.command) or "not recorded"
+    config, overrides = meta.config, meta.overrides
+    config_line = f"`{config.get('name', '')}`" + (f" with {overrides_text(overrides)}" if overrides else "")
+    threads = {int(t) for t in frame.threads.dropna()} if "threads" in frame else set()
+    loads = pd.concat([frame.load_before, frame.load_after]).dropna() if len(frame) else pd.Series(dtype=float)
+    load = (float(loads.min()), float(loads.max())) if len(loads) else None
+    lines = [
+        f"Reproduce: `{command}` — or, with every override applied, "
+        f"`attnbench run {shlex.quote(str(run_dir / 'config.toml'))}`. "
+        f"Config: {config_line}.",
+        f"Machine: {machine_words(meta.machine, threads, load)}.",
+        f"Measured {meta.started} to {meta.finished}. {noise_line(frame)}",
+    ]
+    return [Block("heading", f"attnbench report: {run_dir.name}", level=1)] + [Block("text", line) for line in lines]
+
+
+def about_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Block]:
+    machine = meta.machine
+    versions = machine.get("versions", {})
+    peaks = "; ".join(
+        f"{key}: {value.get('matmul_flops_per_s', float('nan')) / 1e9:.0f} GFLOP/s matmul, "
+        f"{value.get('copy_bytes_per_s', float('nan')) / 1e9:.1f} GB/s copy"
+        for key, value in meta.peaks.items()
+        if "error" not in value
+    )
+    _, raises = raised_peaks(frame, meta.peaks)
+    peaks += "".join(f"; {note}" for note in raises)
+    facts = [
+        ["run", run_dir.name],
+        ["devices", ", ".join(f"{k}: {v}" for k, v in machine.get("devices", {}).items())],
+        ["versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v)],
+        ["platform", str(machine.get("platform", ""))],
+        ["git commit", str(machine.get("git_commit"))],
+        ["measured peaks", peaks],
+        ["CPU allocator", meta.cpu_allocator],
+    ]
+    notes = (
+        "Time: median and IQR of warmed-up, device-synchronized calls, each group's variants timed in interleaved "
+        "rounds (speedups paired per round). Memory on CPU: peak bytes of live tensors created during the call (a "
+        "TorchDispatchMode); it cannot see scratch that a fused kernel allocates inside itself (SDPA's flash "
+        "kernel), so `full` is a lower bound there. On CUDA: the allocator's peak minus the baseline. Error: "
+        "against exact attention in float64 on the same inputs."
+    )
+    blocks = [
+        Block("heading", "How these numbers were taken", level=2),
+        Block("text", notes),
+        Block("table", headers=["", ""], rows=facts),
+    ]
+    config_file = run_dir / "config.toml"
+    if config_file.is_file():
+        blocks += [
+            Block("text", "The resolved config (`config.toml` in the run folder): `attnbench run` runs it again."),
+            Block("code", config_file.read_text()),
+        ]
+    return blocks
+
+
+def report_blocks(view: RunView) -> list[Block]:
+    run_dir, meta = view.run_dir, view.meta
+    frame = with_machine(view.frame)
+    baseline = baseline_of(frame)
+    style = styles(label_order(frame))
+    peaks, _ = raised_peaks(frame, meta.peaks)
+    varying = {c for c in SETTING_COLUMNS if frame[c].nunique(dropna=False) > 1}
+    samples = view.samples
+    blocks = header_blocks(run_dir, meta, frame) + [Block("toc")]
+    blocks += [Block("heading", "Verdict", level=2), Block("text", VERDICT_INTRO.format(baseline=f"`{baseline}`"))]
+    for verdict_block in view.blocks:
+        blocks.append(Block("heading", block_title(verdict_block), level=3))
+        blocks.append(Block("text", verdict_block.sentence))
+        for answer in verdict_block.verdict.answers:
+            blocks.append(Block("text", f"**N={answer.n}:** {answer.sentence}"))
+            headers, rows = verdict_rows(verdict_block.verdict, answer)
+            blocks.append(Block("table", headers=headers, rows=rows))
+            if answer.left_out:
+                blocks.append(Block("text", left_out_text(answer)))
+    blocks.append(Block("heading", "Plots", level=2))
+    for setting, cells in frame.groupby(SETTING_COLUMNS, sort=False, dropna=False):
+        subtitle = setting_words(cells.iloc[0], varying)
+        blocks += [Block("heading", subtitle, level=3)]
+        judged = [v for v in view.verdicts if v.setting_key == setting_key(setting)]
+        blocks += plot_blocks(cells, subtitle, run_dir / "plots", style, baseline, judged, samples)
+    blocks.append(Block("heading", "Detail by comparison group", level=2))
+    for _, cells in frame.groupby(GROUP_COLUMNS + [MACHINE], sort=False, dropna=False):
+        heading = f"{cells.iloc[0]['input']} — {setting_words(cells.iloc[0], varying)}"
+        blocks += detail_blocks(cells, heading, peaks, samples)
+    return blocks + about_blocks(run_dir, meta, frame)
+
+
+def write_report(run_dir: Path, view: RunView | None = None) -> Path:
+    """Build report.md, report.html and plots/ for a run folder (from `view` where the caller has read it);
+    returns the path of report.html."""
+    blocks = report_blocks(view or RunView.read(run_dir))
+    write_text_atomic(run_dir / "report.md", render_markdown(blocks))  # a full disk leaves the old one, not 0 bytes
+    write_text_atomic(run_dir / "report.html", render_html(blocks, run_dir))
+    return run_dir / "report.html"

@@ -1,0 +1,157 @@
+"""The summary printed at the end of a run: one table per N with time, speedup vs `full`, memory, error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.atomic import write_text_atomic
+from attnbench.report.analysis import scaling_table
+from attnbench.report.text import (
+    GROUP_COLUMNS,
+    MACHINE,
+    baseline_of,
+    format_number,
+    label_order,
+    markdown_table,
+    shorten,
+    speedup_text,
+    with_machine,
+)
+from attnbench.report.verdict import verdict_markdown
+from attnbench.report.view import RunView
+
+
+def summary_tables(frame: pd.DataFrame) -> str:
+    """Markdown: a heading per configuration group (and machine kind) and N, a row per variant label."""
+    parts = []
+    baseline = baseline_of(frame)
+    frame = with_machine(frame)
+    several = frame[MACHINE].nunique() > 1
+    order = {label: index for index, label in enumerate(label_order(frame))}
+    for group, group_frame in frame.groupby(GROUP_COLUMNS + [MACHINE], sort=False, dropna=False):
+        heading = ", ".join(f"{k}={v}" for k, v in zip(GROUP_COLUMNS, group)) + (f", on {group[-1]}" if several else "")
+        group_frame = group_frame.sort_values("label", key=lambda labels: labels.map(order))
+        for n, cells in group_frame.groupby("seq_len"):
+            if not cells.timed.fillna(True).astype(bool).any():
+                rows = [
+                    [
+                        c.label,
+                        c.status,
+                        format_number(c.err_vs_uniform, ".3g"),
+                        format_number(c.err_rel_fro, ".2e"),
+                        shorten(str(c.reason), 90) if c.status != "ok" else c.self_check,
+                    ]
+                    for c in cells.itertuples()
+                ]
+                table = markdown_table(["variant", "status", "err vs uniform", "rel error", "notes"], rows)
+                parts.append(f"### {heading}, N={n} (error only: timed on the setting's first input)\n\n{table}\n")
+                continue
+            base = cells[(cells.label == baseline) & (cells.status == "ok")]
+            base_mem = base.peak_mem_bytes.iloc[0] if len(base) else float("nan")
+            rows = []
+            for _, cell in cells.iterrows():
+                if cell.status != "ok":
+                    rows.append([cell.label, cell.status, "", "", "", "", "", shorten(str(cell.reason), 90)])
+                    continue
+                notes = [f"rel {format_number(cell.err_rel_fro, '.2e')}", cell.self_check]
+                notes += [f"noisy: {cell.noisy}"] if cell.noisy else []
+                rows.append(
+                    [
+                        cell.label,
+                        "ok",
+                        f"{format_number(cell.time_median_s * 1e3, '.2f')} ± "
+                        f"{format_number(cell.time_iqr_s * 1e3, '.2f')}",
+                        speedup_text(cell),
+                        format_number(cell.peak_mem_bytes / 2**20, ".1f"),
+                        format_number(cell.peak_mem_bytes / base_mem if base_mem else float("nan"), ".2f") + "×",
+                        format_number(cell.err_vs_uniform, ".3g"),
+                        "; ".join(note for note in notes if note),
+                    ]
+                )
+            headers = [
+                "variant",
+                "status",
+                "time ms (median ± IQR)",
+                f"speedup vs {baseline} [95% CI]",
+                "peak MiB",
+                f"mem vs {baseline}",
+                "err vs uniform",
+                "notes",
+            ]
+            parts.append(f"### {heading}, N={n}\n\n{markdown_table(headers, rows)}\n")
+        scaling = scaling_table(group_frame)
+        if len(scaling) and (scaling.points > 1).any():
+            rows = [
+                [
+                    r.label,
+                    r.n_range,
+                    format_number(r.time_slope, ".2f") + (" (noisy cells: read with care)" if r.noisy else ""),
+                    format_number(r.memory_slope, ".2f"),
+                ]
+                for r in scaling.itertuples()
+                if r.points > 1
+            ]
+            table = markdown_table(["variant", "N range", "time slope", "memory slope"], rows)
+            parts.append(f"### {heading}: log-log slopes (1 = linear, 2 = quadratic)\n\n{table}\n")
+    return "\n".join(parts)
+
+
+SUMMARY_PREAMBLE = """# attnbench summary: {run_id}
+
+Time: median ± IQR of per-call samples. The variants of each group (same inputs and shape) are timed in
+interleaved rounds, and the speedup is the median over rounds of the baseline's time / the variant's time
+in the same round, with {interval}. Peak memory: one call, beyond the inputs ({mem_note}).
+Error vs uniform: ||O − O*|| / ||U − O*||, O* exact softmax attention in float64 and U the uniform average
+of V over the visible keys; 0 is exact, 1 is no better than ignoring Q and K.
+{noise}
+"""
+
+
+def noise_line(frame: pd.DataFrame) -> str:
+    """One sentence on how many timed cells are noisy and why (or that none is)."""
+    ok = frame[(frame.status == "ok") & frame.time_median_s.notna()]
+    noisy = ok[ok.noisy.fillna("") != ""]
+    if ok.empty:
+        return "Noise: no cell was timed."
+    if noisy.empty:
+        return f"Noise: none of {len(ok)} timed cells is flagged noisy (IQR ≤ 10% of the median, machine quiet)."
+    busy = noisy.noisy.str.contains("other processes").sum()
+    spread = noisy.noisy.str.contains("IQR").sum()
+    return (
+        f"Noise: {len(noisy)} of {len(ok)} timed cells are flagged noisy ({spread} by their spread, {busy} because "
+        "other processes used the CPU while they ran); read their times with care, their in-turn speedups less so."
+    )
+
+
+def interval_words(frame: pd.DataFrame) -> str:
+    """Which interval the run's speedups carry, and its coverage, in words (the report and summary say it)."""
+    processes = pd.to_numeric(frame.get("processes"), errors="coerce").dropna() if len(frame) else pd.Series()
+    if len(processes) and processes.max() > 1:
+        return (
+            f"a two-level bootstrap 95% interval over its {int(processes.max())} worker processes and their rounds "
+            "(processes resampled, then rounds; seeded per cell): the spread between processes is in it"
+        )
+    coverage = pd.to_numeric(frame.get("speedup_coverage"), errors="coerce").dropna() if len(frame) else pd.Series()
+    kind = "a distribution-free interval of that median from the order statistics of the per-round ratios"
+    if coverage.empty:  # a run written before coverage was recorded: its intervals were percentile bootstraps
+        return "a bootstrap 95% interval"
+    low = float(coverage.min())
+    if low >= 0.95:
+        return f"{kind} (coverage ≥ {100 * low:.1f}%)"
+    return f"{kind} (coverage ≥ 95% from 6 rounds; cells with fewer rounds have min–max, coverage ≥ {100 * low:.1f}%)"
+
+
+def write_summary(run_dir: Path, view: RunView | None = None) -> str:
+    """Build summary.md for a run folder (from `view` where the caller has read it) and return its text."""
+    view = view or RunView.read(run_dir)
+    frame = view.frame
+    methods = ", ".join(sorted(set(frame.mem_method) - {""})) or "none measured"
+    preamble = SUMMARY_PREAMBLE.format(
+        run_id=run_dir.name, mem_note=methods, noise=noise_line(frame), interval=interval_words(frame)
+    )
+    verdict = verdict_markdown(view.blocks)
+    text = preamble + "\n## Verdict\n\n" + verdict + "\n## By N\n\n" + summary_tables(frame)
+    write_text_atomic(run_dir / "summary.md", text)
+    return text

@@ -1,0 +1,577 @@
+"""The answer first: for each setting, input and N, which variant to use, how much faster and smaller it is
+than the baseline, and what it costs in accuracy.
+
+A setting is every group column but input and N. Its time and memory come from its timed rows (its first
+input, unless every input was timed); each input's error from its own rows. Per N the verdict names the
+fastest exact variant and the speed-error Pareto set (a variant leaves it only when another is at least as
+accurate and faster beyond the noise, paired in their own rounds),
+each with its paired speedup interval, error vs uniform and peak memory, and when it starts to pay off
+(the crossover N against the baseline). One sentence per input says what its error figures can tell.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from attnbench.inputs.catalogue import LOCALITY_WINDOW
+from attnbench.report.analysis import ERROR_RESOLUTION, crossover_table
+from attnbench.report.text import (
+    GROUP_COLUMNS,
+    MACHINE,
+    aligned_table,
+    baseline_of,
+    format_number,
+    markdown_table,
+    speedup_text,
+    with_machine,
+)
+from attnbench.stats import CONFIDENCE, paired_speedup
+
+MIB = 2**20
+SETTING_COLUMNS = [c for c in GROUP_COLUMNS if c != "input"] + [MACHINE]  # what a timing is shared across inputs by
+NEAR_UNIFORM_ENTROPY = 0.88  # above this, averaging V is already close to exact attention
+PEAKED_ENTROPY = 0.45
+UNIFORM_EQUIVALENT = 0.95  # error vs uniform from which an approximation buys nothing over averaging V
+
+
+@dataclass
+class Choice:
+    """One variant setting in a verdict: its speed and memory (from the timed rows) and its error on the input."""
+
+    label: str
+    family: str
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    error: float  # err_vs_uniform on this input (NaN when error was not measured)
+    peak_mem_bytes: float
+    memory_ratio: float  # to the baseline's at the same N
+    pays_off: str  # N from which it is faster than the baseline, e.g. "≈ 700", "≤ 256", "> 4096"
+    time_s: float = float("nan")  # median time per call
+    noisy: bool = False  # its timing is flagged noisy
+    rounds: tuple[float, ...] = ()  # its per-call time in each round of its group (samples.csv), round order
+    coverage: float = float("nan")  # its speedup interval's coverage (NaN: a bootstrap's nominal 95%)
+    fastest_exact: bool = False
+    left_out: str = ""  # why it is not offered as a choice ("" when it is)
+    ties: list[str] = field(default_factory=list)  # more accurate choices it is not faster than beyond noise
+
+    @property
+    def speed(self) -> float:
+        """The paired speedup, or 1 / time where the baseline did not run."""
+        return self.speedup if self.speedup == self.speedup else 1 / self.time_s
+
+    @property
+    def speed_high(self) -> float:
+        return self.speedup_high if self.speedup == self.speedup else self.speed
+
+    @property
+    def trusted_interval(self) -> bool:
+        """Whether its interval is a 95% one (fewer than 6 rounds give min–max at a lower coverage)."""
+        return not self.coverage < CONFIDENCE
+
+    @property
+    def clearly_faster(self) -> bool:
+        """Faster than the baseline beyond its 95% interval (an interval of lower coverage names no winner)."""
+        return self.speedup_low == self.speedup_low and self.speedup_low > 1 and self.trusted_interval
+
+    @property
+    def no_better_than_uniform(self) -> bool:
+        """An approximation whose error buys nothing over averaging V (error vs uniform ≈ 1 or above)."""
+        return self.family != "exact" and self.error == self.error and self.error >= UNIFORM_EQUIVALENT
+
+    @property
+    def error_rank(self) -> float:
+        """Error for ranking: exact attention and unmeasured error count as 0, float rounding ties."""
+        if self.family == "exact" or self.error != self.error:
+            return 0.0
+        return max(self.error, ERROR_RESOLUTION)
+
+
+@dataclass
+class Answer:
+    """The verdict at one N: what to use, in one sentence, the offered choices and the rest with their reasons."""
+
+    n: int
+    choices: list[Choice]  # offered: the fastest exact variant first, then the rest of the Pareto set by speed
+    left_out: list[Choice] = field(default_factory=list)  # each with its `left_out` reason
+    sentence: str = ""  # "Use X: ..." or "Nothing beats <baseline> here: ..."
+
+
+@dataclass
+class InputVerdict:
+    """The verdict for one setting and input, N by N."""
+
+    setting: str  # the setting in words
+    input: str
+    baseline: str
+    sentence: str  # what this input's error figures can tell
+    timed_on: str  # the input whose timing the speedups come from
+    answers: list[Answer] = field(default_factory=list)
+    setting_key: tuple[str, ...] = ()  # the setting's values (SETTING_COLUMNS), as text: which rows it judged
+
+
+def setting_words(values: pd.Series, varying: set[str]) -> str:
+    """'cpu, float32, forward, non-causal, batch 1 × 8 heads × head_dim 64' (+ the axes a run varies)."""
+    parts = [
+        str(values["device"]),
+        str(values["dtype"]),
+        "forward" if values["mode"] == "fwd" else "forward + backward",
+        "causal" if str(values["causal"]) == "True" else "non-causal",
+        f"batch {values['batch']} × {values['heads']} heads × head_dim {values['head_dim']}",
+    ]
+    if values.get("value_dim"):
+        parts.append(f"value_dim {values['value_dim']}")
+    if values.get("kv_len"):
+        parts.append(f"{values['kv_len']} keys")
+    if values.get("padding") or "padding" in varying:
+        parts.append(f"padding {float(values['padding']):g}")
+    if "seed" in varying:
+        parts.append(f"seed {values['seed']}")
+    if MACHINE in varying:  # a run over several kinds of machine: each verdict names its own
+        parts.append(f"on {values[MACHINE]}")
+    return ", ".join(parts)
+
+
+def input_sentence(rows: pd.DataFrame) -> str:
+    """What the input's error figures can tell, from the exact attention's statistics on it."""
+    if not (rows.status == "ok").any():
+        reasons: dict[str, list[str]] = {}
+        for row in rows.itertuples():
+            reasons.setdefault(f"{row.status}: {row.reason}", []).append(row.label)
+        listed = "; ".join(f"{', '.join(dict.fromkeys(labels))} {why}" for why, labels in reasons.items())
+        return f"No cell ran ok on this input. {listed}."
+    stats = rows.dropna(subset=["input_entropy"])
+    if stats.empty:
+        return "Error was not measured on this input."
+    entropy = stats.input_entropy.mean()
+
+    def figures_of(at: pd.DataFrame) -> str:
+        local, sink, spread = at.input_band_mass.mean(), at.input_sink_mass.mean(), at.input_head_spread.mean()
+        return (
+            f"entropy {at.input_entropy.mean():.2f} of uniform, {format_number(100 * local, '.0f')}% of the mass "
+            f"within ±{LOCALITY_WINDOW} positions, {format_number(100 * sink, '.0f')}% on the first token"
+            + (f", heads differing by {spread:.2f}" if spread == spread and spread >= 0.05 else "")
+        )
+
+    by_n = list(stats.groupby("seq_len"))
+    if len(by_n) == 1:
+        figures = figures_of(stats)
+    else:  # the statistics move with N (locality falls as N grows): each N its own, never one average
+        figures = "; ".join(f"at N={n}: {figures_of(at)}" for n, at in by_n)
+    if entropy >= NEAR_UNIFORM_ENTROPY:
+        return (
+            f"Attention on this input is near-uniform ({figures}): averaging V is already close to exact, so "
+            "accuracy barely separates the variants; judge accuracy on a structured input (realistic, captured)."
+        )
+    shape = "peaked" if entropy < PEAKED_ENTROPY else "structured"
+    return (
+        f"Attention on this input is {shape} ({figures}): error separates the variants; below 1 a variant "
+        "beats averaging V, above 1 it does worse."
+    )
+
+
+def _short_crossover(text: str) -> str:
+    """'N ≈ 1,234 (between …)' -> '≈ 1,234'; 'already at N=256 …' -> '≤ 256'; 'not within … (N ≤ 4096)' -> '> 4096';
+    'not monotone: …' -> 'not monotone'; an interpolated N with a dip before it -> '≈ 1,234 (not monotone)'; what
+    the intervals add: '≈ 1,234, clear ≥ 4,096' (beyond noise only from there) or '≈ 1,234, within noise'."""
+    if "beyond noise from N=" in text:
+        clear = f", clear ≥ {int(float(text.split('beyond noise from N=')[1].split()[0].rstrip(';)'))):,}"
+    elif "not faster beyond noise" in text:
+        clear = ", within noise"
+    else:
+        clear = ""
+    if text.startswith("N ≈"):
+        return "≈ " + text.split()[2] + (" (not monotone)" if "not monotone" in text else "") + clear
+    if text.startswith("already at N="):
+        return "≤ " + text.split("N=")[1].split()[0] + clear
+    if text.startswith("not within"):
+        return "> " + text.rsplit("≤ ", 1)[1].rstrip(")")
+    if text.startswith("not monotone"):
+        return "not monotone"
+    return "–"
+
+
+def _speed_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The timed ok rows: the speed and memory of each setting, input, variant and N."""
+    timed = frame[(frame.status == "ok") & frame.time_median_s.notna()]
+    return timed.drop_duplicates(SETTING_COLUMNS + ["input", "label", "seq_len"])
+
+
+def timed_input(timed: pd.DataFrame, source: str) -> str:
+    """The input whose timed rows judge `source`: itself if it was timed, else its setting's first timed input."""
+    if (timed["input"] == source).any():
+        return source
+    return str(timed["input"].iloc[0]) if len(timed) else ""
+
+
+def setting_key(values: tuple) -> tuple[str, ...]:
+    """A setting's group key (values of SETTING_COLUMNS) as text, so that a missing value equals itself."""
+    return tuple(str(v) for v in values)
+
+
+def verdicts(frame: pd.DataFrame, samples: dict[str, list[float]] | None = None) -> list[InputVerdict]:
+    """Every setting × input of a run's rows, N by N, in the order the run measured them. An input that was
+    timed itself is judged on its own speed; one whose error alone was measured, on its setting's first
+    timed input's. `samples` (cell key -> per-round seconds, `read_samples`) lets two variants be compared in
+    their own rounds; without it, by their intervals against the baseline."""
+    if frame.empty:
+        return []
+    samples = samples or {}
+    frame = with_machine(frame)
+    baseline = baseline_of(frame)
+    varying = {c for c in SETTING_COLUMNS if frame[c].nunique(dropna=False) > 1}
+    speed = _speed_rows(frame)
+    out = []
+    for setting, rows in frame.groupby(SETTING_COLUMNS, sort=False, dropna=False):
+        key = setting_key(setting)
+        timed = speed
+        for column, value in zip(SETTING_COLUMNS, setting):
+            timed = timed[timed[column] == value] if value == value else timed[timed[column].isna()]
+        words = setting_words(rows.iloc[0], varying)
+        for source, on_input in rows.groupby("input", sort=False):
+            timed_on = timed_input(timed, source)
+            own = timed[timed["input"] == timed_on]
+            crossings = crossover_table(own, baseline) if len(own) else pd.DataFrame()
+            pays_off = (
+                {r.label: _short_crossover(r.faster_from) for r in crossings.itertuples()} if len(crossings) else {}
+            )
+            sentence = input_sentence(on_input)
+            verdict = InputVerdict(words, str(source), baseline, sentence, str(timed_on), setting_key=key)
+            for n, at_n in on_input[on_input.status == "ok"].groupby("seq_len"):
+                candidates = _candidates(at_n, own[own.seq_len == n], baseline, pays_off, samples)
+                answer = judge(int(n), candidates, baseline)
+                if answer is not None:
+                    verdict.answers.append(answer)
+            out.append(verdict)
+    return out
+
+
+MIN_PAIRED_ROUNDS = 6  # rounds two variants need in common: from 6 the order-statistic interval covers >= 95%
+
+
+def faster_beyond_noise(a: Choice, b: Choice) -> bool:
+    """Whether `a` is faster than `b` beyond the noise: the interval of b's time over a's, round by round (the
+    same rounds, so a slow stretch of the machine cancels), lies above 1. Without both variants' rounds, a's
+    speedup interval against the baseline must lie wholly above b's; with neither, nothing is beyond noise."""
+    common = min(len(a.rounds), len(b.rounds))
+    if common >= MIN_PAIRED_ROUNDS:
+        return paired_speedup(list(b.rounds[:common]), list(a.rounds[:common])).low > 1
+    if a.speedup == a.speedup and b.speedup == b.speedup and a.trusted_interval and b.trusted_interval:
+        return a.speedup_low > b.speedup_high
+    return False
+
+
+def _dominates(a: Choice, b: Choice) -> bool:
+    """The README's rule: `a` is at least as accurate as `b` and faster beyond the noise. A third variant's
+    noise plays no part: only a and b's own rounds decide. An approximation never dominates exact attention
+    (its unmeasured error is not "at least as accurate")."""
+    if b.family == "exact" and a.family != "exact":
+        return False
+    return a.error_rank <= b.error_rank and faster_beyond_noise(a, b)
+
+
+def pareto_set(candidates: list[Choice]) -> list[Choice]:
+    """The candidates no other candidate dominates, fastest first: the one rule behind the verdict, its plots'
+    frontiers and their titles. A member that a more accurate member is not slower than beyond noise is a tie
+    (`ties` names them): the two differ in accuracy, and their speeds cannot be told apart."""
+    front = [c for c in candidates if not any(_dominates(other, c) for other in candidates if other is not c)]
+    for c in front:
+        more_accurate = [o for o in front if o is not c and o.error_rank < c.error_rank]
+        c.ties = [o.label for o in more_accurate if not faster_beyond_noise(c, o)]
+    return sorted(front, key=lambda c: -c.speed)
+
+
+def fastest(candidates: list[Choice]) -> list[Choice]:
+    """The candidates no other candidate is faster than beyond noise (`faster_beyond_noise`), fastest first: what
+    "fastest" means wherever a report says it (bold times, plot titles), by the verdict's own rule."""
+    leaders = [c for c in candidates if not any(faster_beyond_noise(o, c) for o in candidates if o is not c)]
+    return sorted(leaders, key=lambda c: -c.speed)
+
+
+def fastest_labels(rows: pd.DataFrame, samples: dict[str, list[float]] | None = None) -> list[str]:
+    """`fastest` among the timed rows of one comparison group at one N (one row per label), fastest first."""
+    timed = rows[(rows.status == "ok") & rows.time_median_s.notna()].drop_duplicates("label")
+    if timed.empty:
+        return []
+    return [c.label for c in fastest(_candidates(timed, timed, baseline_of(timed), {}, samples or {}))]
+
+
+def _candidates(
+    errors: pd.DataFrame,
+    timed: pd.DataFrame,
+    baseline: str,
+    pays_off: dict[str, str],
+    samples: dict[str, list[float]],
+) -> list[Choice]:
+    """Every variant with an ok row at one N, its speed and memory from `timed` and its error from `errors`.
+    Speed is the paired speedup (or, where the baseline did not run, 1 / time); its rounds from `samples`."""
+    speed = timed.set_index("label")
+    base_memory = speed.peak_mem_bytes.get(baseline, float("nan")) if len(speed) else float("nan")
+    candidates = []
+    for row in errors.itertuples():
+        if row.label not in speed.index:
+            continue
+        s = speed.loc[row.label]
+        memory = float(s.peak_mem_bytes) if pd.notna(s.peak_mem_bytes) else float("nan")
+        paired = pd.notna(s.speedup)
+        candidates.append(
+            Choice(
+                label=row.label,
+                family=str(s.family),
+                speedup=float(s.speedup) if paired else float("nan"),
+                speedup_low=float(s.speedup_low) if paired else float("nan"),
+                speedup_high=float(s.speedup_high) if paired else float("nan"),
+                error=float(row.err_vs_uniform) if pd.notna(row.err_vs_uniform) else float("nan"),
+                peak_mem_bytes=memory,
+                memory_ratio=memory / base_memory if base_memory and base_memory == base_memory else float("nan"),
+                pays_off="–" if row.label == baseline else pays_off.get(row.label, "–"),
+                time_s=float(s.time_median_s),
+                noisy=bool(s.noisy),
+                # a cell timed in several processes has no rounds shared with the others: compared by interval
+                rounds=tuple(samples.get(str(s.cell_key), ())) if not (s.get("processes") or 1) > 1 else (),
+                coverage=float(s.speedup_coverage) if pd.notna(s.get("speedup_coverage")) else float("nan"),
+            )
+        )
+    return candidates
+
+
+def _fastest_exact(exact: list[Choice], baseline: str) -> Choice | None:
+    """The exact variant to offer: the baseline, unless another exact variant is faster beyond its interval
+    (a speedup whose interval spans 1 names no winner); with no baseline here, the fastest."""
+    base = next((c for c in exact if c.label == baseline), None)
+    faster = [c for c in exact if c is not base and c.clearly_faster]
+    if base is not None and not faster:
+        return base
+    return max(faster or exact, key=lambda c: c.speed) if exact else None
+
+
+def judge(n: int, candidates: list[Choice], baseline: str) -> Answer | None:
+    """The verdict at one N: the fastest exact variant and the speed-error Pareto set of the approximations that
+    beat averaging V, every other candidate with its reason, and the answer in one sentence."""
+    if not candidates:
+        return None
+    exact = [c for c in candidates if c.family == "exact"]
+    fastest_exact = _fastest_exact(exact, baseline)
+    for c in exact:
+        if c is not fastest_exact:
+            slower = c.speed < fastest_exact.speed
+            c.left_out = f"exact, slower than {fastest_exact.label}" if slower else (
+                f"exact like {fastest_exact.label}, not faster beyond noise"
+            )
+    for c in candidates:
+        if c.no_better_than_uniform:
+            c.left_out = "worse than averaging V" if c.error >= 1.05 else "no better than averaging V"
+    contenders = [c for c in candidates if not c.left_out]
+    front = pareto_set(contenders)
+    for c in contenders:
+        if c not in front:
+            dominators = [o for o in contenders if o is not c and _dominates(o, c)]  # never empty: c is not in front
+            by = min(dominators, key=lambda o: (o not in front, o.speed))  # the nearest choice that beats it
+            accuracy = " and not more accurate" if c.error == c.error else ""  # no claim without an error
+            c.left_out = f"slower than {by.label} beyond noise{accuracy}"
+    if fastest_exact is not None:
+        fastest_exact.fastest_exact = True
+    chosen = [c for c in front if c is not fastest_exact]
+    offered = ([fastest_exact] if fastest_exact else []) + chosen
+    left_out = sorted((c for c in candidates if c.left_out), key=lambda c: -c.speed)
+    return Answer(n, offered, left_out, answer_sentence(offered, left_out, baseline))
+
+
+def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str) -> str:
+    """'Use X: 3.1× [2.9–3.4] faster than full at error 0.12 vs uniform.' or 'Nothing beats full here: …'."""
+    approximate = [c for c in offered if c.family != "exact"]
+    paired = any(c.speedup == c.speedup for c in offered)
+    if not offered:  # no exact variant ran, and every approximation is left out
+        why = "; ".join(f"{c.label}: {c.left_out}" for c in left_out)
+        return f"Nothing to recommend here: no exact variant ran and every other is left out ({why})."
+    if not paired:
+        fastest = min(offered, key=lambda c: c.time_s)
+        return f"Fastest: {fastest.label} ({format_number(fastest.time_s * 1e3, '.3g')} ms per call); {baseline} did not run here."
+    winners = [c for c in approximate if c.clearly_faster]
+    exact_winner = next((c for c in offered if c.family == "exact" and c.label != baseline and c.clearly_faster), None)
+    if winners:
+        best = winners[0]  # the fastest of the Pareto set
+        accuracy = f"at error {_error(best)} vs uniform" if best.error == best.error else "(error not measured)"
+        text = f"Use {best.label}: {_speed(best)} faster than {baseline} {accuracy}"
+        text += _memory(best)
+        accurate = min(winners, key=lambda c: c.error_rank)
+        if accurate is not best:
+            text += f"; {accurate.label} is more accurate ({_error(accurate)}) at {_speed(accurate)}"
+        return text + "."
+    if exact_winner is not None:
+        return f"Use {exact_winner.label}: exact, {_speed(exact_winner)} faster than {baseline}{_memory(exact_winner)}."
+    maybe = [c for c in approximate if c.speedup > 1]  # offered, faster by the median, but its interval reaches 1×
+    slower = [c.label for c in approximate if c.speedup <= 1]
+    slower += [c.label for c in left_out if c.family != "exact" and c.left_out.startswith("slower")]
+    useless = [c.label for c in left_out if "averaging V" in c.left_out]
+    reasons = []
+    if slower:
+        reasons.append(f"slower ({', '.join(slower)})")
+    if useless:
+        reasons.append(f"no better than averaging V ({', '.join(useless)})")
+    if maybe:
+        perhaps = ", ".join(f"{c.label} ({_speed(c)})" for c in maybe)
+        others = "; the other approximate variants are " + " or ".join(reasons) if reasons else ""
+        verb = "is" if len(maybe) == 1 else "are"
+        return (
+            f"Nothing clearly beats {baseline} here: {perhaps} {verb} faster by the median, but the 95% interval "
+            f"reaches 1×{others}."
+        )
+    because = ": the approximate variants are " + " or ".join(reasons) if reasons else ""
+    return f"Nothing beats {baseline} here{because}."
+
+
+def _speed(c: Choice) -> str:
+    return f"{c.speedup:.3g}× [{format_number(c.speedup_low, '.3g')}–{format_number(c.speedup_high, '.3g')}]"
+
+
+def _error(c: Choice) -> str:
+    return format_number(c.error, ".2g")
+
+
+def _memory(c: Choice) -> str:
+    ratio = c.memory_ratio
+    return f", {format_number(ratio, '.2g')}× the memory" if ratio == ratio else ""
+
+
+VERDICT_HEADERS = ["variant", "speedup vs {baseline} [95% CI]", "error vs uniform", "peak MiB (× {baseline})", "faster from N"]
+
+
+def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list[list[str]]]:
+    """The choices offered at one N as a table: a row per choice."""
+    headers = [h.format(baseline=verdict.baseline) for h in VERDICT_HEADERS]
+    lowest = min((c.coverage for c in answer.choices if c.coverage == c.coverage), default=CONFIDENCE)
+    if lowest < CONFIDENCE:  # min–max of too few rounds: say what the interval is
+        headers[1] = headers[1].replace("95% CI", f"CI, coverage {100 * lowest:.0f}%")
+    rows = []
+    for choice in answer.choices:
+        name = choice.label + (" (fastest exact)" if choice.fastest_exact else "")
+        name += f" (speed ties {', '.join(choice.ties)})" if choice.ties else ""
+        error = "exact" if choice.family == "exact" else error_text(choice.error)
+        memory = f"{format_number(choice.peak_mem_bytes / MIB, '.1f')} ({format_number(choice.memory_ratio, '.2f')}×)"
+        if choice.speedup == choice.speedup:
+            speed = speedup_text(pd.Series(vars(choice))) + (" noisy" if choice.noisy else "")
+        else:
+            speed = f"– ({format_number(choice.time_s * 1e3, '.3g')} ms; no {verdict.baseline} here)"
+        rows.append([name, speed, error, memory, choice.pays_off])
+    return headers, rows
+
+
+def left_out_text(answer: Answer) -> str:
+    """'Left out: linear (slower than full and not more accurate, 0.54×); …' ('' when nothing is)."""
+    if not answer.left_out:
+        return ""
+    parts = []
+    for c in answer.left_out:
+        figures = [speedup_text(pd.Series(vars(c))) if c.speedup == c.speedup else ""]
+        figures.append("" if c.family == "exact" or c.error != c.error else f"error {format_number(c.error, '.3g')}")
+        shown = ", ".join(f for f in figures if f and f != "–")
+        parts.append(f"{c.label} ({c.left_out}" + (f"; {shown})" if shown else ")"))
+    return "Left out: " + "; ".join(parts) + "."
+
+
+def error_text(error: float) -> str:
+    """'0.42', or '0.99 (≈ uniform)' / '1.8 (worse than uniform)' where it buys no accuracy over averaging V."""
+    text = format_number(error, ".3g")
+    if error == error and error >= 1.05:
+        return text + " (worse than uniform)"
+    if error == error and error >= 0.95:
+        return text + " (≈ uniform)"
+    return text
+
+
+def verdict_title(verdict: InputVerdict) -> str:
+    return f"{verdict.input} — {verdict.setting}"
+
+
+def timing_note(verdict: InputVerdict) -> str:
+    """Where the speedups of an input timed on another input come from ('' when it was timed itself)."""
+    if not verdict.timed_on or verdict.timed_on == verdict.input:
+        return ""
+    return (
+        f"Speed and memory were measured on `{verdict.timed_on}` (time barely depends on the input); error on this one."
+    )
+
+
+VERDICT_INTRO = (
+    "For each input and N: the answer in one sentence, then the fastest exact variant and the approximations "
+    "no other beats on both speed and error (the Pareto set, fastest first: a variant leaves it only when another "
+    "is at least as accurate and faster beyond the noise in their own rounds; 'speed ties X' marks one that a more "
+    "accurate X is not slower than beyond the noise), then the variants left out and why (slower beyond noise "
+    "and not more accurate, or no better than averaging V). Speedups are paired, in turns with {baseline}, with a "
+    "95% interval; error is against exact attention relative to averaging V (0 exact, 1 no better than "
+    "averaging); 'faster from N' is the N from which {baseline} is beaten at every larger N measured."
+)
+
+
+@dataclass
+class VerdictBlock:
+    """One block of the verdict as shown: its titles (several when their bodies are the same), the input's
+    sentence, and per N the answer, the table of choices and the left-out line."""
+
+    titles: list[str]
+    sentence: str
+    verdict: InputVerdict
+
+
+def verdict_blocks(found: list[InputVerdict]) -> list[VerdictBlock]:
+    """Every setting × input's verdict (`verdicts`), those whose content is the same merged into one block."""
+    blocks: dict[str, VerdictBlock] = {}
+    for verdict in found:
+        sentence = " ".join(text for text in (verdict.sentence, timing_note(verdict)) if text)
+        body = sentence + "\n" + "\n".join(
+            answer.sentence + str(verdict_rows(verdict, answer)) + left_out_text(answer) for answer in verdict.answers
+        )
+        if body in blocks:
+            blocks[body].titles.append(verdict_title(verdict))
+        else:
+            blocks[body] = VerdictBlock([verdict_title(verdict)], sentence, verdict)
+    return list(blocks.values())
+
+
+def block_title(block: VerdictBlock) -> str:
+    if len(block.titles) == 1:
+        return block.titles[0]
+    return block.titles[0] + f" (and {len(block.titles) - 1} more with the same verdict: " + "; ".join(
+        block.titles[1:]
+    ) + ")"
+
+
+def verdict_markdown(found: list[VerdictBlock]) -> str:
+    """The verdicts of a run as Markdown: per block a heading and a sentence, per N the answer and a table."""
+    if not found:
+        return "No cell ran ok: there is nothing to recommend.\n"
+    parts = [VERDICT_INTRO.format(baseline=f"`{found[0].verdict.baseline}`")]
+    for block in found:
+        parts.append(f"### {block_title(block)}")
+        parts.append(block.sentence)
+        if not block.verdict.answers:
+            parts.append(f"No variant has both a speedup against `{block.verdict.baseline}` and a result here.")
+        for answer in block.verdict.answers:
+            parts.append(f"**N={answer.n}:** {answer.sentence}")
+            parts.append(markdown_table(*verdict_rows(block.verdict, answer)))
+            if answer.left_out:
+                parts.append(left_out_text(answer))
+    return "\n\n".join(parts) + "\n"
+
+
+def verdict_terminal(found: list[VerdictBlock], width: int) -> str:
+    """The verdicts as plain text that fits `width` columns: per N the answer, an aligned table, the left-out."""
+    if not found:
+        return "No cell ran ok: there is nothing to recommend."
+    parts = []
+    for block in found:
+        parts.append(
+            textwrap.fill(f"== {block_title(block)}", width) + "\n" + textwrap.fill(block.sentence.replace("`", ""), width)
+        )
+        for answer in block.verdict.answers:
+            lines = [textwrap.fill(f"N={answer.n}: {answer.sentence}", width)]
+            table = aligned_table(*verdict_rows(block.verdict, answer), width=width - 2, cuttable=(3, 0))
+            lines += ["  " + line for line in table.splitlines()]
+            if answer.left_out:
+                lines.append(textwrap.fill(left_out_text(answer), width, initial_indent="  ", subsequent_indent="    "))
+            parts.append("\n".join(lines))
+    return "\n\n".join(parts)

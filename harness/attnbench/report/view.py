@@ -1,0 +1,32 @@
+"""A run folder read once for what is shown of it: its rows, per-round samples and meta.json, and its verdict
+computed once. The terminal's verdict, summary.md and the report all take this one view."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.report.verdict import InputVerdict, VerdictBlock, verdict_blocks, verdicts
+from attnbench.runfolder.folder import read_samples
+from attnbench.runfolder.meta import RunMeta
+from attnbench.runfolder.results import read_results
+
+
+@dataclass
+class RunView:
+    run_dir: Path
+    frame: pd.DataFrame  # results.csv
+    samples: dict[str, list[float]]  # cell key -> seconds per round (samples.csv)
+    meta: RunMeta  # meta.json
+    verdicts: list[InputVerdict]  # per setting and input, N by N
+    blocks: list[VerdictBlock]  # the verdicts as shown: those with the same content merged
+
+    @classmethod
+    def read(cls, run_dir: Path, frame: pd.DataFrame | None = None) -> RunView:
+        """The view of `run_dir` (`frame`: its results.csv where the caller has read it already)."""
+        frame = read_results(run_dir) if frame is None else frame
+        samples = read_samples(run_dir)
+        found = verdicts(frame, samples)
+        return cls(run_dir, frame, samples, RunMeta.read(run_dir), found, verdict_blocks(found))

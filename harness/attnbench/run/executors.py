@@ -1,0 +1,266 @@
+"""Executors: how a group is measured — in this process, in a child process that may crash alone, or in several
+processes at once — and the interrupt handling they share (Ctrl-C and SIGTERM stop between groups)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol, TypeVar
+
+from attnbench.measure.group import GroupResult, measure_group
+from attnbench.plan.cells import Cell, Group
+from attnbench.plan.config import Settings
+from attnbench.registry import Registry
+from attnbench.run.worker import group_request, read_result_record
+from attnbench.runfolder.rows import row_for
+
+PR_SET_PDEATHSIG = 1
+
+
+STARTUP_S = 120.0  # the longest a worker may take to start (imports) before it is deemed hung
+
+
+T = TypeVar("T")
+
+
+class Executor(Protocol):
+    def measure(self, groups: Iterator[Group]) -> Iterator[tuple[Group, GroupResult]]:
+        """Each group's result as it finishes; the next group is drawn only when the executor can start it."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class OneAtATime:
+    """Groups measured one after the other, each before the next is drawn (budgets see every result)."""
+
+    def run_group(self, group: Group) -> GroupResult:
+        raise NotImplementedError
+
+    def measure(self, groups: Iterator[Group]) -> Iterator[tuple[Group, GroupResult]]:
+        for group in groups:
+            yield group, self.run_group(group)
+
+    def close(self) -> None:
+        pass
+
+
+class InProcess(OneAtATime):
+    """Each group measured in this process (on a thread of its own, see `interruptible`); self-checks shared
+    across groups."""
+
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        self.settings, self.registry = settings, registry
+        self.self_checks: dict[tuple, tuple[bool, str]] = {}
+
+    def run_group(self, group: Group) -> GroupResult:
+        return interruptible(lambda: measure_group(group, self.settings, self.registry, self_checks=self.self_checks))
+
+
+def interruptible(work: Callable[[], T]) -> T:
+    """`work()` on a thread of its own while this thread waits, so that Ctrl-C (or SIGTERM) stops the run within
+    a fraction of a second even inside one long torch call, which holds no GIL but never returns to Python
+    where a signal could stop it. An interrupted call is abandoned: the process must exit soon after
+    (`exit_now_if_abandoned`), its finished rows already on disk.
+
+    The wait is on an Event, not `Thread.join`: a join interrupted by KeyboardInterrupt marks a running thread
+    as stopped (CPython 3.11), and the abandoned call would then go unnoticed."""
+    outcome: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # handed to the waiting thread
+            outcome["error"] = error
+        finally:
+            finished.set()
+
+    threading.Thread(target=target, name="attnbench-measure", daemon=True).start()
+    try:
+        while not finished.wait(0.1):
+            pass
+    except BaseException:
+        _abandoned.append(finished)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def exit_now_if_abandoned(code: int) -> None:
+    """After an interrupt: leave at once when a measurement still runs on its thread (it cannot be stopped, and
+    waiting for it is what Ctrl-C was pressed to avoid; a normal exit would tear torch down under it and abort);
+    output is flushed first."""
+    if any(not finished.is_set() for finished in _abandoned):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM handled like Ctrl-C while a run measures: finished rows kept, meta.json says interrupted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signal: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Isolated(OneAtATime):
+    """Each group in a child process (`python -m attnbench.worker`): a segfault, a hard out-of-memory kill
+    or a hang costs the cell in flight, not the run. A step with no progress for `cell_timeout_s` is killed."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        remove_stale_worker_folders()
+
+    def run_group(self, group: Group) -> GroupResult:
+        rows, samples = [], []
+        while group.cells:
+            result, culprits = self._attempt(group)
+            if not culprits:
+                return GroupResult(rows + result.rows, samples + result.samples)
+            rows += culprits  # the cell in flight (or, in a group step, every cell); the rest measured again
+            group = group.without({row.cell_key for row in culprits})
+        return GroupResult(rows, samples)
+
+    def _attempt(self, group: Group) -> tuple[GroupResult, list[Any]]:
+        with tempfile.TemporaryDirectory(prefix=f"{WORKER_FOLDER}{os.getpid()}-") as folder:
+            channel, errors = Path(folder) / "channel.jsonl", Path(folder) / "stderr.txt"
+            request = json.dumps(group_request(group, self.settings))
+            process = subprocess.Popen(
+                [sys.executable, "-m", "attnbench.run.worker", str(channel)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,  # whatever a plugin prints is not our concern
+                stderr=errors.open("w"),  # a file, not a pipe: a chatty plugin cannot fill it and block
+                text=True,
+                preexec_fn=_die_with_parent,
+            )
+            assert process.stdin is not None
+            process.stdin.write(request)
+            process.stdin.close()
+            last_change, size = time.monotonic(), -1
+            while process.poll() is None:
+                time.sleep(0.05)
+                # progress is the channel growing; its last step is read only when the watchdog fires
+                if channel.exists() and channel.stat().st_size != size:
+                    size, last_change = channel.stat().st_size, time.monotonic()
+                # until its first step the worker is importing torch: slow on a busy machine, not a hang
+                limit = self.settings.cell_timeout_s if size > 0 else max(self.settings.cell_timeout_s, STARTUP_S)
+                if time.monotonic() - last_change > limit:
+                    process.kill()
+                    process.wait()
+                    last_step = _last_step(channel)
+                    cells, where = _in_flight(group, last_step)
+                    reason = (
+                        f"no progress within cell_timeout_s={self.settings.cell_timeout_s:g} s ({where}); "
+                        "the group's process was killed"
+                    )
+                    return GroupResult([]), [row_for(cell, status="timeout", reason=reason) for cell in cells]
+            stderr = errors.read_text(errors="replace")
+            records = _records(channel)
+            final = next((r for r in records if "rows" in r), None)
+            if process.returncode == 0 and final is not None:
+                return read_result_record(final), []
+            if process.returncode < 0:
+                name = signal.Signals(-process.returncode).name
+                why = f"killed by {name}" + (" (likely the system's out-of-memory killer)" if name == "SIGKILL" else "")
+            else:
+                why = f"exited with status {process.returncode}"
+            last_step = next((r for r in reversed(records) if "step" in r), None)
+            tail = " | ".join(stderr.strip().splitlines()[-3:])
+            cells, where = _in_flight(group, last_step)
+            reason = f"the group's process {why} ({where}): {tail}"
+            return GroupResult([]), [row_for(cell, status="crashed", reason=reason) for cell in cells]
+
+
+WORKER_FOLDER = "attnbench-worker-"  # + the parent's pid + a random part: a worker's channel and stderr
+
+
+def remove_stale_worker_folders() -> None:
+    """Worker folders whose parent process is gone (a `kill -9` of an --isolate run leaves its folder behind)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{WORKER_FOLDER}*-*"):
+        pid = folder.name.removeprefix(WORKER_FOLDER).split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            continue
+
+
+def _die_with_parent() -> None:
+    """In the worker, before it starts: ask Linux to kill it when the parent dies (no orphan keeps timing)."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: an orphan finishes its group and exits
+        pass
+
+
+def _records(channel: Path) -> list[dict[str, Any]]:
+    if not channel.exists():
+        return []
+    out = []
+    for line in channel.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # the last line, cut short by a kill
+            continue
+    return out
+
+
+def _last_step(channel: Path) -> dict[str, Any] | None:
+    return next((r for r in reversed(_records(channel)) if "step" in r), None)
+
+
+def _in_flight(group: Group, step: dict[str, Any] | None) -> tuple[list[Cell], str]:
+    """The cells the worker's last step concerned, and that step in words: one cell's step (its self-check, output,
+    timing, ...), or a step of the whole group (starting, building the inputs, the exact reference): every cell."""
+    if step is None:
+        return list(group.cells), "while starting: importing attnbench, torch and the plugins, before any step"
+    key = step.get("cell") or ""
+    cell = next((c for c in group.cells if c.key() == key), None)
+    if cell is None:
+        return list(group.cells), f"while {step.get('step')} of the whole group, before any cell ran"
+    return [cell], f"{step.get('step')} of {cell.variant.label()}"
+
+
+class Processes(OneAtATime):
+    """`--processes k`: each group measured in k fresh worker processes, one after another (each timing
+    `min_run_time / k`), merged by `attnbench.processes.merge_processes`: the spread between processes enters
+    every speedup interval."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.each = Isolated(replace(settings, min_run_time=settings.min_run_time / settings.processes))
+
+    def run_group(self, group: Group) -> GroupResult:
+        from attnbench.run.processes import merge_processes
+
+        results = [self.each.run_group(group) for _ in range(self.settings.processes)]
+        return merge_processes(group, results, self.settings.baseline)
+
+
+_abandoned: list[threading.Event] = []  # the "finished" flags of measurements left running by an interrupt
