@@ -1,4 +1,5 @@
-"""Shared fixtures: a factory for real plugin packages (a *.dist-info with entry_points.txt on sys.path)."""
+"""Shared fixtures: registries with toy variants registered in this process, and a factory for real plugin packages
+(a *.dist-info with entry_points.txt on sys.path) where discovery itself is under test."""
 
 from __future__ import annotations
 
@@ -23,6 +24,19 @@ def write_plugin(root: Path, dist: str, entries: dict[str, str], modules: dict[s
     for module, source in modules.items():
         (root / f"{module}.py").write_text(textwrap.dedent(source))
     return root
+
+
+@pytest.fixture
+def toy_registry() -> Callable[..., Registry]:
+    """A fresh registry (the installed variants) with toy variant classes registered in this process."""
+
+    def make(*classes: type) -> Registry:
+        registry = Registry()
+        for variant_class in classes:
+            registry.register(variant_class)
+        return registry
+
+    return make
 
 
 @pytest.fixture

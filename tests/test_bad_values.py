@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+from attnbench import AttentionVariant
 from attnbench.cli import main
 from attnbench.plan.config import ConfigError, parse_config
 from attnbench.run.sweep import run_plan
@@ -66,30 +68,23 @@ def test_compare_refuses_a_nan_gate(tmp_path: Path) -> None:
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-above", "nan"]) == 2
 
 
-def test_run_refuses_an_output_of_the_wrong_shape_or_dtype(plugin_registry, tmp_path: Path) -> None:
+class OneRow(AttentionVariant):
+    name, family, exact = "one-row", "test", False
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        return v.mean(dim=-2, keepdim=True)  # (b, h, 1, e): broadcastable, and wrong
+
+
+class Half(AttentionVariant):
+    name, family, exact = "half", "test", False
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v).double()
+
+
+def test_run_refuses_an_output_of_the_wrong_shape_or_dtype(toy_registry, tmp_path: Path) -> None:
     """A broadcastable (b, h, 1, Dv) output was recorded ok and faster than full; now it is an error."""
-    registry = plugin_registry(
-        "wrong-output",
-        {"one-row": "wrong_output:OneRow", "half": "wrong_output:Half"},
-        {
-            "wrong_output": """
-                import torch
-                from attnbench import AttentionVariant
-
-                class OneRow(AttentionVariant):
-                    name, family, exact = "one-row", "test", False
-
-                    def forward(self, q, k, v, *, causal, key_padding_mask):
-                        return v.mean(dim=-2, keepdim=True)  # (b, h, 1, e): broadcastable, and wrong
-
-                class Half(AttentionVariant):
-                    name, family, exact = "half", "test", False
-
-                    def forward(self, q, k, v, *, causal, key_padding_mask):
-                        return torch.nn.functional.scaled_dot_product_attention(q, k, v).double()
-            """
-        },
-    )
+    registry = toy_registry(OneRow, Half)
     config = parse_config(
         {**TINY, "variants": ["full", "one-row", "half"], "min_run_time": 0.01, "min_rounds": 2}, registry=registry
     )

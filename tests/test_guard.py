@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from attnbench import AttentionVariant, Cost
 from attnbench.measure.estimate import cell_estimate, group_cost, over_budget_reason
 from attnbench.measure.machine import warm_allocator
 from attnbench.measure.memory import LiveTensorPeak
@@ -159,30 +160,22 @@ def test_the_warm_allocator_returns_what_it_kept() -> None:
     assert after - before < 64  # and returned after it
 
 
-def test_a_measured_peak_over_the_limit_skips_larger_n(plugin_registry, tmp_path: Path) -> None:
+class Greedy(AttentionVariant):
+    name, family, exact = "greedy", "test", False
+
+    def cost(self, shape):
+        return Cost(flops=1.0, bytes_moved=1.0, working_bytes=1.0)  # says it needs nothing
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        scratch = torch.ones(8 * 2**20)  # 32 MiB it never declared
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v) + scratch[0] * 0
+
+
+def test_a_measured_peak_over_the_limit_skips_larger_n(toy_registry, tmp_path: Path) -> None:
     """A plugin whose cost() understates its memory passes the estimate once; its measured peak stops its larger N."""
     from attnbench.run.sweep import run_plan
 
-    registry = plugin_registry(
-        "greedy-plugin",
-        {"greedy": "greedy_variant:Greedy"},
-        {
-            "greedy_variant": """
-                import torch
-                from attnbench import AttentionVariant, Cost
-
-                class Greedy(AttentionVariant):
-                    name, family, exact = "greedy", "test", False
-
-                    def cost(self, shape):
-                        return Cost(flops=1.0, bytes_moved=1.0, working_bytes=1.0)  # says it needs nothing
-
-                    def forward(self, q, k, v, *, causal, key_padding_mask):
-                        scratch = torch.ones(8 * 2**20)  # 32 MiB it never declared
-                        return torch.nn.functional.scaled_dot_product_attention(q, k, v) + scratch[0] * 0
-            """
-        },
-    )
+    registry = toy_registry(Greedy)
     config = parse_config(
         {"variants": ["greedy"], "seq_lens": [16, 32], "heads": 1, "head_dim": 8, "memory_limit_gb": 0.02,
          "min_run_time": 0.01, "min_rounds": 2},

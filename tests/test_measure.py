@@ -7,22 +7,22 @@ import importlib.util
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from attnbench import AttentionVariant
 from attnbench.measure import group as measure
+from attnbench.measure import timing
 from attnbench.measure.noise import noise_reason
 from attnbench.plan.cells import AXES, CELL_COLUMNS, GROUP_COLUMNS, Cell
 from attnbench.plan.config import parse_config
 from attnbench.runfolder.rows import COLUMNS
 from attnbench.stats import paired_speedup, ratio_of_medians
 
-RECORDER = """
-import torch
-from attnbench import AttentionVariant
+CALLS: list[str] = []
 
-CALLS = []
 
 class Recorded(AttentionVariant):
     family = "test"
@@ -32,28 +32,27 @@ class Recorded(AttentionVariant):
         CALLS.append(self.name)
         return v.clone()
 
-class A(Recorded):
+
+class RecordedA(Recorded):
     name = "rec-a"
 
-class B(Recorded):
+
+class RecordedB(Recorded):
     name = "rec-b"
-"""
 
 
-def test_group_is_timed_in_shuffled_rounds_each_variant_once_per_round(plugin_registry, monkeypatch) -> None:
-    registry = plugin_registry("recorder", {"rec-a": "recorder:A", "rec-b": "recorder:B"}, {"recorder": RECORDER})
-    monkeypatch.setattr(measure, "MIN_SAMPLE_S", 0.0)  # one call per sample, so calls are rounds
+def test_group_is_timed_in_shuffled_rounds_each_variant_once_per_round(toy_registry, monkeypatch) -> None:
+    registry = toy_registry(RecordedA, RecordedB)
+    monkeypatch.setattr(timing, "MIN_SAMPLE_S", 0.0)  # one call per sample, so calls are rounds
     config = parse_config(
         {"variants": ["rec-a", "rec-b"], "seq_lens": [16], "heads": 1, "head_dim": 8, "min_run_time": 1e-6,
          "min_rounds": 12, "error": False},
         registry=registry,
     )  # fmt: skip
-    import recorder
-
     [group] = config.plan().groups
-    recorder.CALLS.clear()
+    CALLS.clear()
     result = measure.measure_group(group, config.settings, registry)
-    calls = recorder.CALLS
+    calls = list(CALLS)
     # per variant: the error pass, the warm-up and a calibration call, then the rounds; memory calls at the end
     timed = calls[6 : 6 + 2 * 12]
     rounds = [tuple(timed[i : i + 2]) for i in range(0, len(timed), 2)]
@@ -62,9 +61,9 @@ def test_group_is_timed_in_shuffled_rounds_each_variant_once_per_round(plugin_re
     assert {row.time_repeats for row in result.rows} == {12}
     samples = {key for key, _, _ in result.samples}
     assert samples == {c.key() for c in group.cells}
-    recorder.CALLS.clear()
+    CALLS.clear()
     measure.measure_group(group, config.settings, registry)
-    assert recorder.CALLS[6 : 6 + 2 * 12] == timed  # the shuffle is seeded by the group: reproducible
+    assert CALLS[6 : 6 + 2 * 12] == timed  # the shuffle is seeded by the group: reproducible
 
 
 def test_paired_speedup_cancels_a_slow_stretch_that_medians_would_not() -> None:
@@ -172,10 +171,6 @@ def test_an_option_refused_only_at_the_call_is_unsupported_not_an_error(tmp_path
     assert frame.loc["full", "status"] == "ok"
 
 
-FIRST_CALL_SLOW = """
-import time
-from attnbench import AttentionVariant
-
 class SlowFirst(AttentionVariant):
     name = "slow-first"
     family = "test"
@@ -190,11 +185,10 @@ class SlowFirst(AttentionVariant):
         if self.calls == 1:
             time.sleep(0.3)  # as a compiler would
         return v.clone()
-"""
 
 
-def test_compile_s_is_the_first_call_at_the_shape_minus_a_warm_call(plugin_registry) -> None:
-    registry = plugin_registry("slowfirst", {"slow-first": "slowfirst:SlowFirst"}, {"slowfirst": FIRST_CALL_SLOW})
+def test_compile_s_is_the_first_call_at_the_shape_minus_a_warm_call(toy_registry) -> None:
+    registry = toy_registry(SlowFirst)
     config = parse_config(
         {"variants": ["slow-first"], "seq_lens": [16], "heads": 1, "head_dim": 8, "min_run_time": 0.01,
          "min_rounds": 2},

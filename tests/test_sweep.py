@@ -2,67 +2,65 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import torch
+from attnbench.interface import AttentionVariant, Capabilities, Hyperparameter
 from attnbench.plan.config import parse_config
 from attnbench.report.summary import write_summary
 from attnbench.run.sweep import run_plan as run_sweep
 from attnbench.runfolder.results import read_results
 from attnbench.runfolder.rows import COLUMNS
 
-MISBEHAVING = """
-    import time
-    import torch
-    from attnbench.interface import AttentionVariant, Capabilities, Hyperparameter
 
-    class Base(AttentionVariant):
-        family = "test"
-        exact = False
-
-    class Raises(Base):
-        name = "raises"
-        def forward(self, q, k, v, *, causal, key_padding_mask):
-            raise RuntimeError("something broke inside")
-
-    class RunsOutOfMemory(Base):
-        name = "runs-oom"
-        def forward(self, q, k, v, *, causal, key_padding_mask):
-            if q.shape[-2] >= 64:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80 GiB")
-            return v.clone()
-
-    class GivesNaN(Base):
-        name = "gives-nan"
-        def forward(self, q, k, v, *, causal, key_padding_mask):
-            return torch.full_like(v, float("nan"))
-
-    class Slow(Base):
-        name = "slow"
-        hyperparameters = {"delay": Hyperparameter(0.03, "seconds per call", kind=float, minimum=0.0)}
-        def forward(self, q, k, v, *, causal, key_padding_mask):
-            time.sleep(self.delay)
-            return v.clone()
-
-    class CudaOnly(Base):
-        name = "cuda-only"
-        supports = Capabilities(devices=("cuda",))
-        def forward(self, q, k, v, *, causal, key_padding_mask):
-            return v.clone()
-"""
-ENTRIES = {
-    name: f"misbehaving:{cls}"
-    for name, cls in [
-        ("raises", "Raises"),
-        ("runs-oom", "RunsOutOfMemory"),
-        ("gives-nan", "GivesNaN"),
-        ("slow", "Slow"),
-        ("cuda-only", "CudaOnly"),
-    ]
-}
+class Base(AttentionVariant):
+    family = "test"
+    exact = False
 
 
-def test_every_failure_is_a_row_and_the_sweep_goes_on(plugin_registry, tmp_path: Path) -> None:
-    registry = plugin_registry("misbehaving-plugin", ENTRIES, {"misbehaving": MISBEHAVING})
+class Raises(Base):
+    name = "raises"
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        raise RuntimeError("something broke inside")
+
+
+class RunsOutOfMemory(Base):
+    name = "runs-oom"
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        if q.shape[-2] >= 64:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80 GiB")
+        return v.clone()
+
+
+class GivesNaN(Base):
+    name = "gives-nan"
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        return torch.full_like(v, float("nan"))
+
+
+class Slow(Base):
+    name = "slow"
+    hyperparameters = {"delay": Hyperparameter(0.03, "seconds per call", kind=float, minimum=0.0)}
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        time.sleep(self.delay)
+        return v.clone()
+
+
+class CudaOnly(Base):
+    name = "cuda-only"
+    supports = Capabilities(devices=("cuda",))
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        return v.clone()
+
+
+def test_every_failure_is_a_row_and_the_sweep_goes_on(toy_registry, tmp_path: Path) -> None:
+    registry = toy_registry(Raises, RunsOutOfMemory, GivesNaN, Slow, CudaOnly)
     raw = {
         "variants": ["full", "raises", "runs-oom", "gives-nan", "slow", "cuda-only"],
         "seq_lens": [32, 64, 128],

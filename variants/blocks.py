@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from attnbench.interface import default_scale, kept_between_calls
+from attnbench.interface import kept_between_calls
+from attnbench.ops import causal_allows, default_scale
 from einops import einsum, rearrange
 from torch import Tensor
 
@@ -61,6 +62,17 @@ def key_validity_windows(key_padding_mask: Tensor | None, n: int, block: int, be
     real = (~key_padding_mask)[:, None, :, None].to(torch.float32)  # (b, 1, n, 1)
     windows = key_windows(real, block, before, after)  # (b, blocks, span, 1); padding outside [0, n) is 0
     return rearrange(windows, "b n j one -> b n one j") > 0
+
+
+def with_causal(allowed: Tensor, i: Tensor, j: Tensor, causal: bool) -> Tensor:
+    """`allowed` (a rule evaluated at query positions i, key positions j), and'ed with the causal rule if causal."""
+    return allowed & causal_allows(i, j) if causal else allowed
+
+
+def all_pairs(n_q: int, n_k: int) -> tuple[Tensor, Tensor]:
+    """Query positions (i, 1) and key positions (1, j): a rule evaluated at them is a dense (i, j) support_mask
+    (dense by definition: small N only, never in a forward pass)."""
+    return torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
 
 
 def expand_over_heads(mask: Tensor, heads: int) -> Tensor:

@@ -10,7 +10,10 @@ that both parts contain counted once (the second part leaves out what the first 
 `factorize=True` splits the parts across heads as in the paper: even heads the first part, odd heads the second
 (it needs at least two heads; with one the second part would be dropped, so that is refused).
 
-Work is proportional to the support: the local run is band attention over blocks; the stride part is
+Each rule is one function of query and key positions (`column_allows`, ...; the local run's is band.py's
+`band_allows`): the parts' patterns, `support_mask` and the flex backend's mask_mod are all evaluated from them.
+
+Work is proportional to the support: the local run is band attention over blocks (band.py's); the stride part is
 attention along columns of the sequence laid out as (rows of l) — the stride axis made contiguous, as in
 OpenAI's reference — O(N * (l + N/l) * D); the summary part is O(N * (l + N * summary / l) * D).
 
@@ -33,17 +36,16 @@ from attnbench.interface import (
     saved_scores_bytes,
     softmax_attention_flops,
 )
-from attnbench.variants.band import band_pattern, default_block_size
+from attnbench.variants.band import band_allows, band_layout, band_partial
 from attnbench.variants.blocks import (
     Partial,
     Pattern,
+    all_pairs,
     combine,
     expand_over_heads,
-    key_validity_windows,
-    key_windows,
     pad_sequence,
     partial_attention,
-    query_blocks,
+    with_causal,
 )
 from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
 from einops import rearrange
@@ -52,6 +54,33 @@ from torch import Tensor
 
 def default_stride(n: int) -> int:
     return max(1, round(math.sqrt(n)))
+
+
+# ---- the rules: which key positions j a query position i sees (positions broadcast), one function each ------
+# `strided`: the local run is band.py's `band_allows` with window l, then `column_allows`;
+# `fixed`: `same_block_allows`, then `summary_allows`. Causal is `with_causal`'s j <= i on top.
+
+
+def column_allows(i: Tensor, j: Tensor, stride: int) -> Tensor:
+    """Strided, second part (the paper's A(2)): keys a whole number of strides away, (i - j) mod l == 0."""
+    return (i - j) % stride == 0
+
+
+def same_block_allows(i: Tensor, j: Tensor, stride: int) -> Tensor:
+    """Fixed, first part: keys in the query's own block of l positions."""
+    return i // stride == j // stride
+
+
+def summary_allows(i: Tensor, j: Tensor, stride: int, summary: int) -> Tensor:
+    """Fixed, second part: the last `summary` positions of every block, whatever the query (reads j only)."""
+    return j % stride >= stride - summary
+
+
+def parts_allow(pattern: str, i: Tensor, j: Tensor, *, stride: int, summary: int) -> tuple[Tensor, Tensor]:
+    """The rules of `pattern`'s first and second part at (i, j), causal left out."""
+    if pattern == "strided":
+        return band_allows(i, j, stride), column_allows(i, j, stride)
+    return same_block_allows(i, j, stride), summary_allows(i, j, stride, summary)
 
 
 def _as_grid(x: Tensor, stride: int) -> Tensor:
@@ -77,29 +106,19 @@ def _real_positions(n: int, stride: int, key_padding_mask: Tensor | None, device
 def local_part(
     q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None
 ) -> Partial:
-    """The local run |i - j| <= l (causal: i - l .. i): band attention with window l."""
-    b, h, n, _ = q.shape
-    window = min(stride, n - 1)
-    block = default_block_size(window)
-    after = 0 if causal else window
-    valid_keys = key_validity_windows(key_padding_mask, n, block, window, after)
-    pattern = band_pattern(n, block, window, causal, q.device).restricted_to(valid_keys, h)
-    part = partial_attention(
-        query_blocks(q, block), key_windows(k, block, window, after), key_windows(v, block, window, after), pattern
-    )
-    return Partial(
-        out=rearrange(part.out, "(b h) n i e -> b h (n i) e", b=b)[:, :, :n],
-        lse=rearrange(part.lse, "(b h) n i -> b h (n i)", b=b)[:, :, :n],
-    )
+    """The local run |i - j| <= l (causal: i - l .. i): band attention with window l, with its log-sum-exp."""
+    return band_partial(q, k, v, window=stride, causal=causal, key_padding_mask=key_padding_mask)
 
 
 @kept_between_calls(maxsize=64)
-def _column_rows(rows: int, causal: bool, exclude_local: bool, device: torch.device) -> Tensor:
-    """(rows, rows) bool: which rows of the same column a query row sees."""
-    offset = torch.arange(rows, device=device)[:, None] - torch.arange(rows, device=device)[None, :]
-    allowed = offset >= 0 if causal else torch.ones(rows, rows, dtype=torch.bool, device=device)
+def _column_rows(rows: int, stride: int, causal: bool, exclude_local: bool, device: torch.device) -> Tensor:
+    """(rows, rows) bool: which rows of the same column a query row sees. The rules are evaluated at column 0's
+    positions: they read only i - j, which is the same in every column."""
+    position = torch.arange(rows, device=device) * stride  # column 0 of the (rows, l) grid
+    i, j = position[:, None], position[None, :]  # (r, 1), (1, r)
+    allowed = with_causal(column_allows(i, j, stride), i, j, causal)
     # the local run i - l .. i + l already holds the same column's keys one row away and the query's own
-    return allowed & (offset.abs() > 1) if exclude_local else allowed
+    return allowed & ~band_allows(i, j, stride) if exclude_local else allowed
 
 
 def column_part(
@@ -110,7 +129,7 @@ def column_part(
     qc, kc, vc = (rearrange(_as_grid(x, stride), "b h r c d -> (b h) c r d") for x in (q, k, v))
     rows = qc.shape[-2]
     real = rearrange(_real_positions(n, stride, key_padding_mask, q.device), "b r c -> b c 1 r")  # keys
-    allowed = _column_rows(rows, causal, exclude_local, q.device) & real  # (b|1, c, r, r)
+    allowed = _column_rows(rows, stride, causal, exclude_local, q.device) & real  # (b|1, c, r, r)
     pattern = Pattern(allowed if key_padding_mask is None else expand_over_heads(allowed, h))
     part = partial_attention(qc, kc, vc, pattern)
     return Partial(
@@ -119,16 +138,22 @@ def column_part(
     )
 
 
+def _own_block(stride: int, causal: bool, device: torch.device) -> Tensor:
+    """(c, c) bool: which positions of its own block (a row of the grid) a query sees. The rules are evaluated at
+    row 0's positions: a shift by whole rows changes neither i - j nor whether i and j share a block."""
+    position = torch.arange(stride, device=device)  # row 0 of the (rows, l) grid
+    i, j = position[:, None], position[None, :]  # (c, 1), (1, c)
+    return with_causal(same_block_allows(i, j, stride), i, j, causal)
+
+
 def block_part(
     q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None
 ) -> Partial:
     """Own block of l positions (causal: up to i)."""
     b, h, n, _ = q.shape
     qr, kr, vr = (rearrange(_as_grid(x, stride), "b h r c d -> (b h) r c d") for x in (q, k, v))
-    inside = torch.ones(stride, stride, dtype=torch.bool, device=q.device)
-    inside = inside.tril() if causal else inside
     real = _real_positions(n, stride, key_padding_mask, q.device)[:, :, None, :]  # (b|1, r, 1, c)
-    allowed = inside & real
+    allowed = _own_block(stride, causal, q.device) & real  # (b|1, r, c, c)
     pattern = Pattern(allowed if key_padding_mask is None else expand_over_heads(allowed, h))
     part = partial_attention(qr, kr, vr, pattern)
     return Partial(
@@ -156,18 +181,14 @@ def summary_part(
     )
     qs = rearrange(pad_sequence(q, 0, -n % stride), "b h n d -> (b h) 1 n d")
     rows = ks.shape[-2] // summary
-    query_pos = torch.arange(rows * stride, device=q.device)[:, None]  # (n, 1)
-    key_pos = torch.arange(rows, device=q.device)[:, None] * stride + torch.arange(
-        stride - summary, stride, device=q.device
-    )
-    key_pos = key_pos.reshape(1, -1)  # (1, r*s)
-    allowed = (
-        key_pos <= query_pos
-        if causal
-        else torch.ones(query_pos.shape[0], key_pos.shape[1], dtype=torch.bool, device=q.device)
-    )
+    position = torch.arange(rows * stride, device=q.device)
+    query_pos = position[:, None]  # (n, 1)
+    key_pos = rearrange(position, "(r c) -> r c", c=stride)[:, stride - summary :]  # gathered as ks, vs
+    key_pos = rearrange(key_pos, "r s -> 1 (r s)")
+    allowed = summary_allows(query_pos, key_pos, stride, summary).expand(len(query_pos), -1)  # (n, r*s)
+    allowed = with_causal(allowed, query_pos, key_pos, causal)
     if exclude_own_block:
-        allowed = allowed & (key_pos // stride != query_pos // stride)
+        allowed = allowed & ~same_block_allows(query_pos, key_pos, stride)
     real = _real_positions(n, stride, key_padding_mask, q.device)[:, :, stride - summary :]  # (b|1, r, s)
     allowed = allowed[None] & rearrange(real, "b r s -> b 1 (r s)")  # (b|1, n, r*s)
     pattern = Pattern(allowed[:, None] if key_padding_mask is None else expand_over_heads(allowed[:, None], h))
@@ -180,17 +201,9 @@ def summary_part(
 
 def strided_support(n: int, *, stride: int, pattern: str, summary: int, causal: bool) -> Tensor:
     """(2, n, n) bool: the dense pattern of the first and second part (their union is the full pattern)."""
-    i = torch.arange(n)[:, None]
-    j = torch.arange(n)[None, :]
-    offset = i - j
-    visible = offset >= 0 if causal else torch.ones(n, n, dtype=torch.bool)
-    if pattern == "strided":
-        first = (offset.abs() <= stride) & visible
-        second = (offset % stride == 0) & visible
-    else:
-        first = (i // stride == j // stride) & visible
-        second = (j % stride >= stride - min(summary, stride)) & visible
-    return torch.stack([first, second])
+    i, j = all_pairs(n, n)  # (i, 1), (1, j)
+    parts = parts_allow(pattern, i, j, stride=stride, summary=min(summary, stride))
+    return torch.stack([with_causal(part, i, j, causal).expand(n, n) for part in parts])
 
 
 class StridedAttention(FlexBackend, AttentionVariant):
@@ -250,13 +263,9 @@ class StridedAttention(FlexBackend, AttentionVariant):
         pattern, summary, factorize = self.pattern, min(self.summary, stride), self.factorize
 
         def strided_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            offset = q_idx - kv_idx
-            if pattern == "strided":
-                first, second = offset.abs() <= stride, offset % stride == 0
-            else:
-                first, second = q_idx // stride == kv_idx // stride, kv_idx % stride >= stride - summary
+            first, second = parts_allow(pattern, q_idx, kv_idx, stride=stride, summary=summary)
             union = (first & (h % 2 == 0)) | (second & (h % 2 == 1)) if factorize else first | second
-            return union & (offset >= 0) if causal else union
+            return with_causal(union, q_idx, kv_idx, causal)
 
         key = ("strided", pattern, stride, summary, factorize, causal)
         return flex_attention_call(q, k, v, strided_mod, key=key)
@@ -272,10 +281,7 @@ class StridedAttention(FlexBackend, AttentionVariant):
         rows = -(-n // stride)  # of the (rows, stride) grid, the last row zero-padded
         # scores computed per head by each part, masked ones included (as the parts above lay them out)
         if self.pattern == "strided":
-            window = min(stride, n - 1)  # the local run i - l .. i + l, as local_part lays it out
-            block = default_block_size(window)
-            span = block + window + (0 if shape.causal else window)
-            first = -(-n // block) * block * span  # local run: band blocks against their key windows
+            first = band_layout(n, stride, shape.causal, None).scores(n)  # local run: band blocks, as local_part
             second = stride * rows * rows  # columns: each row of the grid against every row
         else:
             first = rows * stride * stride  # own block
