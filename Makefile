@@ -8,7 +8,7 @@ CONFIG     ?= quick
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.attnbench-installed
 
-.PHONY: setup test bench benchmark benchmark-compare compare-lsh compare-performer clean
+.PHONY: setup test test-fast bench benchmark benchmark-compare compare-lsh compare-performer clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests --benchmark-disable
+
+# the same without the tests marked slow (real runs in subprocesses, faults staged, Ray): a quick loop while editing
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests --benchmark-disable -m "not slow"
 
 bench: $(STAMP)
 	$(BIN)/attnbench run $(CONFIG)

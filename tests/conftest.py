@@ -6,24 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Callable
 
 import pytest
-from attnbench.registry import GROUP, Registry
-
-
-def write_plugin(root: Path, dist: str, entries: dict[str, str], modules: dict[str, str]) -> Path:
-    """Write an installed-looking distribution under `root`: modules plus `<dist>-0.1.dist-info`."""
-    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    lines = [f"[{GROUP}]"] + [f"{name} = {target}" for name, target in entries.items()]
-    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-    for module, source in modules.items():
-        (root / f"{module}.py").write_text(textwrap.dedent(source))
-    return root
+from attnbench.registry import Registry
+from helpers import TESTS, write_plugin
 
 
 @pytest.fixture
@@ -51,7 +39,6 @@ def plugin_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable
     return install
 
 
-TESTS = Path(__file__).parent
 TEST_PLUGINS = ("example_plugin", "broken_plugin", "faulty_plugin")
 
 

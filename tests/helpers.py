@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
+from typing import Any
+
+from attnbench.plan.config import parse_config
+from attnbench.registry import GROUP
+from attnbench.runfolder.results import ResultsWriter
+from attnbench.runfolder.rows import row_for
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -17,3 +31,139 @@ def source_modules() -> dict[str, Path]:
             name = ".".join((package, *path.relative_to(folder).with_suffix("").parts))
             found[name.removesuffix(".__init__")] = path
     return found
+
+
+# ---- plugins -------------------------------------------------------------------------------------
+
+
+def write_plugin(root: Path, dist: str, entries: dict[str, str], modules: dict[str, str]) -> Path:
+    """Write an installed-looking distribution under `root`: modules plus `<dist>-0.1.dist-info`."""
+    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    lines = [f"[{GROUP}]"] + [f"{name} = {target}" for name, target in entries.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    for module, source in modules.items():
+        (root / f"{module}.py").write_text(textwrap.dedent(source))
+    return root
+
+
+# ---- the command line, as a user runs it ---------------------------------------------------------
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 300, **kwargs: Any):
+    """`attnbench ARGS` in a fresh interpreter, its output captured as text (the one CLI runner of the tests)."""
+    return subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env or os.environ.copy(),
+        cwd=cwd,
+        timeout=timeout,
+        **kwargs,
+    )
+
+
+def answer_ctrl_c() -> None:
+    """In a child about to start: SIGINT handled as a terminal's Ctrl-C is, even where these tests run as a
+    background job (whose shell hands its children SIGINT ignored, and Python then installs no handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def only_run(out: Path) -> Path:
+    """The one run folder under `out`."""
+    [run] = [p for p in out.iterdir() if p.is_dir()]
+    return run
+
+
+# ---- tiny configs --------------------------------------------------------------------------------
+
+TINY = {"variants": ["full"], "seq_lens": [16], "heads": 1, "head_dim": 8, "min_run_time": 0.01, "min_rounds": 2}
+
+
+def tiny(**overrides: Any) -> dict[str, Any]:
+    """The smallest config that measures something (full at N=16, one head of 8), with `overrides` (the one
+    tiny-config builder of the tests: as a dict for `parse_config`, as a file with `write_tiny`)."""
+    return {**TINY, **overrides}
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)  # strings, numbers and booleans are written alike in JSON and TOML
+
+
+def write_tiny(path: Path, text: str = "", **overrides: Any) -> Path:
+    """`tiny(**overrides)` as a TOML file at `path`, with `text` appended (more TOML: a key it sets replaces the
+    tiny default, and tables)."""
+    own = set(re.findall(r"^(\w+)\s*=", text.split("\n[", 1)[0], flags=re.M))  # keys `text` sets before a table
+    own |= set(re.findall(r"^\[+\s*(\w+)", text, flags=re.M))  # and its tables ([variants.full], [[inputs]])
+    lines = [f"{key} = {toml_value(value)}" for key, value in tiny(**overrides).items() if key not in own]
+    path.write_text("\n".join(lines) + "\n" + text)
+    return path
+
+
+# ---- run folders written through the real writer -------------------------------------------------
+
+CURVES = {"full": (1e-8, 2.0, 100.0, 1.0), "band": (1e-5, 1.0, 50.0, 1.0), "strided": (1e-6, 1.5, 400.0, 1.0)}
+ERRORS = {"full": 1e-7, "band": 0.3, "strided": 0.1}  # error vs uniform of each
+
+
+def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: float = 0.01, cpu: str = "cpu A") -> Path:
+    """A run folder written through the real writer: three variants, four N, one error and one skipped cell."""
+    folder.mkdir(parents=True)
+    config = parse_config({"variants": list(CURVES), "seq_lens": [256, 512, 1024, 2048]})
+    samples = []
+    with ResultsWriter(folder / "results.csv") as writer:
+        for cell in config.plan().cells:
+            name, n = cell.variant.name, cell.seq_len
+            row = row_for(cell, family="exact" if name == "full" else name, exact=True)
+            if name == "strided" and n == 2048:
+                row.status, row.reason = "skipped", "larger N skipped: over time_budget_s"
+            elif name == "band" and n == 256:
+                row.status, row.reason = "error", "RuntimeError: constructed failure"
+            else:
+                a, slope, m, memory_slope = CURVES[name]
+                row.time_median_s = a * n**slope * (scale or {}).get(name, 1.0)
+                full_time = CURVES["full"][0] * n ** CURVES["full"][1] * (scale or {}).get("full", 1.0)
+                row.baseline, row.speedup = "full", full_time / row.time_median_s
+                row.speedup_low, row.speedup_high = 0.95 * row.speedup, 1.05 * row.speedup
+                row.time_iqr_s = iqr * row.time_median_s
+                row.noisy = f"IQR {100 * iqr:.0f}% of the median" if iqr > 0.1 else ""
+                samples += [(row.cell_key, i, row.time_median_s * (1 + iqr * (i - 5) / 5)) for i in range(11)]
+                row.time_repeats = 5
+                row.peak_mem_bytes = int(m * n**memory_slope)
+                row.err_vs_uniform = ERRORS[name]
+                row.err_rel_fro, row.err_row_cosine, row.err_max_abs = 0.2, 0.9, 0.5
+                row.input_entropy, row.input_band_mass, row.input_sink_mass, row.input_head_spread = 0.7, 0.5, 0.1, 0.2
+                row.flops = 4 * n * n * 64
+            writer.append(row)
+    meta = {
+        "config": {**config.to_dict(), "name": "synthetic"},
+        "machine": {"cpu": cpu, "versions": {"torch": "2.13.0"}},
+        "peaks": {"cpu/float32": {"matmul_flops_per_s": 1e11, "copy_bytes_per_s": 1e10}},
+    }
+    (folder / "meta.json").write_text(json.dumps(meta))
+    lines = ["cell_key,round,seconds"] + [f'"{k.replace(chr(34), chr(34) * 2)}",{i},{t!r}' for k, i, t in samples]
+    (folder / "samples.csv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def edit_rows(run: Path, edit) -> None:
+    """Rewrite a run's results.csv with `edit(rows) -> rows` applied (rows as dicts of text)."""
+
+    rows = list(csv.DictReader((run / "results.csv").open()))
+    fields = list(rows[0])
+    with (run / "results.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(edit(rows))
+
+
+def empty_run(folder: Path, like: Path) -> Path:
+    """A run folder whose results.csv has the header of `like` and no row."""
+    folder.mkdir()
+    (folder / "results.csv").write_text((like / "results.csv").read_text().splitlines()[0] + "\n")
+    return folder

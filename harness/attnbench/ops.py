@@ -24,6 +24,7 @@ from attnbench.interface import (
 __all__ = [
     "TOLERANCE",
     "allowed_keys",
+    "causal_allows",
     "default_scale",
     "dense_attention_cost",
     "dense_masked_attention",
@@ -35,6 +36,12 @@ __all__ = [
     "softmax_attention_flops",
     "synchronize",
 ]
+
+
+def causal_allows(i: Tensor, j: Tensor) -> Tensor:
+    """The causal rule at query positions i and key positions j (broadcast): a query sees keys j <= i. The one
+    predicate behind `allowed_keys` and every variant's causal pattern."""
+    return j <= i
 
 
 def allowed_keys(
@@ -52,7 +59,7 @@ def allowed_keys(
     """
     rows = torch.arange(query_offset, query_offset + n_q, device=device)[:, None]  # (i, 1)
     cols = torch.arange(n_k, device=device)[None, :]  # (1, j)
-    allowed = (cols <= rows) if causal else torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    allowed = causal_allows(rows, cols) if causal else torch.ones(n_q, n_k, dtype=torch.bool, device=device)
     allowed = allowed[None, None]  # (1, 1, i, j)
     if key_padding_mask is not None:
         allowed = allowed & ~key_padding_mask[:, None, None, :]  # (b, 1, i, j)

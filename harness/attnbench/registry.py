@@ -48,7 +48,7 @@ def _package_of(entry_point: EntryPoint) -> str:
     return f"{dist.metadata['Name']} {dist.version}"
 
 
-def _unusable(obj: object, name: str, target: str) -> str | None:
+def _unusable(obj: object, name: str | None, target: str) -> str | None:
     """Why `obj` cannot be the variant registered as `name` (None when it can)."""
     if not (isinstance(obj, type) and issubclass(obj, AttentionVariant)):
         return f"{target} is {obj!r}, not a subclass of attnbench.interface.AttentionVariant"
@@ -129,7 +129,9 @@ class Registry:
         already registered is refused unless `replace`; `_clear` forgets every in-process registration."""
         name = getattr(variant_class, "name", None)
         target = f"{getattr(variant_class, '__module__', '?')}:{getattr(variant_class, '__qualname__', '?')}"
-        problem = _unusable(variant_class, name, target) if isinstance(name, str) else f"{target} has no name"
+        problem = _unusable(variant_class, name, target)
+        if problem is None and not isinstance(name, str):
+            problem = f"{target} has no name"
         if problem is not None:
             raise VariantError(f"cannot register {target}: {problem}")
         if name in self.entries and not replace:

@@ -234,8 +234,9 @@ def _split_top(text: str) -> list[str] | None:
 
 def _parse_specs(text: str) -> list[Spec]:
     """'band(window=64),band(window=128),lsh' -> one spec per setting, in order: the syntax of every
-    `--variants` (run and model) and of the labels reports print. Values are read as `parse_params` reads them, one per key
-    (several settings are several specs). ValueError says what cannot be read; names are not checked here."""
+    `--variants` (run and model) and of the labels reports print. Values are read as `parse_params` reads them,
+    one per key (several settings are several specs). ValueError says what cannot be read; names are not checked
+    here."""
     parts = _split_top(text)
     if parts is None:
         raise ValueError(f"unbalanced parentheses or quotes in {text!r}")

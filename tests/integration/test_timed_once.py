@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from attnbench.plan.config import parse_config
 from attnbench.report.run_report import write_report
 from attnbench.report.verdict import verdicts
 from attnbench.run.sweep import run_plan
 from attnbench.runfolder.results import read_results
+from helpers import tiny
 
-TINY = {"heads": 1, "head_dim": 8, "min_run_time": 0.01, "min_rounds": 3, "variants": ["full", "band"]}
 INPUTS = [{"name": "realistic"}, {"name": "gaussian"}]
 
 
+@pytest.mark.slow
 def test_later_inputs_get_error_without_timing_and_borrow_the_first_inputs_speed(tmp_path: Path) -> None:
-    config = parse_config({**TINY, "seq_lens": [32, 64], "inputs": INPUTS})
+    config = parse_config(tiny(min_rounds=3, variants=["full", "band"], seq_lens=[32, 64], inputs=INPUTS))
     assert [group.timed for group in config.plan().groups] == [True, True, False, False]
     run = run_plan(config, tmp_path, progress=False)
     frame = read_results(run)
@@ -33,8 +35,9 @@ def test_later_inputs_get_error_without_timing_and_borrow_the_first_inputs_speed
     assert "Speed and memory were measured on `realistic`" in (run / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_time_every_input_judges_each_input_on_its_own_speed(tmp_path: Path) -> None:
-    config = parse_config({**TINY, "seq_lens": [32, 64], "inputs": INPUTS, "time_every_input": True})
+    config = parse_config(tiny(min_rounds=3, variants=["full", "band"], seq_lens=[32, 64], inputs=INPUTS, time_every_input=True))
     run = run_plan(config, tmp_path, progress=False)
     frame = read_results(run)
     assert frame.time_median_s.notna().all()
@@ -49,7 +52,7 @@ def test_time_every_input_judges_each_input_on_its_own_speed(tmp_path: Path) -> 
 
 
 def test_a_budget_skip_on_the_first_input_skips_only_larger_n_on_the_others(tmp_path: Path) -> None:
-    config = parse_config({**TINY, "variants": ["full"], "seq_lens": [16, 32], "inputs": INPUTS, "time_budget_s": 2e-6})
+    config = parse_config(tiny(min_rounds=3, seq_lens=[16, 32], inputs=INPUTS, time_budget_s=2e-6))
     results = read_results(run_plan(config, tmp_path, progress=False))
     found = verdicts(results)  # skipped rows (no device name) stay with their setting: no second "machine"
     assert [v.input for v in found] == ["realistic", "gaussian"] and not any(" on " in v.setting for v in found)
@@ -63,7 +66,7 @@ def test_a_budget_skip_on_the_first_input_skips_only_larger_n_on_the_others(tmp_
 
 
 def test_a_missing_baseline_still_gives_a_verdict_ranked_by_time(tmp_path: Path) -> None:
-    config = parse_config({**TINY, "variants": ["band", "linear"], "seq_lens": [32]})
+    config = parse_config(tiny(min_rounds=3, variants=["band", "linear"], seq_lens=[32]))
     frame = read_results(run_plan(config, tmp_path, progress=False))
     (verdict,) = verdicts(frame)
     (answer,) = verdict.answers

@@ -20,7 +20,7 @@ from attnbench.measure.reference import exact_reference
 from attnbench.plan.config import parse_config
 from attnbench.registry import registry
 from attnbench.runfolder.results import read_results
-from test_run_folder import answer_ctrl_c, attnbench, only_run, write_config
+from helpers import answer_ctrl_c, only_run, run_cli, write_tiny
 
 PEAKS = {  # a slow machine's yardsticks, so that the figures below do not depend on this one's
     "cpu/float32": {"matmul_flops_per_s": 1e11, "copy_bytes_per_s": 1e10},
@@ -64,10 +64,11 @@ def test_the_reference_of_a_huge_n_is_refused_even_for_a_linear_variant() -> Non
     assert "set error = false" in reason
 
 
+@pytest.mark.slow
 def test_huge_n_ends_within_seconds_with_reasons_and_exit_3(tmp_path: Path) -> None:
     """The command that once took the machine down (anon-rss 23 GB, exit 137) now skips every cell at once."""
     started = time.monotonic()
-    result = attnbench(
+    result = run_cli(
         "run", "quick", "--variants", "full,full-math,band", "--seq-lens", "262144", "--no-progress",
         "--out", str(tmp_path), timeout=120,
     )  # fmt: skip
@@ -78,12 +79,12 @@ def test_huge_n_ends_within_seconds_with_reasons_and_exit_3(tmp_path: Path) -> N
     reasons = frame.set_index(["label", "input"]).reason
     assert reasons[("full-math", "realistic")].startswith("estimated peak memory")
     assert "float64 exact reference would take at least" in reasons[("band(window=256)", "realistic")]
-    report = attnbench("report", str(only_run(tmp_path)))
+    report = run_cli("report", str(only_run(tmp_path)))
     assert report.returncode == 3 and "no cell ran ok" in report.stderr
 
 
 def test_dry_run_prints_the_plan_and_its_estimates_without_a_run_folder(tmp_path: Path) -> None:
-    result = attnbench("run", "quick", "--seq-lens", "256,262144", "--dry-run", "--out", str(tmp_path))
+    result = run_cli("run", "quick", "--seq-lens", "256,262144", "--dry-run", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "N=256 fwd non-causal realistic" in out and "peak memory" in out and "≥ " in out
@@ -100,18 +101,19 @@ def test_report_on_a_run_folder_with_no_finished_cell_says_so(tmp_path: Path) ->
     run.mkdir()
     with ResultsWriter(run / "results.csv"):  # the header a run writes first, and no row
         pass
-    result = attnbench("report", str(run))
+    result = run_cli("report", str(run))
     assert result.returncode == 3
     assert "has no finished cell" in result.stderr and "--resume" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_inside_one_long_call(installed_plugins, tmp_path: Path, stop: signal.Signals) -> None:
     """A 40-second torch call (SDPA on its thread pool) at N=64 never returns to Python; the run still stops
     within seconds (it waits on the measuring thread, which it abandons), exits 130 (not torch's abort at a
     normal exit under a running kernel), keeps the rows of N=16 and says how to resume."""
     marker = tmp_path / "in-the-long-call"
-    config = write_config(tmp_path / "long.toml", "seq_lens = [16, 64]\nvariants = ['long-call', 'full']\n")
+    config = write_tiny(tmp_path / "long.toml", "seq_lens = [16, 64]\nvariants = ['long-call', 'full']\n", heads=2, head_dim=16)
     log = tmp_path / "run.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "attnbench.cli", "run", str(config), "--out", str(tmp_path / "out"), "--no-progress",

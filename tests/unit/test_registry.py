@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from attnbench import AttentionVariant, VariantError
 from attnbench.registry import BrokenVariantError, Registry, UnknownVariantError
 
 GOOD_PLUGIN = """
@@ -76,3 +77,34 @@ def test_two_packages_with_one_name_is_an_error_naming_both(plugin_registry) -> 
         BrokenVariantError, match="first-plugin 0.1.*second-plugin 0.1|second-plugin 0.1.*first-plugin 0.1"
     ):
         registry.load("averaging")
+
+
+def test_a_class_registered_in_process_is_checked_like_an_entry_point_and_forgotten_on_clear() -> None:
+    from attnbench.registry import Registry
+
+    class Toy(AttentionVariant):
+        name, family, exact = "toy", "test", False
+
+        def forward(self, q, k, v, *, causal, key_padding_mask):
+            return v.clone()
+
+    class Band(Toy):
+        name = "band"
+
+    class Nameless(Toy):
+        name = None
+
+    registry = Registry()
+    registry.register(Toy)
+    assert registry.load("toy") is Toy and registry.entries["toy"].package == "registered in-process"
+    assert "toy" in [entry.name for entry in registry.load_all()]
+    with pytest.raises(VariantError, match="is registered already"):
+        registry.register(Band)  # the built-in keeps its name
+    with pytest.raises(VariantError, match="has no name"):
+        registry.register(Nameless)
+    with pytest.raises(VariantError, match="not a subclass"):
+        registry.register(dict)
+    registry.register(Band, replace=True)
+    assert registry.load("band") is Band
+    registry._clear()
+    assert "toy" not in registry.names() and registry.load("band").__module__ == "attnbench.variants.band"

@@ -15,8 +15,7 @@ from attnbench.interface import AttentionVariant
 from attnbench.plan.cells import VariantSpec
 from attnbench.plan.config import ConfigError, load_config, parse_config
 from attnbench.runfolder.results import read_results
-
-TINY = 'seq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\nmin_rounds = 2\nerror = false\n'
+from helpers import write_tiny
 
 
 def labels(config) -> list[str]:
@@ -44,7 +43,7 @@ def test_run_variants_takes_settings_as_reports_label_them() -> None:
 def test_a_plain_name_keeps_the_grid_of_a_file_written_as_tables(tmp_path: Path) -> None:
     """`config.toml` of a run folder lists [[variants]] tables: a name given again keeps each of them."""
     path = tmp_path / "tables.toml"
-    path.write_text(TINY + '[[variants]]\nname = "band"\nwindow = [8, 16]\n[[variants]]\nname = "full"\n')
+    write_tiny(path, '[[variants]]\nname = "band"\nwindow = [8, 16]\n[[variants]]\nname = "full"\n', error=False)
     config = load_config(str(path), {"variants": "band,band(window=4)"})
     assert labels(config) == ["band(window=8)", "band(window=16)", "band(window=4)"]
 
@@ -65,7 +64,7 @@ def test_variant_specs_read_back_from_their_labels_and_refuse_what_they_cannot_b
 
 def test_the_cells_of_a_run_carry_the_label_typed(tmp_path: Path) -> None:
     path = tmp_path / "tiny.toml"
-    path.write_text(TINY + 'variants = ["full"]\n')
+    write_tiny(path, error=False)
     argv = ["run", str(path), "--variants", "full,band(window=4),band(window=8)", "--out", str(tmp_path / "out")]
     assert main([*argv, "--no-progress", "--no-report"]) == 0
     frame = read_results(next((tmp_path / "out").iterdir()))
@@ -85,7 +84,7 @@ def test_problems_of_flags_name_the_flag_and_the_file_its_own(
     assert "--device: unknown 'cdua'" in err and "Did you mean: cuda?" in err
     assert "preset 'quick'" not in err and not any(tmp_path.iterdir())
     path = tmp_path / "mine.toml"
-    path.write_text(TINY.replace("heads = 1", "heads = 0") + 'variants = ["full"]\n')
+    write_tiny(path, heads=0, error=False)
     assert main(["run", str(path), "--dtype", "fp16", "--variants", "band(window=", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "the command line has 2 problem(s)" in err and f"{path} has 1 problem(s)" in err

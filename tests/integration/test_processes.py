@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 from attnbench.cli import main
 from attnbench.measure.group import GroupResult
 from attnbench.plan.config import parse_config
@@ -50,6 +51,7 @@ def test_merge_pools_each_cells_samples_and_keeps_the_first_ok_row() -> None:
     assert sum(1 for key, _, _ in merged.samples if key == band) == 10
 
 
+@pytest.mark.slow
 def test_a_run_with_processes_measures_every_cell_in_each_and_says_which_interval(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text('variants = ["full", "band"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.02\n')

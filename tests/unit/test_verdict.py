@@ -16,7 +16,7 @@ from attnbench.report.verdict import (
     verdicts,
 )
 from attnbench.runfolder.results import read_results
-from test_report import edit_rows, synthetic_run
+from helpers import edit_rows, synthetic_run
 
 
 def choice(label: str, family: str, speedup: float, low: float, high: float, error: float) -> Choice:
@@ -327,6 +327,7 @@ def test_fastest_in_tables_and_titles_is_the_verdicts_rule(tmp_path: Path) -> No
 
     assert bold_at_1024(samples) == {lead}
     keys, seconds = at.set_index("label").cell_key, float(at.time_median_s.iloc[0])
-    samples = {**samples, keys[lead]: [seconds] * 11, keys[second]: [seconds * (1.2 if i % 2 else 0.85) for i in range(11)]}
+    alternating = [seconds * (1.2 if i % 2 else 0.85) for i in range(11)]
+    samples = {**samples, keys[lead]: [seconds] * 11, keys[second]: alternating}
     assert set(fastest_labels(at, samples)) == {lead, second}  # the runner-up is within noise of the leader now
     assert bold_at_1024(samples) == {lead, second}

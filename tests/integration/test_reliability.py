@@ -16,10 +16,9 @@ from attnbench.plan.config import parse_config
 from attnbench.run.sweep import run_plan as run_sweep
 from attnbench.runfolder.results import ResultsWriter, read_results
 from attnbench.runfolder.rows import COLUMNS, row_for
+from helpers import TESTS, run_cli, write_plugin
 
-from tests.conftest import write_plugin
-
-TESTS = Path(__file__).parent
+pytestmark = pytest.mark.slow  # real runs in subprocesses, faults staged
 
 MISBEHAVING = """
     import os, signal, time
@@ -87,16 +86,6 @@ def test_isolate_turns_a_segfault_and_a_hang_into_rows(misbehaving, tmp_path: Pa
     assert status[("segfaults", 32)] == ("skipped", "larger N skipped: crashed at N=16")
     assert status[("hangs", 32)] == ("skipped", "larger N skipped: timeout at N=16")
     assert status[("full", 16)][0] == status[("full", 32)][0] == "ok"
-
-
-def run_cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env or os.environ.copy(),
-        **kwargs,
-    )
 
 
 def test_resume_after_sigkill_gives_exactly_the_uninterrupted_cell_set(misbehaving, tmp_path: Path) -> None:

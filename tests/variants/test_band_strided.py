@@ -146,6 +146,7 @@ def test_memory_stays_subquadratic(name: str, params: dict, exponent: float) -> 
     assert growth <= exponent + 0.25, f"{name}: peak grew as N^{growth:.2f}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, params", [("band", {"window": 20}), ("strided", {"stride": 16})])
 def test_flex_backend_matches_blocked(name: str, params: dict) -> None:
     flex = registry.create(name, backend="flex", **params)

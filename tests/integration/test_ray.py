@@ -18,11 +18,11 @@ from attnbench.plan.cells import Cell
 from attnbench.plan.config import parse_config
 from attnbench.run.sweep import run_plan
 from attnbench.runfolder.results import read_results
+from helpers import TESTS, write_plugin
 
-from tests.conftest import write_plugin
+pytestmark = pytest.mark.slow  # real runs in subprocesses, faults staged
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'attnbench[ray]')")
-TESTS = Path(__file__).parent
 
 KILLERS = """
     import os, signal

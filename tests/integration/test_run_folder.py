@@ -11,34 +11,19 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from attnbench.cli import build_parser
 from attnbench.runfolder.results import read_results
-from helpers import source_modules
+from helpers import (
+    TESTS,
+    answer_ctrl_c,
+    only_run,
+    run_cli,
+    source_modules,
+    write_tiny,
+)
 
-TESTS = Path(__file__).parent
 SMALL = ["--seq-lens", "64", "--no-progress", "--no-report"]
-
-
-def attnbench(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 300):
-    return subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env or os.environ.copy(),
-        cwd=cwd,
-        timeout=timeout,
-    )
-
-
-def write_config(path: Path, text: str) -> Path:
-    path.write_text("heads = 2\nhead_dim = 16\nmin_run_time = 0.01\nmin_rounds = 2\n" + text)
-    return path
-
-
-def answer_ctrl_c() -> None:
-    """In a child about to start: SIGINT handled as a terminal's Ctrl-C is, even where these tests run as a
-    background job (whose shell hands its children SIGINT ignored, and Python then installs no handler)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def start_run(config: Path, out: Path, env: dict, log: Path) -> tuple[subprocess.Popen, Path]:
@@ -58,11 +43,6 @@ def start_run(config: Path, out: Path, env: dict, log: Path) -> tuple[subprocess
     return process, Path(line.rsplit("results in ", 1)[1].strip().rstrip("/"))
 
 
-def only_run(out: Path) -> Path:
-    [run] = [p for p in out.iterdir() if p.is_dir()]
-    return run
-
-
 # ---- the plan is checked before any work ---------------------------------------------------------
 
 
@@ -71,15 +51,15 @@ def test_every_plan_problem_is_listed_at_once_before_any_work(installed_plugins,
     import torch
 
     torch.save({name: torch.randn(1, 2, 32, 16) for name in "qkv"}, captured)
-    config = write_config(
+    config = write_tiny(
         tmp_path / "bad.toml",
         'seq_lens = [64]\ndevice = "cuda"\nfrobnicate = 1\n'
         f'[[inputs]]\nname = "captured"\npath = "{captured}"\n'
         "[variants.full]\n[variants.band]\nwindow = []\nwndow = 4\n"
-        "[variants.fails-to-build]\n[variants.exact-without-mask]\n",
+        "[variants.fails-to-build]\n[variants.exact-without-mask]\n", heads=2, head_dim=16
     )
     out = tmp_path / "out"
-    result = attnbench("run", str(config), "--out", str(out), env=installed_plugins)
+    result = run_cli("run", str(config), "--out", str(out), env=installed_plugins)
     assert result.returncode == 2, result.stderr
     err = result.stderr
     assert "window = [] gives no setting" in err
@@ -97,32 +77,34 @@ def test_machine_problems_are_found_once_the_config_itself_is_valid(tmp_path: Pa
 
     captured = tmp_path / "short.pt"
     torch.save({name: torch.randn(1, 2, 32, 16) for name in "qkv"}, captured)
-    config = write_config(
+    config = write_tiny(
         tmp_path / "bad.toml",
         f'seq_lens = [64]\ndevice = ["cpu", "cuda"]\n[[inputs]]\nname = "captured"\npath = "{captured}"\n'
-        "[variants.full]\n",
+        "[variants.full]\n", heads=2, head_dim=16
     )
-    result = attnbench("run", str(config), "--out", str(tmp_path / "out"))
+    result = run_cli("run", str(config), "--out", str(tmp_path / "out"))
     assert result.returncode == 2
     if not torch.cuda.is_available():
         assert "cuda asked for, but CUDA is not available on this machine" in result.stderr
     assert "has 32 positions and N=64 is asked" in result.stderr
 
 
+@pytest.mark.slow
 def test_reserved_hyperparameter_name_makes_the_plugin_broken_by_name(installed_plugins) -> None:
-    listing = attnbench("list", env=installed_plugins)
+    listing = run_cli("list", env=installed_plugins)
     broken = listing.stdout.split("broken plugins")[1]
     assert "reserved-name" in broken and "hyperparameter 'seed' uses a reserved name" in broken
     assert "hyperparameter 'family' uses a reserved name" in broken
-    run = attnbench("run", "quick", "--variants", "reserved-name,full", *SMALL, env=installed_plugins)
+    run = run_cli("run", "quick", "--variants", "reserved-name,full", *SMALL, env=installed_plugins)
     assert run.returncode == 2 and "reserved name" in run.stderr
 
 
+@pytest.mark.slow
 def test_default_cost_is_dense_so_the_memory_guard_sees_a_plugins_scores(installed_plugins, tmp_path: Path) -> None:
-    config = write_config(
-        tmp_path / "guard.toml", "seq_lens = [64, 8192]\nmemory_limit_gb = 0.5\nvariants = ['dense-scores', 'full']\n"
+    config = write_tiny(
+        tmp_path / "guard.toml", "seq_lens = [64, 8192]\nmemory_limit_gb = 0.5\nvariants = ['dense-scores', 'full']\n", heads=2, head_dim=16
     )
-    result = attnbench(
+    result = run_cli(
         "run", str(config), "--out", str(tmp_path), "--no-progress", "--no-report", env=installed_plugins
     )
     assert result.returncode == 0, result.stderr
@@ -137,22 +119,24 @@ def test_default_cost_is_dense_so_the_memory_guard_sees_a_plugins_scores(install
 # ---- the run folder -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_duplicate_cells_are_removed_when_the_plan_is_built(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "dup.toml", "seq_lens = [64, 64]\nseeds = [0, 0]\nvariants = ['full', 'band']\n")
-    result = attnbench("run", str(config), "--seq-lens", "64,64", "--out", str(tmp_path / "out"), "--no-progress")
+    config = write_tiny(tmp_path / "dup.toml", "seq_lens = [64, 64]\nseeds = [0, 0]\nvariants = ['full', 'band']\n", heads=2, head_dim=16)
+    result = run_cli("run", str(config), "--seq-lens", "64,64", "--out", str(tmp_path / "out"), "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "duplicate cell(s) removed" in result.stderr
     run = only_run(tmp_path / "out")
     assert read_results(run).cell_key.is_unique and len(read_results(run)) == 2
-    assert attnbench("report", str(run)).returncode == 0
-    assert attnbench("compare", str(run), str(run)).returncode == 0
-    resumed = attnbench("run", "--resume", str(run), "--no-progress", "--no-report")
+    assert run_cli("report", str(run)).returncode == 0
+    assert run_cli("compare", str(run), str(run)).returncode == 0
+    resumed = run_cli("run", "--resume", str(run), "--no-progress", "--no-report")
     assert resumed.returncode == 0 and len(read_results(run)) == 2
 
 
+@pytest.mark.slow
 def test_seeds_are_an_axis_each_with_its_own_speedups(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "seeds.toml", "seq_lens = [64]\nseeds = [0, 1]\nvariants = ['full', 'band']\n")
-    result = attnbench("run", str(config), "--out", str(tmp_path / "out"), "--no-progress")
+    config = write_tiny(tmp_path / "seeds.toml", "seq_lens = [64]\nseeds = [0, 1]\nvariants = ['full', 'band']\n", heads=2, head_dim=16)
+    result = run_cli("run", str(config), "--out", str(tmp_path / "out"), "--no-progress")
     assert result.returncode == 0, result.stderr
     frame = read_results(only_run(tmp_path / "out"))
     assert set(frame.seed) == {0, 1} and (frame[frame.variant == "full"].speedup == 1.0).all()
@@ -161,14 +145,15 @@ def test_seeds_are_an_axis_each_with_its_own_speedups(tmp_path: Path) -> None:
     assert ", seed 0\n" in result.stdout and ", seed 1\n" in result.stdout  # the verdict of each seed
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_while_the_first_runs(installed_plugins, tmp_path: Path) -> None:
-    config = write_config(tmp_path / "slow.toml", "seq_lens = [16, 32, 48, 64, 80]\nvariants = ['chatty', 'full']\n")
+    config = write_tiny(tmp_path / "slow.toml", "seq_lens = [16, 32, 48, 64, 80]\nvariants = ['chatty', 'full']\n", heads=2, head_dim=16)
     first, run = start_run(config, tmp_path / "out", installed_plugins, tmp_path / "first.log")
     try:
         deadline = time.monotonic() + 60
         while not (run / "meta.json").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        second = attnbench("run", "--resume", str(run), "--no-progress", "--no-report", env=installed_plugins)
+        second = run_cli("run", "--resume", str(run), "--no-progress", "--no-report", env=installed_plugins)
         assert second.returncode == 2 and "is being written by process" in second.stderr
     finally:
         first.wait(timeout=300)
@@ -176,9 +161,10 @@ def test_a_second_writer_is_refused_while_the_first_runs(installed_plugins, tmp_
     assert read_results(run).cell_key.is_unique and len(read_results(run)) == 10
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_names_the_resume_command(installed_plugins, tmp_path: Path) -> None:
-    config = write_config(
-        tmp_path / "long.toml", "seq_lens = [16, 32, 48, 64, 80, 96, 112, 128]\nvariants = ['chatty', 'full']\n"
+    config = write_tiny(
+        tmp_path / "long.toml", "seq_lens = [16, 32, 48, 64, 80, 96, 112, 128]\nvariants = ['chatty', 'full']\n", heads=2, head_dim=16
     )
     log = tmp_path / "run.log"
     process, run = start_run(config, tmp_path / "out", installed_plugins, log)
@@ -193,13 +179,14 @@ def test_ctrl_c_stops_cleanly_and_names_the_resume_command(installed_plugins, tm
     assert process.returncode == 130, err
     assert f"attnbench run --resume {run}" in err and "Traceback" not in err
     assert "interrupted" in json.loads((run / "meta.json").read_text())
-    resumed = attnbench("run", "--resume", str(run), "--no-progress", "--no-report", env=installed_plugins)
+    resumed = run_cli("run", "--resume", str(run), "--no-progress", "--no-report", env=installed_plugins)
     assert resumed.returncode == 0, resumed.stderr
     assert len(read_results(run)) == 16 and read_results(run).cell_key.is_unique
 
 
+@pytest.mark.slow
 def test_isolate_is_not_fooled_by_a_plugin_that_prints(installed_plugins, tmp_path: Path) -> None:
-    result = attnbench(
+    result = run_cli(
         "run", "quick", "--variants", "chatty,full", *SMALL, "--isolate", "--out", str(tmp_path), env=installed_plugins
     )
     assert result.returncode == 0, result.stderr
@@ -207,8 +194,9 @@ def test_isolate_is_not_fooled_by_a_plugin_that_prints(installed_plugins, tmp_pa
     assert (frame.status == "ok").all(), frame[["variant", "status", "reason"]]
 
 
+@pytest.mark.slow
 def test_reasons_are_kept_whole_in_the_csv_and_escaped_in_tables(installed_plugins, tmp_path: Path) -> None:
-    result = attnbench("run", "quick", "--variants", "odd-reason,full", "--seq-lens", "64", "--out", str(tmp_path),
+    result = run_cli("run", "quick", "--variants", "odd-reason,full", "--seq-lens", "64", "--out", str(tmp_path),
                        "--no-progress", env=installed_plugins)  # fmt: skip
     assert result.returncode == 0, result.stderr
     run = only_run(tmp_path)
@@ -223,8 +211,9 @@ def test_reasons_are_kept_whole_in_the_csv_and_escaped_in_tables(installed_plugi
     )  # the terminal counts them, points to summary
 
 
+@pytest.mark.slow
 def test_run_exits_3_when_no_cell_ran_ok(installed_plugins, tmp_path: Path) -> None:
-    result = attnbench(
+    result = run_cli(
         "run", "quick", "--variants", "odd-reason", *SMALL, "--out", str(tmp_path), env=installed_plugins
     )
     assert result.returncode == 3 and "no cell ran ok" in result.stderr
@@ -248,21 +237,23 @@ def test_every_subcommand_and_argument_has_help() -> None:
 def test_version_and_presets() -> None:
     from attnbench import __version__
 
-    assert attnbench("--version").stdout.strip() == f"attnbench {__version__}"
-    presets = attnbench("presets")
+    assert run_cli("--version").stdout.strip() == f"attnbench {__version__}"
+    presets = run_cli("presets")
     assert presets.returncode == 0 and "quick" in presets.stdout and "All built-in variants" in presets.stdout
 
 
+@pytest.mark.slow
 def test_check_exit_codes(installed_plugins) -> None:
-    assert attnbench("check", "band", "--param", "window=8", env=installed_plugins).returncode == 0
-    assert attnbench("check", "no-such-variant").returncode == 2
-    cannot = attnbench("check", "full-xformers")
+    assert run_cli("check", "band", "--param", "window=8", env=installed_plugins).returncode == 0
+    assert run_cli("check", "no-such-variant").returncode == 2
+    cannot = run_cli("check", "full-xformers")
     import torch
 
     if not torch.cuda.is_available():
         assert cannot.returncode == 2 and "cannot be checked on this machine" in cannot.stderr
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_its_presets_and_works_outside_the_checkout(tmp_path: Path) -> None:
     """Build the wheel, install it into a fresh venv (dependencies borrowed from this one), and from a folder
     that is not the checkout list the variants and resolve every preset."""

@@ -14,6 +14,7 @@ def test_list_shows_builtins_with_capabilities_and_package(capsys: pytest.Captur
     assert "full-xformers" in out and "cuda" in out and "attnbench 0.1.0" in out
 
 
+@pytest.mark.slow
 def test_run_writes_results_and_prints_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status = main(
         [
@@ -49,6 +50,7 @@ def test_run_writes_results_and_prints_summary(tmp_path: Path, capsys: pytest.Ca
     assert captured.err.strip().splitlines()[-1] == f"attnbench: report: {run_dir / 'report.html'}"  # last
 
 
+@pytest.mark.slow
 def test_an_overridden_run_can_be_reproduced_from_its_folder(tmp_path: Path) -> None:
     """meta.json and the report name the command and the overrides; config.toml runs the same cells again."""
     import json
@@ -87,6 +89,7 @@ def test_bad_flag_value_is_explained(capsys: pytest.CaptureFixture[str]) -> None
     assert "comma-separated list of int" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_run_warns_when_other_processes_use_the_cpu_not_on_a_lagging_load_average(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,8 +16,7 @@ import seaborn as sns
 from attnbench.report.plots import FIGURE_WIDTH, THEME, plot_error, plot_speedup, plot_versus_n, styles, variant_colour
 from attnbench.report.run_report import memory_title, write_report
 from attnbench.runfolder.rows import CPU_METHOD, CUDA_METHOD
-
-from tests.test_report import edit_rows, synthetic_run
+from helpers import edit_rows, synthetic_run
 
 MIB = 2**20
 PHONE_PX = 368  # a plot's width on a 390 px screen: the page's 10 px side padding and the image's border taken off

@@ -29,7 +29,10 @@ def _namespaces_work() -> bool:
         return False
 
 
-pytestmark = pytest.mark.skipif(not _namespaces_work(), reason="no user mount namespace here (unshare -rm)")
+pytestmark = [
+    pytest.mark.skipif(not _namespaces_work(), reason="no user mount namespace here (unshare -rm)"),
+    pytest.mark.slow,  # real runs in subprocesses, a disk made full
+]
 
 
 def _in_namespace(script: str, tmp_path: Path) -> subprocess.CompletedProcess:

@@ -11,8 +11,8 @@ from attnbench.cli import main
 from attnbench.plan.config import ConfigError, parse_config
 from attnbench.run.sweep import run_plan
 from attnbench.runfolder.results import read_results
+from helpers import tiny
 
-TINY = {"variants": ["full"], "seq_lens": [16], "heads": 1, "head_dim": 8}
 FULL_AT_16 = 'variants = ["full"]\nseq_lens = [16]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n'  # as a config file
 
 
@@ -42,19 +42,19 @@ def finished_run(tmp_path: Path, toml: str, *flags: str) -> Path:
 )
 def test_non_finite_and_out_of_range_settings_are_refused(key: str, value: float) -> None:
     with pytest.raises(ConfigError) as refused:
-        parse_config({**TINY, key: value})
+        parse_config(tiny(**{key: value}))
     assert f"{key}: must be" in str(refused.value)
 
 
 def test_a_non_finite_input_parameter_is_refused() -> None:
     with pytest.raises(ConfigError, match="temperature must be a finite positive number, got nan"):
-        parse_config({**TINY, "inputs": [{"name": "gaussian", "temperature": float("nan")}]})
+        parse_config(tiny(inputs=[{"name": "gaussian", "temperature": float("nan")}]))
 
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", "x" * 300, "two\nlines"])
 def test_a_config_name_must_be_a_plain_file_name(name: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="name: "):
-        parse_config({**TINY, "name": name})
+        parse_config(tiny(name=name))
     config = tmp_path / "c.toml"
     config.write_text(f'name = "{name}"\nvariants = ["full"]\nseq_lens = [16]\n')
     assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
@@ -86,7 +86,7 @@ def test_run_refuses_an_output_of_the_wrong_shape_or_dtype(toy_registry, tmp_pat
     """A broadcastable (b, h, 1, Dv) output was recorded ok and faster than full; now it is an error."""
     registry = toy_registry(OneRow, Half)
     config = parse_config(
-        {**TINY, "variants": ["full", "one-row", "half"], "min_run_time": 0.01, "min_rounds": 2}, registry=registry
+        tiny(variants=["full", "one-row", "half"]), registry=registry
     )
     frame = read_results(run_plan(config, tmp_path, registry=registry, progress=False)).set_index("variant")
     assert frame.loc["full", "status"] == "ok"
@@ -125,6 +125,7 @@ def test_the_memory_guard_reads_the_control_groups_limit(version: str, tmp_path:
     assert machine.cgroup_headroom_bytes() is None  # no limit: the machine's own memory counts
 
 
+@pytest.mark.slow
 def test_a_group_cut_short_while_its_rows_were_written_is_measured_again_whole(tmp_path: Path) -> None:
     """Issue 22, items 1 and 2: a kill between a group's rows (the last row lost) and in the middle of a samples
     line (its tail cut) must not leave a row without its baseline's speedup, nor samples merged from two runs."""
@@ -152,6 +153,7 @@ def test_a_group_cut_short_while_its_rows_were_written_is_measured_again_whole(t
         assert all(len(record) == 3 for record in csv.reader(file))  # no half line left anywhere
 
 
+@pytest.mark.slow
 def test_io_errors_are_a_message_and_exit_2_never_a_traceback(tmp_path: Path, monkeypatch, capsys) -> None:
     """Issue 22, item 3: an --out under a regular file, and a full disk while the report is written (injected at
     the write call): exit 2 with the path and the reason; the report left is the old one, never 0 bytes."""
@@ -233,7 +235,7 @@ def test_a_captured_file_with_non_finite_or_complex_values_is_refused(fault: str
     path = tmp_path / "qkv.pt"
     torch.save({"q": q, "k": k, "v": v}, path)
     with pytest.raises(ConfigError) as refused:
-        parse_config({**TINY, "inputs": [{"name": "captured", "path": str(path)}]})
+        parse_config(tiny(inputs=[{"name": "captured", "path": str(path)}]))
     text = str(refused.value)
     assert str(path) in text
     if fault == "complex":
@@ -244,6 +246,7 @@ def test_a_captured_file_with_non_finite_or_complex_values_is_refused(fault: str
         assert "v has 1 NaN or Inf value(s), the first at index (0, 1, 5, 3)" in text
 
 
+@pytest.mark.slow
 def test_a_worker_stuck_in_a_group_step_is_not_blamed_on_one_cell(tmp_path: Path) -> None:
     """Issue 22, item 9: an isolated worker killed while computing the group's exact reference marks every cell of
     the group with that step, instead of blaming the baseline and running the group again without it."""
@@ -314,6 +317,7 @@ def test_a_garbage_line_in_results_csv_is_no_cell(tmp_path: Path) -> None:
     assert write_report(run).exists()
 
 
+@pytest.mark.slow
 def test_resume_without_meta_json_runs_the_config_toml_beside_it(tmp_path: Path) -> None:
     """Issue 22, item 12: a run folder whose meta.json is gone still resumes from the config.toml every run writes."""
     run = finished_run(tmp_path, FULL_AT_16.replace("[16]", "[16, 32]"), "--no-report")
@@ -435,6 +439,7 @@ def _damage(run: Path, how: str) -> None:
     ["results-not-utf8", "results-empty", "time-not-a-number", "speedup-not-a-number", "samples-not-utf8",
      "samples-nonsense", 'config="hello"', "machine=null", 'peaks="zzz"', "command=5"],
 )  # fmt: skip
+@pytest.mark.slow
 def test_a_damaged_run_file_is_a_message_never_a_traceback(how: str, tmp_path: Path, capsys) -> None:
     """Review of issue 22: each of these damages gave a traceback (exit 1) in report, compare or resume. Each
     command now reads what it can or names the file and exits 2."""
@@ -449,6 +454,7 @@ def test_a_damaged_run_file_is_a_message_never_a_traceback(how: str, tmp_path: P
             assert str(run) in err, (command, err)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows_lost", ["two-of-three", "all-three"])
 def test_a_resume_keeps_no_sample_of_a_cell_it_measures_again(rows_lost: str, tmp_path: Path) -> None:
     """Review of issue 22: a group whose rows were cut short (or whose samples reached the disk and none of its rows,

@@ -8,77 +8,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from attnbench.cli import main
-from attnbench.plan.config import parse_config
 from attnbench.report.analysis import crossover
 from attnbench.report.compare import compare_runs
 from attnbench.report.run_report import write_report
-from attnbench.runfolder.results import ResultsWriter
-from attnbench.runfolder.rows import row_for
+from helpers import CURVES, edit_rows, empty_run, synthetic_run
+
 
 # time = a * N^slope, memory = m * N^slope; full quadratic, band linear but slower at small N
-CURVES = {"full": (1e-8, 2.0, 100.0, 1.0), "band": (1e-5, 1.0, 50.0, 1.0), "strided": (1e-6, 1.5, 400.0, 1.0)}
-ERRORS = {"full": 1e-7, "band": 0.3, "strided": 0.1}  # error vs uniform of each
-
-
-def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: float = 0.01, cpu: str = "cpu A") -> Path:
-    """A run folder written through the real writer: three variants, four N, one error and one skipped cell."""
-    folder.mkdir(parents=True)
-    config = parse_config({"variants": list(CURVES), "seq_lens": [256, 512, 1024, 2048]})
-    samples = []
-    with ResultsWriter(folder / "results.csv") as writer:
-        for cell in config.plan().cells:
-            name, n = cell.variant.name, cell.seq_len
-            row = row_for(cell, family="exact" if name == "full" else name, exact=True)
-            if name == "strided" and n == 2048:
-                row.status, row.reason = "skipped", "larger N skipped: over time_budget_s"
-            elif name == "band" and n == 256:
-                row.status, row.reason = "error", "RuntimeError: constructed failure"
-            else:
-                a, slope, m, memory_slope = CURVES[name]
-                row.time_median_s = a * n**slope * (scale or {}).get(name, 1.0)
-                full_time = CURVES["full"][0] * n ** CURVES["full"][1] * (scale or {}).get("full", 1.0)
-                row.baseline, row.speedup = "full", full_time / row.time_median_s
-                row.speedup_low, row.speedup_high = 0.95 * row.speedup, 1.05 * row.speedup
-                row.time_iqr_s = iqr * row.time_median_s
-                row.noisy = f"IQR {100 * iqr:.0f}% of the median" if iqr > 0.1 else ""
-                samples += [(row.cell_key, i, row.time_median_s * (1 + iqr * (i - 5) / 5)) for i in range(11)]
-                row.time_repeats = 5
-                row.peak_mem_bytes = int(m * n**memory_slope)
-                row.err_vs_uniform = ERRORS[name]
-                row.err_rel_fro, row.err_row_cosine, row.err_max_abs = 0.2, 0.9, 0.5
-                row.input_entropy, row.input_band_mass, row.input_sink_mass, row.input_head_spread = 0.7, 0.5, 0.1, 0.2
-                row.flops = 4 * n * n * 64
-            writer.append(row)
-    meta = {
-        "config": {**config.to_dict(), "name": "synthetic"},
-        "machine": {"cpu": cpu, "versions": {"torch": "2.13.0"}},
-        "peaks": {"cpu/float32": {"matmul_flops_per_s": 1e11, "copy_bytes_per_s": 1e10}},
-    }
-    (folder / "meta.json").write_text(json.dumps(meta))
-    lines = ["cell_key,round,seconds"] + [f'"{k.replace(chr(34), chr(34) * 2)}",{i},{t!r}' for k, i, t in samples]
-    (folder / "samples.csv").write_text("\n".join(lines) + "\n")
-    return folder
-
-
-def edit_rows(run: Path, edit) -> None:
-    """Rewrite a run's results.csv with `edit(rows) -> rows` applied (rows as dicts of text)."""
-    import csv
-
-    rows = list(csv.DictReader((run / "results.csv").open()))
-    fields = list(rows[0])
-    with (run / "results.csv").open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(edit(rows))
-
-
-def empty_run(folder: Path, like: Path) -> Path:
-    """A run folder whose results.csv has the header of `like` and no row."""
-    folder.mkdir()
-    (folder / "results.csv").write_text((like / "results.csv").read_text().splitlines()[0] + "\n")
-    return folder
-
-
 def report_text(run: Path) -> str:
     write_report(run)
     return (run / "report.md").read_text()
@@ -165,6 +101,7 @@ def test_verdict_on_a_near_uniform_input_says_accuracy_cannot_separate_variants(
     assert "accuracy barely separates the variants" in verdict.sentence
 
 
+@pytest.mark.slow
 def test_a_run_over_two_kinds_of_machine_is_judged_per_machine(tmp_path: Path) -> None:
     """Groups that ran on different device names (a Ray cluster) are never compared across machines."""
     from attnbench.report.verdict import verdicts
