@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import os
 import re
@@ -31,6 +32,25 @@ def source_modules() -> dict[str, Path]:
             name = ".".join((package, *path.relative_to(folder).with_suffix("").parts))
             found[name.removesuffix(".__init__")] = path
     return found
+
+
+def resolves(dotted: str) -> bool:
+    """Whether `attnbench.x.y` names something: the longest importable prefix, then attributes of it."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(obj, attribute):
+                return False
+            obj = getattr(obj, attribute)
+        return True
+    return False
+
+
+DOTTED = r"\battnbench(?:\.[A-Za-z_]\w*)+"  # attnbench.report.verdict.pareto_set, in prose or code
 
 
 # ---- plugins -------------------------------------------------------------------------------------

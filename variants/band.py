@@ -28,6 +28,7 @@ from attnbench.interface import (
     kept_between_calls,
     softmax_attention_flops,
 )
+from attnbench.ops import band_allows
 from attnbench.variants.blocks import (
     Partial,
     Pattern,
@@ -42,12 +43,6 @@ from attnbench.variants.blocks import (
 from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
 from einops import rearrange
 from torch import Tensor
-
-
-def band_allows(i: Tensor, j: Tensor, window: int) -> Tensor:
-    """The band rule: query position i sees key position j when |i - j| <= window (positions broadcast)."""
-    offset = i - j
-    return (offset <= window) & (offset >= -window)
 
 
 def band_mask(i: Tensor, j: Tensor, window: int, causal: bool) -> Tensor:

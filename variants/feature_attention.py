@@ -18,6 +18,7 @@ b - batch, h - heads, n - position, c - chunk, i - query in chunk, j - key in ch
 from __future__ import annotations
 
 import torch
+from attnbench.ops import causal_allows
 from attnbench.variants.blocks import pad_sequence
 from einops import einsum, rearrange
 from torch import Tensor
@@ -70,7 +71,8 @@ def causal_feature_attention(
     q_c, k_c = as_chunks(phi_q), as_chunks(phi_k)
     v_c = as_chunks(with_ones(v, phi_k.dtype))  # (b, h, c, j, e + 1)
 
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=v.device).tril()
+    positions = torch.arange(chunk, device=v.device)
+    causal = causal_allows(positions[:, None], positions[None, :])  # (i, j) within a chunk
     scores = einsum(q_c, k_c, "b h c i m, b h c j m -> b h c i j")
     if key_log_scale is None:
         scores = scores.masked_fill(~causal, 0.0)

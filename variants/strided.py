@@ -36,7 +36,8 @@ from attnbench.interface import (
     saved_scores_bytes,
     softmax_attention_flops,
 )
-from attnbench.variants.band import band_allows, band_layout, band_partial
+from attnbench.ops import band_allows
+from attnbench.variants.band import band_layout, band_partial
 from attnbench.variants.blocks import (
     Partial,
     Pattern,

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "config",
         nargs="?",
-        default="quick",
+        default=None,  # quick; None tells that none was given (--resume takes none)
         help=f"a preset ({', '.join(preset_names())}) or a TOML file (default: quick)",
     )
     run.add_argument(
@@ -384,11 +384,14 @@ def command_run(args: argparse.Namespace) -> int:
             except RayUnavailable as error:
                 print(f"attnbench: {error}", file=sys.stderr)
                 return Exit.USAGE
+    if args.resume is not None and args.config is not None:
+        print(f"attnbench: --resume runs the stored config; drop {args.config}", file=sys.stderr)
+        return Exit.USAGE
     try:
         if args.resume is not None:
             config = stored_config(args.resume, overrides, cluster=args.executor == "ray")
         else:
-            config = load_config(args.config, overrides, cluster=args.executor == "ray")
+            config = load_config(args.config or "quick", overrides, cluster=args.executor == "ray")
     except ConfigError as error:  # a flag's problems name the flag, the file's name the file
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
@@ -497,7 +500,7 @@ def command_run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
     if report is not None:
         print(f"attnbench: report: {report}", file=sys.stderr)
-    return Exit.NOTHING_RAN if nothing_ran else 0
+    return Exit.NOTHING_RAN if nothing_ran else Exit.OK
 
 
 def _dry_run(config: SweepConfig, plan: Plan) -> int:
@@ -594,6 +597,9 @@ def command_compare(args: argparse.Namespace) -> int:
     print(format_comparison(result, args.run_a, args.run_b))
     if result.table.empty and result.broken.empty:
         print("attnbench: the two runs have no cell in common that ran ok in both", file=sys.stderr)
+        if args.fail_above is not None:  # a gate that compared nothing has not passed
+            print("attnbench: --fail-above: nothing was compared, so nothing is known to hold", file=sys.stderr)
+            return Exit.INCONCLUSIVE
     if args.fail_above is not None:
         slower, broken = len(result.regressions()), len(result.broken)
         if slower or broken:

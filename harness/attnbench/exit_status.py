@@ -37,7 +37,7 @@ MEANING: dict[Exit, tuple[str, ...]] = {  # what each status means, per command:
     Exit.INCONCLUSIVE: (
         "compare --fail-above: no regression found, but some cells were inconclusive (their"
         " intervals too wide",
-        "to tell same from changed); the message says how many",
+        "to tell same from changed); the message says how many; or no cell was in both runs to compare",
     ),
     Exit.INTERRUPTED: (
         "run: interrupted (Ctrl-C); finished cells are kept, the message gives the --resume command;",

@@ -92,7 +92,7 @@ class Cost:
 
     FLOPs count the work the algorithm does, not only the useful part: masked scores it computes, padding
     up to whole blocks, hashing and projections. `matmul_flops` is the part done in matmuls (two per
-    multiply-add, as torch's FlopCounterMode counts them; `attnbench.flops.count_matmul_flops` measures
+    multiply-add, as torch's FlopCounterMode counts them; `attnbench.measure.flops.count_matmul_flops` measures
     it), None when a variant does not give it; `flops` is that plus softmax and elementwise work.
     """
 

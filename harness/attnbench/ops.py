@@ -24,6 +24,7 @@ from attnbench.interface import (
 __all__ = [
     "TOLERANCE",
     "allowed_keys",
+    "band_allows",
     "causal_allows",
     "default_scale",
     "dense_attention_cost",
@@ -42,6 +43,13 @@ def causal_allows(i: Tensor, j: Tensor) -> Tensor:
     """The causal rule at query positions i and key positions j (broadcast): a query sees keys j <= i. The one
     predicate behind `allowed_keys` and every variant's causal pattern."""
     return j <= i
+
+
+def band_allows(i: Tensor, j: Tensor, window: int) -> Tensor:
+    """The band rule at query positions i and key positions j (broadcast): |i - j| <= window. Band attention's
+    support, strided's local run, and the input statistic of attention mass near the diagonal all read it."""
+    offset = i - j
+    return (offset <= window) & (offset >= -window)
 
 
 def allowed_keys(

@@ -136,7 +136,7 @@ class Registry:
             raise VariantError(f"cannot register {target}: {problem}")
         if name in self.entries and not replace:
             raise VariantError(f"a variant named '{name}' is registered already ({self.entries[name].target})")
-        self._registered[name] = self.entries.get(name)
+        self._registered.setdefault(name, self.entries.get(name))  # what was there before the first registration
         self.entries[name] = Entry(name, target, "registered in-process", None, variant_class)
 
     def _clear(self) -> None:

@@ -328,6 +328,15 @@ def test_resume_without_meta_json_runs_the_config_toml_beside_it(tmp_path: Path)
     assert sorted(read_results(run).seq_len) == [16, 32] and (run / "meta.json").exists()
 
 
+def test_resume_with_a_config_named_too_is_refused_not_ignored(tmp_path: Path, capsys) -> None:
+    """`run --resume DIR default` ran the stored config and said nothing of `default`: now exit 2, before any work."""
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main(["run", "--resume", str(run), "default"]) == 2
+    assert "--resume runs the stored config; drop default" in capsys.readouterr().err
+    assert not any(run.iterdir())
+
+
 def test_an_isolated_run_removes_worker_folders_a_killed_run_left(tmp_path: Path) -> None:
     """Issue 22, item 12: `kill -9` of an --isolate run leaves its worker's temporary folder; the next one removes
     it (its parent is gone) and leaves a live process's alone."""

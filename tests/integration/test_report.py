@@ -213,10 +213,12 @@ def test_report_command_refuses_a_folder_that_is_not_a_run(tmp_path: Path, capsy
 def test_compare_edge_cases(tmp_path: Path, capsys) -> None:
     a = synthetic_run(tmp_path / "a")
     empty = empty_run(tmp_path / "empty", a)
-    # nothing in common and B's plan unknown (no meta.json): said plainly, missing cells not judged, no traceback
-    assert main(["compare", str(a), str(empty), "--fail-above", "10"]) == 0
-    out = capsys.readouterr().out
-    assert "nothing to compare" in out and "cells missing from B are not judged" in out
+    # nothing in common and B's plan unknown (no meta.json): said plainly, missing cells not judged, no traceback;
+    # a gate that compared nothing has not passed (exit 4, not 0)
+    assert main(["compare", str(a), str(empty), "--fail-above", "10"]) == 4
+    captured = capsys.readouterr()
+    assert "nothing to compare" in captured.out and "cells missing from B are not judged" in captured.out
+    assert "nothing was compared" in captured.err
     assert main(["compare", str(a), str(a), "--fail-above", "-5"]) == 2
     no_samples = synthetic_run(tmp_path / "b", scale={"band": 2.0})
     (no_samples / "samples.csv").unlink()

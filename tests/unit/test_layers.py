@@ -27,19 +27,33 @@ FORBIDDEN = {
 PUBLIC = {"attnbench", "attnbench.interface", "attnbench.ops"}  # what a variant (built-in or plugin) may import
 
 
+def imported_names(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    """The attnbench modules (or module.attribute) one node imports: `import`, `from ... import` (relative ones
+    resolved against `module`), and a string given to importlib.import_module or __import__."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:  # from .x import y / from .. import z: relative to this module's package
+            package = module.split(".") if is_package else module.split(".")[:-1]
+            base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+        return [f"{base}.{a.name}" for a in node.names]
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+            return [node.args[0].value]
+    return []
+
+
 def imports(found: dict[str, Path]) -> set[tuple[str, str]]:
-    """(importer, imported) over every `import attnbench...` and `from attnbench... import ...` in the tree."""
+    """(importer, imported module) over every import of an attnbench module in the tree, at any depth."""
     arrows = set()
     for name, path in found.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            targets = []
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "attnbench":
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in found else node.module
-                           for a in node.names]  # fmt: skip
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names if a.name.split(".")[0] == "attnbench"]
-            for target in targets:
-                while target not in found and "." in target:
+            for target in imported_names(node, name, path.name == "__init__.py"):
+                if target.split(".")[0] != "attnbench":
+                    continue
+                while target not in found and "." in target:  # module.attribute -> module
                     target = target.rsplit(".", 1)[0]
                 if target != name:
                     arrows.add((name, target))
@@ -93,6 +107,13 @@ def test_no_module_imports_itself_round_a_cycle() -> None:
 def test_no_room_imports_itself_round_a_cycle() -> None:
     between_rooms = {(room(a), room(b)) for a, b in ARROWS if room(a) != room(b)}
     assert cycle(between_rooms) is None
+
+
+def test_the_import_finder_sees_relative_and_string_imports() -> None:
+    source = "from ..run import sweep\nimport importlib\nimportlib.import_module('attnbench.report.verdict')\n"
+    nodes = list(ast.walk(ast.parse(source)))
+    seen = [t for n in nodes for t in imported_names(n, "attnbench.measure.timing", is_package=False)]
+    assert "attnbench.run.sweep" in seen and "attnbench.report.verdict" in seen
 
 
 def test_the_cycle_finder_finds_one() -> None:

@@ -105,6 +105,7 @@ def test_a_class_registered_in_process_is_checked_like_an_entry_point_and_forgot
     with pytest.raises(VariantError, match="not a subclass"):
         registry.register(dict)
     registry.register(Band, replace=True)
+    registry.register(Band, replace=True)  # twice: `_clear` still restores what was installed
     assert registry.load("band") is Band
     registry._clear()
     assert "toy" not in registry.names() and registry.load("band").__module__ == "attnbench.variants.band"

@@ -117,7 +117,9 @@ def test_faster_from_in_the_verdict_is_not_the_first_faster_n(tmp_path: Path) ->
         for r in rows:
             if r["label"] == "band" and r["status"] == "ok":
                 fast = r["seq_len"] == "512"
-                r["speedup"], r["speedup_low"], r["speedup_high"] = ("2.0", "1.9", "2.1") if fast else ("0.5", "0.4", "0.6")
+                r["speedup"], r["speedup_low"], r["speedup_high"] = (
+                    ("2.0", "1.9", "2.1") if fast else ("0.5", "0.4", "0.6")
+                )
         return rows
 
     edit_rows(run, band_fast_only_at_512)
@@ -159,7 +161,11 @@ def test_the_pareto_plots_show_the_verdicts_own_choices_and_sentence(tmp_path: P
     report.write_report(run)
     (verdict,) = [b.verdict for b in verdict_blocks(verdicts(read_results(run)))]
     expected = [
-        (f"At N={a.n} on {verdict.input}: {a.sentence}", [c.label for c in a.choices], {c.label for c in a.choices + a.left_out})
+        (
+            f"At N={a.n} on {verdict.input}: {a.sentence}",
+            [c.label for c in a.choices],
+            {c.label for c in a.choices + a.left_out},
+        )
         for a in verdict.answers
     ]
     assert drawn == expected
@@ -178,7 +184,6 @@ def test_without_an_error_measured_the_verdict_claims_nothing_about_accuracy() -
     from attnbench.report.verdict import left_out_text
 
     assert left_out_text(answer) == "Left out: band (slower than full beyond noise; 0.50× [0.40–0.60])."
-
 
 
 def timed(label: str, family: str, error: float, seconds: float, drift: list[float], jitter: list[float]) -> Choice:
@@ -242,7 +247,6 @@ def test_membership_does_not_depend_on_a_third_variants_noise() -> None:
         assert {c.label for c in pareto_set([fast, middle, slow, noisy])} - {"lsh"} == alone, spread
 
 
-
 def test_faster_from_says_what_the_intervals_add() -> None:
     """Issue 23, item 7: 'faster from ≈ 930' while N=1024's interval spanned 0.52–2.18×. The crossing of the
     medians is kept, and the N from which the interval clears 1× is added (or that it never does)."""
@@ -256,7 +260,6 @@ def test_faster_from_says_what_the_intervals_add() -> None:
         "; not faster beyond noise at the largest N (its interval reaches 1×)"
     )
     assert faster_from(n, [0.5, 0.9, 1.2, 2.0], [0.45, 0.8, 1.1, 1.6]) == "N ≈ 660 (between 512 and 1024)"
-
 
 
 def test_the_input_sentence_gives_each_n_its_own_figures(tmp_path: Path) -> None:
@@ -331,3 +334,28 @@ def test_fastest_in_tables_and_titles_is_the_verdicts_rule(tmp_path: Path) -> No
     samples = {**samples, keys[lead]: [seconds] * 11, keys[second]: alternating}
     assert set(fastest_labels(at, samples)) == {lead, second}  # the runner-up is within noise of the leader now
     assert bold_at_1024(samples) == {lead, second}
+
+
+def test_without_the_baseline_the_fastest_named_is_the_rules_fastest() -> None:
+    """No baseline ran (no speedups): the sentence names the fastest by `fastest`, with those it cannot beat."""
+    nan = float("nan")
+
+    def unpaired(label: str, family: str, seconds: float, rounds: tuple[float, ...], error: float) -> Choice:
+        return Choice(label, family, nan, nan, nan, error, 1e6, nan, "–", time_s=seconds, rounds=rounds)
+
+    steady = tuple(1e-3 for _ in range(9))
+    noisy = tuple(1e-3 * (1.3 if i % 2 else 0.8) for i in range(9))  # sometimes faster, sometimes slower
+    answer = judge(
+        1024,
+        [unpaired("full-math", "exact", 1e-3, steady, 0.0), unpaired("strided", "strided", 0.95e-3, noisy, 0.1)],
+        "full",
+    )
+    assert answer.sentence.startswith("Fastest of the choices: ")
+    assert "within noise of it" in answer.sentence and "full did not run here" in answer.sentence
+    slow = tuple(2e-3 for _ in range(9))
+    answer = judge(
+        1024,
+        [unpaired("full-math", "exact", 1e-3, steady, 0.0), unpaired("strided", "strided", 2e-3, slow, 0.1)],
+        "full",
+    )
+    assert answer.sentence.startswith("Fastest of the choices: full-math (1 ms per call); full did not run")

@@ -38,7 +38,7 @@ ESTIMATE_SLACK = 4.0
 
 @dataclass(frozen=True)
 class Peaks:
-    """This machine's measured yardsticks for one device and dtype (from `attnbench.machine.measure_peaks`)."""
+    """This machine's measured yardsticks for one device and dtype (from `attnbench.measure.machine.measure_peaks`)."""
 
     matmul_flops_per_s: float
     copy_bytes_per_s: float

@@ -14,7 +14,6 @@ round (paired). Memory is measured after timing, outside it. A failure in one ce
 from __future__ import annotations
 
 import socket
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,8 +34,8 @@ from attnbench.measure.memory import call_memory
 from attnbench.measure.metrics import error_metrics
 from attnbench.measure.noise import LoadWatch, cpu_mhz, load_average, noise_reason
 from attnbench.measure.reference import Reference, dropped_mass, exact_reference
-from attnbench.measure.timing import time_in_turns
-from attnbench.ops import TOLERANCE, exactness_error, synchronize
+from attnbench.measure.timing import time_in_turns, timed_call
+from attnbench.ops import TOLERANCE, exactness_error
 from attnbench.plan.cells import Cell, Group
 from attnbench.plan.config import Settings
 from attnbench.registry import Registry
@@ -49,7 +48,7 @@ DROPPED_MASS_MAX_N = 4096  # the dropped mass needs the variant's dense (N, N) p
 
 @dataclass
 class GroupResult:
-    rows: list[Any]  # attnbench.results.Row, one per cell of the group
+    rows: list[Any]  # attnbench.runfolder.rows.Row, one per cell of the group
     samples: list[tuple[str, int, float]] = field(default_factory=list)  # (cell_key, round, seconds per call)
 
 
@@ -264,14 +263,14 @@ class GroupMeasurement:
                     return self._fail(key, {"status": "error", "reason": reason})
             self.progress("output", key)
             inputs = self.inputs
-            synchronize(self.device)
-            started = time.perf_counter()
-            with torch.no_grad():  # the first call at this shape: compilation and lazy set-up land here
-                output = variant(
-                    inputs.q, inputs.k, inputs.v, causal=cell.causal, key_padding_mask=inputs.key_padding_mask
-                )
-            synchronize(self.device)
-            self.first_call[key] = time.perf_counter() - started
+
+            def first_call() -> torch.Tensor:  # the first call at this shape: compilation and lazy set-up land here
+                with torch.no_grad():
+                    return variant(
+                        inputs.q, inputs.k, inputs.v, causal=cell.causal, key_padding_mask=inputs.key_padding_mask
+                    )
+
+            output, self.first_call[key] = timed_call(first_call, self.device)
             expected = (cell.batch, cell.heads, cell.seq_len, cell.v_dim)
             if tuple(output.shape) != expected or output.dtype != inputs.q.dtype:
                 wrong = f"output is {tuple(output.shape)} {str(output.dtype).removeprefix('torch.')}"
@@ -298,11 +297,7 @@ class GroupMeasurement:
             del output
             if cell.mode == "fwd+bwd":
                 self.progress("backward", key)
-                call = self._call(cell, variant)
-                started = time.perf_counter()
-                grads = call()  # the backward's first call
-                synchronize(self.device)
-                self.first_call[key] = time.perf_counter() - started
+                grads, self.first_call[key] = timed_call(self._call(cell, variant), self.device)  # its first call
                 if not all(torch.isfinite(g).all() for g in grads if g is not None):
                     return self._fail(key, {"status": "error", "reason": "gradients have NaN or Inf"})
         except (Exception, SystemExit) as error:

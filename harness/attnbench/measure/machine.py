@@ -8,14 +8,13 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from attnbench.ops import synchronize
+from attnbench.measure.timing import clock
 
 PACKAGES = ("attnbench", "torch", "einops", "pandas", "seaborn", "numpy", "xformers")
 
@@ -70,16 +69,8 @@ def device_description(device: str) -> str:
 
 def _best_time(fn, device: torch.device, trials: int, calls: int = 3) -> float:
     """The fastest of `trials` bursts of `calls` calls each (after a warm-up), in seconds per call."""
-    fn()
-    synchronize(device)
-    best = float("inf")
-    for _ in range(trials):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        synchronize(device)
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
+    clock(fn, device)  # warm-up
+    return min(clock(fn, device, calls) / calls for _ in range(trials))
 
 
 def measure_peaks(

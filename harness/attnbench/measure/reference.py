@@ -13,7 +13,7 @@ from torch import Tensor
 
 from attnbench.inputs.catalogue import HEAD_STATISTICS, LOCALITY_WINDOW
 from attnbench.interface import default_scale
-from attnbench.ops import allowed_keys
+from attnbench.ops import allowed_keys, band_allows
 
 
 @dataclass
@@ -110,9 +110,8 @@ def exact_reference(
         spread = counts.clamp(min=1).log().expand(b, h, stop - start)  # (b, h, c)
         row_entropy = torch.special.entr(weights).sum(dim=-1)  # (b, h, c): -sum p log p, 0 at p = 0
         entropy = torch.where(spread > 0, row_entropy / spread.clamp(min=1e-300), 0.0)
-        near = ((torch.arange(start, stop, device=q.device)[:, None] - keys[None, :]).abs() <= LOCALITY_WINDOW).to(
-            torch.float64
-        )  # (c, j)
+        rows = torch.arange(start, stop, device=q.device)[:, None]  # (c, 1)
+        near = band_allows(rows, keys[None, :], LOCALITY_WINDOW).to(torch.float64)  # (c, j)
         sums["entropy"] += entropy.sum(dim=(0, 2))
         sums["local_mass"] += einsum(weights, near, "b h i j, i j -> h")
         sums["sink_mass"] += weights[..., 0].sum(dim=(0, 2))

@@ -21,6 +21,15 @@ from attnbench.ops import synchronize
 MIN_SAMPLE_S = 2e-3  # calls faster than this are timed in blocks, so the clock's resolution does not matter
 
 
+def timed_call(call: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    """One call's result and its seconds, the device synchronized before and after (a first call: its set-up)."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = call()
+    synchronize(device)
+    return result, time.perf_counter() - start
+
+
 def clock(call: Callable[[], Any], device: torch.device, number: int = 1) -> float:
     """Seconds for `number` calls in a row, the device synchronized before and after."""
     synchronize(device)

@@ -69,7 +69,7 @@ class Settings:
     time_every_input: bool = False  # False: each setting timed on its first input, error measured on every input
     self_check_len: int = 200
     cell_timeout_s: float = 600.0  # with --isolate: a step with no progress for this long is killed
-    processes: int = 1  # each group measured in this many fresh worker processes, merged (attnbench.processes)
+    processes: int = 1  # each group measured in this many fresh worker processes, merged (attnbench.run.processes)
 
 
 SETTING_KINDS: dict[str, type] = {  # key -> type, read from the declaration (`float | None` -> float)

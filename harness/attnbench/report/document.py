@@ -56,7 +56,7 @@ def render_markdown(blocks: list[Block]) -> str:
 
 
 # Phone first: text wraps to the screen, wide tables scroll sideways under a fixed first column, plots fill the
-# width (their fonts are sized for that, see attnbench.plots) and open at full size on a tap; wide screens show
+# width (their fonts are sized for that, see attnbench.report.plots) and open at full size on a tap; wide screens show
 # plots two to a row.
 HTML_STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:1.5em auto;padding:0 1em;color:#222;
 line-height:1.45;overflow-wrap:break-word;-webkit-text-size-adjust:100%}h1{font-size:1.6em}

@@ -415,7 +415,7 @@ def plot_pareto(
     """Speedup against error, one labelled bubble per label (area ~ peak memory), the verdict's choices joined.
 
     points: label, speedup, speedup_low, speedup_high, error, memory_ratio (to the baseline); `front`: the labels
-    the verdict offers (`attnbench.verdict.pareto_set`, one rule for both), drawn as the frontier. Exact variants
+    the verdict offers (`attnbench.report.verdict.pareto_set`, one rule for both), drawn as the frontier. Exact variants
     (error below ERROR_RESOLUTION) sit on a floor line marked "exact", a decade under the most accurate
     approximation, so the axis spans the errors that differ.
     """

@@ -49,7 +49,7 @@ from attnbench.runfolder.rows import CPU_METHOD
 
 MIB = 2**20
 # Variants whose call is one fused kernel (SDPA's, for `full`): on the CPU the live-tensor tracker sees their output
-# but none of the kernel's private scratch (attnbench.memory), so their CPU peak is a lower bound, never a winner.
+# but none of the kernel's private scratch (attnbench.measure.memory), so their CPU peak is a lower bound, never a winner.
 ONE_FUSED_KERNEL = frozenset({"full"})
 
 
@@ -145,7 +145,7 @@ def detail_blocks(
             _table(
                 f"Speedup against `{baseline}`: the median over rounds of its time / this time in the same round, "
                 f"with {interval_words(cells)}.",
-                _pivot(cells, speedup_text, lambda at_n: fastest_labels(at_n, samples)),
+                _pivot(cells, speedup_text, lambda at_n: fastest_labels(at_n[at_n.speedup.notna()], samples)),
             )
         )
         blocks.append(

@@ -64,10 +64,6 @@ class Choice:
         return self.speedup if self.speedup == self.speedup else 1 / self.time_s
 
     @property
-    def speed_high(self) -> float:
-        return self.speedup_high if self.speedup == self.speedup else self.speed
-
-    @property
     def trusted_interval(self) -> bool:
         """Whether its interval is a 95% one (fewer than 6 rounds give min–max at a lower coverage)."""
         return not self.coverage < CONFIDENCE
@@ -345,7 +341,7 @@ def _fastest_exact(exact: list[Choice], baseline: str) -> Choice | None:
     faster = [c for c in exact if c is not base and c.clearly_faster]
     if base is not None and not faster:
         return base
-    return max(faster or exact, key=lambda c: c.speed) if exact else None
+    return fastest(faster or exact)[0] if exact else None
 
 
 def judge(n: int, candidates: list[Choice], baseline: str) -> Answer | None:
@@ -387,9 +383,13 @@ def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str
     if not offered:  # no exact variant ran, and every approximation is left out
         why = "; ".join(f"{c.label}: {c.left_out}" for c in left_out)
         return f"Nothing to recommend here: no exact variant ran and every other is left out ({why})."
-    if not paired:
-        fastest = min(offered, key=lambda c: c.time_s)
-        return f"Fastest: {fastest.label} ({format_number(fastest.time_s * 1e3, '.3g')} ms per call); {baseline} did not run here."
+    if not paired:  # the fastest by the one rule (`fastest`), and any it does not beat beyond noise
+        lead, *ties = fastest(offered)
+        tied = f" ({', '.join(c.label for c in ties)} within noise of it)" if ties else ""
+        return (
+            f"Fastest of the choices: {lead.label} ({format_number(lead.time_s * 1e3, '.3g')} ms per call){tied}; "
+            f"{baseline} did not run here."
+        )
     winners = [c for c in approximate if c.clearly_faster]
     exact_winner = next((c for c in offered if c.family == "exact" and c.label != baseline and c.clearly_faster), None)
     if winners:

@@ -127,7 +127,7 @@ def terminate_as_interrupt() -> Iterator[None]:
 
 
 class Isolated(OneAtATime):
-    """Each group in a child process (`python -m attnbench.worker`): a segfault, a hard out-of-memory kill
+    """Each group in a child process (`python -m attnbench.run.worker`): a segfault, a hard out-of-memory kill
     or a hang costs the cell in flight, not the run. A step with no progress for `cell_timeout_s` is killed."""
 
     def __init__(self, settings: Settings) -> None:
@@ -249,7 +249,7 @@ def _in_flight(group: Group, step: dict[str, Any] | None) -> tuple[list[Cell], s
 
 class Processes(OneAtATime):
     """`--processes k`: each group measured in k fresh worker processes, one after another (each timing
-    `min_run_time / k`), merged by `attnbench.processes.merge_processes`: the spread between processes enters
+    `min_run_time / k`), merged by `attnbench.run.processes.merge_processes`: the spread between processes enters
     every speedup interval."""
 
     def __init__(self, settings: Settings) -> None:

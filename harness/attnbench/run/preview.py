@@ -1,7 +1,7 @@
 """What a run will do before it does it (`attnbench run --dry-run`): every comparison group with its cells, the
 cells the guard would skip and why, and each group's estimated peak memory and time, then the total.
 
-The estimates are `attnbench.estimate`'s, through the same admission the run applies (`measure.admit`), so a
+The estimates are `attnbench.measure.estimate`'s, through the same admission the run applies (`measure.admit`), so a
 cell the preview lists as skipped is skipped by the run. Times are lower bounds (the roofline at this machine's
 measured peaks, with the calls the settings ask for); cells skipped at run time by the measured budget rule
 (a call slower than time_budget_s) cannot be foreseen.

@@ -3,7 +3,7 @@
 Executors: `InProcess` measures a group in this process; `Isolated` in a child process per group, which
 reports each step it starts on a channel of its own (a file, never stdout, which a plugin may write to), so
 a crash or a hang is pinned on the cell in flight: that cell is recorded `crashed` or `timeout`, and the
-rest of its group is measured again without it; `attnbench.ray_executor.RayExecutor` sends each group to a
+rest of its group is measured again without it; `attnbench.run.ray_executor.RayExecutor` sends each group to a
 Ray task, several at a time. An executor takes the groups as they come (each after the budget skips that
 the results so far imply) and yields each group's result as it finishes. The run folder has one writer,
 this process.

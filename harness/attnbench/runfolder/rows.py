@@ -49,7 +49,7 @@ class Measured:
     speedup_high: float | None = None
     speedup_coverage: float | None = None  # the interval's coverage: >= 0.95 from 6 rounds, min–max below
     processes: int | None = None  # --processes k: the worker processes its timing came from (two-level interval)
-    peak_mem_bytes: int | None = None  # per call, state kept between calls excluded (attnbench.memory)
+    peak_mem_bytes: int | None = None  # per call, state kept between calls excluded (attnbench.measure.memory)
     state_mem_bytes: int | None = None  # kept between calls: what a fresh instance's first call leaves behind
     mem_method: str = ""
     err_rel_fro: float | None = None
