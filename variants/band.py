@@ -1,172 +1,36 @@
-"""Band (sliding-window) attention: exact softmax over the keys within `window` positions of each query.
+"""Band (sliding-window) attention: exact softmax over the keys within `window` positions of each query, and, with
+`sinks` and `global_tokens`, over the first positions too (StreamingLLM's attention sinks, Longformer's global
+attention: see `attnbench.variants.global_tokens`).
 
 Convention: `window` w is one-sided. Bidirectional: query i sees keys j with |i - j| <= w (2w + 1 keys,
 Longformer's "window 2w+1"). Causal: 0 <= i - j <= w (w + 1 keys; xformers' causal window W is our w).
 FlexAttention examples that speak of a window of W mean W + 1 keys, i.e. our w = W.
 
-Block-wise: queries in blocks of `block_size`; each block attends to the contiguous window of keys it can
-reach (a strided view, no copy) under a small (block, window) pattern, through PyTorch's fused SDPA kernel.
-O(N * (block + 2w) * D) time, O(N * (block + 2w)) memory for the pattern; never N x N.
-The rule is `band_allows` (causal adds j <= i): the block pattern, `support_mask` and the flex backend's mask_mod
-are all evaluated from it. `band_partial` (with the log-sum-exp) is the local run of strided attention.
-
-b - batch, h - heads, n - sequence, i - query in block, j - key in window, d - head dim, e - value dim
+The computation is `attnbench.variants.window` (block-wise, never N x N).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
 from attnbench.interface import (
     AttentionVariant,
     Capabilities,
     Cost,
     Hyperparameter,
     Shape,
-    kept_between_calls,
     softmax_attention_flops,
 )
-from attnbench.ops import band_allows
 from attnbench.variants.blocks import (
-    Partial,
-    Pattern,
     all_pairs,
-    key_validity_windows,
-    key_windows,
-    partial_attention,
-    query_blocks,
-    window_positions,
-    with_causal,
 )
 from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
-from einops import rearrange
+from attnbench.variants.global_tokens import band_with_global_tokens, columns_and_rows, global_band_mask
+from attnbench.variants.window import band_attention, band_layout
 from torch import Tensor
 
 
-def band_mask(i: Tensor, j: Tensor, window: int, causal: bool) -> Tensor:
-    """The band's whole support at (i, j): the band rule, and j <= i when causal (0 <= i - j <= w)."""
-    return with_causal(band_allows(i, j, window), i, j, causal)
-
-
-def default_block_size(window: int) -> int:
-    """Small blocks waste little of the window; too small and the kernel's per-block cost dominates."""
-    return min(32, max(16, window))
-
-
-@dataclass(frozen=True)
-class BandLayout:
-    """How band attention cuts a sequence: queries in blocks, each against its window of keys (a strided view)."""
-
-    window: int  # clipped to the sequence: a window wider than it is the whole sequence
-    block: int  # queries per block
-    after: int  # keys past the block's last query in its window: w, or 0 when causal
-
-    @property
-    def span(self) -> int:
-        """Keys in each block's window: w before, the block, `after` past it."""
-        return self.window + self.block + self.after
-
-    def scores(self, n_q: int) -> int:
-        """Scores computed per (batch, head), masked ones included: every block whole (the last one padded)."""
-        return -(-n_q // self.block) * self.block * self.span
-
-
-def band_layout(n: int, window: int, causal: bool, block_size: int | None) -> BandLayout:
-    """The layout for a sequence of n: the forward passes and the cost models read this one."""
-    window = min(window, n - 1)
-    return BandLayout(window=window, block=block_size or default_block_size(window), after=0 if causal else window)
-
-
-@kept_between_calls(maxsize=64)
-def band_pattern(n: int, layout: BandLayout, causal: bool, device: torch.device) -> Pattern:
-    """(1, blocks, block, span): which windowed keys each query of each block sees (cached, reused every call)."""
-    # query positions (blocks, block, 1), key positions (blocks, 1, span)
-    queries, keys = window_positions(n, layout.block, layout.window, layout.span, device)
-    inside = (keys >= 0) & (keys < n)  # the window's keys past either end of the sequence are padding
-    return Pattern((band_mask(queries, keys, layout.window, causal) & inside)[None])
-
-
-@dataclass
-class BandBlocks:
-    """Band attention's operands: query blocks, their key and value windows, and the pattern between them."""
-
-    queries: Tensor  # ((b h), blocks, block, d)
-    keys: Tensor  # ((b h), blocks, span, d)
-    values: Tensor  # ((b h), blocks, span, e)
-    pattern: Pattern  # (1 | (b h), blocks, block, span)
-
-
-def band_blocks(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    window: int,
-    causal: bool,
-    key_padding_mask: Tensor | None,
-    block_size: int | None,
-) -> BandBlocks:
-    """q, k (b, h, n, d), v (b, h, n, e) cut into blocks and windows, with the band's pattern and key padding."""
-    h, n = q.shape[1], q.shape[-2]
-    layout = band_layout(n, window, causal, block_size)
-    valid_keys = key_validity_windows(key_padding_mask, n, layout.block, layout.window, layout.after)
-    # the band's pattern, and'ed with key padding (b, blocks, 1, span) when given
-    pattern = band_pattern(n, layout, causal, q.device).restricted_to(valid_keys, h)
-    k_windows, v_windows = (key_windows(x, layout.block, layout.window, layout.after) for x in (k, v))
-    return BandBlocks(query_blocks(q, layout.block), k_windows, v_windows, pattern)
-
-
-def unblocked(x: Tensor, batch: int, n: int) -> Tensor:
-    """((b h), blocks, block, ...) -> (b, h, n, ...): blocks back in sequence order, the padded tail cropped."""
-    return rearrange(x, "(b h) n i ... -> b h (n i) ...", b=batch)[:, :, :n]
-
-
-def band_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    window: int,
-    causal: bool,
-    key_padding_mask: Tensor | None,
-    block_size: int | None = None,
-) -> Tensor:
-    """Exact sliding-window attention, q, k (b, h, n, d), v (b, h, n, e) -> (b, h, n, e), through fused SDPA."""
-    blocks = band_blocks(
-        q, k, v, window=window, causal=causal, key_padding_mask=key_padding_mask, block_size=block_size
-    )
-    out = F.scaled_dot_product_attention(
-        blocks.queries, blocks.keys, blocks.values, attn_mask=blocks.pattern.bias(q.dtype)
-    )  # ((b h), blocks, block, e)
-    if key_padding_mask is not None:  # without padding only padding queries past n can see nothing; they are cropped
-        out = out.masked_fill(~blocks.pattern.has_key[..., None], 0.0)
-    return unblocked(out, q.shape[0], q.shape[-2])
-
-
-def band_partial(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    window: int,
-    causal: bool,
-    key_padding_mask: Tensor | None,
-    block_size: int | None = None,
-) -> Partial:
-    """Band attention with its log-sum-exp, (b, h, n, e) and (b, h, n): one part of a larger support (strided's
-    local run), to be merged with the others."""
-    blocks = band_blocks(
-        q, k, v, window=window, causal=causal, key_padding_mask=key_padding_mask, block_size=block_size
-    )
-    part = partial_attention(blocks.queries, blocks.keys, blocks.values, blocks.pattern)
-    b, n = q.shape[0], q.shape[-2]
-    return Partial(out=unblocked(part.out, b, n), lse=unblocked(part.lse, b, n))
-
-
 class BandAttention(FlexBackend, AttentionVariant):
-    """Sliding-window attention, computed block-wise at O(N * w) cost."""
+    """Sliding-window attention, computed block-wise at O(N * w) cost; with sinks or global tokens,
+    O(N * (w + c) + g * N) for c = max(sinks, global_tokens) column keys and g global rows."""
 
     name = "band"
     family = "band"
@@ -181,28 +45,42 @@ class BandAttention(FlexBackend, AttentionVariant):
         "block_size": Hyperparameter(
             None, "queries per block (default: min(32, max(16, w)))", minimum=1, optional=True
         ),
+        "sinks": Hyperparameter(
+            0, "attention sinks: the first s positions' keys are visible to every query (StreamingLLM)", minimum=0
+        ),
+        "global_tokens": Hyperparameter(
+            0, "global tokens: the first g positions see every key and every query sees them (Longformer)", minimum=0
+        ),
         "backend": BACKEND,
     }
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        window, sinks, global_tokens = self.window, self.sinks, self.global_tokens
         if self.backend == FLEX_BACKEND:
-            window = self.window
 
             def band_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-                return band_mask(q_idx, kv_idx, window, causal)
+                return global_band_mask(q_idx, kv_idx, window, causal, sinks, global_tokens)
 
-            return flex_attention_call(q, k, v, band_mod, key=("band", window, causal))
-        return band_attention(
-            q, k, v, window=self.window, causal=causal, key_padding_mask=key_padding_mask, block_size=self.block_size
-        )
+            return flex_attention_call(q, k, v, band_mod, key=("band", window, causal, sinks, global_tokens))
+        options = {"window": window, "causal": causal, "key_padding_mask": key_padding_mask}
+        if sinks or global_tokens:
+            return band_with_global_tokens(
+                q, k, v, **options, block_size=self.block_size, sinks=sinks, global_tokens=global_tokens
+            )
+        return band_attention(q, k, v, **options, block_size=self.block_size)
 
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor:
         i, j = all_pairs(n_q, n_k)  # (i, 1), (1, j)
-        return band_mask(i, j, self.window, causal)
+        return global_band_mask(i, j, self.window, causal, self.sinks, self.global_tokens)
 
     def cost(self, shape: Shape) -> Cost:
         layout = band_layout(shape.n_k, self.window, shape.causal, self.block_size)
-        computed = shape.batch * shape.heads * layout.scores(shape.n_q)  # scores computed, masked ones included
+        columns, rows = columns_and_rows(self.sinks, self.global_tokens, shape.n_k)
+        heads = shape.batch * shape.heads
+        band_scores = heads * layout.scores(shape.n_q)  # scores computed, masked ones included
+        # with sinks or global tokens: every query against the c column keys, and the g global rows against all
+        extra_scores = heads * (shape.n_q * columns + rows * shape.n_k) if columns else 0
+        computed = band_scores + extra_scores
         matmul, other = softmax_attention_flops(computed, shape)
         io = (
             shape.batch
@@ -210,8 +88,15 @@ class BandAttention(FlexBackend, AttentionVariant):
             * (shape.n_q * shape.head_dim + shape.n_k * (shape.head_dim + 2 * shape.value_dim))
         )
         padded_keys = shape.batch * shape.heads * shape.n_k * (shape.head_dim + shape.value_dim) * shape.dtype_bytes
-        # the bool pattern and the additive mask SDPA makes of it, and one padded copy of k and v
-        working = shape.n_q * layout.span * (1 + shape.dtype_bytes) + padded_keys
+        # the bool pattern and the additive mask SDPA makes of it, and one padded copy of k and v; with columns,
+        # their (n, c) pattern, the parts' outputs and log-sum-exps merged, and the global rows' scores
+        merged = 2 * heads * shape.n_q * (shape.value_dim + 1) * shape.dtype_bytes if columns else 0
+        working = (
+            shape.n_q * (layout.span + columns) * (1 + shape.dtype_bytes)
+            + padded_keys
+            + merged
+            + 2 * heads * rows * shape.n_k * shape.dtype_bytes
+        )
         return Cost(
             flops=matmul + other,
             bytes_moved=io * shape.dtype_bytes,
@@ -219,5 +104,6 @@ class BandAttention(FlexBackend, AttentionVariant):
             matmul_flops=matmul,
             # autograd keeps each block's weights and its gathered key and value windows for the backward
             backward_working_bytes=working
-            + computed * shape.dtype_bytes * (1 + (shape.head_dim + shape.value_dim) / layout.block),
+            + band_scores * shape.dtype_bytes * (1 + (shape.head_dim + shape.value_dim) / layout.block)
+            + extra_scores * shape.dtype_bytes * 2,
         )

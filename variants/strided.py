@@ -37,7 +37,6 @@ from attnbench.interface import (
     softmax_attention_flops,
 )
 from attnbench.ops import band_allows
-from attnbench.variants.band import band_layout, band_partial
 from attnbench.variants.blocks import (
     Partial,
     Pattern,
@@ -49,6 +48,7 @@ from attnbench.variants.blocks import (
     with_causal,
 )
 from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
+from attnbench.variants.window import band_layout, band_partial
 from einops import rearrange
 from torch import Tensor
 

@@ -21,6 +21,17 @@ def band_reference_pattern(n: int, window: int, causal: bool) -> torch.Tensor:
     return allowed
 
 
+def global_reference_pattern(n: int, window: int, causal: bool, sinks: int, global_tokens: int) -> torch.Tensor:
+    """StreamingLLM's sinks and Longformer's global tokens, as the papers state them, added to the band: every query
+    sees keys 0..s-1 and 0..g-1; queries 0..g-1 see every key (causal: only keys j <= i, everywhere)."""
+    allowed = band_reference_pattern(n, window, causal)
+    for i in range(n):
+        for j in range(n):
+            if (j < sinks or j < global_tokens or i < global_tokens) and (j <= i or not causal):
+                allowed[i, j] = True
+    return allowed
+
+
 def strided_parts(n: int, stride: int, causal: bool, pattern: str, summary: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The paper's two index sets A(1), A(2), as dense (n, n) masks. Strided A(1) is {max(0, i - l), ..., i}:
     l + 1 positions (bidirectional: |i - j| <= l)."""
@@ -69,6 +80,45 @@ def check_against(variant, allowed: torch.Tensor, n: int, causal: bool, padded: 
 def test_band_matches_dense_reference(n: int, window: int, causal: bool, padded: bool) -> None:
     variant = registry.create("band", window=window)
     check_against(variant, band_reference_pattern(n, window, causal), n, causal, padded, grad=n < 300)
+
+
+@pytest.mark.parametrize(
+    "n, window, sinks, global_tokens",
+    [(1000, 64, 4, 0), (1023, 100, 0, 3), (257, 5, 4, 2), (70, 0, 1, 1), (5, 2, 9, 0), (40, 3, 2, 40), (33, 40, 4, 2)],
+)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_sinks_and_global_tokens_match_the_dense_reference(
+    n: int, window: int, sinks: int, global_tokens: int, causal: bool, padded: bool
+) -> None:
+    """A sink inside a query's window is counted once (the two parts are disjoint); more sinks or global tokens
+    than positions, a window wider than the sequence, and causal rows are all exact."""
+    variant = registry.create("band", window=window, sinks=sinks, global_tokens=global_tokens)
+    allowed = global_reference_pattern(n, window, causal, sinks, global_tokens)
+    check_against(variant, allowed, n, causal, padded, grad=n < 300)
+    assert torch.equal(variant.support_mask(n, n, causal), allowed)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_sinks_are_ignored_and_a_row_with_no_key_is_zero(causal: bool) -> None:
+    """Padding at the start (the sinks themselves), in the middle and at the end of the keys."""
+    n = 50
+    variant = registry.create("band", window=3, sinks=4, global_tokens=2)
+    q, k, v, _ = inputs(n, torch.float64, b=3)
+    positions = torch.arange(n)
+    padding = torch.stack([positions < 4, (positions >= 20) & (positions < 30), positions >= 45])  # (b, n)
+    allowed = global_reference_pattern(n, 3, causal, 4, 2)[None, None] & ~padding[:, None, None, :]
+    out = variant(q, k, v, causal=causal, key_padding_mask=padding)
+    torch.testing.assert_close(out, dense_masked_attention(q, k, v, allowed), rtol=0, atol=1e-10)
+    assert torch.isfinite(out).all()
+
+
+def test_sinks_change_the_output_only_where_they_are_outside_the_window() -> None:
+    q, k, v, _ = inputs(200, torch.float64)
+    plain, sunk = registry.create("band", window=8), registry.create("band", window=8, sinks=4)
+    moved = (plain(q, k, v) - sunk(q, k, v)).abs().amax(dim=(0, 1, 3))  # (n,)
+    assert moved[:9].max() == 0  # queries 0..8 have keys 0..3 within |i - j| <= 8 already: nothing added
+    assert (moved[9:] > 0).all()  # from query 9 on key 0 is outside the window: the sinks take part
 
 
 @pytest.mark.parametrize("block_size", [1, 7, 64])
@@ -120,7 +170,12 @@ def test_factorized_heads_use_one_part_each(pattern: str) -> None:
 
 @pytest.mark.parametrize(
     "name, params",
-    [("band", {"window": 3}), ("strided", {"stride": 4}), ("strided", {"stride": 4, "pattern": "fixed", "summary": 2})],
+    [
+        ("band", {"window": 3}),
+        ("band", {"window": 2, "sinks": 2, "global_tokens": 1}),
+        ("strided", {"stride": 4}),
+        ("strided", {"stride": 4, "pattern": "fixed", "summary": 2}),
+    ],
 )
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradcheck(name: str, params: dict, causal: bool) -> None:
@@ -131,7 +186,10 @@ def test_gradcheck(name: str, params: dict, causal: bool) -> None:
     )
 
 
-@pytest.mark.parametrize("name, params, exponent", [("band", {"window": 32}, 1.0), ("strided", {}, 1.5)])
+@pytest.mark.parametrize(
+    "name, params, exponent",
+    [("band", {"window": 32}, 1.0), ("band", {"window": 32, "sinks": 4, "global_tokens": 2}, 1.0), ("strided", {}, 1.5)],
+)
 def test_memory_stays_subquadratic(name: str, params: dict, exponent: float) -> None:
     variant = registry.create(name, **params)
     peaks = {}
@@ -147,7 +205,10 @@ def test_memory_stays_subquadratic(name: str, params: dict, exponent: float) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, params", [("band", {"window": 20}), ("strided", {"stride": 16})])
+@pytest.mark.parametrize(
+    "name, params",
+    [("band", {"window": 20}), ("band", {"window": 20, "sinks": 4, "global_tokens": 2}), ("strided", {"stride": 16})],
+)
 def test_flex_backend_matches_blocked(name: str, params: dict) -> None:
     flex = registry.create(name, backend="flex", **params)
     reason = flex.unsupported_reason(device="cpu", dtype="float32", causal=True, padded=False, n_q=300, n_k=300)

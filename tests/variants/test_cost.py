@@ -23,6 +23,8 @@ DATA_DEPENDENT_TOLERANCE = {("lsh", True): 0.10}
 EXTRA_SETTINGS = [
     ("band", {"window": 5}),
     ("band", {"window": 7, "block_size": 12}),
+    ("band", {"window": 5, "sinks": 4}),
+    ("band", {"window": 7, "sinks": 2, "global_tokens": 3}),
     ("strided", {"stride": 7}),
     ("strided", {"pattern": "strided", "factorize": True}),
     ("strided", {"pattern": "fixed", "stride": 7, "summary": 3}),

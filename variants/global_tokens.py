@@ -1,0 +1,111 @@
+"""Attention sinks and global tokens on a sliding window: keys every query sees, and queries that see every key.
+
+- StreamingLLM (Xiao et al., 2023, "Efficient Streaming Language Models with Attention Sinks", §3.2): a window
+  drops the first tokens, which take a large share of attention whatever their content; keeping the keys of the
+  first `s` positions visible to every query (the sinks) restores it: query i sees {j : |i - j| <= w} ∪ {0..s-1}.
+- Longformer (Beltagy et al., 2020, "Longformer: The Long-Document Transformer", §3.1): global attention on
+  chosen positions, symmetric: a global position attends to every position and every position attends to it.
+  Here the `g` global positions are the first g ([CLS]-style): rows 0..g-1 see every key, and every query sees
+  keys 0..g-1.
+
+So the keys every query sees are the first c = max(s, g) positions (the "columns"), and the queries that see every
+key are the first g (the "rows"). Causal keeps j <= i throughout; key padding removes padded keys everywhere.
+
+Computed without any N x N tensor: the band part (`band_partial`, with its log-sum-exp); each query's scores
+against the c column keys *outside its window* (a key inside both is counted once, in the band part), folded into
+the band's output in one softmax over both (`with_columns`); then the g global rows whole (g x N scores).
+
+b - batch, h - heads, n - sequence, c - column keys, g - global rows, d - head dim, e - value dim
+"""
+
+from __future__ import annotations
+
+import torch
+from attnbench.ops import allowed_keys, band_allows, causal_allows, default_scale, dense_masked_attention
+from attnbench.variants.blocks import Partial, with_causal
+from attnbench.variants.window import band_mask, band_partial
+from einops import einsum
+from torch import Tensor
+
+
+def seen_by_all(j: Tensor, columns: int) -> Tensor:
+    """The sink (and global) rule for keys: key j is visible to every query when j < columns."""
+    return j < columns
+
+
+def sees_all(i: Tensor, rows: int) -> Tensor:
+    """The global rule for queries: query i sees every key when i < rows."""
+    return i < rows
+
+
+def columns_and_rows(sinks: int, global_tokens: int, n: int) -> tuple[int, int]:
+    """(c, g): how many first positions every query sees, and how many first queries see every key."""
+    return min(max(sinks, global_tokens), n), min(global_tokens, n)
+
+
+def global_band_mask(i: Tensor, j: Tensor, window: int, causal: bool, sinks: int, global_tokens: int) -> Tensor:
+    """The whole support at query positions i and key positions j: the band, the columns and the rows."""
+    columns, rows = max(sinks, global_tokens), global_tokens
+    extra = seen_by_all(j, columns) | sees_all(i, rows)
+    return band_mask(i, j, window, causal) | with_causal(extra, i, j, causal)
+
+
+def column_support(
+    n: int, *, window: int, causal: bool, key_padding_mask: Tensor | None, columns: int, device: torch.device
+) -> Tensor:
+    """(b|1, 1, n, c) bool: the column keys each query sees outside its window (inside it, they are the band's)."""
+    i, j = torch.arange(n, device=device)[:, None], torch.arange(columns, device=device)[None, :]
+    allowed = seen_by_all(j, columns) & ~band_allows(i, j, window)  # (n, c)
+    if causal:
+        allowed = allowed & causal_allows(i, j)
+    allowed = allowed[None, None]
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask[:, None, None, :columns]  # (b, 1, n, c)
+    return allowed
+
+
+def with_columns(band: Partial, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
+    """One softmax over the band part and a few column keys: the band's normalized output and log-sum-exp, and
+    the columns' raw scores, each weighted by its share of exp. q (b, h, n, d), k (b, h, c, d), v (b, h, c, e),
+    allowed (b|1, 1, n, c) -> (b, h, n, e); a query that sees no key in either outputs zeros.
+
+    The columns are a handful of keys, so their scores are (n, c), written out; the band's output is rescaled
+    once and the columns' weighted values added to it (no second (n, e) output is made and then merged)."""
+    scores = einsum(q, k, "b h n d, b h c d -> b h n c") * default_scale(q.shape[-1])
+    scores = scores.to(band.lse.dtype).masked_fill(~allowed, float("-inf"))
+    top = torch.maximum(band.lse, scores.amax(dim=-1)).detach()  # (b, h, n)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    band_weight = torch.exp(band.lse - top)  # (b, h, n); 0 where the band part has no key
+    column_weights = torch.exp(scores - top[..., None])  # (b, h, n, c); 0 where not allowed
+    total = band_weight + column_weights.sum(dim=-1)
+    total = torch.where(total > 0, total, torch.ones_like(total))
+    out = einsum((column_weights / total[..., None]).to(v.dtype), v, "b h n c, b h c e -> b h n e")
+    return out.addcmul_(band.out, (band_weight / total)[..., None].to(band.out.dtype))
+
+
+def band_with_global_tokens(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    window: int,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    block_size: int | None,
+    sinks: int,
+    global_tokens: int,
+) -> Tensor:
+    """Band attention with `sinks` sink keys and `global_tokens` global positions; q, k (b, h, n, d), v (b, h, n, e)
+    -> (b, h, n, e). Exact on `global_band_mask`."""
+    n = q.shape[-2]
+    columns, rows = columns_and_rows(sinks, global_tokens, n)
+    band = band_partial(q, k, v, window=window, causal=causal, key_padding_mask=key_padding_mask, block_size=block_size)
+    allowed = column_support(
+        n, window=window, causal=causal, key_padding_mask=key_padding_mask, columns=columns, device=q.device
+    )
+    out = with_columns(band, q, k[..., :columns, :], v[..., :columns, :], allowed)  # one softmax over both
+    if rows == 0:
+        return out
+    every_key = allowed_keys(rows, n, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+    global_rows = dense_masked_attention(q[:, :, :rows], k, v, every_key)  # (b, h, g, e): g x N scores
+    return torch.cat([global_rows.to(out.dtype), out[:, :, rows:]], dim=2)
