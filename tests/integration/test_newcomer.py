@@ -35,6 +35,7 @@ def test_run_variants_takes_settings_as_reports_label_them() -> None:
         "strided(pattern=strided)",
         "strided(pattern=fixed)",
         "band(window=256)",
+        "band(sinks=4, window=256)",
     ]
     printed = "lsh(shared_qk=True),band(block_size=32, window=64)"
     assert ",".join(labels(load_config("quick", {"variants": printed}))) == printed

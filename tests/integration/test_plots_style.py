@@ -151,3 +151,14 @@ def test_the_html_report_reads_on_a_phone_and_names_a_lower_bound(tmp_path: Path
     assert "input:checked+img{width:auto;max-width:none" in page
     assert page.count("<table>") == page.count("<div class='scroll'><table>")  # wide tables scroll, the page not
     assert "<caption>" not in page  # captions wrap to the screen, not to the table's width
+
+
+def test_every_built_in_variant_has_its_own_colour() -> None:
+    """A built-in added to the registry gets a colour of its own, never a plugin's."""
+    from attnbench.registry import Registry
+    from attnbench.report.plots import BUILT_IN_COLOURS, PLUGIN_COLOURS
+
+    built_in = [e.name for e in Registry().entries.values() if e.target.startswith("attnbench.variants.")]
+    assert set(built_in) <= set(BUILT_IN_COLOURS), set(built_in) - set(BUILT_IN_COLOURS)
+    assert len(set(BUILT_IN_COLOURS.values())) == len(BUILT_IN_COLOURS)
+    assert not set(BUILT_IN_COLOURS.values()) & set(PLUGIN_COLOURS)

@@ -1,0 +1,52 @@
+"""Issue 25's speed targets, measured in one run, in turns: each variant's speedup over full (fused SDPA) and what
+attention sinks cost a band, fwd, float32, B=1, H=8, D=64.
+
+Targets: band with 4 sinks <= 1.10x the same band; Nyströmformer (m=64) >= 15x full at N=16384.
+Run: `.venv/bin/python tests/benchmarks/choices_targets.py [--seq-lens 4096,16384] [--min-run-time 5]`; prints a
+Markdown table: median ms per call, and paired ratios (median over rounds) with their order-statistic intervals.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from attnbench.measure.timing import time_in_turns
+from attnbench.registry import registry
+from attnbench.stats import Spread, paired_speedup
+
+SETTINGS = {  # label -> (variant, hyperparameters)
+    "full": ("full", {}),
+    "band(window=256)": ("band", {"window": 256}),
+    "band(window=256, sinks=4)": ("band", {"window": 256, "sinks": 4}),
+    "nystromformer(landmarks=64)": ("nystromformer", {"landmarks": 64}),
+}
+
+
+def interval(baseline: list[float], variant: list[float]) -> str:
+    ratio = paired_speedup(baseline, variant)  # the median over rounds of baseline / variant
+    return f"{ratio.estimate:.2f} [{ratio.low:.2f}–{ratio.high:.2f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-lens", default="4096,16384")
+    parser.add_argument("--min-run-time", type=float, default=5.0)
+    args = parser.parse_args()
+    variants = {label: registry.create(name, **params) for label, (name, params) in SETTINGS.items()}
+    print("| N | variant | ms per call | speedup vs full [95%] | vs band(window=256) [95%] |")
+    print("|---|---|---|---|---|")
+    for n in (int(x) for x in args.seq_lens.split(",")):
+        generator = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 8, n, 64, generator=generator) for _ in range(3))
+        calls = {label: (lambda variant=variant: variant(q, k, v)) for label, variant in variants.items()}
+        with torch.no_grad():
+            samples = time_in_turns(calls, torch.device("cpu"), min_rounds=9, min_run_time=args.min_run_time)
+        for label, seconds in samples.items():
+            versus_band = interval(seconds, samples["band(window=256)"]) if label.startswith("band") else ""
+            print(f"| {n} | {label} | {Spread.of(seconds).median * 1e3:.1f} | "
+                  f"{interval(samples['full'], seconds)} | {versus_band} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
