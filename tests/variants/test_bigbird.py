@@ -1,0 +1,99 @@
+"""BigBird against a dense reference built here from the paper's definition: a window of blocks, global blocks that
+see and are seen by everything, and random blocks that are reproducible from the seed and never repeat the others."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from attnbench.interface import clear_kept_state
+from attnbench.measure.memory import peak_memory
+from attnbench.ops import dense_masked_attention
+from attnbench.registry import registry
+from attnbench.variants.bigbird import key_blocks
+
+
+def reference_support(n: int, size: int, window: int, global_count: int, random_ids: dict[int, set[int]]) -> torch.Tensor:
+    """(n, n) from the definition: block |q - k| within the centred window, the first ceil(g/2) and last floor(g/2)
+    blocks global (rows and columns), plus each query block's random blocks (`random_ids`, the variant's draw)."""
+    blocks = -(-n // size)
+    glob = set(range(min((global_count + 1) // 2, blocks))) | set(range(blocks - global_count // 2, blocks))
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        for j in range(n):
+            qb, kb = i // size, j // size
+            in_window = -(window // 2) <= kb - qb < window - window // 2
+            allowed[i, j] = in_window or qb in glob or kb in glob or kb in random_ids.get(qb, set())
+    return allowed
+
+
+def drawn(n: int, size: int, window: int, global_count: int, random_count: int, seed: int) -> dict[int, set[int]]:
+    """The random blocks the variant drew for each query block: its slots past the window and global ones."""
+    blocks = -(-n // size)
+    ids, valid = key_blocks(blocks, window, global_count, random_count, seed)
+    glob = set(range(min((global_count + 1) // 2, blocks))) | set(range(blocks - global_count // 2, blocks))
+    out = {}
+    for q in range(blocks):
+        near = {b for b in range(q - window // 2, q - window // 2 + window) if 0 <= b < blocks}
+        chosen = [b for b, ok in zip(ids[q].tolist(), valid[q].tolist()) if ok]
+        assert len(chosen) == len(set(chosen)), "a key block counted twice"
+        out[q] = set(chosen) - near - glob
+        assert len(out[q]) == min(random_count, blocks - len(near | glob)), (q, out[q])
+    return out
+
+
+def qkv(n: int, b: int = 2, h: int = 2, d: int = 8):
+    generator = torch.Generator().manual_seed(n)
+    return tuple(torch.randn(b, h, n, d, generator=generator, dtype=torch.float64) for _ in range(3))
+
+
+@pytest.mark.parametrize(
+    "n, size, window, global_count, random_count",
+    [(200, 16, 3, 2, 3), (257, 16, 3, 2, 2), (100, 8, 5, 1, 4), (40, 16, 3, 2, 3), (10, 64, 3, 2, 3), (120, 8, 4, 0, 0)],
+)
+@pytest.mark.parametrize("padded", ["none", "start", "middle", "end"])
+def test_bigbird_matches_the_dense_reference(
+    n: int, size: int, window: int, global_count: int, random_count: int, padded: str
+) -> None:
+    variant = registry.create(
+        "bigbird", block_size=size, window_blocks=window, global_blocks=global_count, random_blocks=random_count, seed=7
+    )
+    allowed = reference_support(n, size, window, global_count, drawn(n, size, window, global_count, random_count, 7))
+    assert torch.equal(variant.support_mask(n, n, False), allowed)
+    q, k, v = qkv(n)
+    position = torch.arange(n)
+    where = {"none": position < 0, "start": position < n // 4, "middle": (position >= n // 3) & (position < n // 2),
+             "end": position >= n - n // 4}[padded]  # fmt: skip
+    mask = torch.stack([where, torch.zeros(n, dtype=torch.bool)])  # element 0 padded, element 1 not
+    expected = dense_masked_attention(q, k, v, allowed[None, None] & ~mask[:, None, None, :])
+    out = variant(q, k, v, causal=False, key_padding_mask=mask)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+def test_random_blocks_come_from_the_seed() -> None:
+    def support(seed: int) -> torch.Tensor:
+        return registry.create("bigbird", block_size=8, seed=seed).support_mask(256, 256, False)
+
+    assert torch.equal(support(3), support(3))
+    assert not torch.equal(support(3), support(4))
+
+
+def test_gradients_match_finite_differences() -> None:
+    variant = registry.create("bigbird", block_size=3, random_blocks=1)
+    q, k, v = (t[:1, :1, :17, :4].clone().requires_grad_() for t in qkv(17))
+    mask = torch.zeros(1, 17, dtype=torch.bool)
+    mask[0, -3:] = True
+    assert torch.autograd.gradcheck(lambda q, k, v: variant(q, k, v, key_padding_mask=mask), (q, k, v))
+
+
+def test_memory_stays_linear_in_n() -> None:
+    variant = registry.create("bigbird")
+    peaks = {}
+    for n in (4096, 16384):
+        q, k, v = (torch.randn(1, 1, n, 16) for _ in range(3))
+        clear_kept_state()
+        with torch.no_grad():
+            peaks[n], _ = peak_memory(lambda: variant(q, k, v), torch.device("cpu"), inputs=(q, k, v))
+    assert peaks[16384] < 16384**2 * 4 / 20
+    assert math.log(peaks[16384] / peaks[4096]) / math.log(4) <= 1.25
