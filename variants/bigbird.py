@@ -30,7 +30,17 @@ from attnbench.interface import (
     softmax_attention_flops,
 )
 from attnbench.ops import allowed_keys
-from attnbench.variants.blocks import Pattern, all_pairs, pad_sequence
+from attnbench.variants.blocks import (
+    Partial,
+    Pattern,
+    all_pairs,
+    combine,
+    expand_over_heads,
+    key_windows,
+    partial_attention,
+    query_blocks,
+)
+from attnbench.variants.window import unblocked
 from einops import rearrange
 from torch import Tensor
 
@@ -42,29 +52,28 @@ def global_block_ids(blocks: int, count: int) -> list[int]:
     return first + last
 
 
+def window_block_ids(query: int, window: int, blocks: int) -> list[int]:
+    """The `window` key blocks centred on query block `query` (3: one each side), inside the sequence."""
+    start = query - window // 2
+    return [block for block in range(start, start + window) if 0 <= block < blocks]
+
+
 @kept_between_calls(maxsize=64)
-def key_blocks(blocks: int, window: int, global_count: int, random_count: int, seed: int) -> tuple[Tensor, Tensor]:
-    """(q, s) key block ids per query block and (q, s) bool validity: its window, the global blocks and its random
-    blocks, each once; unused slots point at block 0 and are invalid. Random blocks are drawn per query block from
-    a generator seeded by `seed` (reproducible for a seed and N)."""
+def random_block_ids(
+    blocks: int, window: int, global_count: int, random_count: int, seed: int
+) -> tuple[Tensor, Tensor]:
+    """(q, r) random key block ids per query block and (q, r) validity: drawn without replacement from the blocks
+    outside its window and the global set, by a generator seeded by `seed` (reproducible for a seed and N); fewer
+    when fewer remain (the unused slots point at block 0 and are invalid)."""
     generator = torch.Generator().manual_seed(seed)
-    glob = global_block_ids(blocks, global_count)
-    half = window // 2
-    rows = []
+    glob = set(global_block_ids(blocks, global_count))
+    ids = torch.zeros(blocks, random_count, dtype=torch.long)
+    valid = torch.zeros(blocks, random_count, dtype=torch.bool)
     for query in range(blocks):
-        near = [b for b in range(query - half, query - half + window) if 0 <= b < blocks]
-        chosen = list(dict.fromkeys(near + glob))
-        pool = torch.tensor([b for b in range(blocks) if b not in chosen], dtype=torch.long)
-        if random_count and len(pool):
-            picks = torch.randperm(len(pool), generator=generator)[:random_count]
-            chosen += sorted(pool[picks].tolist())
-        rows.append(chosen)
-    slots = max(len(r) for r in rows)
-    ids = torch.zeros(blocks, slots, dtype=torch.long)
-    valid = torch.zeros(blocks, slots, dtype=torch.bool)
-    for query, chosen in enumerate(rows):
-        ids[query, : len(chosen)] = torch.tensor(chosen)
-        valid[query, : len(chosen)] = True
+        taken = glob | set(window_block_ids(query, window, blocks))
+        pool = torch.tensor([block for block in range(blocks) if block not in taken], dtype=torch.long)
+        picks = pool[torch.randperm(len(pool), generator=generator)[:random_count]].sort().values
+        ids[query, : len(picks)], valid[query, : len(picks)] = picks, True
     return ids, valid
 
 
@@ -91,16 +100,19 @@ class BigBirdAttention(AttentionVariant):
     }
 
     def layout(self, n: int) -> tuple[int, list[int], Tensor, Tensor]:
-        """(blocks, global block ids, key block ids (q, s), validity (q, s)) for a sequence of n."""
+        """(blocks, global block ids, random block ids (q, r), their validity (q, r)) for a sequence of n."""
         blocks = -(-n // self.block_size)
-        ids, valid = key_blocks(blocks, self.window_blocks, self.global_blocks, self.random_blocks, self.seed)
+        ids, valid = random_block_ids(blocks, self.window_blocks, self.global_blocks, self.random_blocks, self.seed)
         return blocks, global_block_ids(blocks, self.global_blocks), ids, valid
 
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor:
         blocks, glob, ids, valid = self.layout(n_k)
         block_pairs = torch.zeros(blocks, blocks, dtype=torch.bool)
+        for query in range(blocks):
+            block_pairs[query, window_block_ids(query, self.window_blocks, blocks)] = True
+        block_pairs[:, glob] = True  # every query sees the global blocks
+        block_pairs[glob, :] = True  # and they see every key
         block_pairs[torch.arange(blocks)[:, None].expand_as(ids)[valid], ids[valid]] = True
-        block_pairs[glob, :] = True  # global rows see every key
         i, j = all_pairs(n_q, n_k)
         return block_pairs[i // self.block_size, j // self.block_size]
 
@@ -110,22 +122,19 @@ class BigBirdAttention(AttentionVariant):
         blocks, glob, ids, valid = self.layout(n)
         ids, valid = ids.to(q.device), valid.to(q.device)
         pad = blocks * size - n
-        as_blocks = lambda t: rearrange(pad_sequence(t, 0, pad), "b h (q i) d -> (b h) q i d", i=size)  # noqa: E731
-        q_blocks, k_blocks, v_blocks = as_blocks(q), as_blocks(k), as_blocks(v)
-        # each query block's key blocks, gathered: ((b h), q, s * j, d)
-        k_gathered = rearrange(k_blocks[:, ids], "x q s j d -> x q (s j) d")
-        v_gathered = rearrange(v_blocks[:, ids], "x q s j e -> x q (s j) e")
         real = torch.arange(blocks * size, device=q.device) < n  # (positions,) inside the sequence
         if key_padding_mask is not None:
             real = real & ~F.pad(key_padding_mask, (0, pad), value=True)  # (b, positions)
-        real_blocks = rearrange(real.expand(b, -1), "b (q j) -> b q j", j=size)  # (b, blocks, j)
-        seen = real_blocks[:, ids] & valid[None, :, :, None]  # (b, q, s, j): a real key in a used slot
-        allowed = rearrange(seen, "b q s j -> b q 1 (s j)").repeat_interleave(h, dim=0)  # ((b h), q, 1, s j)
-        pattern = Pattern(allowed)
-        out = F.scaled_dot_product_attention(q_blocks, k_gathered, v_gathered, attn_mask=pattern.bias(q.dtype))
-        if not pattern.complete:  # a query block with no real key (all padding): zeros, not the kernel's output
-            out = out.masked_fill(~pattern.has_key[..., None], 0.0)
-        out = rearrange(out, "(b h) q i e -> b h (q i) e", b=b)[:, :, :n]
+        real = real.expand(b, -1)  # (b, positions)
+        q_blocks = query_blocks(q, size)  # ((b h), q, i, d)
+        parts = [
+            self.window_part(q_blocks, k, v, real),
+            self.random_part(q_blocks, k, v, real, ids, valid),
+        ]
+        parts = [Partial(out=unblocked(p.out, b, n), lse=unblocked(p.lse, b, n)) for p in parts if p is not None]
+        if glob:
+            parts.append(self.global_columns(q, k, v, real[:, :n], glob))
+        out = combine(parts)  # one softmax over the three disjoint parts
         if not glob:
             return out
         pieces, done = [], 0  # the global rows (every key) in place of their blocks' rows, joined in one copy
@@ -140,18 +149,55 @@ class BigBirdAttention(AttentionVariant):
             done = stop
         return torch.cat([*pieces, out[:, :, done:]], dim=2)
 
+    def window_part(self, q_blocks: Tensor, k: Tensor, v: Tensor, real: Tensor) -> Partial:
+        """Each query block against its window of key blocks: a strided view of k and v, nothing copied but the
+        padding (a global block inside the window is counted here; the global part leaves it out)."""
+        size, heads = self.block_size, k.shape[1]
+        before, after = size * (self.window_blocks // 2), size * (self.window_blocks - 1 - self.window_blocks // 2)
+        k_windows, v_windows = (key_windows(x, size, before, after) for x in (k, v))  # ((b h), q, span, d)
+        real_windows = key_windows(real[:, None, :, None].float(), size, before, after)[..., 0] > 0  # (b, q, span)
+        allowed = real_windows[:, :, None, :]  # (b, q, 1, span): positions outside the sequence are not real
+        return partial_attention(q_blocks, k_windows, v_windows, Pattern(expand_over_heads(allowed, heads)))
+
+    def random_part(
+        self, q_blocks: Tensor, k: Tensor, v: Tensor, real: Tensor, ids: Tensor, valid: Tensor
+    ) -> Partial | None:
+        """Each query block against its random key blocks, gathered: ((b h), q, r * j, d)."""
+        if not self.random_blocks:
+            return None
+        size, heads = self.block_size, k.shape[1]
+        k_blocks, v_blocks = query_blocks(k, size), query_blocks(v, size)  # ((b h), blocks, j, d)
+        k_random = rearrange(k_blocks[:, ids], "x q r j d -> x q (r j) d")
+        v_random = rearrange(v_blocks[:, ids], "x q r j e -> x q (r j) e")
+        real_blocks = rearrange(real, "b (q j) -> b q j", j=size)[:, ids] & valid[None, :, :, None]  # (b, q, r, j)
+        allowed = rearrange(real_blocks, "b q r j -> b q 1 (r j)")
+        return partial_attention(q_blocks, k_random, v_random, Pattern(expand_over_heads(allowed, heads)))
+
+    def global_columns(self, q: Tensor, k: Tensor, v: Tensor, real: Tensor, glob: list[int]) -> Partial:
+        """Every query against the global blocks' keys outside its own window: (b, h, n, e) with its lse."""
+        size, n = self.block_size, q.shape[-2]
+        columns = torch.cat([torch.arange(g * size, min(n, (g + 1) * size)) for g in glob]).to(q.device)
+        query_block = torch.arange(n, device=q.device)[:, None] // size  # (n, 1)
+        offset = columns[None, :] // size - query_block  # (n, c): key block - query block
+        start = -(self.window_blocks // 2)
+        outside = (offset < start) | (offset >= start + self.window_blocks)  # inside the window: the window's
+        allowed = outside[None, None] & real[:, None, None, columns]  # (b, 1, n, c)
+        return partial_attention(q, k[:, :, columns], v[:, :, columns], Pattern(allowed))
+
     def cost(self, shape: Shape) -> Cost:
         s = shape
         heads = s.batch * s.heads
         blocks, glob, ids, _ = self.layout(s.n_k)
         size = self.block_size
-        block_scores = heads * blocks * size * ids.shape[1] * size  # every slot computed, masked ones included
+        window_span = size * self.window_blocks  # the window part's keys per query block (a strided view)
+        block_scores = heads * blocks * size * (window_span + ids.shape[1] * size)  # every slot, masked included
+        block_scores += heads * s.n_q * sum(min(s.n_k, (g + 1) * size) - g * size for g in glob)  # global columns
         global_rows = sum(min(s.n_q, (g + 1) * size) - g * size for g in glob)
         computed = block_scores + heads * global_rows * s.n_k
         matmul, other = softmax_attention_flops(computed, s)
-        gathered = heads * blocks * ids.shape[1] * size * (s.head_dim + s.value_dim)  # the key blocks, copied
+        gathered = heads * blocks * ids.shape[1] * size * (s.head_dim + s.value_dim)  # the random blocks, copied
         io = heads * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim) + gathered
-        pattern = s.batch * blocks * ids.shape[1] * size * (1 + s.dtype_bytes) * s.heads
+        pattern = s.batch * blocks * (window_span + ids.shape[1] * size) * (1 + s.dtype_bytes) * s.heads
         return Cost(
             flops=matmul + other,
             bytes_moved=io * s.dtype_bytes,
