@@ -99,9 +99,13 @@ class BigBirdAttention(AttentionVariant):
         "random_blocks": Hyperparameter(3, "random key blocks per query block, from the seed (3)", minimum=0),
     }
 
+    def size(self, n: int) -> int:
+        """The block size for a sequence of n: `block_size`, clipped to n (one block is then dense attention)."""
+        return min(self.block_size, n)
+
     def layout(self, n: int) -> tuple[int, list[int], Tensor, Tensor]:
         """(blocks, global block ids, random block ids (q, r), their validity (q, r)) for a sequence of n."""
-        blocks = -(-n // self.block_size)
+        blocks = -(-n // self.size(n))
         ids, valid = random_block_ids(blocks, self.window_blocks, self.global_blocks, self.random_blocks, self.seed)
         return blocks, global_block_ids(blocks, self.global_blocks), ids, valid
 
@@ -114,11 +118,11 @@ class BigBirdAttention(AttentionVariant):
         block_pairs[glob, :] = True  # and they see every key
         block_pairs[torch.arange(blocks)[:, None].expand_as(ids)[valid], ids[valid]] = True
         i, j = all_pairs(n_q, n_k)
-        return block_pairs[i // self.block_size, j // self.block_size]
+        return block_pairs[i // self.size(n_k), j // self.size(n_k)]
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         b, h, n, _ = q.shape
-        size = self.block_size
+        size = self.size(n)
         blocks, glob, ids, valid = self.layout(n)
         ids, valid = ids.to(q.device), valid.to(q.device)
         pad = blocks * size - n
@@ -152,7 +156,7 @@ class BigBirdAttention(AttentionVariant):
     def window_part(self, q_blocks: Tensor, k: Tensor, v: Tensor, real: Tensor) -> Partial:
         """Each query block against its window of key blocks: a strided view of k and v, nothing copied but the
         padding (a global block inside the window is counted here; the global part leaves it out)."""
-        size, heads = self.block_size, k.shape[1]
+        size, heads = self.size(k.shape[-2]), k.shape[1]
         before, after = size * (self.window_blocks // 2), size * (self.window_blocks - 1 - self.window_blocks // 2)
         k_windows, v_windows = (key_windows(x, size, before, after) for x in (k, v))  # ((b h), q, span, d)
         real_windows = key_windows(real[:, None, :, None].float(), size, before, after)[..., 0] > 0  # (b, q, span)
@@ -163,9 +167,9 @@ class BigBirdAttention(AttentionVariant):
         self, q_blocks: Tensor, k: Tensor, v: Tensor, real: Tensor, ids: Tensor, valid: Tensor
     ) -> Partial | None:
         """Each query block against its random key blocks, gathered: ((b h), q, r * j, d)."""
-        if not self.random_blocks:
+        if not bool(valid.any()):  # no random block (none asked, or no block left to draw from)
             return None
-        size, heads = self.block_size, k.shape[1]
+        size, heads = self.size(k.shape[-2]), k.shape[1]
         k_blocks, v_blocks = query_blocks(k, size), query_blocks(v, size)  # ((b h), blocks, j, d)
         k_random = rearrange(k_blocks[:, ids], "x q r j d -> x q (r j) d")
         v_random = rearrange(v_blocks[:, ids], "x q r j e -> x q (r j) e")
@@ -175,7 +179,7 @@ class BigBirdAttention(AttentionVariant):
 
     def global_columns(self, q: Tensor, k: Tensor, v: Tensor, real: Tensor, glob: list[int]) -> Partial:
         """Every query against the global blocks' keys outside its own window: (b, h, n, e) with its lse."""
-        size, n = self.block_size, q.shape[-2]
+        size, n = self.size(q.shape[-2]), q.shape[-2]
         columns = torch.cat([torch.arange(g * size, min(n, (g + 1) * size)) for g in glob]).to(q.device)
         query_block = torch.arange(n, device=q.device)[:, None] // size  # (n, 1)
         offset = columns[None, :] // size - query_block  # (n, c): key block - query block
@@ -187,8 +191,9 @@ class BigBirdAttention(AttentionVariant):
     def cost(self, shape: Shape) -> Cost:
         s = shape
         heads = s.batch * s.heads
-        blocks, glob, ids, _ = self.layout(s.n_k)
-        size = self.block_size
+        blocks, glob, ids, valid = self.layout(s.n_k)
+        size = self.size(s.n_k)
+        ids = ids if bool(valid.any()) else ids[:, :0]  # no random block: that part is not computed
         window_span = size * self.window_blocks  # the window part's keys per query block (a strided view)
         block_scores = heads * blocks * size * (window_span + ids.shape[1] * size)  # every slot, masked included
         block_scores += heads * s.n_q * sum(min(s.n_k, (g + 1) * size) - g * size for g in glob)  # global columns
@@ -198,9 +203,10 @@ class BigBirdAttention(AttentionVariant):
         gathered = heads * blocks * ids.shape[1] * size * (s.head_dim + s.value_dim)  # the random blocks, copied
         io = heads * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim) + gathered
         pattern = s.batch * blocks * (window_span + ids.shape[1] * size) * (1 + s.dtype_bytes) * s.heads
+        parts = 3 * heads * s.n_q * (s.value_dim + 1) * s.dtype_bytes  # each part's output and log-sum-exp, merged
         return Cost(
             flops=matmul + other,
             bytes_moved=io * s.dtype_bytes,
-            working_bytes=gathered * s.dtype_bytes + pattern + heads * global_rows * s.n_k * s.dtype_bytes * 2,
+            working_bytes=gathered * s.dtype_bytes + pattern + parts + heads * global_rows * s.n_k * s.dtype_bytes * 2,
             matmul_flops=matmul,
         )

@@ -9,7 +9,9 @@
   keys 0..g-1.
 
 So the keys every query sees are the first c = max(s, g) positions (the "columns"), and the queries that see every
-key are the first g (the "rows"). Causal keeps j <= i throughout; key padding removes padded keys everywhere.
+key are the first g (the "rows"). Causal keeps j <= i throughout, so there a global row i sees only keys 0..i and
+`global_tokens` adds little beyond sinks (Longformer's global attention is bidirectional); key padding removes
+padded keys everywhere.
 
 Computed without any N x N tensor: the band part (`band_partial`, with its log-sum-exp); each query's scores
 against the c column keys *outside its window* (a key inside both is counted once, in the band part), folded into

@@ -108,3 +108,16 @@ def test_memory_stays_linear_in_n() -> None:
             peaks[n], _ = peak_memory(lambda: variant(q, k, v), torch.device("cpu"), inputs=(q, k, v))
     assert peaks[16384] < 16384**2 * 4 / 20
     assert math.log(peaks[16384] / peaks[4096]) / math.log(4) <= 1.25
+
+
+def test_a_block_larger_than_the_sequence_is_clipped_to_it() -> None:
+    """N=5 with block_size=10**5 is one block of 5 (and global): dense attention, a few times 25 scores at most, not
+    a 10**5-wide window; the cost says exactly what is done."""
+    from attnbench.interface import Shape
+    from attnbench.measure.flops import count_matmul_flops
+
+    variant = registry.create("bigbird", block_size=10**5)
+    q, k, v = (t[:1, :1, :, :4].float() for t in qkv(5))
+    torch.testing.assert_close(variant(q, k, v), dense_masked_attention(q, k, v), rtol=0, atol=1e-6)
+    done = count_matmul_flops(lambda: variant(q, k, v))
+    assert variant.cost(Shape(1, 1, 5, 5, 4, 4)).matmul_flops == done <= 5 * 2 * 25 * (4 + 4)
