@@ -38,6 +38,7 @@ from attnbench.variants.blocks import (
     expand_over_heads,
     key_windows,
     partial_attention,
+    pattern_attention,
     query_blocks,
 )
 from attnbench.variants.window import unblocked
@@ -145,11 +146,7 @@ class BigBirdAttention(AttentionVariant):
         for block in glob:
             start, stop = block * size, min(n, (block + 1) * size)
             every_key = allowed_keys(stop - start, n, causal=False, key_padding_mask=key_padding_mask, device=q.device)
-            rows = Pattern(every_key)
-            global_out = F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=rows.bias(q.dtype))
-            if not rows.complete:
-                global_out = global_out.masked_fill(~rows.has_key[..., None], 0.0)
-            pieces += [out[:, :, done:start], global_out]
+            pieces += [out[:, :, done:start], pattern_attention(q[:, :, start:stop], k, v, Pattern(every_key))]
             done = stop
         return torch.cat([*pieces, out[:, :, done:]], dim=2)
 

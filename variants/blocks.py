@@ -147,6 +147,25 @@ class Partial:
     lse: Tensor  # (..., i), float32 (float64 for float64 inputs), -inf where the part has no key for the query
 
 
+def segment_means(rows: int, n: int, real: Tensor | None = None, device: torch.device | str = "cpu") -> Tensor:
+    """(rows, n) in float64, or (b, rows, n) given `real` (b, n): row r averages the (real) positions of the
+    contiguous segment [floor(r n / rows), floor((r + 1) n / rows)); a segment with none is zeros. Linformer's
+    pooling projection and Nyströmformer's landmarks."""
+    bounds = (torch.arange(rows + 1, device=device) * n) // rows
+    position = torch.arange(n, device=device)[None, :]
+    member = (position >= bounds[:-1, None]) & (position < bounds[1:, None])  # (rows, n)
+    if real is not None:
+        member = member & real[:, None, :]  # (b, rows, n)
+    return member.double() / member.sum(dim=-1, keepdim=True).clamp(min=1)
+
+
+def pattern_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern) -> Tensor:
+    """Softmax attention of q (x, y, i, d) over k, v (x, y, j, d|e) restricted to `pattern`, through the fused SDPA
+    kernel; a query that sees no key outputs zeros (the kernel's row for it is discarded)."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=pattern.bias(q.dtype))
+    return out if pattern.complete else out.masked_fill(~pattern.has_key[..., None], 0.0)
+
+
 def _flash_with_lse() -> object | None:
     return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 

@@ -21,18 +21,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape, softmax_attention_flops
+from attnbench.variants.blocks import segment_means
 from einops import einsum
 from torch import Tensor
 
 PROJECTIONS = ("random", "pool", "identity")
-
-
-def pooling_matrix(rows: int, n: int) -> Tensor:
-    """(rows, n): row r averages positions [floor(r n / rows), floor((r + 1) n / rows))."""
-    bounds = (torch.arange(rows + 1) * n) // rows
-    position = torch.arange(n)[None, :]
-    member = (position >= bounds[:-1, None]) & (position < bounds[1:, None])
-    return member.double() / member.sum(dim=1, keepdim=True).clamp(min=1)
 
 
 class LinformerAttention(AttentionVariant):
@@ -75,7 +68,7 @@ class LinformerAttention(AttentionVariant):
             eye = torch.eye(n, dtype=torch.float64).expand(copies, n, n).to(dtype)
             return eye, eye
         if self.projection == "pool":
-            pool = pooling_matrix(min(self.k, n), n).expand(copies, -1, -1).to(dtype)
+            pool = segment_means(min(self.k, n), n).expand(copies, -1, -1).to(dtype)
             return pool, pool
         generator = torch.Generator().manual_seed(self.seed)
 

@@ -36,19 +36,9 @@ import torch
 import torch.nn.functional as F
 from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
 from attnbench.ops import default_scale
+from attnbench.variants.blocks import segment_means
 from einops import einsum, rearrange
 from torch import Tensor
-
-
-def segment_weights(n: int, landmarks: int, real: Tensor | None, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """(b|1, l, n): row l averages the real positions of segment [floor(l n / m), floor((l + 1) n / m))."""
-    bounds = (torch.arange(landmarks + 1, device=device) * n) // landmarks
-    position = torch.arange(n, device=device)[None, :]
-    member = ((position >= bounds[:-1, None]) & (position < bounds[1:, None]))[None]  # (1, l, n)
-    if real is not None:
-        member = member & real[:, None, :]  # (b, l, n)
-    member = member.to(dtype)
-    return member / member.sum(dim=-1, keepdim=True).clamp(min=1)
 
 
 def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
@@ -117,8 +107,8 @@ class NystromAttention(AttentionVariant):
         m_q, m_k = min(self.landmarks, n_q), min(self.landmarks, n_k)
         real = None if key_padding_mask is None else ~key_padding_mask  # (b, j)
         scale = default_scale(d)
-        query_means = segment_weights(n_q, m_q, None, q.device, q.dtype).expand(b, -1, -1)  # (b, l, n)
-        key_means = segment_weights(n_k, m_k, real, q.device, q.dtype).expand(b, -1, -1)  # (b, l, j)
+        query_means = segment_means(m_q, n_q, device=q.device).to(q.dtype).expand(b, -1, -1)  # (b, l, n)
+        key_means = segment_means(m_k, n_k, real, q.device).to(q.dtype).expand(b, -1, -1)  # (b, l, j)
         q_landmarks = einsum(query_means, q, "b l n, b h n d -> b h l d")
         k_landmarks = einsum(key_means, k, "b l j, b h j d -> b h l d")
         landmark_has_key = None if real is None else (key_means.sum(dim=-1) > 0)[:, None, None, :]  # (b, 1, 1, l)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from attnbench.interface import (
     kept_between_calls,
 )
@@ -26,6 +25,7 @@ from attnbench.variants.blocks import (
     key_validity_windows,
     key_windows,
     partial_attention,
+    pattern_attention,
     query_blocks,
     window_positions,
     with_causal,
@@ -126,11 +126,7 @@ def band_attention(
     blocks = band_blocks(
         q, k, v, window=window, causal=causal, key_padding_mask=key_padding_mask, block_size=block_size
     )
-    out = F.scaled_dot_product_attention(
-        blocks.queries, blocks.keys, blocks.values, attn_mask=blocks.pattern.bias(q.dtype)
-    )  # ((b h), blocks, block, e)
-    if key_padding_mask is not None:  # without padding only padding queries past n can see nothing; they are cropped
-        out = out.masked_fill(~blocks.pattern.has_key[..., None], 0.0)
+    out = pattern_attention(blocks.queries, blocks.keys, blocks.values, blocks.pattern)  # ((b h), blocks, block, e)
     return unblocked(out, q.shape[0], q.shape[-2])
 
 

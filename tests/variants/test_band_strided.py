@@ -188,7 +188,11 @@ def test_gradcheck(name: str, params: dict, causal: bool) -> None:
 
 @pytest.mark.parametrize(
     "name, params, exponent",
-    [("band", {"window": 32}, 1.0), ("band", {"window": 32, "sinks": 4, "global_tokens": 2}, 1.0), ("strided", {}, 1.5)],
+    [
+        ("band", {"window": 32}, 1.0),
+        ("band", {"window": 32, "sinks": 4, "global_tokens": 2}, 1.0),
+        ("strided", {}, 1.5),
+    ],
 )
 def test_memory_stays_subquadratic(name: str, params: dict, exponent: float) -> None:
     variant = registry.create(name, **params)

@@ -13,7 +13,8 @@ from attnbench.measure.metrics import error_metrics
 from attnbench.measure.reference import exact_reference
 from attnbench.ops import allowed_keys, dense_masked_attention, padding_mask
 from attnbench.registry import registry
-from attnbench.variants.nystrom import iterative_pinv, segment_weights
+from attnbench.variants.blocks import segment_means
+from attnbench.variants.nystrom import iterative_pinv
 
 
 def qkv(n: int, b: int = 2, h: int = 2, d: int = 16, n_k: int | None = None, seed: int = 0):
@@ -47,11 +48,12 @@ def test_the_iteration_converges_to_the_moore_penrose_inverse() -> None:
 
 
 def test_landmarks_are_means_of_contiguous_segments_of_the_real_positions() -> None:
-    weights = segment_weights(10, 3, None, torch.device("cpu"), torch.float64)[0]  # segments [0,3) [3,6) [6,10)
-    assert torch.equal(weights > 0, torch.tensor([[1] * 3 + [0] * 7, [0] * 3 + [1] * 3 + [0] * 4, [0] * 6 + [1] * 4]).bool())
+    weights = segment_means(3, 10)  # segments [0,3) [3,6) [6,10)
+    segments = [[1] * 3 + [0] * 7, [0] * 3 + [1] * 3 + [0] * 4, [0] * 6 + [1] * 4]
+    assert torch.equal(weights > 0, torch.tensor(segments).bool())
     torch.testing.assert_close(weights.sum(dim=-1), torch.ones(3, dtype=torch.float64))
     real = torch.tensor([[True] * 4 + [False] * 6])  # only the first 4 positions are real
-    padded = segment_weights(10, 3, real, torch.device("cpu"), torch.float64)[0]
+    padded = segment_means(3, 10, real)[0]
     assert padded[0].tolist()[:3] == [1 / 3] * 3 and padded[1, 3] == 1 and padded[2].sum() == 0  # an empty segment
 
 
