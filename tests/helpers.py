@@ -14,10 +14,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import torch
 from attnbench.plan.config import parse_config
 from attnbench.registry import GROUP
 from attnbench.runfolder.results import ResultsWriter
 from attnbench.runfolder.rows import row_for
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -187,3 +190,17 @@ def empty_run(folder: Path, like: Path) -> Path:
     folder.mkdir()
     (folder / "results.csv").write_text((like / "results.csv").read_text().splitlines()[0] + "\n")
     return folder
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the most elements of any tensor an operator returns (a sub-quadratic variant never builds N x N)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        sizes = [t.numel() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+        self.numel = max([self.numel, *sizes])
+        return result

@@ -233,7 +233,7 @@ def check_exact_pattern(ctx: CheckContext, n: int = 75) -> CheckResult:
     return CheckResult(
         "exact_pattern",
         "pass" if ok else "fail",
-        f"max error {worst:.2e} against its own support_mask over causal/padding combinations",
+        f"max error {worst:.2e} against the dense reference of its own support over causal/padding combinations",
     )
 
 

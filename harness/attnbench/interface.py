@@ -236,6 +236,22 @@ class AttentionVariant(ABC):
         """
         return None
 
+    def support_for(
+        self, q: Tensor, k: Tensor, *, causal: bool, key_padding_mask: Tensor | None = None
+    ) -> Tensor | None:
+        """(b|1, h|1, i, j) bool: the keys each query attends to for these inputs, key padding not applied.
+
+        A static pattern gives its `support_mask` over the heads (this default). A variant whose support depends on
+        q and k (block top-k selection) overrides it to return the support it chose, so the self-check and the
+        dropped mass judge what it attended to. Dense by definition: small N only. None for approximate variants.
+        """
+        pattern = self.support_mask(q.shape[-2], k.shape[-2], causal)
+        if pattern is None:
+            return None
+        if pattern.dim() == 3:  # one pattern per head, cycling: head h uses pattern[h % p]
+            return pattern[torch.arange(q.shape[1]) % pattern.shape[0]][None].to(q.device)
+        return pattern[None, None].to(q.device)
+
     @property
     def reads_keys(self) -> bool:
         """False for variants that derive keys from the queries (e.g. shared-QK LSH) and ignore the k given."""
@@ -272,11 +288,17 @@ def declaration_problems(cls: type[AttentionVariant]) -> list[str]:
         for key in cls.hyperparameters
         if key in reserved
     ]
-    if cls.exact and cls.support_mask is AttentionVariant.support_mask:
+    if cls.exact and not has_own_support(cls):
         problems.append(
-            "declares exact = True but does not implement support_mask(n_q, n_k, causal) for its self-check"
+            "declares exact = True but does not implement support_mask(n_q, n_k, causal) (or, for a support chosen "
+            "from q and k, support_for(q, k, causal=, key_padding_mask=)) for its self-check"
         )
     return problems
+
+
+def has_own_support(cls: type[AttentionVariant]) -> bool:
+    """The class says what it attends to: a static `support_mask` or a per-input `support_for`."""
+    return cls.support_mask is not AttentionVariant.support_mask or cls.support_for is not AttentionVariant.support_for
 
 
 def check_shapes(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:

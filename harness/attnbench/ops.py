@@ -151,12 +151,10 @@ def exactness_error(
     generator = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(2, 2, n, 16, generator=generator).to(device, dtype) for _ in range(3))
     mask = padding_mask(2, n, 0.5, device) if padded else None  # a quarter and a half of the keys
-    pattern = variant.support_mask(n, n, causal)
-    if pattern is None:
-        raise ValueError(f"{variant.name} is declared exact but its support_mask returned None")
-    if pattern.dim() == 3:  # one pattern per head, cycling: head h uses pattern[h % len(pattern)]
-        pattern = pattern[torch.arange(q.shape[1]) % pattern.shape[0]]
-    allowed = pattern.to(device).expand(q.shape[1], n, n)[None]
+    support = variant.support_for(q, k, causal=causal, key_padding_mask=mask)  # (b|1, h|1, i, j)
+    if support is None:
+        raise ValueError(f"{variant.name} is declared exact but gives no support (support_mask returned None)")
+    allowed = support.to(device)
     if mask is not None:
         allowed = allowed & ~mask[:, None, None, :]
     expected = dense_masked_attention(q.double(), k.double(), v.double(), allowed)

@@ -63,6 +63,25 @@ def test_capture_random_tokens_and_every_layer(tiny_llama, tmp_path: Path) -> No
     assert data["q"].shape == (2, 1, 4, 24, 8) and data["k"].shape == (2, 1, 2, 24, 8)
 
 
+def test_capture_refuses_more_tokens_than_learned_positions_before_running(tiny_llama, tmp_path: Path, capsys) -> None:
+    """A BERT-style model has learned positions for max_position_embeddings tokens: a longer text is a message and
+    exit 2, not a traceback from inside the model; a rotary model (tiny_llama) takes longer sequences."""
+    config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=100,
+        max_position_embeddings=16,
+    )  # fmt: skip
+    folder = tmp_path / "tiny-bert"
+    transformers.BertModel(config).save_pretrained(folder)
+    out = tmp_path / "qkv.pt"
+    assert main(["capture", str(folder), "--random-tokens", "17", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "17 tokens, but" in err and "learned positions for 16" in err and "Traceback" not in err
+    assert not out.exists()
+    assert main(["capture", str(folder), "--random-tokens", "16", "--out", str(out)]) == 0
+    llama, _ = tiny_llama  # max_position_embeddings 64, rotary
+    assert main(["capture", str(llama), "--random-tokens", "80", "--out", str(out)]) == 0
+
+
 def test_capture_refuses_what_it_cannot_read(tmp_path: Path, capsys) -> None:
     assert main(["capture", str(tmp_path), "--random-tokens", "4", "--out", str(tmp_path / "x.pt")]) == 2
     assert "not a local model folder" in capsys.readouterr().err

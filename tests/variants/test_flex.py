@@ -12,10 +12,9 @@ import torch
 from attnbench.ops import dense_masked_attention
 from attnbench.registry import registry
 from attnbench.variants import flex
+from helpers import LargestTensor
 from torch._dynamo.utils import counters
 from torch.nn.attention.flex_attention import create_block_mask
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 PATTERNS = [
     ("band", {"window": 20}),
@@ -66,20 +65,6 @@ def test_block_mask_equals_create_block_mask(
     for field in BLOCK_MASK_FIELDS:
         assert torch.equal(getattr(got, field), getattr(want, field)), field
         assert getattr(got, field).dtype == torch.int32
-
-
-class LargestTensor(TorchDispatchMode):
-    """Records the most elements of any tensor an operator returns."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        result = func(*args, **(kwargs or {}))
-        sizes = [t.numel() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
-        self.numel = max([self.numel, *sizes])
-        return result
 
 
 @pytest.mark.parametrize("name, params", [PATTERNS[0], PATTERNS[3]])

@@ -255,11 +255,11 @@ class GroupMeasurement:
         key, variant = cell.key(), self.variants[cell.key()]
         assert self.inputs is not None
         try:
-            if variant.exact and cell.seq_len == cell.n_k and variant.support_mask(2, 2, cell.causal) is not None:
+            if variant.exact and cell.seq_len == cell.n_k:
                 self.progress("self-check", key)
                 passed, self.fields[key]["self_check"] = self._self_check(cell, variant)
                 if not passed:
-                    reason = f"self-check against its own support_mask failed: {self.fields[key]['self_check']}"
+                    reason = f"self-check against its own support failed: {self.fields[key]['self_check']}"
                     return self._fail(key, {"status": "error", "reason": reason})
             self.progress("output", key)
             inputs = self.inputs
@@ -290,7 +290,9 @@ class GroupMeasurement:
                     self.fields[key]["dropped_mass"] = dropped_mass(
                         inputs.q,
                         inputs.k,
-                        variant.support_mask(cell.seq_len, cell.n_k, cell.causal),
+                        variant.support_for(
+                            inputs.q, inputs.k, causal=cell.causal, key_padding_mask=inputs.key_padding_mask
+                        ),
                         causal=cell.causal,
                         key_padding_mask=inputs.key_padding_mask,
                     )

@@ -132,15 +132,14 @@ def dropped_mass(
     key_padding_mask: Tensor | None,
     max_chunk_elements: int = REFERENCE_CHUNK_ELEMENTS,
 ) -> float:
-    """Mean over query rows of the exact attention mass outside `support` ((i, j), or (p, i, j) cycling over heads).
+    """Mean over query rows of the exact attention mass outside `support` ((b|1, h|1, i, j), a variant's
+    `support_for` these inputs).
 
     For an exact-pattern variant this mass is what its error against full attention comes from.
     """
     q64, k64 = q.detach().to(torch.float64), k.detach().to(torch.float64)
     b, h, n_q, _ = q.shape
     n_k = k.shape[-2]
-    if support.dim() == 3:
-        support = support[torch.arange(h) % support.shape[0]]  # (h, i, j)
     support = support.to(q.device)
     chunk = reference_chunk_rows(b, h, n_k, max_chunk_elements)
     dropped = 0.0

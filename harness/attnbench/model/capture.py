@@ -106,6 +106,12 @@ def capture_qkv(
         raise CaptureError(f"--out {out}: its folder cannot be written (read-only, or no permission)")
     model, config = _load(model_dir)
     ids = _tokens(model_dir, config, text=text, token_ids=token_ids, random_tokens=random_tokens, seed=seed)
+    learned = [m.num_embeddings for n, m in model.named_modules() if isinstance(m, nn.Embedding) and "position" in n]
+    if learned and ids.shape[-1] > min(learned):  # learned absolute positions end there (rotary ones do not)
+        raise CaptureError(
+            f"{ids.shape[-1]} tokens, but {model_dir} has learned positions for {min(learned)}; "
+            "give a shorter --text or fewer tokens"
+        )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     recorded: dict[str, dict[str, Tensor]] = {}
 

@@ -45,6 +45,7 @@ BUILT_IN_COLOURS = {  # one colour per variant name, the same in every report
     "performer": "#ff7f0e",
     "nystromformer": "#a6761d",
     "bigbird": "#1b9e77",
+    "topk": "#e6ab02",
 }
 PLUGIN_COLOURS = ["#e377c2", "#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]

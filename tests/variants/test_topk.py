@@ -1,0 +1,230 @@
+"""Block top-k selection (MoBA, Quest's bound) against definitions written here: the block scores and the choice
+from them by brute force, and the attention against a dense reference that applies the same selection."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from attnbench.measure.memory import peak_memory
+from attnbench.ops import dense_masked_attention
+from attnbench.registry import registry
+from attnbench.variants import topk
+from helpers import LargestTensor
+
+PADDING = ("none", "start", "middle", "end")
+
+
+def qkv(n: int, b: int = 2, h: int = 2, d: int = 8, dtype: torch.dtype = torch.float64):
+    generator = torch.Generator().manual_seed(n)
+    return tuple(torch.randn(b, h, n, d, generator=generator, dtype=dtype) for _ in range(3))
+
+
+def padding(n: int, where: str) -> torch.Tensor | None:
+    """(2, n): element 0 padded at the start, middle or end (a whole block or more there), element 1 not."""
+    if where == "none":
+        return None
+    position = torch.arange(n)
+    padded = {"start": position < n // 4, "middle": (position >= n // 3) & (position < n // 2),
+              "end": position >= n - n // 4}[where]  # fmt: skip
+    return torch.stack([padded, torch.zeros(n, dtype=torch.bool)])
+
+
+def block_score(query: torch.Tensor, keys: torch.Tensor, score: str) -> float:
+    """The paper's score of one block for one query, from its real keys (m, d): q . mean, or Quest's bound."""
+    if score == "mean":
+        return float(query @ keys.mean(dim=0))
+    high, low = keys.max(dim=0).values, keys.min(dim=0).values
+    return float(torch.maximum(query * high, query * low).sum())
+
+
+def eligible_scores(
+    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, *, size: int, score: str, causal: bool
+) -> list[list[list[dict[int, float]]]]:
+    """For each (batch, head, query): the score of every block it may choose, by block."""
+    b, h, n, _ = q.shape
+    blocks = -(-n // size)
+    scores = []
+    for bi in range(b):
+        real = torch.ones(n, dtype=torch.bool) if mask is None else ~mask[bi]
+        per_head = []
+        for hi in range(h):
+            per_query = []
+            for i in range(n):
+                own = i // size
+                eligible = {}
+                for c in range(blocks):
+                    members = [j for j in range(c * size, min(n, (c + 1) * size)) if real[j]]
+                    if c == own or not members or (causal and c > own):
+                        continue
+                    eligible[c] = block_score(q[bi, hi, i], k[bi, hi, members], score)
+                per_query.append(eligible)
+            per_head.append(per_query)
+        scores.append(per_head)
+    return scores
+
+
+@pytest.mark.parametrize("score", topk.SCORES)
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("n, size, top_k", [(75, 8, 3), (41, 5, 2), (64, 8, 1)])
+def test_each_query_chooses_its_top_k_blocks_by_the_papers_score(
+    n: int, size: int, top_k: int, causal: bool, score: str
+) -> None:
+    """Never its own block, never a block after its own under causal, never an all-padding block; exactly
+    min(top_k, eligible) blocks; and every chosen block scores at least as high as every one left out."""
+    q, k, _ = qkv(n)
+    mask = padding(n, "middle")
+    selection = topk.select_blocks(q, k, size=size, top_k=top_k, score=score, causal=causal, key_padding_mask=mask)
+    expected = eligible_scores(q, k, mask, size=size, score=score, causal=causal)
+    for bi, per_head in enumerate(expected):
+        for hi, per_query in enumerate(per_head):
+            for i, eligible in enumerate(per_query):
+                ids = selection.ids[bi, hi, i][selection.chosen[bi, hi, i]].tolist()
+                assert len(ids) == len(set(ids)) == min(top_k, len(eligible)), (bi, hi, i, ids, eligible)
+                assert set(ids) <= set(eligible), f"query {i} chose a block it may not: {ids} vs {sorted(eligible)}"
+                left_out = [eligible[c] for c in eligible if c not in ids]
+                if left_out:
+                    assert min(eligible[c] for c in ids) >= max(left_out) - 1e-12, (i, ids, eligible)
+
+
+def test_quests_score_bounds_every_key_of_the_block() -> None:
+    """minmax is an upper bound of q . k over the block's real keys: a block holding one key close to q ranks
+    at least as high as that key's score."""
+    q, k, _ = qkv(48)
+    real = topk.real_positions(2, 48, 8, None, q.device)
+    bound = topk.score_blocks(q, topk.block_summaries(k, real, 8, "minmax"))  # (b, h, i, c)
+    exact = torch.einsum("bhid,bhjd->bhij", q, k).unflatten(-1, (6, 8)).amax(dim=-1)
+    assert (bound >= exact - 1e-12).all()
+    mean = topk.score_blocks(q, topk.block_summaries(k, real, 8, "mean"))
+    assert (bound >= mean - 1e-12).all()
+
+
+@pytest.mark.parametrize("padded", PADDING)
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize(
+    "n, params",
+    [
+        (75, {"block_size": 8, "top_k": 3}),
+        (75, {"block_size": 8, "top_k": 3, "score": "minmax"}),
+        (130, {"block_size": 16, "top_k": 2, "queries_per_chunk": 5}),
+        (41, {"block_size": 5, "top_k": 0}),
+        (7, {"block_size": 64}),
+        (1, {"block_size": 4, "top_k": 2}),
+    ],
+)
+def test_topk_matches_the_dense_reference_of_its_selection(n: int, params: dict, causal: bool, padded: str) -> None:
+    """Exact softmax over the own block (causal inside) and the chosen blocks, padding removed, at awkward N."""
+    variant = registry.create("topk", **params)
+    q, k, v = qkv(n)
+    mask = padding(n, padded) if n > 4 else None
+    selection = variant.select(q, k, causal, mask)
+    size = min(params["block_size"], n)
+    # the reference support from the selection, position by position
+    allowed = torch.zeros(2, 2, n, n, dtype=torch.bool)
+    for bi in range(2):
+        for hi in range(2):
+            for i in range(n):
+                chosen = set(selection.ids[bi, hi, i][selection.chosen[bi, hi, i]].tolist())
+                for j in range(n):
+                    own = j // size == i // size and (not causal or j <= i)
+                    allowed[bi, hi, i, j] = own or j // size in chosen
+    assert torch.equal(variant.support_for(q, k, causal=causal, key_padding_mask=mask), allowed)
+    if mask is not None:
+        allowed = allowed & ~mask[:, None, None, :]
+    expected = dense_masked_attention(q, k, v, allowed)
+    out = variant(q, k, v, causal=causal, key_padding_mask=mask)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("score", topk.SCORES)
+def test_choosing_every_block_is_softmax_attention(causal: bool, score: str) -> None:
+    variant = registry.create("topk", block_size=8, top_k=100, score=score)
+    q, k, v = qkv(77)
+    mask = padding(77, "end")
+    expected = registry.create("full")(q, k, v, causal=causal, key_padding_mask=mask)
+    torch.testing.assert_close(variant(q, k, v, causal=causal, key_padding_mask=mask), expected, rtol=0, atol=1e-12)
+
+
+def test_causal_never_peeks_at_future_blocks() -> None:
+    """Under causal, changing every key and value after a query (its own block's later keys and all later blocks)
+    changes neither which blocks it chooses nor its output: a future block cannot win the selection."""
+    variant = registry.create("topk", block_size=8, top_k=2)
+    q, k, v = qkv(80)
+    cut = 43  # inside block 5
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, cut + 1 :] = 50 * torch.randn_like(k2[:, :, cut + 1 :])  # future keys that would win any score
+    v2[:, :, cut + 1 :] += 7
+    before, after = variant.select(q, k, True, None), variant.select(q, k2, True, None)
+    assert torch.equal(before.ids[:, :, : cut + 1], after.ids[:, :, : cut + 1])
+    out, out2 = variant(q, k, v, causal=True), variant(q, k2, v2, causal=True)
+    torch.testing.assert_close(out[:, :, : cut + 1], out2[:, :, : cut + 1], rtol=0, atol=0)
+    assert (before.ids[before.chosen] < 10).all()
+    chosen_blocks = before.ids.masked_fill(~before.chosen, -1)  # each query's choice lies before its own block
+    own = torch.arange(80)[None, None, :, None] // 8
+    assert (chosen_blocks < own).all()
+
+
+def test_scores_far_from_zero_merge_without_overflow() -> None:
+    """Log-sum-exps near 10^3 (exp overflows float32 and float64): the parts are merged relative to their max."""
+    variant = registry.create("topk", block_size=8, top_k=2)
+    q, k, v = qkv(60)
+    q = q * 400
+    selection_support = variant.support_for(q, k, causal=False)
+    out = variant(q.float(), k.float(), v.float())
+    expected = dense_masked_attention(q, k, v, selection_support)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-4)
+
+
+def test_largest_is_torch_topk() -> None:
+    generator = torch.Generator().manual_seed(0)
+    for shape, k in [((3, 5, 300), 8), ((4, 257), 3), ((2, 66), 8), ((6, 64), 16), ((3, 40), 8)]:
+        scores = torch.randn(shape, generator=generator)
+        scores[..., ::7] = float("-inf")
+        values, indices = topk.largest(scores, k)
+        torch.testing.assert_close(values, scores.topk(k, dim=-1).values, rtol=0, atol=0)
+        assert torch.equal(scores.gather(-1, indices), values)
+    ties = torch.randint(0, 3, (50, 200), generator=generator).float()
+    values, indices = topk.largest(ties, 8)
+    assert torch.equal(values, ties.topk(8, dim=-1).values) and torch.equal(ties.gather(-1, indices), values)
+    assert all(len(set(row)) == 8 for row in indices.tolist())
+
+
+def test_scoring_in_chunks_of_queries_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    variant = registry.create("topk", block_size=8, top_k=3)
+    q, k, v = qkv(100)
+    whole = variant(q, k, v, causal=True)
+    monkeypatch.setattr(topk, "SCORE_QUERY_BLOCKS", 1)  # a block of queries at a time
+    torch.testing.assert_close(variant(q, k, v, causal=True), whole, rtol=0, atol=0)
+
+
+def test_gradients_match_finite_differences() -> None:
+    variant = registry.create("topk", block_size=3, top_k=2, queries_per_chunk=2)
+    q, k, v = (t[:1, :1, :17, :4].clone().requires_grad_() for t in qkv(17))
+    mask = torch.zeros(1, 17, dtype=torch.bool)
+    mask[0, 5:7] = True
+    for causal in (False, True):
+        call = lambda q, k, v: variant(q, k, v, causal=causal, key_padding_mask=mask)  # noqa: E731
+        assert torch.autograd.gradcheck(call, (q, k, v))
+
+
+def test_never_builds_an_n_by_n_tensor() -> None:
+    variant = registry.create("topk")
+    n = 8192
+    q, k, v = (torch.randn(1, 2, n, 16) for _ in range(3))
+    with LargestTensor() as largest, torch.no_grad():
+        variant(q, k, v, causal=True)
+    assert largest.numel < n * n / 16, f"a tensor of {largest.numel} elements: N x N is {n * n}"
+
+
+def test_memory_stays_linear_in_n() -> None:
+    variant = registry.create("topk")
+    peaks = {}
+    for n in (4096, 16384):
+        q, k, v = (torch.randn(1, 1, n, 16) for _ in range(3))
+        with torch.no_grad():
+            peaks[n], _ = peak_memory(lambda: variant(q, k, v), torch.device("cpu"), inputs=(q, k, v))
+    assert peaks[16384] < 16384**2 * 4 / 20
+    assert math.log(peaks[16384] / peaks[4096]) / math.log(4) <= 1.25

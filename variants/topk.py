@@ -1,0 +1,345 @@
+"""Block top-k selection: MoBA (Lu et al., 2025, "MoBA: Mixture of Block Attention for Long-Context LLMs", §2.2),
+with Quest's block bound (Tang et al., 2024, "Quest: Query-Aware Sparsity for Efficient Long-Context LLM
+Inference", §3.2) as the `score="minmax"` option.
+
+Keys are cut into blocks of `block_size`. Each query scores every other key block and attends, by exact softmax, to
+the keys of its own block and of the `top_k` highest-scoring other blocks: (top_k + 1) * block_size keys.
+- score="mean" (MoBA's gate): s(q, block) = q · mean(K_block), the mean over the block's real keys;
+- score="minmax" (Quest): s(q, block) = Σ_d max(q_d max_j K_jd, q_d min_j K_jd), an upper bound of q · k over the
+  block's keys, so a block holding one key close to q is not averaged away.
+Causal (MoBA's decoder form): blocks after the query's own are never scored or chosen, and the own block is masked
+causally inside; a chosen block lies wholly before the query, so every key in it is visible. Key padding: padded keys
+leave the block statistics; a block with no real key is never chosen. MoBA's reference code counts the own block
+among its top_k; here it is added to them (top_k = 8 reads 9 blocks). The support depends on q and k: `support_for`
+returns the one chosen, for the self-check and the dropped mass. top_k >= the number of other blocks is exact
+softmax attention.
+
+Computed without an N x N tensor: the block scores are taken 16 query blocks at a time (held: 16 N scores);
+the chosen (query, block) pairs are grouped by key block, each group cut into chunks of `queries_per_chunk` queries,
+and every chunk attends to its block's keys through the fused SDPA kernel (queries gathered, keys one block each);
+the parts are merged by their log-sum-exp, with the own block's part computed block-diagonally.
+
+b - batch, h - heads, x - (b h), i - query position, c - key block, j - key in block, s - chosen slot, t - chunk,
+r - query in chunk, d - head dim, e - value dim
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from attnbench.interface import (
+    AttentionVariant,
+    Capabilities,
+    Cost,
+    Hyperparameter,
+    Shape,
+    softmax_attention_flops,
+)
+from attnbench.ops import causal_allows
+from attnbench.variants.blocks import Pattern, expand_over_heads, partial_attention, query_blocks
+from attnbench.variants.window import unblocked
+from einops import einsum, rearrange
+from torch import Tensor
+
+SCORE_QUERY_BLOCKS = 16  # queries are scored this many blocks at a time: (16 b) x N / b scores held, linear in N
+SCORES = ("mean", "minmax")
+
+
+def score_chunk(size: int) -> int:
+    """Queries whose block scores are taken at once: whole query blocks, so the scores held grow with N only."""
+    return SCORE_QUERY_BLOCKS * size
+
+
+def block_count(n: int, size: int) -> int:
+    """Key blocks of `size` covering n positions (the last one may be partial)."""
+    return -(-n // size)
+
+
+def real_positions(b: int, n: int, size: int, key_padding_mask: Tensor | None, device: torch.device) -> Tensor:
+    """(b, c, j) bool: the key at each (block, position in block) exists and is not padding."""
+    blocks = block_count(n, size)
+    real = torch.arange(blocks * size, device=device) < n  # positions past n pad the last block
+    if key_padding_mask is not None:
+        real = real & ~F.pad(key_padding_mask, (0, blocks * size - n), value=True)
+    return rearrange(real.expand(b, -1), "b (c j) -> b c j", j=size)
+
+
+def block_summaries(k: Tensor, real: Tensor, size: int, score: str) -> tuple[Tensor, ...]:
+    """What each key block is scored from, (b, h, c, d) each: its mean real key ("mean"), or the per-dimension
+    maximum and minimum over its real keys ("minmax"); a block with no real key gives zeros (it is masked after)."""
+    keys = rearrange(F.pad(k, (0, 0, 0, real.shape[1] * size - k.shape[-2])), "b h (c j) d -> b h c j d", j=size)
+    weight = real[:, None, :, :, None]  # (b, 1, c, j, 1)
+    if score == "mean":
+        counts = real.sum(dim=-1).clamp(min=1)[:, None, :, None]  # (b, 1, c, 1)
+        return ((keys * weight).sum(dim=3) / counts,)
+    high = keys.masked_fill(~weight, float("-inf")).amax(dim=3)
+    low = keys.masked_fill(~weight, float("inf")).amin(dim=3)
+    return high.nan_to_num(0.0, posinf=0.0, neginf=0.0), low.nan_to_num(0.0, posinf=0.0, neginf=0.0)
+
+
+def score_blocks(q: Tensor, summaries: tuple[Tensor, ...]) -> Tensor:
+    """(b, h, i, c) block scores of queries q (b, h, i, d): q · mean, or Quest's Σ_d max(q_d hi_d, q_d lo_d)."""
+    if len(summaries) == 1:
+        return einsum(q, summaries[0], "b h i d, b h c d -> b h i c")
+    high, low = summaries  # high >= low, so the larger product takes high where q_d > 0 and low where q_d < 0
+    return einsum(q.clamp(min=0), high, "b h i d, b h c d -> b h i c") + einsum(
+        q.clamp(max=0), low, "b h i d, b h c d -> b h i c"
+    )
+
+
+GROUP = 4  # `largest` narrows to the top k groups of this many scores before its exact top k
+NARROW_FROM = 64  # scores per row from which narrowing pays
+
+
+def largest(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest scores along the last axis and their indices, exactly as torch.topk gives (ties aside), about
+    20% faster for long rows: the k largest lie in the k groups of GROUP scores with the largest maxima (a score
+    outside them is at most the k-th largest group maximum, and those k maxima are k scores at least as large),
+    so the rows are narrowed to those groups first."""
+    width = scores.shape[-1]
+    if width < NARROW_FROM or k * GROUP >= width:
+        return scores.topk(k, dim=-1)
+    grouped = rearrange(F.pad(scores, (0, -width % GROUP), value=float("-inf")), "... (g m) -> ... g m", m=GROUP)
+    groups = grouped.amax(dim=-1).topk(k, dim=-1, sorted=False).indices  # (..., k)
+    candidates = grouped.gather(-2, groups[..., None].expand(*groups.shape, GROUP))  # (..., k, m)
+    values, within = rearrange(candidates, "... k m -> ... (k m)").topk(k, dim=-1)
+    return values, groups.gather(-1, within // GROUP) * GROUP + within % GROUP
+
+
+@dataclass
+class Selection:
+    """The key blocks each query chose besides its own: ids (b, h, i, s) and whether slot s holds one (b, h, i, s)."""
+
+    ids: Tensor
+    chosen: Tensor
+
+
+def select_blocks(
+    q: Tensor,
+    k: Tensor,
+    *,
+    size: int,
+    top_k: int,
+    score: str,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+) -> Selection:
+    """For each query, its `top_k` highest-scoring key blocks other than its own (causal: only earlier ones; never a
+    block without a real key). Fewer slots are filled when fewer blocks qualify; among equal scores, any."""
+    b, h, n, _ = q.shape
+    real = real_positions(b, k.shape[-2], size, key_padding_mask, q.device)  # (b, c, j)
+    blocks = real.shape[1]
+    slots = min(top_k, blocks - 1)
+    summaries = block_summaries(k, real, size, score)
+    has_real = real.any(dim=-1)[:, None, None, :]  # (b, 1, 1, c)
+    every_block_real = bool(has_real.all())
+    chunk = score_chunk(size)
+    ids, chosen = [], []
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        scores = score_blocks(q[:, :, start:stop], summaries)  # (b, h, r, c)
+        own = torch.arange(start, stop, device=q.device)[:, None] // size  # (r, 1)
+        if causal:  # the own block and later ones out
+            scores.masked_fill_(torch.arange(blocks, device=q.device)[None, :] >= own, float("-inf"))
+        else:  # the own block out
+            scores.scatter_(-1, own.expand(b, h, stop - start, 1), float("-inf"))
+        if not every_block_real:
+            scores.masked_fill_(~has_real, float("-inf"))
+        values, indices = largest(scores, slots)  # (b, h, r, s)
+        ids.append(indices)
+        chosen.append(values > float("-inf"))
+    return Selection(ids=torch.cat(ids, dim=2), chosen=torch.cat(chosen, dim=2))
+
+
+def selected_support(selection: Selection, n_k: int, size: int, causal: bool) -> Tensor:
+    """(b, h, i, j) bool, dense: the keys of each query's own block (causal: up to itself) and of its chosen blocks.
+    For checks at small N only."""
+    b, h, n, _ = selection.ids.shape
+    blocks = block_count(n_k, size)
+    picked = torch.zeros(b, h, n, blocks + 1, dtype=torch.bool, device=selection.ids.device)
+    picked.scatter_(-1, selection.ids.masked_fill(~selection.chosen, blocks), True)  # unused slots hit the spare
+    key_block = torch.arange(n_k, device=picked.device) // size
+    i, j = torch.arange(n, device=picked.device)[:, None], torch.arange(n_k, device=picked.device)[None, :]
+    own = key_block[None, :] == (i // size)
+    own = own & causal_allows(i, j) if causal else own
+    return picked[..., key_block] | own
+
+
+@dataclass
+class Chunks:
+    """The chosen (query, block) pairs grouped by key block, in chunks of r queries: slot (t r) holds query row
+    `rows[t r]` (a row of (b h i); 0 where `used` is False) and chunk t attends to key block `group[t]` (of (b h c))."""
+
+    rows: Tensor  # (t r,) long
+    used: Tensor  # (t r,) bool
+    group: Tensor  # (t,) long
+
+
+def chunk_pairs(selection: Selection, blocks: int, per_chunk: int) -> Chunks:
+    """Group the chosen pairs by (batch-head, key block) and cut each group into chunks of `per_chunk` queries."""
+    b, h, n, slots = selection.ids.shape
+    device = selection.ids.device
+    row = torch.arange(b * h * n, device=device).view(b, h, n, 1).expand(b, h, n, slots)
+    group = torch.arange(b * h, device=device).view(b, h, 1, 1) * blocks + selection.ids  # the (b h c) each reads
+    if bool(selection.chosen.all()):  # every slot filled (no causal start, enough real blocks): no compaction
+        row, group = row.flatten(), group.flatten()  # (p,)
+    else:
+        row, group = row[selection.chosen], group[selection.chosen]  # (p,)
+    group, order = torch.sort(group, stable=True)
+    row = row[order]
+    counts = torch.bincount(group, minlength=b * h * blocks)  # (b h c)
+    chunks_per_group = -(-counts // per_chunk)
+    first_slot = (torch.cumsum(chunks_per_group, 0) - chunks_per_group) * per_chunk  # of each group's first chunk
+    first_pair = torch.cumsum(counts, 0) - counts
+    slot = first_slot[group] + torch.arange(len(group), device=device) - first_pair[group]  # (p,) in (t r)
+    total = int(chunks_per_group.sum()) * per_chunk
+    rows = torch.zeros(total, dtype=torch.long, device=device).index_put_((slot,), row)
+    used = torch.zeros(total, dtype=torch.bool, device=device).index_fill_(0, slot, True)
+    chunk_group = torch.repeat_interleave(torch.arange(b * h * blocks, device=device), chunks_per_group)
+    return Chunks(rows, used, chunk_group)
+
+
+class BlockTopKAttention(AttentionVariant):
+    """Each query attends to its own key block and the top_k key blocks its score ranks highest."""
+
+    name = "topk"
+    family = "block-sparse"
+    exact = True
+    supports = Capabilities(
+        cross_attention=False,
+        subquadratic_memory=True,
+        notes={"cross_attention": "a query's own block is the block of its position in the one sequence"},
+    )
+    hyperparameters = {
+        "block_size": Hyperparameter(64, "keys per block (MoBA's and Quest's experiments use 64 and 16 up)", minimum=1),
+        "top_k": Hyperparameter(8, "blocks chosen per query besides its own (8)", minimum=0),
+        "score": Hyperparameter("mean", "block score: mean (MoBA: q . mean K) or minmax (Quest's bound)", str,
+                                choices=SCORES),
+        "queries_per_chunk": Hyperparameter(128, "queries of one key block attended to together (speed only)",
+                                            minimum=1),
+    }
+
+    def size(self, n: int) -> int:
+        """The block size for a sequence of n: `block_size`, clipped to n."""
+        return min(self.block_size, n)
+
+    def select(self, q: Tensor, k: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Selection:
+        """The blocks each query chooses (see `select_blocks`)."""
+        size = self.size(k.shape[-2])
+        return select_blocks(
+            q, k, size=size, top_k=self.top_k, score=self.score, causal=causal, key_padding_mask=key_padding_mask
+        )
+
+    def support_for(
+        self, q: Tensor, k: Tensor, *, causal: bool, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        selection = self.select(q, k, causal, key_padding_mask)
+        return selected_support(selection, k.shape[-2], self.size(k.shape[-2]), causal)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        b, h, n, _ = q.shape
+        size = self.size(n)
+        real = real_positions(b, n, size, key_padding_mask, q.device)  # (b, c, j)
+        blocks = real.shape[1]
+        own = self.own_block(q, k, v, real, causal)  # (x, i, e), (x, i)
+        with torch.no_grad():
+            selection = self.select(q, k, causal, key_padding_mask)
+        if not bool(selection.chosen.any()):
+            return rearrange(own[0], "(b h) i e -> b h i e", b=b)
+        chunks = chunk_pairs(selection, blocks, self.queries_per_chunk)
+        out, lse = self.chosen_blocks(q, k, v, real, chunks)  # ((t r), e), ((t r),)
+        return rearrange(merge_chunks(own, out, lse, chunks), "(b h) i e -> b h i e", b=b)
+
+    def own_block(self, q: Tensor, k: Tensor, v: Tensor, real: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
+        """Each query against its own key block (block-diagonal), causal inside it: ((b h) i e), ((b h) i)."""
+        b, h, n, _ = q.shape
+        size = real.shape[-1]
+        position = torch.arange(size, device=q.device)
+        allowed = real[:, :, None, :]  # (b, c, 1, j)
+        if causal:
+            allowed = allowed & causal_allows(position[:, None], position[None, :])  # (b, c, i, j)
+        blocks = [query_blocks(x, size) for x in (q, k, v)]  # ((b h), c, j, d)
+        part = partial_attention(*blocks, Pattern(expand_over_heads(allowed, h)))
+        flat = "b h i ... -> (b h) i ..."
+        return rearrange(unblocked(part.out, b, n), flat), rearrange(unblocked(part.lse, b, n), flat)
+
+    def chosen_blocks(self, q: Tensor, k: Tensor, v: Tensor, real: Tensor, chunks: Chunks) -> tuple[Tensor, Tensor]:
+        """Every chunk of queries against its key block: outputs ((t r), e) and log-sum-exps ((t r),)."""
+        h, d = q.shape[1], q.shape[-1]
+        size, blocks = real.shape[-1], real.shape[1]
+        r = self.queries_per_chunk
+        queries = rearrange(q, "b h i d -> (b h i) d").index_select(0, chunks.rows).view(-1, 1, r, d)  # (t, 1, r, d)
+        keys, values = (
+            rearrange(query_blocks(x, size), "x c j d -> (x c) j d").index_select(0, chunks.group)[:, None]
+            for x in (k, v)
+        )  # (t, 1, j, d|e), one key block each
+        batch, block = chunks.group // (h * blocks), chunks.group % blocks
+        allowed = real[batch, block][:, None, None, :]  # (t, 1, 1, j)
+        part = partial_attention(queries, keys, values, Pattern(allowed))
+        return rearrange(part.out, "t one r e -> (t one r) e"), rearrange(part.lse, "t one r -> (t one r)")
+
+    def cost(self, shape: Shape) -> Cost:
+        s = shape
+        heads = s.batch * s.heads
+        size = self.size(s.n_k)
+        blocks = block_count(s.n_k, size)
+        slots = min(self.top_k, blocks - 1)
+        choosers = expected_choosers(s.n_k, size, slots, s.causal)  # (c,) queries choosing each block
+        r = self.queries_per_chunk
+        chunk_slots = heads * float((torch.ceil(choosers / r) * r).sum())
+        own = heads * blocks * size * size
+        summary_dims = 1 if self.score == "mean" else 2
+        select = 2 * heads * s.n_q * blocks * s.head_dim * summary_dims  # the block scores, matmuls
+        matmul, other = softmax_attention_flops(own + chunk_slots * size, s)
+        gathered = chunk_slots * s.head_dim + chunk_slots / r * size * (s.head_dim + s.value_dim)
+        io = heads * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim) + gathered
+        scores_held = heads * min(s.n_q, score_chunk(size)) * blocks
+        parts = (chunk_slots + heads * s.n_q) * (s.value_dim + 1)  # the chunks' and the own block's outputs
+        return Cost(
+            flops=matmul + other + select + heads * s.n_k * s.head_dim * summary_dims,
+            bytes_moved=io * s.dtype_bytes,
+            working_bytes=(gathered + parts + scores_held) * s.dtype_bytes,
+            matmul_flops=matmul + select,
+        )
+
+
+def expected_choosers(n: int, size: int, slots: int, causal: bool) -> Tensor:
+    """(c,) float64: how many queries choose each key block when each query spreads its `slots` choices evenly
+    over the blocks it may choose (exact where it may choose no more than `slots`, as at small N)."""
+    blocks = block_count(n, size)
+    sizes = torch.full((blocks,), float(size), dtype=torch.float64)
+    sizes[-1] = n - (blocks - 1) * size
+    if blocks == 1 or slots == 0:
+        return torch.zeros(blocks, dtype=torch.float64)
+    if not causal:  # every other block, alike
+        return (n - sizes) * slots / (blocks - 1)
+    earlier = torch.arange(blocks, dtype=torch.float64)  # query block q may choose its q earlier blocks
+    share = sizes * torch.clamp(earlier, max=slots) / earlier.clamp(min=1)  # its queries' choices per block
+    return share.flip(0).cumsum(0).flip(0) - share  # block c: from every later query block
+
+
+def merge_chunks(own: tuple[Tensor, Tensor], out: Tensor, lse: Tensor, chunks: Chunks) -> Tensor:
+    """One softmax over each query's own block and its chosen blocks: each part weighted by exp(its log-sum-exp),
+    summed by query row. own: ((b h) i e), ((b h) i); chunk slots: ((t r) e), ((t r),), unused slots weigh nothing.
+    Returns ((b h) i e). Without autograd the chunks' outputs are scaled and summed in place."""
+    own_out, own_lse = own
+    x, n, e = own_out.shape
+    own_out, own_lse = own_out.reshape(x * n, e), own_lse.reshape(x * n)
+    lse = lse.masked_fill(~chunks.used, float("-inf"))
+    top = own_lse.detach().scatter_reduce(0, chunks.rows, lse.detach(), reduce="amax")  # ((b h i),)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    own_weight = torch.exp(own_lse - top)  # 0 where the own block has no real key
+    weight = torch.exp(lse - top[chunks.rows])  # ((t r),), 0 for unused slots
+    total = own_weight.index_add(0, chunks.rows, weight)
+    total = torch.where(total > 0, total, torch.ones_like(total))  # a query with no key: zeros
+    in_place = not (torch.is_grad_enabled() and (own_out.requires_grad or out.requires_grad))
+    if in_place:
+        summed = own_out.mul_(own_weight[:, None].to(own_out.dtype))
+        summed.index_add_(0, chunks.rows, out.mul_(weight[:, None].to(out.dtype)))
+    else:
+        summed = (own_out * own_weight[:, None].to(own_out.dtype)).index_add(
+            0, chunks.rows, out * weight[:, None].to(out.dtype)
+        )
+    return (summed / total[:, None].to(summed.dtype)).view(x, n, e)
