@@ -132,14 +132,18 @@ def select_blocks(
     real = real_positions(b, k.shape[-2], size, key_padding_mask, q.device)  # (b, c, j)
     blocks = real.shape[1]
     slots = min(top_k, blocks - 1)
-    summaries = block_summaries(k, real, size, score)
+    work = torch.promote_types(q.dtype, torch.float32)  # ranked in float32 at least: bfloat16 scores flip near-ties
+    summaries = block_summaries(k.to(work), real, size, score)
+    poisoned = any(bool(s.isnan().any()) for s in summaries)  # a NaN key: its block is chosen, so the NaN shows
     has_real = real.any(dim=-1)[:, None, None, :]  # (b, 1, 1, c)
     every_block_real = bool(has_real.all())
     chunk = score_chunk(size)
     ids, chosen = [], []
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
-        scores = score_blocks(q[:, :, start:stop], summaries)  # (b, h, r, c)
+        scores = score_blocks(q[:, :, start:stop].to(work), summaries)  # (b, h, r, c)
+        if poisoned:
+            scores.nan_to_num_(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
         own = torch.arange(start, stop, device=q.device)[:, None] // size  # (r, 1)
         if causal:  # the own block and later ones out
             scores.masked_fill_(torch.arange(blocks, device=q.device)[None, :] >= own, float("-inf"))
@@ -217,7 +221,7 @@ class BlockTopKAttention(AttentionVariant):
         "top_k": Hyperparameter(8, "blocks chosen per query besides its own (8)", minimum=0),
         "score": Hyperparameter("mean", "block score: mean (MoBA: q . mean K) or minmax (Quest's bound)", str,
                                 choices=SCORES),
-        "queries_per_chunk": Hyperparameter(128, "queries of one key block attended to together (speed only)",
+        "queries_per_chunk": Hyperparameter(128, "queries of one key block attended to together (speed and memory)",
                                             minimum=1),
     }
 

@@ -12,7 +12,12 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from attnbench.interface import AttentionVariant, UnsupportedOptionError
+from attnbench.interface import (
+    CHOSEN_SUPPORT_CHECK_LEN,
+    AttentionVariant,
+    UnsupportedOptionError,
+    chooses_support,
+)
 from attnbench.measure.memory import peak_memory
 from attnbench.ops import TOLERANCE, exactness_error, max_abs_difference, padding_mask
 
@@ -226,14 +231,18 @@ def check_exact_pattern(ctx: CheckContext, n: int = 75) -> CheckResult:
     if not variant.exact:
         return CheckResult("exact_pattern", "skip", "approximate variant")
     options = [(c, p) for c in (False, True) for p in (False, True) if _supports(ctx, variant, causal=c, padded=p)]
+    lengths = (n, CHOSEN_SUPPORT_CHECK_LEN) if chooses_support(variant) else (n,)
     worst = max(
-        exactness_error(variant, n=n, causal=c, padded=p, device=ctx.device, dtype=ctx.dtype) for c, p in options
+        exactness_error(variant, n=length, causal=c, padded=p, device=ctx.device, dtype=ctx.dtype)
+        for c, p in options
+        for length in lengths
     )
     ok = worst <= ctx.atol
     return CheckResult(
         "exact_pattern",
         "pass" if ok else "fail",
-        f"max error {worst:.2e} against the dense reference of its own support over causal/padding combinations",
+        f"max error {worst:.2e} against the dense reference of its own support over causal/padding combinations"
+        f" at N = {', '.join(map(str, lengths))}",
     )
 
 

@@ -63,9 +63,9 @@ def test_capture_random_tokens_and_every_layer(tiny_llama, tmp_path: Path) -> No
     assert data["q"].shape == (2, 1, 4, 24, 8) and data["k"].shape == (2, 1, 2, 24, 8)
 
 
-def test_capture_refuses_more_tokens_than_learned_positions_before_running(tiny_llama, tmp_path: Path, capsys) -> None:
-    """A BERT-style model has learned positions for max_position_embeddings tokens: a longer text is a message and
-    exit 2, not a traceback from inside the model; a rotary model (tiny_llama) takes longer sequences."""
+def test_capture_says_so_when_the_text_is_longer_than_the_models_positions(tiny_llama, tmp_path: Path, capsys) -> None:
+    """A BERT-style model has learned positions for max_position_embeddings tokens (OPT and RoBERTa offset them): a
+    longer text is a message and exit 2, not a traceback from inside the model; a rotary model takes longer ones."""
     config = transformers.BertConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=100,
         max_position_embeddings=16,
@@ -75,7 +75,7 @@ def test_capture_refuses_more_tokens_than_learned_positions_before_running(tiny_
     out = tmp_path / "qkv.pt"
     assert main(["capture", str(folder), "--random-tokens", "17", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "17 tokens, but" in err and "learned positions for 16" in err and "Traceback" not in err
+    assert "failed on 17 tokens" in err and "at most 16 positions" in err and "Traceback" not in err
     assert not out.exists()
     assert main(["capture", str(folder), "--random-tokens", "16", "--out", str(out)]) == 0
     llama, _ = tiny_llama  # max_position_embeddings 64, rotary

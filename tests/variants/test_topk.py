@@ -228,3 +228,50 @@ def test_memory_stays_linear_in_n() -> None:
             peaks[n], _ = peak_memory(lambda: variant(q, k, v), torch.device("cpu"), inputs=(q, k, v))
     assert peaks[16384] < 16384**2 * 4 / 20
     assert math.log(peaks[16384] / peaks[4096]) / math.log(4) <= 1.25
+
+
+def test_a_nan_key_is_chosen_so_the_nan_shows() -> None:
+    """A NaN key makes its block's score NaN: the block is chosen by every query (not silently dropped from the
+    selection), so every output that could have read it is NaN, as with full attention."""
+    variant = registry.create("topk", block_size=8, top_k=3)
+    q, k, v = qkv(64)
+    k[0, 0, 5, 0] = float("nan")
+    selection = variant.select(q, k, False, None)
+    picks_block_0 = ((selection.ids[0, 0] == 0) & selection.chosen[0, 0]).any(dim=-1)
+    assert picks_block_0[8:].all() and selection.chosen[0, 0].all()
+    assert variant(q, k, v)[0, 0].isnan().any(dim=-1).all()
+
+
+def test_low_precision_inputs_are_ranked_in_float32() -> None:
+    q, k, _ = qkv(300, dtype=torch.float32)
+    variant = registry.create("topk", block_size=8, top_k=3)
+    low = variant.select(q.bfloat16(), k.bfloat16(), False, None)
+    same = variant.select(q.bfloat16().float(), k.bfloat16().float(), False, None)
+    assert torch.equal(low.ids.sort(dim=-1).values, same.ids.sort(dim=-1).values)
+
+
+def test_the_self_checks_judge_a_selection_where_there_is_one_to_make() -> None:
+    """A dynamic-support variant whose support_for misreports its choice passes at the check's usual small N (every
+    block chosen there) and fails at CHOSEN_SUPPORT_CHECK_LEN, which `check` and the run's self-check also use."""
+    from attnbench.conformance import CheckContext, check_exact_pattern
+    from attnbench.interface import CHOSEN_SUPPORT_CHECK_LEN
+    from attnbench.ops import exactness_error
+
+    class Misreported(topk.BlockTopKAttention):
+        name = "misreported"
+
+        def support_for(self, q, k, *, causal, key_padding_mask=None):
+            wider = topk.select_blocks(
+                q, k, size=self.size(k.shape[-2]), top_k=self.top_k + 1, score=self.score, causal=causal,
+                key_padding_mask=key_padding_mask,
+            )  # fmt: skip
+            return topk.selected_support(wider, k.shape[-2], self.size(k.shape[-2]), causal)
+
+    cpu = torch.device("cpu")
+    assert exactness_error(Misreported(), n=75, causal=False, padded=False, device=cpu, dtype=torch.float64) < 1e-12
+    wrong = exactness_error(
+        Misreported(), n=CHOSEN_SUPPORT_CHECK_LEN, causal=False, padded=False, device=cpu, dtype=torch.float64
+    )
+    assert wrong > 1e-3
+    result = check_exact_pattern(CheckContext(lambda: Misreported(), cpu, torch.float64))
+    assert result.status == "fail" and f"N = 75, {CHOSEN_SUPPORT_CHECK_LEN}" in result.detail

@@ -20,7 +20,12 @@ from typing import Any, Callable
 import torch
 
 from attnbench.inputs.catalogue import Inputs, make_inputs
-from attnbench.interface import AttentionVariant, UnsupportedOptionError
+from attnbench.interface import (
+    CHOSEN_SUPPORT_CHECK_LEN,
+    AttentionVariant,
+    UnsupportedOptionError,
+    chooses_support,
+)
 from attnbench.measure.estimate import (
     SLOW_ROUNDS,
     CellEstimate,
@@ -311,6 +316,8 @@ class GroupMeasurement:
         if check_key not in self.self_checks:
             dtype = getattr(torch, cell.dtype)
             n = self.settings.self_check_len
+            if chooses_support(variant):  # a selection must have blocks to leave out
+                n = max(n, CHOSEN_SUPPORT_CHECK_LEN)
             error = exactness_error(
                 variant, n=n, causal=cell.causal, padded=cell.padding > 0, device=self.device, dtype=dtype
             )

@@ -106,12 +106,6 @@ def capture_qkv(
         raise CaptureError(f"--out {out}: its folder cannot be written (read-only, or no permission)")
     model, config = _load(model_dir)
     ids = _tokens(model_dir, config, text=text, token_ids=token_ids, random_tokens=random_tokens, seed=seed)
-    learned = [m.num_embeddings for n, m in model.named_modules() if isinstance(m, nn.Embedding) and "position" in n]
-    if learned and ids.shape[-1] > min(learned):  # learned absolute positions end there (rotary ones do not)
-        raise CaptureError(
-            f"{ids.shape[-1]} tokens, but {model_dir} has learned positions for {min(learned)}; "
-            "give a shorter --text or fewer tokens"
-        )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     recorded: dict[str, dict[str, Tensor]] = {}
 
@@ -131,6 +125,12 @@ def capture_qkv(
     try:
         with torch.no_grad():
             model(input_ids=ids)
+    except (IndexError, RuntimeError) as error:  # most often more tokens than its learned positions (BERT, OPT, ...)
+        limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        raise CaptureError(
+            f"{model_dir} failed on {ids.shape[-1]} tokens ({type(error).__name__}: {str(error).splitlines()[0]})"
+            + (f"; its config allows at most {limit} positions, some models fewer: give fewer tokens" if limit else "")
+        ) from None
     finally:
         for handle in handles:
             handle.remove()
