@@ -39,7 +39,7 @@ def normalized(total: Tensor) -> Tensor:
     The zero rows get no gradient either (a floor such as clamp(min=eps) would give them 1/eps).
     """
     numerator, denominator = total[..., :-1], total[..., -1:]
-    seen = denominator > 0
+    seen = denominator != 0  # positive features give >= 0; trigonometric ones may give < 0, divided as they are
     ratio = numerator / torch.where(seen, denominator, torch.ones_like(denominator))
     return torch.where(seen, ratio, 0.0)
 
@@ -64,7 +64,8 @@ def exclusive_cumsum(x: Tensor, dim: int) -> Tensor:
 def causal_feature_attention(
     phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk: int, key_log_scale: Tensor | None = None
 ) -> Tensor:
-    """Causal, chunked. phi_q, phi_k (b, h, n, m) >= 0; v (b, h, n, e); key_log_scale g (b, h, n) or None."""
+    """Causal, chunked. phi_q, phi_k (b, h, n, m) (>= 0 but for trigonometric ones); v (b, h, n, e); key_log_scale g
+    (b, h, n) or None."""
     b, h, n, _ = phi_q.shape
     pad = -n % chunk
     as_chunks = lambda t: rearrange(pad_sequence(t, 0, pad), "b h (c i) z -> b h c i z", i=chunk)  # noqa: E731

@@ -29,6 +29,7 @@ from attnbench.variants.feature_attention import (
 )
 from torch import Tensor
 
+KERNELS = ("positive", "trig")
 CHUNK = Hyperparameter(64, "causal: positions per chunk (exact inside, carried state across)", minimum=1)
 
 
@@ -151,6 +152,11 @@ class PerformerAttention(AttentionVariant):
     hyperparameters = {
         "features": Hyperparameter(256, "m: random features (more: closer to softmax, slower)", minimum=1),
         "chunk_size": CHUNK,
+        "orthogonal": Hyperparameter(True, "orthogonal blocks of directions (FAVOR+); False: iid Gaussian rows", bool),
+        "kernel": Hyperparameter(
+            "positive", "positive: exp(w.x - |x|^2/2) (FAVOR+); trig: exp(|x|^2/2) [sin w.x, cos w.x]", str,
+            choices=KERNELS,
+        ),
     }
 
     def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
@@ -162,7 +168,11 @@ class PerformerAttention(AttentionVariant):
         key = (head_dim, str(device), dtype)
         if key not in self._projections:
             generator = torch.Generator().manual_seed(self.seed)
-            features = orthogonal_features(head_dim, self.features, generator) * head_dim**-0.25
+            if self.orthogonal:
+                directions = orthogonal_features(head_dim, self.features, generator)
+            else:
+                directions = torch.randn(self.features, head_dim, generator=generator, dtype=torch.float64)
+            features = directions * head_dim**-0.25
             self._projections[key] = features.to(device, dtype)
         return self._projections[key]
 
@@ -172,6 +182,8 @@ class PerformerAttention(AttentionVariant):
         return (x.reshape(-1, x.shape[-1]) @ features.T).view(*x.shape[:-1], features.shape[0])
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        if self.kernel == "trig":
+            return self._trigonometric(q, k, v, causal, key_padding_mask)
         if not causal and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
             return self._streamed(q, k, v, key_padding_mask)
         work = accumulation_dtype(q.dtype)
@@ -191,6 +203,27 @@ class PerformerAttention(AttentionVariant):
             return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size, key_log_scale=running)
         top = _finite_or_zero(key_max.amax(dim=-1, keepdim=True))  # over all (real) keys
         return feature_attention(phi_q, _exp(_minus(log_k, top[..., None])), v)
+
+    def _trigonometric(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None
+    ) -> Tensor:
+        """The paper's trigonometric baseline (Choromanski et al. 2021, eq. 4 with sin and cos): an unbiased but
+        not positive estimate of the softmax kernel, exp(|x'|^2 / 2) [sin w.x', cos w.x'] / sqrt(m). The query's
+        factor cancels in its normalization; the keys' is stabilized like the positive features' (max over keys, or
+        the running max under causal). Denominators may be negative or zero: only an exact zero gives zeros."""
+        work = accumulation_dtype(q.dtype)
+        q, k = q.to(work), k.to(work)
+        angle_q, angle_k = self._projected(q), self._projected(k)
+        phi_q = torch.cat([angle_q.sin(), angle_q.cos()], dim=-1)  # (b, h, n, 2m)
+        log_k = k.square().sum(dim=-1) * (k.shape[-1] ** -0.5 / 2)  # (b, h, n): |k'|^2 / 2
+        if key_padding_mask is not None:
+            log_k = log_k.masked_fill(key_padding_mask[:, None, :], float("-inf"))
+        scale = running_key_scale(log_k) if causal else _finite_or_zero(log_k.amax(dim=-1, keepdim=True))
+        weight = (log_k - scale).exp()[..., None]  # 0 for padded keys
+        phi_k = torch.cat([angle_k.sin(), angle_k.cos()], dim=-1) * weight
+        if causal:
+            return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size, key_log_scale=scale)
+        return feature_attention(phi_q, phi_k, v)
 
     def _streamed(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         """Non-causal without autograd, in blocks of positions that stay in cache: the N x m features are
@@ -225,6 +258,5 @@ class PerformerAttention(AttentionVariant):
     def cost(self, shape: Shape) -> Cost:
         projection = 2 * (shape.n_q + shape.n_k) * shape.head_dim * self.features
         stabilized_exp = 4 * (shape.n_q + shape.n_k) * self.features
-        return _feature_cost(
-            shape, self.features, self.chunk_size, feature_matmul=projection, feature_other=stabilized_exp
-        )
+        width = self.features * (2 if self.kernel == "trig" else 1)  # sin and cos: two features per direction
+        return _feature_cost(shape, width, self.chunk_size, feature_matmul=projection, feature_other=stabilized_exp)

@@ -233,7 +233,29 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per pair (default 1)")
     model.add_argument("--seed", type=int, default=0, help="seed of --random-tokens and of the masked positions")
     model.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
+    reproduce = commands.add_parser(
+        "reproduce",
+        help="published claims (Linformer, Nyströmformer, Performer, Reformer, ...) checked against runs made here",
+        description="Run the cells each published claim needs (a run folder per claim, resumable: run it again to "
+        "continue), and print the paper's figure beside ours with a verdict per claim: holds, holds in trend "
+        "(not in size), does not hold, or cannot run here. Writes OUT/reproduce.md. Exit 0 when every claim that "
+        "could run holds at least in trend, 1 when one does not.",
+    )
+    reproduce.add_argument("claims", nargs="*", help="claim ids (default: the whole catalogue; see --list)")
+    reproduce.add_argument("--list", action="store_true", help="list the claims and whether each can run here")
+    reproduce.add_argument("--quick", action="store_true", help="smaller N and fewer seeds (about 3 min on 2 cores)")
+    reproduce.add_argument(
+        "--out", type=Path, default=Path("results") / "reproduce", help="folder for the claims' run folders "
+        "(default: results/reproduce)",
+    )  # fmt: skip
+    reproduce.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
+
+
+def command_reproduce(args: argparse.Namespace) -> int:
+    from attnbench.reproduce.command import command_reproduce as reproduce
+
+    return reproduce(args.claims, args.out, quick=args.quick, progress=not args.no_progress, list_only=args.list)
 
 
 def command_check(args: argparse.Namespace) -> int:
@@ -635,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         "capture": lambda: command_capture(args),
         "model": lambda: command_model(args),
         "check": lambda: command_check(args),
+        "reproduce": lambda: command_reproduce(args),
     }
     try:
         return commands[args.command]()

@@ -20,7 +20,7 @@ MEANING: dict[Exit, tuple[str, ...]] = {  # what each status means, per command:
         "success",
     ),
     Exit.REGRESSION: (
-        "compare --fail-above: a regression; check: a check failed",
+        "compare --fail-above: a regression; check: a check failed; reproduce: a claim does not hold here",
     ),
     Exit.USAGE: (
         "usage: a bad argument or config (every problem listed before any work), a file or folder that cannot",
@@ -41,6 +41,7 @@ MEANING: dict[Exit, tuple[str, ...]] = {  # what each status means, per command:
     ),
     Exit.INTERRUPTED: (
         "run: interrupted (Ctrl-C); finished cells are kept, the message gives the --resume command;",
+        "reproduce: interrupted; the claims' run folders are kept, run it again to continue;",
         "model: interrupted, model.csv keeps the variants finished",
     ),
 }

@@ -12,17 +12,21 @@ from helpers import source_modules
 # room -> rooms it must never import (a room is a sub-package, or a top-level module)
 FORBIDDEN = {
     "attnbench.measure": {"attnbench.run", "attnbench.report", "attnbench.model", "attnbench.conformance",
-                          "attnbench.cli", "attnbench.variants"},
+                          "attnbench.cli", "attnbench.variants", "attnbench.reproduce"},
     "attnbench.report": {"attnbench.measure", "attnbench.run", "attnbench.model", "attnbench.variants",
-                         "attnbench.cli"},
+                         "attnbench.cli", "attnbench.reproduce"},
     "attnbench.runfolder": {"attnbench.measure", "attnbench.run", "attnbench.report", "attnbench.model",
-                            "attnbench.variants", "attnbench.cli"},
+                            "attnbench.variants", "attnbench.cli", "attnbench.reproduce"},
     "attnbench.plan": {"attnbench.measure", "attnbench.run", "attnbench.report", "attnbench.runfolder",
-                       "attnbench.model", "attnbench.variants", "attnbench.cli"},
+                       "attnbench.model", "attnbench.variants", "attnbench.cli", "attnbench.reproduce"},
     "attnbench.inputs": {"attnbench.plan", "attnbench.measure", "attnbench.run", "attnbench.report",
-                         "attnbench.runfolder", "attnbench.model", "attnbench.variants", "attnbench.cli"},
-    "attnbench.run": {"attnbench.model", "attnbench.cli", "attnbench.variants"},
-    "attnbench.model": {"attnbench.run", "attnbench.cli", "attnbench.variants"},
+                         "attnbench.runfolder", "attnbench.model", "attnbench.variants", "attnbench.cli",
+                         "attnbench.reproduce"},
+    "attnbench.run": {"attnbench.model", "attnbench.cli", "attnbench.variants", "attnbench.reproduce"},
+    "attnbench.model": {"attnbench.run", "attnbench.cli", "attnbench.variants", "attnbench.reproduce"},
+    # the published claims sit on the pipeline's top: they plan, run and read runs, never measure or report
+    "attnbench.reproduce": {"attnbench.measure", "attnbench.report", "attnbench.model", "attnbench.variants",
+                            "attnbench.cli"},
 }  # fmt: skip
 PUBLIC = {"attnbench", "attnbench.interface", "attnbench.ops"}  # what a variant (built-in or plugin) may import
 
@@ -94,7 +98,7 @@ ARROWS = imports(FOUND)
 
 def test_the_tree_is_what_the_layout_says() -> None:
     rooms = {room(m) for m in FOUND}
-    for sub in ("plan", "inputs", "measure", "runfolder", "run", "report", "model", "variants"):
+    for sub in ("plan", "inputs", "measure", "runfolder", "run", "report", "model", "reproduce", "variants"):
         assert f"attnbench.{sub}" in rooms
     for top in ("interface", "ops", "registry", "conformance", "stats", "cli"):
         assert f"attnbench.{top}" in FOUND

@@ -14,6 +14,8 @@ EXTRA_SETTINGS = [
     ("lsh", {"shared_qk": True}),  # the causal path (per-bucket chunks)
     ("strided", {"pattern": "fixed", "factorize": True}),
     ("linformer", {"projection": "pool", "share_kv": True}),
+    ("performer", {"kernel": "trig"}),  # the paper's trigonometric baseline: denominators of either sign
+    ("performer", {"orthogonal": False}),
     ("topk", {"block_size": 8, "top_k": 3}),  # at the checks' small N, blocks to choose between
     ("topk", {"block_size": 8, "top_k": 2, "score": "minmax"}),
 ]

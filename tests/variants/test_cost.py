@@ -36,6 +36,7 @@ EXTRA_SETTINGS = [
     ("lsh", {"bucket_size": 16, "n_hashes": 3, "n_buckets": 8, "shared_qk": True}),  # the causal path
     ("linear", {"chunk_size": 24}),
     ("performer", {"features": 40, "chunk_size": 24}),
+    ("performer", {"features": 40, "chunk_size": 24, "kernel": "trig"}),
     ("bigbird", {"block_size": 16}),
     ("bigbird", {"block_size": 7, "window_blocks": 5, "global_blocks": 1, "random_blocks": 1}),
     ("nystromformer", {"landmarks": 16, "pinv_iterations": 3}),

@@ -1,0 +1,244 @@
+"""The catalogue of published claims, kept as data: one `Claim` per paper figure or table.
+
+Each entry says what the paper reports (its figures, its baseline and setting), what of it can transfer to another
+machine (a trend, or a figure in size), the sweep that measures it here (the keys of a run config), and which check
+in `attnbench.reproduce.checks` judges the results, with the published figures the check compares. Adding a claim is
+adding an entry here (and, where none of the checks fits, a check function), with a test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# 2020-era "standard attention" materializes the N x N matrix: that is `full-math` here, not the fused `full`
+STANDARD = "full-math"
+CPU_SHAPE = {"batch": 1, "heads": 8, "head_dim": 64, "dtype": "float32", "device": "cpu", "mode": "fwd"}
+SPEED_ONLY = {"error": False, "min_run_time": 0.2, "time_budget_s": 20.0, "baseline": STANDARD}
+ERROR_ONLY = {"min_run_time": 0.05, "min_rounds": 2, "time_budget_s": 20.0}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One published claim and how it is checked here."""
+
+    id: str  # the name `attnbench reproduce <id>` takes
+    paper: str
+    where: str  # the table or figure
+    statement: str  # what the paper reports, in one sentence
+    published: str  # its figures, as the report prints them
+    baseline: str  # what the paper compares against, and which variant stands for it here
+    transfers: str  # what can carry over to this machine: trends, or figures in size
+    sweep: dict[str, Any]  # the run config (the keys of a TOML config)
+    check: str  # the check's name in `attnbench.reproduce.checks.CHECKS`
+    params: dict[str, Any] = field(default_factory=dict)  # what the check compares (published figures included)
+    quick: dict[str, Any] = field(default_factory=dict)  # overrides of `sweep` for --quick
+
+    def config(self, quick: bool = False) -> dict[str, Any]:
+        """The run config of this claim (a new dict), with the --quick overrides when asked."""
+        raw = {"name": f"reproduce-{self.id}", **CPU_SHAPE, **self.sweep}
+        return {**raw, **self.quick} if quick else raw
+
+    @property
+    def variants(self) -> list[str]:
+        """The variant names its sweep needs."""
+        return [item["name"] for item in self.sweep["variants"]]
+
+
+CLAIMS: list[Claim] = [
+    Claim(
+        id="linformer-table3",
+        paper="Wang et al. 2020, Linformer",
+        where="Table 3 (inference, V100)",
+        statement="Linformer's time and memory savings over standard attention rise with n, and shrink as k grows",
+        published="k=128: time about 1.5× at n=512, 3.4× at 4K, 8.6× at 16K, 20× at 65K; memory 1.7×, 14×, 56×, 60×; "
+        "both smaller for larger k",
+        baseline=f"standard attention (N×N materialized): `{STANDARD}`",
+        transfers="trends (rise with n, fall with k); memory ratios in size (within 2×); time ratios are hardware's",
+        sweep={
+            **SPEED_ONLY,
+            "seq_lens": [512, 1024, 2048, 4096],
+            "inputs": [{"name": "gaussian"}],
+            "variants": [{"name": STANDARD}, {"name": "linformer", "k": [128, 256]}],
+        },
+        check="gains_rise_with_n",
+        params={
+            "baseline": STANDARD,
+            "published": {  # label -> N -> (time ratio, memory ratio); k=256 has no figure checked in size
+                "linformer(k=128)": {512: (1.5, 1.7), 4096: (3.4, 14.0)},
+                "linformer(k=256)": {},
+            },
+            "falls_with_k": ["linformer(k=128)", "linformer(k=256)"],
+        },
+        quick={"seq_lens": [512, 2048], "min_rounds": 3},
+    ),
+    Claim(
+        id="nystromformer-table1",
+        paper="Xiong et al. 2021, Nyströmformer",
+        where="Table 1 (one instance, memory and time vs standard attention)",
+        statement="Nyström-64, Linformer-256 and Longformer-257 save memory and time at n=8192 far more than at 512; "
+        "Longformer is slower than standard attention at 512",
+        published="n=512 / 8192, memory× and time×: Linformer-256 1.3/1.1 and 16.1/13.8; Longformer-257 1.7/0.3 and "
+        "22.5/4.3; Nyström-64 1.5/1.1 and 22.8/12.7",
+        baseline=f"standard attention: `{STANDARD}`; Longformer-257 is `band(window=128)` (257 keys)",
+        transfers="trends (gains rise with n); memory ratios in size (within 2×)",
+        sweep={
+            **SPEED_ONLY,
+            "heads": 2,
+            "seq_lens": [512, 8192],
+            "inputs": [{"name": "gaussian"}],
+            "variants": [
+                {"name": STANDARD},
+                {"name": "linformer", "k": 256},
+                {"name": "band", "window": 128},
+                {"name": "nystromformer", "landmarks": 64},
+            ],
+        },
+        check="gains_rise_with_n",
+        params={
+            "baseline": STANDARD,
+            "published": {
+                "linformer(k=256)": {512: (1.1, 1.3), 8192: (13.8, 16.1)},
+                "band(window=128)": {512: (0.3, 1.7), 8192: (4.3, 22.5)},
+                "nystromformer(landmarks=64)": {512: (1.1, 1.5), 8192: (12.7, 22.8)},
+            },
+        },
+        quick={"seq_lens": [512, 4096], "min_rounds": 3},
+    ),
+    Claim(
+        id="performer-features",
+        paper="Choromanski et al. 2021, Performer",
+        where="Fig. 4 and §4 (approximation error of the attention)",
+        statement="FAVOR+'s error falls as the number of random features m grows",
+        published="MSE of the attention matrix falls with m (m up to 2d and beyond)",
+        baseline="exact softmax attention (the error is measured against float64 exact attention)",
+        transfers="the trend (error of the output here, not of the matrix)",
+        sweep={
+            **ERROR_ONLY,
+            "seq_lens": [1024],
+            "seeds": [0, 1, 2],
+            "inputs": [{"name": "realistic"}],
+            "variants": [{"name": "full"}, {"name": "performer", "features": [16, 64, 256, 1024]}],
+        },
+        check="error_falls_along",
+        params={"variant": "performer", "axis": "features"},
+        quick={"seq_lens": [512], "seeds": [0, 1]},
+    ),
+    Claim(
+        id="performer-orthogonal",
+        paper="Choromanski et al. 2021, Performer",
+        where="Fig. 4 (orthogonal vs iid features)",
+        statement="orthogonal random features approximate better than iid ones at equal m",
+        published="orthogonal features give lower MSE than iid at every m shown",
+        baseline="exact softmax attention",
+        transfers="the comparison (error of the output here)",
+        sweep={
+            **ERROR_ONLY,
+            "seq_lens": [1024],
+            "seeds": [0, 1, 2],
+            "inputs": [{"name": "realistic"}],
+            "variants": [
+                {"name": "full"},
+                {"name": "performer", "features": [64, 256], "orthogonal": [True, False]},
+            ],
+        },
+        check="more_accurate",
+        params={"variant": "performer", "better": {"orthogonal": True}, "worse": {"orthogonal": False}},
+        quick={"seq_lens": [512], "seeds": [0, 1]},
+    ),
+    Claim(
+        id="performer-positive",
+        paper="Choromanski et al. 2021, Performer",
+        where="§2.3 and Fig. 3 (positive vs trigonometric features)",
+        statement="positive random features beat trigonometric ones, most where logits are large (their "
+        "estimates of small kernel values go negative)",
+        published="trig features' error blows up for large logits; positive stays accurate",
+        baseline="exact softmax attention",
+        transfers="the comparison, on an input with large logits (gaussian, temperature 0.5: logit std 2)",
+        sweep={
+            **ERROR_ONLY,
+            "seq_lens": [1024],
+            "seeds": [0, 1, 2],
+            "inputs": [{"name": "gaussian", "temperature": 0.5}, {"name": "realistic"}],
+            "variants": [{"name": "full"}, {"name": "performer", "kernel": ["positive", "trig"]}],
+        },
+        check="more_accurate",
+        params={"variant": "performer", "better": {"kernel": "positive"}, "worse": {"kernel": "trig"}},
+        quick={"seq_lens": [512], "seeds": [0, 1]},
+    ),
+    Claim(
+        id="reformer-hashes",
+        paper="Kitaev et al. 2020, Reformer",
+        where="Fig. 4 and §5 (LSH attention with more hash rounds)",
+        statement="LSH attention's error falls as n_hashes grows (1, 2, 4, 8)",
+        published="accuracy rises with n_hashes; 8 rounds nearly match full attention",
+        baseline="full attention",
+        transfers="the trend",
+        sweep={
+            **ERROR_ONLY,
+            "seq_lens": [1024],
+            "seeds": [0, 1],
+            "inputs": [{"name": "realistic"}],
+            "variants": [{"name": "full"}, {"name": "lsh", "n_hashes": [1, 2, 4, 8]}],
+        },
+        check="error_falls_along",
+        params={"variant": "lsh", "axis": "n_hashes"},
+        quick={"seq_lens": [512], "seeds": [0, 1, 2]},
+    ),
+    Claim(
+        id="reformer-shared-qk",
+        paper="Kitaev et al. 2020, Reformer",
+        where="§2 and Fig. 3 (shared-QK attention)",
+        statement="sharing queries and keys costs accuracy against separate ones (small in their training runs)",
+        published="shared-QK trains about as well; as an approximation of given Q and K it must lose accuracy",
+        baseline="full attention on separate Q and K",
+        transfers="the comparison (here of the approximation of given Q, K, V)",
+        sweep={
+            **ERROR_ONLY,
+            "seq_lens": [1024],
+            "seeds": [0, 1],
+            "inputs": [{"name": "realistic"}],
+            "variants": [{"name": "full"}, {"name": "lsh", "shared_qk": [False, True]}],
+        },
+        check="more_accurate",
+        params={"variant": "lsh", "better": {"shared_qk": False}, "worse": {"shared_qk": True}},
+        quick={"seq_lens": [512], "seeds": [0, 1, 2]},
+    ),
+    Claim(
+        id="linear-scaling",
+        paper="Katharopoulos et al. 2020, Transformers are RNNs",
+        where="Fig. 1 and §4.1 (time against sequence length)",
+        statement="linear attention's time grows linearly in N where softmax attention's grows quadratically",
+        published="log-log slopes about 1 (linear) and 2 (softmax)",
+        baseline=f"softmax attention: `{STANDARD}` (materialized, as theirs)",
+        transfers="the slopes, fitted over N = 1024..8192 (smaller N are dominated by fixed costs)",
+        sweep={
+            **SPEED_ONLY,
+            "heads": 2,
+            "seq_lens": [1024, 2048, 4096, 8192],
+            "inputs": [{"name": "gaussian"}],
+            "variants": [{"name": STANDARD}, {"name": "linear"}],
+        },
+        check="time_slopes",
+        params={"slopes": {"linear": [0.7, 1.3], STANDARD: [1.6, 2.4]}},
+        quick={"seq_lens": [1024, 2048, 4096], "min_rounds": 3},
+    ),
+    Claim(
+        id="streamingllm-sinks",
+        paper="Xiao et al. 2023, StreamingLLM",
+        where="§3 and Fig. 2 (attention sinks)",
+        statement="a sliding window alone loses the mass on the first tokens; keeping a few sink tokens restores it",
+        published="window attention collapses once the first tokens leave it; 4 sinks recover dense-like quality",
+        baseline="full attention",
+        transfers="the mechanism: band(window) against band(window, sinks=4) on an input with a first-token sink",
+        sweep={
+            **ERROR_ONLY,
+            "seq_lens": [1024, 4096],
+            "inputs": [{"name": "realistic"}],
+            "variants": [{"name": "full"}, {"name": "band", "window": 256, "sinks": [0, 4]}],
+        },
+        check="sinks_restore",
+        params={"window": "band(sinks=0, window=256)", "sinks": "band(sinks=4, window=256)"},
+        quick={"seq_lens": [1024]},
+    ),
+]

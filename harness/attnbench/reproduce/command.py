@@ -1,0 +1,160 @@
+"""`attnbench reproduce`: run each claim's cells (a run folder per claim, resumable), check them, and print and write
+the published figure beside ours with a verdict per claim.
+
+Folders: OUT/<claim> (OUT/<claim>-quick with --quick), each an ordinary run folder (`attnbench report` reads it);
+a claim whose folder holds a finished run is checked again without running, an unfinished one is resumed.
+OUT/reproduce.md: the one-screen table first, then each claim's setting, figures and run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnbench.atomic import write_text_atomic
+from attnbench.exit_status import Exit
+from attnbench.interface import did_you_mean
+from attnbench.plan.config import ConfigError, parse_config
+from attnbench.registry import registry
+from attnbench.reproduce.checks import CANNOT, CHECKS, FAILS, HOLDS, TREND, Outcome
+from attnbench.reproduce.claims import CLAIMS, Claim
+from attnbench.runfolder.results import read_results
+
+ACCEPTED = (HOLDS, TREND)  # the exit status is 0 when every claim that could run is one of these
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A claim, where its run is, and its outcome."""
+
+    claim: Claim
+    folder: Path | None
+    outcome: Outcome
+
+
+def select(names: list[str]) -> list[Claim] | str:
+    """The claims named (all when none), or a message naming the unknown ones."""
+    known = {claim.id: claim for claim in CLAIMS}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        hints = "".join(did_you_mean(name, list(known)) for name in unknown)
+        return f"unknown claim(s) {', '.join(unknown)}.{hints} Known: {', '.join(known)} (see --list)"
+    return [known[name] for name in names] if names else list(CLAIMS)
+
+
+def missing_variants(claim: Claim) -> list[str]:
+    """The variants its sweep needs that are not registered here."""
+    names = set(registry.names())
+    return [name for name in claim.variants if name not in names]
+
+
+def finished(folder: Path) -> bool:
+    """A run folder whose run ended (meta.json says when)."""
+    meta = folder / "meta.json"
+    return meta.is_file() and "finished" in json.loads(meta.read_text() or "{}")
+
+
+def run_claim(claim: Claim, out: Path, *, quick: bool, progress: bool) -> Checked:
+    """Run (or resume, or reuse) the claim's cells, then check them."""
+    from attnbench.run.sweep import run_plan
+
+    if missing := missing_variants(claim):
+        return Checked(claim, None, Outcome(CANNOT, "–", f"needs variant(s) not installed here: {', '.join(missing)}"))
+    config = parse_config(claim.config(quick), source=f"claim {claim.id}")
+    folder = out / (f"{claim.id}-quick" if quick else claim.id)
+    if not finished(folder):
+        resume = (folder / "meta.json").is_file()
+        run_plan(config, progress=progress, run_dir=folder, resume=resume,
+                 command=["attnbench", "reproduce", claim.id, *(["--quick"] if quick else [])])  # fmt: skip
+    frame = read_results(folder)
+    return Checked(claim, folder, CHECKS[claim.check](frame, claim.params))
+
+
+def table(results: list[Checked]) -> str:
+    """The one-screen table: claim, paper figure, ours, verdict (Markdown)."""
+    lines = ["| claim | paper | published | ours | verdict |", "|---|---|---|---|---|"]
+    for item in results:
+        claim, outcome = item.claim, item.outcome
+        lines.append(
+            f"| `{claim.id}` | {claim.paper}, {claim.where} | {claim.published} | {outcome.ours} | "
+            f"**{outcome.verdict}** |"
+        )
+    return "\n".join(lines)
+
+
+def document(results: list[Checked], quick: bool) -> str:
+    """reproduce.md: the table, then each claim in full."""
+    held = sum(item.outcome.verdict in ACCEPTED for item in results)
+    runnable = sum(item.outcome.verdict != CANNOT for item in results)
+    parts = [
+        "# Published claims, checked here" + (" (--quick)" if quick else ""),
+        "",
+        f"{held} of {runnable} claims that could run hold at least in trend"
+        + (f"; {len(results) - runnable} could not run here." if runnable < len(results) else "."),
+        "",
+        table(results),
+        "",
+    ]
+    for item in results:
+        claim, outcome = item.claim, item.outcome
+        parts += [
+            f"## `{claim.id}`: {claim.paper}, {claim.where}",
+            "",
+            f"- **Claim**: {claim.statement}.",
+            f"- **Published**: {claim.published}.",
+            f"- **Baseline**: {claim.baseline}.",
+            f"- **What transfers**: {claim.transfers}.",
+            f"- **Ours**: {outcome.ours}.",
+            f"- **Verdict**: {outcome.verdict}: {outcome.detail}.",
+            f"- **Run folder**: `{item.folder}`" if item.folder else "- **Run folder**: none (not run)",
+            "",
+        ]
+    return "\n".join(parts)
+
+
+def listing() -> str:
+    """--list: every claim, what it checks and whether it can run here."""
+    lines = []
+    for claim in CLAIMS:
+        missing = missing_variants(claim)
+        state = f"needs {', '.join(missing)}" if missing else "runs here"
+        lines.append(f"{claim.id:<24} {claim.paper}, {claim.where} [{state}]\n{'':<24} {claim.statement}")
+    return "\n".join(lines)
+
+
+def command_reproduce(names: list[str], out: Path, *, quick: bool, progress: bool, list_only: bool) -> int:
+    """The command: exit 0 when every claim that could run holds at least in trend, 1 when one does not, 2 on
+    usage errors (an unknown claim), 130 when interrupted (finished claims' folders are kept; run it again to
+    continue)."""
+    if list_only:
+        print(listing())
+        return Exit.OK
+    chosen = select(names)
+    if isinstance(chosen, str):
+        print(f"attnbench: {chosen}", file=sys.stderr)
+        return Exit.USAGE
+    results = []
+    for index, claim in enumerate(chosen, 1):
+        if progress:
+            print(f"attnbench: claim {index}/{len(chosen)}: {claim.id} ({claim.paper}, {claim.where})",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        try:
+            results.append(run_claim(claim, out, quick=quick, progress=progress))
+        except ConfigError as error:  # a catalogue entry this machine's settings refuse (e.g. memory): said, not hidden
+            results.append(Checked(claim, None, Outcome(CANNOT, "–", str(error))))
+        except KeyboardInterrupt:  # the run folder keeps its finished cells; the next call resumes it
+            again = " ".join(["attnbench reproduce", *names, *(["--quick"] if quick else []), "--out", str(out)])
+            print(f"\nattnbench: interrupted during {claim.id}; the claims' run folders in {out}/ keep every finished "
+                  f"cell. Continue with:\n  {again}", file=sys.stderr)  # fmt: skip
+            return Exit.INTERRUPTED
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / ("reproduce-quick.md" if quick else "reproduce.md")
+    write_text_atomic(report, document(results, quick))
+    print(table(results))
+    print(f"attnbench: reproduce: {report}", file=sys.stderr)
+    failed = [item.claim.id for item in results if item.outcome.verdict == FAILS]
+    if failed:
+        print(f"attnbench: does not hold here: {', '.join(failed)} (reasons in {report})", file=sys.stderr)
+    return Exit.REGRESSION if failed else Exit.OK

@@ -1,0 +1,166 @@
+"""`attnbench reproduce`: each check on constructed results that hold, hold in trend only, and fail; the catalogue's
+entries are well formed (their configs parse, their checks exist, the labels they compare are in their sweeps)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from attnbench.plan.config import parse_config
+from attnbench.reproduce.checks import CANNOT, CHECKS, FAILS, HOLDS, TREND
+from attnbench.reproduce.claims import CLAIMS
+
+
+def row(label: str, n: int = 512, *, variant: str | None = None, hparams: dict | None = None, **values) -> dict:
+    base = {"label": label, "variant": variant or label.split("(")[0], "hparams": json.dumps(hparams or {}),
+            "seq_len": n, "seed": 0, "input": "realistic", "status": "ok", "reason": None}  # fmt: skip
+    return base | values
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows)
+
+
+# ---- gains_rise_with_n ---------------------------------------------------------------------------------------------
+
+GAINS = {"baseline": "full-math", "published": {"lin(k=1)": {512: (1.5, 2.0), 4096: (3.4, 14.0)}, "lin(k=2)": {}},
+         "falls_with_k": ["lin(k=1)", "lin(k=2)"]}  # fmt: skip
+
+
+def gains_frame(memory_4096: float = 14.0, time_4096: float = 3.4, k2_time_4096: float = 2.0) -> pd.DataFrame:
+    """full-math takes 1 s and 1 GB at every N; the variants' times and memories give the ratios asked for."""
+    rows = []
+    for n, (t1, m1, t2, m2) in {512: (1.5, 2.0, 1.2, 1.5), 4096: (time_4096, memory_4096, k2_time_4096, 8.0)}.items():
+        rows += [row("full-math", n, time_median_s=1.0, peak_mem_bytes=1e9),
+                 row("lin(k=1)", n, variant="lin", time_median_s=1 / t1, peak_mem_bytes=1e9 / m1),
+                 row("lin(k=2)", n, variant="lin", time_median_s=1 / t2, peak_mem_bytes=1e9 / m2)]  # fmt: skip
+    return frame(rows)
+
+
+def test_gains_hold_when_they_rise_shrink_with_k_and_memory_matches() -> None:
+    outcome = CHECKS["gains_rise_with_n"](gains_frame(), GAINS)
+    assert outcome.verdict == HOLDS, outcome
+    assert "lin(k=1): time 1.5× (512) → 3.4× (4096)" in outcome.ours
+
+
+def test_gains_hold_in_trend_when_memory_is_off_in_size() -> None:
+    outcome = CHECKS["gains_rise_with_n"](gains_frame(memory_4096=50.0), GAINS)
+    assert outcome.verdict == TREND and "memory at N=4096: 50× here, 14× published" in outcome.detail
+
+
+@pytest.mark.parametrize(
+    "changes, says",
+    [({"time_4096": 1.0}, "time gain does not rise"), ({"k2_time_4096": 5.0}, "gains no more time than lin(k=2)")],
+)
+def test_gains_fail_when_a_trend_breaks(changes: dict, says: str) -> None:
+    outcome = CHECKS["gains_rise_with_n"](gains_frame(**changes), GAINS)
+    assert outcome.verdict == FAILS and says in outcome.detail
+
+
+def test_a_claim_whose_cells_did_not_run_says_why() -> None:
+    rows = gains_frame()
+    rows.loc[rows.label == "lin(k=2)", ["status", "reason"]] = ["skipped", "estimated peak memory exceeds the limit"]
+    outcome = CHECKS["gains_rise_with_n"](rows, GAINS)
+    assert outcome.verdict == CANNOT and "lin(k=2): estimated peak memory exceeds the limit" in outcome.detail
+
+
+# ---- error_falls_along ---------------------------------------------------------------------------------------------
+
+def along(errors: list[float]) -> pd.DataFrame:
+    return frame([row(f"performer(features={m})", variant="performer", hparams={"features": m}, err_vs_uniform=e)
+                  for m, e in zip([16, 64, 256], errors)])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "errors, verdict", [([0.9, 0.7, 0.5], HOLDS), ([0.9, 0.5, 0.6], TREND), ([0.5, 0.7, 0.9], FAILS)]
+)
+def test_error_falls_along_an_axis(errors: list[float], verdict: str) -> None:
+    outcome = CHECKS["error_falls_along"](along(errors), {"variant": "performer", "axis": "features"})
+    assert outcome.verdict == verdict, outcome
+    assert outcome.ours.startswith(f"{errors[0]:.3g} (features=16)")
+
+
+def test_the_default_value_of_the_axis_counts_as_its_value() -> None:
+    rows = along([0.9, 0.7, 0.5])
+    rows.loc[2, "hparams"] = "{}"  # features=256 is performer's default: a label without it
+    outcome = CHECKS["error_falls_along"](rows, {"variant": "performer", "axis": "features"})
+    assert outcome.verdict == HOLDS and "(features=256)" in outcome.ours
+
+
+# ---- more_accurate -------------------------------------------------------------------------------------------------
+
+def paired(better: list[float], worse: list[float], inputs: tuple[str, ...] = ("realistic",)) -> pd.DataFrame:
+    rows = []
+    for name in inputs:
+        for seed, (good, bad) in enumerate(zip(better, worse)):
+            rows += [row("lsh", variant="lsh", hparams={}, seed=seed, input=name, err_vs_uniform=good),
+                     row("lsh(shared_qk=True)", variant="lsh", hparams={"shared_qk": True}, seed=seed, input=name,
+                         err_vs_uniform=bad)]  # fmt: skip
+    return frame(rows)
+
+
+SHARED = {"variant": "lsh", "better": {"shared_qk": False}, "worse": {"shared_qk": True}}
+
+
+@pytest.mark.parametrize(
+    "better, worse, verdict",
+    [
+        ([0.5, 0.52, 0.49], [0.9, 0.95, 0.88], HOLDS),
+        ([0.5, 0.9, 0.49], [0.52, 0.88, 0.6], TREND),  # lower on average, not beyond the noise
+        ([0.9, 0.95, 0.88], [0.5, 0.52, 0.49], FAILS),
+    ],
+)
+def test_more_accurate_pairs_by_seed(better: list[float], worse: list[float], verdict: str) -> None:
+    outcome = CHECKS["more_accurate"](paired(better, worse), SHARED)
+    assert outcome.verdict == verdict, outcome
+    assert "(3 pairs)" in outcome.ours
+
+
+# ---- time_slopes ---------------------------------------------------------------------------------------------------
+
+def timed(linear: float, softmax: float) -> pd.DataFrame:
+    ns = [1024, 2048, 4096, 8192]
+    return frame([row("linear", n, time_median_s=1e-3 * (n / 1024) ** linear) for n in ns]
+                 + [row("full-math", n, time_median_s=1e-3 * (n / 1024) ** softmax) for n in ns])  # fmt: skip
+
+
+@pytest.mark.parametrize("linear, softmax, verdict", [(1.0, 2.0, HOLDS), (0.6, 2.6, TREND), (2.0, 1.0, FAILS)])
+def test_time_slopes(linear: float, softmax: float, verdict: str) -> None:
+    outcome = CHECKS["time_slopes"](timed(linear, softmax), {"slopes": {"linear": [0.7, 1.3], "full-math": [1.6, 2.4]}})
+    assert outcome.verdict == verdict, outcome
+    assert f"linear slope {linear:.2f}" in outcome.ours
+
+
+# ---- sinks_restore -------------------------------------------------------------------------------------------------
+
+def sinks(error_with: float, dropped_with: float) -> pd.DataFrame:
+    return frame([
+        row("band(sinks=0, window=256)", variant="band", err_vs_uniform=0.9, dropped_mass=0.5, input_sink_mass=0.1),
+        row("band(sinks=4, window=256)", variant="band", err_vs_uniform=error_with, dropped_mass=dropped_with,
+            input_sink_mass=0.1),
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "error_with, dropped_with, verdict", [(0.5, 0.41, HOLDS), (0.8, 0.48, TREND), (0.95, 0.41, FAILS)]
+)
+def test_sinks_restore(error_with: float, dropped_with: float, verdict: str) -> None:
+    params = {"window": "band(sinks=0, window=256)", "sinks": "band(sinks=4, window=256)"}
+    assert CHECKS["sinks_restore"](sinks(error_with, dropped_with), params).verdict == verdict
+
+
+# ---- the catalogue -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("quick", [False, True], ids=["default", "quick"])
+@pytest.mark.parametrize("claim", CLAIMS, ids=[c.id for c in CLAIMS])
+def test_every_claim_is_well_formed(claim, quick: bool) -> None:
+    """Its config parses, its check exists, and every label its check compares is a label its sweep makes."""
+    config = parse_config(claim.config(quick), source=claim.id)
+    assert claim.check in CHECKS
+    labels = {cell.variant.label() for cell in config.plan().cells}  # as results.csv labels them
+    named = set(claim.params.get("published", {})) | {claim.params.get("baseline")} | set(
+        claim.params.get("falls_with_k", [])
+    ) | set(claim.params.get("slopes", {})) | {claim.params.get("window"), claim.params.get("sinks")}
+    assert named - {None} <= labels, f"{claim.id}: {sorted(named - {None} - labels)} not among {sorted(labels)}"
+    assert len({c.id for c in CLAIMS}) == len(CLAIMS)
