@@ -238,12 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="published claims (Linformer, Nyströmformer, Performer, Reformer, ...) checked against runs made here",
         description="Run the cells each published claim needs (a run folder per claim, resumable: run it again to "
         "continue), and print the paper's figure beside ours with a verdict per claim: holds, holds in trend "
-        "(not in size), does not hold, or cannot run here. Writes OUT/reproduce.md. Exit 0 when every claim that "
-        "could run holds at least in trend, 1 when one does not.",
+        "(not in size), does not hold, or cannot run here. Writes OUT/reproduce.md (reproduce-quick.md with "
+        "--quick). Exit 0 when every claim that could run holds at least in trend, 1 when one does not.",
     )
     reproduce.add_argument("claims", nargs="*", help="claim ids (default: the whole catalogue; see --list)")
     reproduce.add_argument("--list", action="store_true", help="list the claims and whether each can run here")
-    reproduce.add_argument("--quick", action="store_true", help="smaller N and fewer seeds (about 3 min on 2 cores)")
+    reproduce.add_argument(
+        "--quick", action="store_true", help="smaller N, fewer seeds or rounds (about 40 s on 2 cores)"
+    )
     reproduce.add_argument(
         "--out", type=Path, default=Path("results") / "reproduce", help="folder for the claims' run folders "
         "(default: results/reproduce)",

@@ -76,3 +76,22 @@ def test_ctrl_c_keeps_the_folders_and_says_how_to_continue(tmp_path: Path, capsy
     assert main(["reproduce", SINKS.id, "--quick", "--no-progress", "--out", str(tmp_path)]) == 130
     err = capsys.readouterr().err
     assert f"interrupted during {SINKS.id}" in err and f"attnbench reproduce {SINKS.id} --quick --out {tmp_path}" in err
+
+
+def test_list_takes_names_duplicates_count_once_and_a_stale_folder_is_said(tmp_path: Path, capsys) -> None:
+    assert main(["reproduce", "--list", SINKS.id]) == 0
+    out = capsys.readouterr().out
+    assert SINKS.id in out and "linformer-table3" not in out
+    assert main(["reproduce", "--list", "bogus"]) == 2
+    capsys.readouterr()
+    args = ["reproduce", SINKS.id, SINKS.id, "--quick", "--no-progress", "--out", str(tmp_path)]
+    assert main(args) == 0
+    assert capsys.readouterr().out.count(f"| `{SINKS.id}` |") == 1
+    # the folder of another setting (here: the quick run copied where the full one goes) is not taken for it
+    (tmp_path / f"{SINKS.id}-quick").rename(tmp_path / SINKS.id)
+    assert main(["reproduce", SINKS.id, "--no-progress", "--out", str(tmp_path)]) == 0
+    assert "holds a run of another setting of this claim" in (tmp_path / "reproduce.md").read_text()
+    # a damaged meta.json: the folder's problem, exit 2, no traceback
+    (tmp_path / SINKS.id / "meta.json").write_text('{"run_id": ')
+    assert main(["reproduce", SINKS.id, "--no-progress", "--out", str(tmp_path)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err

@@ -177,3 +177,15 @@ def test_bad_inputs_stop_the_config_before_any_work(tmp_path: Path) -> None:
         parse_config(raw)
     text = str(caught.value)
     assert "clusters must be a finite positive number" in text and "give path" in text and "unknown parameter 'lenght'" in text
+
+
+def test_gaussian_scale_multiplies_queries_and_keys_and_leaves_the_default_as_it_was() -> None:
+    plain, scaled = draw("gaussian"), draw("gaussian", {"scale": 0.5, "temperature": 2.0})
+    torch.testing.assert_close(scaled.q, plain.q / 2.0 * 0.5, rtol=0, atol=0)
+    torch.testing.assert_close(scaled.k, plain.k * 0.5, rtol=0, atol=0)
+    torch.testing.assert_close(scaled.v, plain.v, rtol=0, atol=0)
+    explicit = draw("gaussian", {"scale": 1.0})
+    assert all(torch.equal(a, b) for a, b in zip((explicit.q, explicit.k, explicit.v), (plain.q, plain.k, plain.v)))
+    from attnbench.inputs.catalogue import validate_input
+
+    assert validate_input("gaussian", {"scale": 0.0}) and validate_input("gaussian", {"scale": -1.0})

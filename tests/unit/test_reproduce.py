@@ -4,6 +4,7 @@ entries are well formed (their configs parse, their checks exist, the labels the
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import pandas as pd
 import pytest
@@ -62,7 +63,9 @@ def test_a_claim_whose_cells_did_not_run_says_why() -> None:
     rows = gains_frame()
     rows.loc[rows.label == "lin(k=2)", ["status", "reason"]] = ["skipped", "estimated peak memory exceeds the limit"]
     outcome = CHECKS["gains_rise_with_n"](rows, GAINS)
-    assert outcome.verdict == CANNOT and "lin(k=2): estimated peak memory exceeds the limit" in outcome.detail
+    assert outcome.verdict == CANNOT and "lin(k=2) at N=512: skipped (estimated peak memory exceeds the limit)" in (
+        outcome.detail
+    )
 
 
 # ---- error_falls_along ---------------------------------------------------------------------------------------------
@@ -73,12 +76,31 @@ def along(errors: list[float]) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize(
-    "errors, verdict", [([0.9, 0.7, 0.5], HOLDS), ([0.9, 0.5, 0.6], TREND), ([0.5, 0.7, 0.9], FAILS)]
+    "errors, verdict",
+    [([0.9, 0.7, 0.5], HOLDS), ([0.9, 0.5, 0.6], TREND), ([0.5, 0.7, 0.9], FAILS), ([1.5, 1.499, 1.498], FAILS)],
 )
 def test_error_falls_along_an_axis(errors: list[float], verdict: str) -> None:
     outcome = CHECKS["error_falls_along"](along(errors), {"variant": "performer", "axis": "features"})
     assert outcome.verdict == verdict, outcome
     assert outcome.ours.startswith(f"{errors[0]:.3g} (features=16)")
+
+
+def test_a_check_needs_every_cell_it_compares() -> None:
+    """A cell skipped or failed at one N makes the claim 'cannot run here' (with the cell's reason), never a verdict
+    drawn from the N that are left; one value of an axis, or one N of a slope, is not a trend."""
+    rows = gains_frame()
+    rows.loc[(rows.label == "full-math") & (rows.seq_len == 4096), ["status", "reason"]] = ["skipped", "too big"]
+    outcome = CHECKS["gains_rise_with_n"](rows, GAINS)
+    assert outcome.verdict == CANNOT and "full-math at N=4096: skipped (too big)" in outcome.detail
+    one = along([0.9, 0.7, 0.5]).iloc[:1]
+    assert CHECKS["error_falls_along"](one, {"variant": "performer", "axis": "features"}).verdict == CANNOT
+    slopes = {"slopes": {"linear": [0.7, 1.3], "full-math": [1.6, 2.4]}}
+    assert CHECKS["time_slopes"](timed(1.0, 2.0).iloc[[0, 4, 5]], slopes).verdict == CANNOT
+    window = sinks(0.5, 0.41)
+    window.loc[1, ["status", "reason"]] = ["error", "output has NaN or Inf"]
+    params = {"window": "band(sinks=0, window=256)", "sinks": "band(sinks=4, window=256)"}
+    assert CHECKS["sinks_restore"](window, params).verdict == CANNOT
+    assert CHECKS["not_transferable"](frame([]), {"why": "a training claim"}).verdict == CANNOT
 
 
 def test_the_default_value_of_the_axis_counts_as_its_value() -> None:
@@ -107,8 +129,9 @@ SHARED = {"variant": "lsh", "better": {"shared_qk": False}, "worse": {"shared_qk
     "better, worse, verdict",
     [
         ([0.5, 0.52, 0.49], [0.9, 0.95, 0.88], HOLDS),
-        ([0.5, 0.9, 0.49], [0.52, 0.88, 0.6], TREND),  # lower on average, not beyond the noise
+        ([0.5, 0.9, 0.3], [0.6, 0.88, 0.6], TREND),  # lower by 18% on average, not beyond the noise
         ([0.9, 0.95, 0.88], [0.5, 0.52, 0.49], FAILS),
+        ([0.5, 0.5, 0.5], [0.5001, 0.5001, 0.5001], FAILS),  # lower every time, by 0.02%: no measurable effect
     ],
 )
 def test_more_accurate_pairs_by_seed(better: list[float], worse: list[float], verdict: str) -> None:
@@ -156,9 +179,19 @@ def test_sinks_restore(error_with: float, dropped_with: float, verdict: str) -> 
 @pytest.mark.parametrize("claim", CLAIMS, ids=[c.id for c in CLAIMS])
 def test_every_claim_is_well_formed(claim, quick: bool) -> None:
     """Its config parses, its check exists, and every label its check compares is a label its sweep makes."""
-    config = parse_config(claim.config(quick), source=claim.id)
     assert claim.check in CHECKS
+    if not claim.sweep:
+        assert claim.check == "not_transferable" and claim.params["why"]
+        return
+    config = parse_config(claim.config(quick), source=claim.id)
     labels = {cell.variant.label() for cell in config.plan().cells}  # as results.csv labels them
+    from attnbench.registry import registry
+    from attnbench.runfolder.rows import Measured
+
+    for side in ("better", "worse"):  # a misspelt key would silently match nothing
+        if side in claim.params:
+            assert set(claim.params[side]) <= set(registry.load(claim.params["variant"]).hyperparameters)
+    assert claim.params.get("metric", "err_vs_uniform") in {f.name for f in fields(Measured)}
     named = set(claim.params.get("published", {})) | {claim.params.get("baseline")} | set(
         claim.params.get("falls_with_k", [])
     ) | set(claim.params.get("slopes", {})) | {claim.params.get("window"), claim.params.get("sinks")}

@@ -44,7 +44,7 @@ class Distribution:
 
 
 DISTRIBUTIONS: dict[str, Distribution] = {
-    "gaussian": Distribution(gaussian, {"temperature": 1.0}, ("temperature",)),
+    "gaussian": Distribution(gaussian, {"temperature": 1.0, "scale": 1.0}, ("temperature", "scale")),
     "clustered": Distribution(
         clustered, {"clusters": 8, "spread": 0.3, "temperature": 0.1}, ("clusters", "spread", "temperature")
     ),

@@ -2,7 +2,8 @@
 
 An approximation error means something only on inputs whose attention has the structure a variant
 relies on, so there are several, each with the statistic it claims (tests check them):
-- `gaussian`: iid N(0, 1), logits with std 1/temperature. Near-uniform attention at temperature 1.
+- `gaussian`: iid N(0, 1), logits with std 1/temperature (Q and K both times `scale`: std scale^2/temperature).
+  Near-uniform attention at temperature 1.
 - `clustered`: queries and keys near a few shared centroids (what LSH is built for): low entropy.
 - `local`: rotary position phases at Gaussian-drawn frequencies: attention mass decays with distance (band's case).
 - `lowrank`: Q and K inside a `rank`-dimensional subspace (what Linformer argues for).
@@ -24,10 +25,17 @@ from torch import Tensor
 Shape4 = tuple[int, int, int, int]
 
 
-def gaussian(generator: torch.Generator, shape: Shape4, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
-    """iid N(0, 1); Q divided by `temperature`, so the logits q.k/sqrt(d) have std 1/temperature."""
+def gaussian(
+    generator: torch.Generator, shape: Shape4, temperature: float = 1.0, scale: float = 1.0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """iid N(0, 1); Q divided by `temperature`, so the logits q.k/sqrt(d) have std 1/temperature; `scale` multiplies
+    Q and K both (logit std scale^2 / temperature): random-feature methods depend on |q| and |k|, not only on the
+    logits, and the Performer paper's comparisons draw both small."""
     q = torch.randn(shape, generator=generator) / temperature
-    return q, torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+    k = torch.randn(shape, generator=generator)
+    if scale != 1.0:  # (the default draws exactly what it always drew)
+        q, k = q * scale, k * scale
+    return q, k, torch.randn(shape, generator=generator)
 
 
 def _norm_for_logit(d: int, temperature: float) -> float:

@@ -21,6 +21,7 @@ FAILS = "does not hold"
 CANNOT = "cannot run here"
 SLACK = 0.10  # a step of a trend may go the wrong way by this fraction (timing and sampling noise) and still count
 SIZE_FACTOR = 2.0  # a figure compared in size holds within this factor of the published one
+MIN_EFFECT = 0.10  # a trend or a comparison counts only when it moves its figure by at least this fraction
 
 
 @dataclass(frozen=True)
@@ -38,26 +39,28 @@ def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def not_run(frame: pd.DataFrame, labels: list[str]) -> Outcome | None:
-    """CANNOT, naming the cells' reasons, when a label the check needs has no ok cell; None when all have."""
-    ok = ok_rows(frame)
-    missing = [label for label in labels if not (ok.label == label).any()]
-    if not missing:
+    """CANNOT, naming the cells' reasons, when a label the check needs has no cell, or a cell of it did not run ok
+    (a figure compared across N needs every N); None when every cell of every label ran ok."""
+    missing = [label for label in labels if not (frame.label == label).any()]
+    failed = [label for label in labels if label not in missing and (frame[frame.label == label].status != "ok").any()]
+    if not missing and not failed:
         return None
-    reasons = sorted({str(r) for r in frame[frame.label.isin(missing)].reason.dropna()})
-    why = "; ".join(reasons) if reasons else "not in the run"
-    return Outcome(CANNOT, "–", f"no ok cell for {', '.join(missing)}: {why}")
+    bad = frame[frame.label.isin(failed) & (frame.status != "ok")]
+    reasons = [f"{r.label} at N={r.seq_len}: {r.status} ({r.reason})" for r in bad.itertuples()]
+    reasons += [f"{label}: not in the run" for label in missing]
+    return Outcome(CANNOT, "–", "not every cell it needs ran ok: " + "; ".join(reasons))
 
 
 def rises(values: list[float]) -> bool:
-    """Up from first to last, no step down by more than SLACK."""
+    """Up from first to last by at least MIN_EFFECT, no step down by more than SLACK."""
     steps_ok = all(b >= a * (1 - SLACK) for a, b in zip(values, values[1:]))
-    return len(values) >= 2 and values[-1] > values[0] and steps_ok
+    return len(values) >= 2 and values[-1] >= values[0] * (1 + MIN_EFFECT) and steps_ok
 
 
 def falls(values: list[float], slack: float = SLACK) -> bool:
-    """Down from first to last, no step up by more than `slack`."""
+    """Down from first to last by at least MIN_EFFECT, no step up by more than `slack`."""
     steps_ok = all(b <= a * (1 + slack) for a, b in zip(values, values[1:]))
-    return len(values) >= 2 and values[-1] < values[0] and steps_ok
+    return len(values) >= 2 and values[-1] <= values[0] * (1 - MIN_EFFECT) and steps_ok
 
 
 def within(ours: float, published: float, factor: float = SIZE_FACTOR) -> bool:
@@ -131,31 +134,39 @@ def _defaults(variant: str) -> dict[str, Any]:
 
 
 def error_falls_along(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
-    """The mean error vs uniform (over seeds and inputs) falls at every step along the hyperparameter `axis` of
-    `variant`; in trend when it is lower at the last value than the first only."""
-    variant, axis = params["variant"], params["axis"]
+    """The mean error (`metric`, default error vs uniform; over seeds and inputs) falls at every step along the
+    hyperparameter `axis` of `variant`, by MIN_EFFECT overall; in trend when it falls by MIN_EFFECT from the first
+    value to the last but not at every step."""
+    variant, axis, metric = params["variant"], params["axis"], params.get("metric", "err_vs_uniform")
+    labels = list(frame[frame.variant == variant].label.unique())
+    if (missing := not_run(frame, labels or [variant])) is not None:
+        return missing
     rows = ok_rows(frame)
     rows = rows[rows.variant == variant]
-    if rows.empty:
-        return not_run(frame, list(frame[frame.variant == variant].label.unique()) or [variant]) or Outcome(
-            CANNOT, "–", f"no {variant} cell"
-        )
     default = _defaults(variant)[axis]
     values = rows.hparams.fillna("{}").map(lambda text: (json.loads(text) if text else {}).get(axis, default))
-    errors = rows.err_vs_uniform.groupby(values).mean().sort_index()
+    errors = rows[metric].groupby(values).mean().sort_index()
+    if len(errors) < 2:
+        return Outcome(CANNOT, "–", f"{variant} ran at fewer than two values of {axis}")
     line = " → ".join(f"{error:.3g} ({axis}={value})" for value, error in errors.items())
+    what = f"mean {metric} over {rows.seed.nunique()} seed(s)"
     if falls(list(errors), slack=0.0):  # errors are means over seeds: every step must fall
-        return Outcome(HOLDS, line, f"mean error vs uniform over {rows.seed.nunique()} seed(s) falls along {axis}")
-    if len(errors) >= 2 and errors.iloc[-1] < errors.iloc[0]:
-        return Outcome(TREND, line, f"lower at the largest {axis} than the smallest, but not step by step")
-    return Outcome(FAILS, line, f"the error does not fall along {axis}")
+        return Outcome(HOLDS, line, f"{what} falls at every step along {axis}")
+    if falls(list(errors), slack=float("inf")):
+        return Outcome(TREND, line, f"{what} falls from the smallest {axis} to the largest, not at every step")
+    return Outcome(FAILS, line, f"{what} does not fall by {MIN_EFFECT:.0%} along {axis}")
 
 
 def more_accurate(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     """`better` settings of `variant` against `worse` ones, paired on everything else (input, seed, N, the other
-    hyperparameters): holds when the better one's error vs uniform is lower on average on every input and the mean
-    paired difference lies beyond twice its standard error; in trend when it is lower on average only."""
+    hyperparameters), by `metric` (default error vs uniform): holds when the better one's error is lower by MIN_EFFECT
+    on average, lower on every input, and the mean paired difference lies beyond twice its standard error; in trend
+    when lower by MIN_EFFECT on average only; otherwise it does not hold."""
     variant, better, worse = params["variant"], params["better"], params["worse"]
+    metric = params.get("metric", "err_vs_uniform")
+    labels = list(frame[frame.variant == variant].label.unique())
+    if (missing := not_run(frame, labels or [variant])) is not None:
+        return missing
     defaults = _defaults(variant)
     good, bad = _matching(frame, variant, better, defaults), _matching(frame, variant, worse, defaults)
     if good.empty or bad.empty:
@@ -164,25 +175,27 @@ def more_accurate(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     def keyed(rows: pd.DataFrame) -> pd.DataFrame:
         rest = hyperparameters(rows).drop(columns=list(better), errors="ignore")
         rest_key = rest.apply(lambda row: json.dumps(row.dropna().to_dict(), sort_keys=True), axis=1)
-        return rows.assign(rest=rest_key)[["input", "seed", "seq_len", "rest", "err_vs_uniform"]]
+        return rows.assign(rest=rest_key, err=rows[metric])[["input", "seed", "seq_len", "rest", "err"]]
 
     pairs = keyed(good).merge(keyed(bad), on=["input", "seed", "seq_len", "rest"], suffixes=("_better", "_worse"))
     if pairs.empty:
         return Outcome(CANNOT, "–", "no cells to pair (same input, seed, N and other hyperparameters)")
-    difference = pairs.err_vs_uniform_better - pairs.err_vs_uniform_worse
-    by_input = pairs.groupby("input")[["err_vs_uniform_better", "err_vs_uniform_worse"]].mean()
+    difference = pairs.err_better - pairs.err_worse
+    by_input = pairs.groupby("input")[["err_better", "err_worse"]].mean()
     names = ", ".join(f"{k}={v}" for k, v in better.items()), ", ".join(f"{k}={v}" for k, v in worse.items())
-    figures = "; ".join(f"{i}: {row.err_vs_uniform_better:.4g} vs {row.err_vs_uniform_worse:.4g}"
-                        for i, row in by_input.iterrows())  # fmt: skip
-    ours = f"error {names[0]} vs {names[1]} ({len(pairs)} pairs): {figures}"
+    figures = "; ".join(f"{i}: {row.err_better:.4g} vs {row.err_worse:.4g}" for i, row in by_input.iterrows())
+    ours = f"{metric} {names[0]} vs {names[1]} ({len(pairs)} pairs): {figures}"
     error = difference.std(ddof=1) / math.sqrt(len(difference)) if len(difference) > 1 else float("inf")
-    everywhere = bool((by_input.err_vs_uniform_better < by_input.err_vs_uniform_worse).all())
-    detail = f"mean paired difference {difference.mean():.3g} (standard error {error:.2g})"
+    everywhere = bool((by_input.err_better < by_input.err_worse).all())
+    relative = -difference.mean() / pairs.err_worse.mean()  # the better one's error, lower by this fraction
+    detail = (f"mean paired difference {difference.mean():.3g} (standard error {error:.2g}; pairs at different "
+              f"settings share inputs, so it is a lower bound), {relative:.1%} of the worse one's error")  # fmt: skip
+    if relative < MIN_EFFECT:
+        return Outcome(FAILS, ours, f"{names[0]} is not more accurate by {MIN_EFFECT:.0%} here; {detail}")
     if everywhere and difference.mean() < -2 * error:
         return Outcome(HOLDS, ours, f"{names[0]} is more accurate on every input; {detail}")
-    if difference.mean() < 0:
-        return Outcome(TREND, ours, f"{names[0]} is more accurate on average, not beyond the noise; {detail}")
-    return Outcome(FAILS, ours, f"{names[0]} is not more accurate here; {detail}")
+    return Outcome(TREND, ours, f"{names[0]} is more accurate on average, not on every input or not beyond the "
+                   f"noise; {detail}")  # fmt: skip
 
 
 def time_slopes(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
@@ -195,6 +208,8 @@ def time_slopes(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     slopes = {}
     for label in ranges:
         times = ok[ok.label == label].groupby("seq_len").time_median_s.median()
+        if len(times) < 2:
+            return Outcome(CANNOT, "–", f"{label} was timed at fewer than two N: no slope")
         xs, ys = [math.log(n) for n in times.index], [math.log(t) for t in times]
         mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
         spread = sum((x - mean_x) ** 2 for x in xs)
@@ -237,10 +252,16 @@ def sinks_restore(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     return Outcome(FAILS, ours, "sinks do not lower the error here")
 
 
+def not_transferable(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
+    """A claim listed so that it is seen, not silently dropped, whose setting cannot be reproduced here: `why`."""
+    return Outcome(CANNOT, "–", params["why"])
+
+
 CHECKS: dict[str, Callable[[pd.DataFrame, dict[str, Any]], Outcome]] = {
     "gains_rise_with_n": gains_rise_with_n,
     "error_falls_along": error_falls_along,
     "more_accurate": more_accurate,
     "time_slopes": time_slopes,
     "sinks_restore": sinks_restore,
+    "not_transferable": not_transferable,
 }

@@ -2,8 +2,9 @@
 the published figure beside ours with a verdict per claim.
 
 Folders: OUT/<claim> (OUT/<claim>-quick with --quick), each an ordinary run folder (`attnbench report` reads it);
-a claim whose folder holds a finished run is checked again without running, an unfinished one is resumed.
-OUT/reproduce.md: the one-screen table first, then each claim's setting, figures and run folder.
+a claim whose folder holds a finished run is checked again without running, an unfinished one is resumed, one made
+with another setting (an older catalogue) is left alone and said. OUT/reproduce.md (reproduce-quick.md with
+--quick): the one-screen table of the claims of this call first, then each claim's setting, figures and run folder.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from attnbench.atomic import write_text_atomic
 from attnbench.exit_status import Exit
 from attnbench.interface import did_you_mean
-from attnbench.plan.config import ConfigError, parse_config
+from attnbench.plan.config import ConfigError, SweepConfig, parse_config
 from attnbench.registry import registry
 from attnbench.reproduce.checks import CANNOT, CHECKS, FAILS, HOLDS, TREND, Outcome
 from attnbench.reproduce.claims import CLAIMS, Claim
-from attnbench.runfolder.results import read_results
+from attnbench.runfolder.folder import RunFolderBusy
+from attnbench.runfolder.results import RunFolderUnreadable, read_results
 
 ACCEPTED = (HOLDS, TREND)  # the exit status is 0 when every claim that could run is one of these
 
@@ -40,8 +44,8 @@ def select(names: list[str]) -> list[Claim] | str:
     unknown = [name for name in names if name not in known]
     if unknown:
         hints = "".join(did_you_mean(name, list(known)) for name in unknown)
-        return f"unknown claim(s) {', '.join(unknown)}.{hints} Known: {', '.join(known)} (see --list)"
-    return [known[name] for name in names] if names else list(CLAIMS)
+        return f"unknown claim(s) {', '.join(map(repr, unknown))}.{hints} Known: {', '.join(known)} (see --list)"
+    return [known[name] for name in dict.fromkeys(names)] if names else list(CLAIMS)  # each once, in order
 
 
 def missing_variants(claim: Claim) -> list[str]:
@@ -50,26 +54,47 @@ def missing_variants(claim: Claim) -> list[str]:
     return [name for name in claim.variants if name not in names]
 
 
-def finished(folder: Path) -> bool:
-    """A run folder whose run ended (meta.json says when)."""
-    meta = folder / "meta.json"
-    return meta.is_file() and "finished" in json.loads(meta.read_text() or "{}")
+def stored_meta(folder: Path) -> dict:
+    """The folder's meta.json ({} when there is none); an unreadable one is the folder's problem, said as such."""
+    path = folder / "meta.json"
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RunFolderUnreadable(f"{path}: not valid JSON ({error}); remove {folder} to measure this claim again")
+    return meta if isinstance(meta, dict) else {}
+
+
+def same_setting(meta: dict, config: SweepConfig) -> bool:
+    """The folder's run was made with this claim's config (an older catalogue or the other of --quick is not)."""
+    return json.loads(json.dumps(meta.get("config"))) == json.loads(json.dumps(config.to_dict()))
 
 
 def run_claim(claim: Claim, out: Path, *, quick: bool, progress: bool) -> Checked:
     """Run (or resume, or reuse) the claim's cells, then check them."""
     from attnbench.run.sweep import run_plan
 
+    if not claim.sweep:  # listed so that it is seen: its check says why nothing here can test it
+        return Checked(claim, None, CHECKS[claim.check](pd.DataFrame(), claim.params))
     if missing := missing_variants(claim):
         return Checked(claim, None, Outcome(CANNOT, "–", f"needs variant(s) not installed here: {', '.join(missing)}"))
     config = parse_config(claim.config(quick), source=f"claim {claim.id}")
     folder = out / (f"{claim.id}-quick" if quick else claim.id)
-    if not finished(folder):
-        resume = (folder / "meta.json").is_file()
-        run_plan(config, progress=progress, run_dir=folder, resume=resume,
-                 command=["attnbench", "reproduce", claim.id, *(["--quick"] if quick else [])])  # fmt: skip
+    meta = stored_meta(folder)
+    if meta and not same_setting(meta, config):
+        why = f"{folder} holds a run of another setting of this claim (an older catalogue?): remove it to measure again"
+        return Checked(claim, folder, Outcome(CANNOT, "–", why))
+    if "finished" not in meta:
+        command = ["attnbench", "reproduce", claim.id, *(["--quick"] if quick else []), "--out", str(out)]
+        run_plan(config, progress=progress, run_dir=folder, resume=bool(meta), command=command)
     frame = read_results(folder)
-    return Checked(claim, folder, CHECKS[claim.check](frame, claim.params))
+    try:
+        outcome = CHECKS[claim.check](frame, claim.params)
+    except Exception as error:  # results a check cannot read (a hand-edited folder): said, and the others go on
+        why = f"the check could not read {folder}/results.csv ({type(error).__name__}: {error})"
+        outcome = Outcome(CANNOT, "–", why)
+    return Checked(claim, folder, outcome)
 
 
 def table(results: list[Checked]) -> str:
@@ -114,10 +139,10 @@ def document(results: list[Checked], quick: bool) -> str:
     return "\n".join(parts)
 
 
-def listing() -> str:
-    """--list: every claim, what it checks and whether it can run here."""
+def listing(claims: list[Claim]) -> str:
+    """--list: the claims, what each checks and whether it can run here."""
     lines = []
-    for claim in CLAIMS:
+    for claim in claims:
         missing = missing_variants(claim)
         state = f"needs {', '.join(missing)}" if missing else "runs here"
         lines.append(f"{claim.id:<24} {claim.paper}, {claim.where} [{state}]\n{'':<24} {claim.statement}")
@@ -128,13 +153,13 @@ def command_reproduce(names: list[str], out: Path, *, quick: bool, progress: boo
     """The command: exit 0 when every claim that could run holds at least in trend, 1 when one does not, 2 on
     usage errors (an unknown claim), 130 when interrupted (finished claims' folders are kept; run it again to
     continue)."""
-    if list_only:
-        print(listing())
-        return Exit.OK
     chosen = select(names)
     if isinstance(chosen, str):
         print(f"attnbench: {chosen}", file=sys.stderr)
         return Exit.USAGE
+    if list_only:
+        print(listing(chosen))
+        return Exit.OK
     results = []
     for index, claim in enumerate(chosen, 1):
         if progress:
@@ -144,6 +169,9 @@ def command_reproduce(names: list[str], out: Path, *, quick: bool, progress: boo
             results.append(run_claim(claim, out, quick=quick, progress=progress))
         except ConfigError as error:  # a catalogue entry this machine's settings refuse (e.g. memory): said, not hidden
             results.append(Checked(claim, None, Outcome(CANNOT, "–", str(error))))
+        except RunFolderBusy as error:  # another reproduce (or run) is writing this claim's folder
+            print(f"attnbench: {error}", file=sys.stderr)
+            return Exit.USAGE
         except KeyboardInterrupt:  # the run folder keeps its finished cells; the next call resumes it
             again = " ".join(["attnbench reproduce", *names, *(["--quick"] if quick else []), "--out", str(out)])
             print(f"\nattnbench: interrupted during {claim.id}; the claims' run folders in {out}/ keep every finished "
