@@ -38,7 +38,7 @@ from attnbench.measure.machine import available_memory_bytes, device_description
 from attnbench.measure.memory import call_memory
 from attnbench.measure.metrics import error_metrics
 from attnbench.measure.noise import LoadWatch, cpu_mhz, load_average, noise_reason
-from attnbench.measure.reference import Reference, dropped_mass, exact_reference
+from attnbench.measure.reference import Reference, dropped_masses, exact_reference
 from attnbench.measure.timing import time_in_turns, timed_call
 from attnbench.ops import TOLERANCE, exactness_error
 from attnbench.plan.cells import Cell, Group
@@ -171,6 +171,7 @@ class GroupMeasurement:
         self.self_checks = {} if self_checks is None else self_checks  # shared across groups of a run
         self.progress = progress or (lambda step, key: None)
         self.fields: dict[str, dict[str, Any]] = {cell.key(): {} for cell in group.cells}
+        self.supports: dict[str, torch.Tensor] = {}  # exact-pattern variants' supports, for their dropped mass
         self.variants: dict[str, AttentionVariant] = {}
         self.first_call: dict[str, float] = {}  # seconds of each cell's first call at its shape
         self.inputs: Inputs | None = None
@@ -204,6 +205,7 @@ class GroupMeasurement:
             for cell in self.group.cells:
                 if cell.key() in self.variants:
                     self._check_and_error(cell)
+            self._dropped_masses()
             if self.group.timed:
                 with warm_allocator():
                     samples = self._time_in_turns()
@@ -292,14 +294,9 @@ class GroupMeasurement:
                     input_head_spread=self.reference.head_spread,
                 )
                 if variant.exact and variant.family != "exact" and cell.seq_len == cell.n_k <= DROPPED_MASS_MAX_N:
-                    self.fields[key]["dropped_mass"] = dropped_mass(
-                        inputs.q,
-                        inputs.k,
-                        variant.support_for(
-                            inputs.q, inputs.k, causal=cell.causal, key_padding_mask=inputs.key_padding_mask
-                        ),
-                        causal=cell.causal,
-                        key_padding_mask=inputs.key_padding_mask,
+                    # measured for every such variant of the group in one pass over the exact weights, after
+                    self.supports[key] = variant.support_for(
+                        inputs.q, inputs.k, causal=cell.causal, key_padding_mask=inputs.key_padding_mask
                     )
             del output
             if cell.mode == "fwd+bwd":
@@ -309,6 +306,28 @@ class GroupMeasurement:
                     return self._fail(key, {"status": "error", "reason": "gradients have NaN or Inf"})
         except (Exception, SystemExit) as error:
             self._fail(key, failure(error))
+
+    def _dropped_masses(self) -> None:
+        """The exact attention mass outside each exact-pattern variant's support, all from one pass over the exact
+        weights (one softmax per chunk of queries, however many variants: at N=4096 each pass takes seconds)."""
+        supports, self.supports = self.supports, {}
+        if not supports or self.inputs is None:
+            return
+        self.progress("dropped mass", GROUP_STEP)
+        try:
+            masses = dropped_masses(
+                self.inputs.q,
+                self.inputs.k,
+                supports,
+                causal=self.setting.causal,
+                key_padding_mask=self.inputs.key_padding_mask,
+            )
+        except Exception as error:  # a support that does not fit the inputs is its variant's failure
+            for key in supports:
+                self._fail(key, failure(error))
+            return
+        for key, mass in masses.items():
+            self.fields[key]["dropped_mass"] = mass
 
     def _self_check(self, cell: Cell, variant: AttentionVariant) -> tuple[bool, str]:
         """Exact variants against the dense reference of their own pattern at small N, once per run."""

@@ -137,12 +137,27 @@ def dropped_mass(
 
     For an exact-pattern variant this mass is what its error against full attention comes from.
     """
+    return dropped_masses(
+        q, k, {"": support}, causal=causal, key_padding_mask=key_padding_mask, max_chunk_elements=max_chunk_elements
+    )[""]
+
+
+def dropped_masses(
+    q: Tensor,
+    k: Tensor,
+    supports: dict[str, Tensor],
+    *,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    max_chunk_elements: int = REFERENCE_CHUNK_ELEMENTS,
+) -> dict[str, float]:
+    """`dropped_mass` of several supports of the same q and k, from one pass over the exact weights."""
     q64, k64 = q.detach().to(torch.float64), k.detach().to(torch.float64)
     b, h, n_q, _ = q.shape
     n_k = k.shape[-2]
-    support = support.to(q.device)
+    supports = {key: support.to(q.device) for key, support in supports.items()}
     chunk = reference_chunk_rows(b, h, n_k, max_chunk_elements)
-    dropped = 0.0
+    dropped = dict.fromkeys(supports, 0.0)
     for start in range(0, n_q, chunk):
         stop = min(n_q, start + chunk)
         allowed = allowed_keys(
@@ -150,5 +165,8 @@ def dropped_mass(
         )
         scores = einsum(q64[:, :, start:stop], k64, "b h i d, b h j d -> b h i j") * default_scale(q.shape[-1])
         weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
-        dropped += (weights * ~support[..., start:stop, :]).sum().item()
-    return dropped / (b * h * n_q)
+        del scores
+        total = weights.sum().item()
+        for key, support in supports.items():  # outside = all of the row's mass - the mass inside
+            dropped[key] += total - weights.masked_fill(~support[..., start:stop, :], 0.0).sum().item()
+    return {key: mass / (b * h * n_q) for key, mass in dropped.items()}
