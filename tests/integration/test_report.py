@@ -302,6 +302,7 @@ def test_no_efficiency_exceeds_100_percent_the_peak_is_raised_and_said(tmp_path:
     assert notes and "above the measured matmul peak 22.0: the peak is raised to it" in notes[0]
     text = report_text(run)
     assert "the peak is raised to it" in text and "above peak" not in text
+    assert "Time over roofline" in text  # issue 27, item 4 (in part): beside the efficiency, the distance to the limit
 
 
 

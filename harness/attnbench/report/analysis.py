@@ -123,6 +123,24 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
     return cells.apply(fraction, axis=1) if len(cells) else pd.Series(dtype=float)
 
 
+def time_over_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
+    """Median time over the roofline, max(FLOPs / matmul peak, bytes moved / copy peak), from each variant's cost
+    model and the run's peaks: 1 is as fast as the work it counts allows on this machine; NaN where a figure is
+    missing. Where it is far above 1, a speedup measures the implementation more than the method."""
+
+    def ratio(row: pd.Series) -> float:
+        peak = peaks.get(f"{row['device']}/{row['dtype']}", {})
+        matmul, copy = peak.get("matmul_flops_per_s"), peak.get("copy_bytes_per_s")
+        if not matmul or not copy or row["status"] != "ok" or not row["time_median_s"]:
+            return float("nan")
+        if pd.isna(row["flops"]) or pd.isna(row["bytes_moved"]):
+            return float("nan")
+        roofline = max(row["flops"] / matmul, row["bytes_moved"] / copy)
+        return row["time_median_s"] / roofline if roofline > 0 else float("nan")
+
+    return cells.apply(ratio, axis=1) if len(cells) else pd.Series(dtype=float)
+
+
 def raised_peaks(cells: pd.DataFrame, peaks: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:
     """`peaks` with each device/dtype's matmul peak raised to the highest FLOP/s an ok cell achieved, where that is
     higher (a peak measured low on a busy machine would put efficiencies above 100%), and a note per raise."""

@@ -18,7 +18,7 @@ import pandas as pd
 from attnbench.atomic import write_text_atomic
 from attnbench.inputs.catalogue import LOCALITY_WINDOW
 from attnbench.plan.config import overrides_text
-from attnbench.report.analysis import crossover_table, efficiency, raised_peaks, scaling_table
+from attnbench.report.analysis import crossover_table, efficiency, raised_peaks, scaling_table, time_over_roofline
 from attnbench.report.document import Block, _slug, render_html, render_markdown
 from attnbench.report.plots import plot_error, plot_pareto, plot_speedup, plot_versus_n, styles
 from attnbench.report.summary import interval_words, noise_line
@@ -232,6 +232,15 @@ def detail_blocks(
                 "rate a cell reached where that was higher: see 'measured peaks'; a sparse variant counts only the "
                 "work its algorithm does).",
                 _pivot(with_efficiency, lambda r: format_number(100 * r.efficiency, ".1f") + "%"),
+            )
+        )
+        with_roofline = cells.assign(over_roofline=time_over_roofline(cells, peaks))
+        blocks.append(
+            _table(
+                "Time over roofline: each median time over max(FLOPs / matmul peak, bytes moved / copy peak), from "
+                "its cost model and the same peaks (1 is as fast as the counted work allows here; far above 1, a "
+                "speedup measures the implementation more than the method).",
+                _pivot(with_roofline, lambda r: format_number(r.over_roofline, ".3g") + "×"),
             )
         )
         blocks += _scaling_blocks(cells, baseline)
