@@ -110,27 +110,22 @@ def _series(values: pd.Series) -> str:
     return " → ".join(f"{value:.3g}× ({n})" for n, value in values.items())
 
 
-def hyperparameters(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows' hyperparameters as columns (from the JSON `hparams` column); absent ones are NaN."""
-    parsed = frame.hparams.fillna("{}").map(lambda text: json.loads(text) if text else {})
-    return pd.DataFrame(list(parsed), index=frame.index)
-
-
-def _matching(frame: pd.DataFrame, variant: str, wanted: dict[str, Any], defaults: dict[str, Any]) -> pd.DataFrame:
-    rows = ok_rows(frame)
-    rows = rows[rows.variant == variant]
-    params = hyperparameters(rows)
-    keep = pd.Series(True, index=rows.index)
-    for key, value in wanted.items():
-        column = params[key] if key in params else pd.Series(defaults.get(key), index=rows.index)
-        keep &= column.fillna(defaults.get(key)).map(lambda x, v=value: x == v)
-    return rows[keep]
-
-
 def _defaults(variant: str) -> dict[str, Any]:
     from attnbench.registry import registry
 
     return {key: spec.default for key, spec in registry.load(variant).hyperparameters.items()}
+
+
+def variant_rows(frame: pd.DataFrame, variant: str) -> pd.DataFrame | Outcome:
+    """The ok rows of `variant` with each row's whole setting (`setting`: its JSON hyperparameters over the
+    variant's defaults, a dict per row), or CANNOT when one of its cells did not run ok."""
+    labels = list(frame[frame.variant == variant].label.unique())
+    if (missing := not_run(frame, labels or [variant])) is not None:
+        return missing
+    rows = ok_rows(frame)
+    rows = rows[rows.variant == variant]
+    defaults = _defaults(variant)
+    return rows.assign(setting=rows.hparams.fillna("{}").map(lambda text: {**defaults, **json.loads(text or "{}")}))
 
 
 def error_falls_along(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
@@ -138,14 +133,10 @@ def error_falls_along(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     hyperparameter `axis` of `variant`, by MIN_EFFECT overall; in trend when it falls by MIN_EFFECT from the first
     value to the last but not at every step."""
     variant, axis, metric = params["variant"], params["axis"], params.get("metric", "err_vs_uniform")
-    labels = list(frame[frame.variant == variant].label.unique())
-    if (missing := not_run(frame, labels or [variant])) is not None:
-        return missing
-    rows = ok_rows(frame)
-    rows = rows[rows.variant == variant]
-    default = _defaults(variant)[axis]
-    values = rows.hparams.fillna("{}").map(lambda text: (json.loads(text) if text else {}).get(axis, default))
-    errors = rows[metric].groupby(values).mean().sort_index()
+    rows = variant_rows(frame, variant)
+    if isinstance(rows, Outcome):
+        return rows
+    errors = rows[metric].groupby(rows.setting.map(lambda setting: setting[axis])).mean().sort_index()
     if len(errors) < 2:
         return Outcome(CANNOT, "–", f"{variant} ran at fewer than two values of {axis}")
     line = " → ".join(f"{error:.3g} ({axis}={value})" for value, error in errors.items())
@@ -164,18 +155,21 @@ def more_accurate(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     when lower by MIN_EFFECT on average only; otherwise it does not hold."""
     variant, better, worse = params["variant"], params["better"], params["worse"]
     metric = params.get("metric", "err_vs_uniform")
-    labels = list(frame[frame.variant == variant].label.unique())
-    if (missing := not_run(frame, labels or [variant])) is not None:
-        return missing
-    defaults = _defaults(variant)
-    good, bad = _matching(frame, variant, better, defaults), _matching(frame, variant, worse, defaults)
+    rows = variant_rows(frame, variant)
+    if isinstance(rows, Outcome):
+        return rows
+
+    def matching(wanted: dict[str, Any]) -> pd.DataFrame:
+        return rows[rows.setting.map(lambda setting: all(setting[key] == value for key, value in wanted.items()))]
+
+    good, bad = matching(better), matching(worse)
     if good.empty or bad.empty:
         return Outcome(CANNOT, "–", f"no ok cell of {variant} with {better if good.empty else worse}")
 
-    def keyed(rows: pd.DataFrame) -> pd.DataFrame:
-        rest = hyperparameters(rows).drop(columns=list(better), errors="ignore")
-        rest_key = rest.apply(lambda row: json.dumps(row.dropna().to_dict(), sort_keys=True), axis=1)
-        return rows.assign(rest=rest_key, err=rows[metric])[["input", "seed", "seq_len", "rest", "err"]]
+    def keyed(side: pd.DataFrame) -> pd.DataFrame:  # paired on every other hyperparameter, defaults included
+        rest = side.setting.map(lambda setting: json.dumps({k: v for k, v in setting.items() if k not in better},
+                                                            sort_keys=True))  # fmt: skip
+        return side.assign(rest=rest, err=side[metric])[["input", "seed", "seq_len", "rest", "err"]]
 
     pairs = keyed(good).merge(keyed(bad), on=["input", "seed", "seq_len", "rest"], suffixes=("_better", "_worse"))
     if pairs.empty:
