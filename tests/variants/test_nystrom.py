@@ -3,12 +3,9 @@ and its error falls as landmarks are added."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from attnbench.inputs.catalogue import make_inputs
-from attnbench.measure.memory import peak_memory
 from attnbench.measure.metrics import error_metrics
 from attnbench.measure.reference import exact_reference
 from attnbench.ops import allowed_keys, dense_masked_attention, padding_mask
@@ -85,14 +82,3 @@ def test_gradients_match_finite_differences() -> None:
     q, k, v = (t[:1, :1, :9, :4].clone().requires_grad_() for t in qkv(9))
     mask = padding_mask(1, 9, 0.3)
     assert torch.autograd.gradcheck(lambda q, k, v: variant(q, k, v, key_padding_mask=mask), (q, k, v))
-
-
-def test_memory_stays_linear_in_n() -> None:
-    variant = registry.create("nystromformer")
-    peaks = {}
-    for n in (4096, 16384):
-        q, k, v = (torch.randn(1, 1, n, 16) for _ in range(3))
-        with torch.no_grad():
-            peaks[n], _ = peak_memory(lambda: variant(q, k, v), torch.device("cpu"), inputs=(q, k, v))
-    assert peaks[16384] < 16384**2 * 4 / 20
-    assert math.log(peaks[16384] / peaks[4096]) / math.log(4) <= 1.25
