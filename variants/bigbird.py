@@ -19,7 +19,6 @@ d - head dim, e - value dim
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from attnbench.interface import (
     AttentionVariant,
     Capabilities,
@@ -40,6 +39,7 @@ from attnbench.variants.blocks import (
     partial_attention,
     pattern_attention,
     query_blocks,
+    real_key_blocks,
 )
 from attnbench.variants.window import unblocked
 from einops import rearrange
@@ -126,11 +126,7 @@ class BigBirdAttention(AttentionVariant):
         size = self.size(n)
         blocks, glob, ids, valid = self.layout(n)
         ids, valid = ids.to(q.device), valid.to(q.device)
-        pad = blocks * size - n
-        real = torch.arange(blocks * size, device=q.device) < n  # (positions,) inside the sequence
-        if key_padding_mask is not None:
-            real = real & ~F.pad(key_padding_mask, (0, pad), value=True)  # (b, positions)
-        real = real.expand(b, -1)  # (b, positions)
+        real = rearrange(real_key_blocks(b, n, size, key_padding_mask, q.device), "b q j -> b (q j)")  # (b, positions)
         q_blocks = query_blocks(q, size)  # ((b h), q, i, d)
         parts = [
             self.window_part(q_blocks, k, v, real),

@@ -55,6 +55,15 @@ def window_positions(n: int, block: int, before: int, span: int, device: torch.d
     return queries, keys
 
 
+def real_key_blocks(batch: int, n: int, block: int, key_padding_mask: Tensor | None, device: torch.device) -> Tensor:
+    """(b, blocks, block) bool over n keys cut into blocks (the last one padded): the key exists and is not padding."""
+    blocks = -(-n // block)
+    real = torch.arange(blocks * block, device=device) < n  # positions past n pad the last block
+    if key_padding_mask is not None:
+        real = real & ~F.pad(key_padding_mask, (0, blocks * block - n), value=True)
+    return rearrange(real.expand(batch, -1), "b (c j) -> b c j", j=block)
+
+
 def key_validity_windows(key_padding_mask: Tensor | None, n: int, block: int, before: int, after: int) -> Tensor | None:
     """(b, blocks, 1, span) bool, True where the windowed key is a real (non-padding) key; None if all are."""
     if key_padding_mask is None:

@@ -45,6 +45,7 @@ from attnbench.variants.blocks import (
     expand_over_heads,
     pad_sequence,
     partial_attention,
+    real_key_blocks,
     with_causal,
 )
 from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
@@ -90,15 +91,10 @@ def _as_grid(x: Tensor, stride: int) -> Tensor:
 
 
 def _real_positions(n: int, stride: int, key_padding_mask: Tensor | None, device: torch.device) -> Tensor:
-    """(b | 1, rows, stride) bool: positions inside [0, n) and not padding."""
-    rows = -(-n // stride)
-    inside = (torch.arange(rows * stride, device=device) < n)[None]  # (1, rows*stride)
-    if key_padding_mask is not None:
-        inside = (
-            inside
-            & pad_sequence((~key_padding_mask)[:, None, :, None].float(), 0, rows * stride - n)[:, 0, :, 0].bool()
-        )
-    return rearrange(inside, "b (r c) -> b r c", c=stride)
+    """(b | 1, rows, stride) bool: positions inside [0, n) and not padding (one row for every batch element when
+    nothing is padded)."""
+    batch = 1 if key_padding_mask is None else key_padding_mask.shape[0]
+    return real_key_blocks(batch, n, stride, key_padding_mask, device)
 
 
 # ---- the parts, each returning its output and log-sum-exp in (b, h, n, .) order --------------------

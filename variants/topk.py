@@ -38,7 +38,7 @@ from attnbench.interface import (
     softmax_attention_flops,
 )
 from attnbench.ops import causal_allows
-from attnbench.variants.blocks import Pattern, expand_over_heads, partial_attention, query_blocks
+from attnbench.variants.blocks import Pattern, expand_over_heads, partial_attention, query_blocks, real_key_blocks
 from attnbench.variants.window import unblocked
 from einops import einsum, rearrange
 from torch import Tensor
@@ -55,15 +55,6 @@ def score_chunk(size: int) -> int:
 def block_count(n: int, size: int) -> int:
     """Key blocks of `size` covering n positions (the last one may be partial)."""
     return -(-n // size)
-
-
-def real_positions(b: int, n: int, size: int, key_padding_mask: Tensor | None, device: torch.device) -> Tensor:
-    """(b, c, j) bool: the key at each (block, position in block) exists and is not padding."""
-    blocks = block_count(n, size)
-    real = torch.arange(blocks * size, device=device) < n  # positions past n pad the last block
-    if key_padding_mask is not None:
-        real = real & ~F.pad(key_padding_mask, (0, blocks * size - n), value=True)
-    return rearrange(real.expand(b, -1), "b (c j) -> b c j", j=size)
 
 
 def block_summaries(k: Tensor, real: Tensor, size: int, score: str) -> tuple[Tensor, ...]:
@@ -129,7 +120,7 @@ def select_blocks(
     """For each query, its `top_k` highest-scoring key blocks other than its own (causal: only earlier ones; never a
     block without a real key). Fewer slots are filled when fewer blocks qualify; among equal scores, any."""
     b, h, n, _ = q.shape
-    real = real_positions(b, k.shape[-2], size, key_padding_mask, q.device)  # (b, c, j)
+    real = real_key_blocks(b, k.shape[-2], size, key_padding_mask, q.device)  # (b, c, j)
     blocks = real.shape[1]
     slots = min(top_k, blocks - 1)
     work = torch.promote_types(q.dtype, torch.float32)  # ranked in float32 at least: bfloat16 scores flip near-ties
@@ -245,7 +236,7 @@ class BlockTopKAttention(AttentionVariant):
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         b, h, n, _ = q.shape
         size = self.size(n)
-        real = real_positions(b, n, size, key_padding_mask, q.device)  # (b, c, j)
+        real = real_key_blocks(b, n, size, key_padding_mask, q.device)  # (b, c, j)
         blocks = real.shape[1]
         own = self.own_block(q, k, v, real, causal)  # (x, i, e), (x, i)
         with torch.no_grad():

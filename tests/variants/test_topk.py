@@ -8,6 +8,7 @@ import torch
 from attnbench.ops import dense_masked_attention
 from attnbench.registry import registry
 from attnbench.variants import topk
+from attnbench.variants.blocks import real_key_blocks
 from helpers import LargestTensor
 
 PADDING = ("none", "start", "middle", "end")
@@ -89,7 +90,7 @@ def test_quests_score_bounds_every_key_of_the_block() -> None:
     """minmax is an upper bound of q . k over the block's real keys: a block holding one key close to q ranks
     at least as high as that key's score."""
     q, k, _ = qkv(48)
-    real = topk.real_positions(2, 48, 8, None, q.device)
+    real = real_key_blocks(2, 48, 8, None, q.device)
     bound = topk.score_blocks(q, topk.block_summaries(k, real, 8, "minmax"))  # (b, h, i, c)
     exact = torch.einsum("bhid,bhjd->bhij", q, k).unflatten(-1, (6, 8)).amax(dim=-1)
     assert (bound >= exact - 1e-12).all()
