@@ -231,7 +231,7 @@ def check_exact_pattern(ctx: CheckContext, n: int = 75) -> CheckResult:
     if not variant.exact:
         return CheckResult("exact_pattern", "skip", "approximate variant")
     options = [(c, p) for c in (False, True) for p in (False, True) if _supports(ctx, variant, causal=c, padded=p)]
-    lengths = (n, CHOSEN_SUPPORT_CHECK_LEN) if chooses_support(variant) else (n,)
+    lengths = (n, CHOSEN_SUPPORT_CHECK_LEN) if chooses_support(type(variant)) else (n,)
     worst = max(
         exactness_error(variant, n=length, causal=c, padded=p, device=ctx.device, dtype=ctx.dtype)
         for c, p in options

@@ -299,15 +299,15 @@ def declaration_problems(cls: type[AttentionVariant]) -> list[str]:
 CHOSEN_SUPPORT_CHECK_LEN = 1100  # a support chosen from q and k is also checked here: 18 blocks of 64 to choose from
 
 
-def chooses_support(variant: AttentionVariant) -> bool:
+def chooses_support(cls: type[AttentionVariant]) -> bool:
     """The variant picks its support from q and k (it overrides `support_for`): its self-checks then also run at
     CHOSEN_SUPPORT_CHECK_LEN, where a selection of blocks is a real choice rather than every block."""
-    return type(variant).support_for is not AttentionVariant.support_for
+    return cls.support_for is not AttentionVariant.support_for
 
 
 def has_own_support(cls: type[AttentionVariant]) -> bool:
     """The class says what it attends to: a static `support_mask` or a per-input `support_for`."""
-    return cls.support_mask is not AttentionVariant.support_mask or cls.support_for is not AttentionVariant.support_for
+    return cls.support_mask is not AttentionVariant.support_mask or chooses_support(cls)
 
 
 def check_shapes(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:

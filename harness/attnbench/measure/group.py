@@ -335,7 +335,7 @@ class GroupMeasurement:
         if check_key not in self.self_checks:
             dtype = getattr(torch, cell.dtype)
             n = self.settings.self_check_len
-            if chooses_support(variant):  # a selection must have blocks to leave out
+            if chooses_support(type(variant)):  # a selection must have blocks to leave out
                 n = max(n, CHOSEN_SUPPORT_CHECK_LEN)
             error = exactness_error(
                 variant, n=n, causal=cell.causal, padded=cell.padding > 0, device=self.device, dtype=dtype
