@@ -161,7 +161,8 @@ def synthetic_run(folder: Path, scale: dict[str, float] | None = None, iqr: floa
                 row.err_vs_uniform = ERRORS[name]
                 row.err_rel_fro, row.err_row_cosine, row.err_max_abs = 0.2, 0.9, 0.5
                 row.input_entropy, row.input_band_mass, row.input_sink_mass, row.input_head_spread = 0.7, 0.5, 0.1, 0.2
-                row.flops = 4 * n * n * 64
+                row.flops = 4 * n * n * 64  # compute-bound at the peaks below: its roofline is flops / 1e11
+                row.bytes_moved = 16 * n * 64
             writer.append(row)
     meta = {
         "config": {**config.to_dict(), "name": "synthetic"},

@@ -45,10 +45,22 @@ def normalized(total: Tensor) -> Tensor:
 
 
 def feature_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
-    """Non-causal: phi_q (b, h, n, m), phi_k (b, h, n', m) (padded keys already zero), v (b, h, n', e)."""
-    state = einsum(phi_k, with_ones(v, phi_k.dtype), "b h n m, b h n e -> b h m e")  # (b, h, m, e + 1)
-    total = einsum(phi_q, state, "b h n m, b h m e -> b h n e")
-    return normalized(total).to(v.dtype)
+    """Non-causal: phi_q (b, h, n, m), phi_k (b, h, n', m) (padded keys already zero), v (b, h, n', e).
+
+    The numerators phi(Q) (phi(K)^T V) and the denominators phi(Q) sum_j phi(k_j) as two products, so V is never
+    copied beside a column of ones and the (n, e) output is touched once more, to scale it: on the CPU this path
+    is bound by memory traffic, not by its matmuls."""
+    state = einsum(phi_k, v.to(phi_k.dtype), "b h n m, b h n e -> b h m e")  # (b, h, m, e)
+    key_sum = phi_k.sum(dim=-2)  # (b, h, m)
+    numerator = einsum(phi_q, state, "b h n m, b h m e -> b h n e")
+    denominator = einsum(phi_q, key_sum, "b h n m, b h m -> b h n")
+    return (numerator * reciprocal_or_zero(denominator)[..., None]).to(v.dtype)
+
+
+def reciprocal_or_zero(denominator: Tensor) -> Tensor:
+    """1 / denominator, 0 where it is exactly 0 (a query that sees no key outputs zeros, and gets no gradient)."""
+    seen = denominator != 0
+    return torch.where(seen, 1 / torch.where(seen, denominator, torch.ones_like(denominator)), 0.0)
 
 
 def exclusive_cumsum(x: Tensor, dim: int) -> Tensor:

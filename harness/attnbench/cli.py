@@ -46,11 +46,19 @@ def _csv(kind: type) -> Any:
     return parse
 
 
-def _causal(text: str) -> list[bool]:
+def _both(text: str) -> list[bool]:
+    """true, false or both: the values of a boolean axis (`--causal`, `--compile`)."""
     choices = {"true": [True], "false": [False], "both": [False, True]}
     if text.lower() not in choices:
         raise argparse.ArgumentTypeError(f"expected true, false or both, got {text!r}")
     return choices[text.lower()]
+
+
+def compile_words(compiled: list[bool]) -> str:
+    """' × eager and compiled' (or ' compiled'): how the compile axis multiplies the settings ('' when eager)."""
+    return {(False, True): " × eager and compiled", (True,): " compiled", (True, False): " × eager and compiled"}.get(
+        tuple(dict.fromkeys(compiled)), ""
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seq-lens", type=_csv(int), help="comma-separated sequence lengths, e.g. 1024,4096")
     run.add_argument("--device", type=_csv(str), help="cpu, cuda or cuda:N (comma-separated for several)")
     run.add_argument("--dtype", type=_csv(str), help="float32, float16, bfloat16 or float64")
-    run.add_argument("--causal", type=_causal, help="true, false or both")
+    run.add_argument("--causal", type=_both, help="true, false or both")
+    run.add_argument(
+        "--compile",
+        type=_both,
+        nargs="?",
+        const=[False, True],
+        help="time each variant's call under torch.compile too: both (the default of a bare --compile: eager and "
+        "compiled, timed in turns), true (compiled only) or false; compilation time is kept apart in compile_s",
+    )
     run.add_argument("--mode", type=_csv(str), help="fwd, fwd+bwd, or fwd,fwd+bwd for both")
     run.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
     run.add_argument("--threads", type=int, help="torch threads (default: the config's `threads`, 0 = torch's default)")
@@ -367,6 +383,7 @@ def command_list() -> int:
 
 
 def command_run(args: argparse.Namespace) -> int:
+    from attnbench.report.analysis import compile_sentence
     from attnbench.report.summary import noise_line, write_summary
     from attnbench.run.executors import exit_now_if_abandoned
     from attnbench.run.ray_executor import RayUnavailable
@@ -383,6 +400,7 @@ def command_run(args: argparse.Namespace) -> int:
             "device": args.device,
             "dtype": args.dtype,
             "causal": args.causal,
+            "compile": args.compile,
             "mode": args.mode,
             "seeds": args.seeds,
             "threads": args.threads,
@@ -431,7 +449,8 @@ def command_run(args: argparse.Namespace) -> int:
     duplicates = plan.duplicates
     print(
         f"attnbench: {len(cells)} cells in {len(plan.groups)} comparison groups from '{config.name}' "
-        f"({len(config.variants)} variant settings × N in {sorted(set(config.seq_lens))})"
+        f"({len(config.variants)} variant settings{compile_words(config.axes['compiled'])} × N in "
+        f"{sorted(set(config.seq_lens))})"
         + (f", {duplicates} duplicate cell(s) removed" if duplicates else "")
         + f"; results in {run_dir}/",
         file=sys.stderr,
@@ -507,6 +526,8 @@ def command_run(args: argparse.Namespace) -> int:
                        f"write the report with: attnbench report {run_dir}")  # fmt: skip
         raise
     print(f"attnbench: {noise_line(frame)}", file=sys.stderr)
+    if compiled := compile_sentence(frame):
+        print(f"attnbench: {compiled}", file=sys.stderr)
     failed = frame[frame.status != "ok"].status.value_counts().sort_index()
     if len(failed):
         counts = ", ".join(f"{status} {count}" for status, count in failed.items())

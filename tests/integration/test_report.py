@@ -36,7 +36,7 @@ def test_report_has_every_table_and_plot(tmp_path: Path) -> None:
     ]:
         assert expected in text, expected
     plots = sorted(p.name for p in (run / "plots").iterdir())
-    assert len(plots) == 4 + 4  # speedup, time, memory, error, and a Pareto chart per N
+    assert len(plots) == 5 + 4  # speedup, time, roofline, memory, error, and a Pareto chart per N
     assert all((run / "plots" / name).stat().st_size > 10_000 for name in plots)
     page = (run / "report.html").read_text()
     assert page.count("data:image/png;base64,") == len(plots) and "src='plots/" not in page
@@ -82,8 +82,9 @@ def test_verdict_names_the_fastest_exact_the_pareto_set_and_crossovers(tmp_path:
     text = report_text(run)
     verdict_section = text.split("## Verdict")[1].split("## Plots")[0]
     assert "**N=2048:** Use band: 2.05× [1.95–2.15] faster than full at error 0.3 vs uniform, 0.5× the memory." in text
-    assert "| full (fastest exact) | 1.00× [0.95–1.05] | exact | 0.2 (1.00×) | – |" in verdict_section
-    assert "| band | 2.05× [1.95–2.15] | 0.3 | 0.1 (0.50×) | ≈ 1,000, clear ≥ 2,048 |" in verdict_section
+    # of roofline: 4·N²·64 flops at 1e11 FLOP/s over the median time: full 1e-8·N², band 1e-5·N
+    assert "| full (fastest exact) | 1.00× [0.95–1.05] | exact | 0.2 (1.00×) | 26% | – |" in verdict_section
+    assert "| band | 2.05× [1.95–2.15] | 0.3 | 0.1 (0.50×) | 52% | ≈ 1,000, clear ≥ 2,048 |" in verdict_section
     # strided is offered nowhere, and says why where it ran
     assert "**N=256:** Nothing beats full here: the approximate variants are slower (strided)." in verdict_section
     assert "Left out: strided (slower than full beyond noise and not more accurate; 0.16× [0.15–0.17], error 0.1)." in text
@@ -251,7 +252,7 @@ def test_a_run_without_error_measurement_gets_a_report_without_pareto_plots(tmp_
     assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
     (run,) = (tmp_path / "out").iterdir()
     plots = {path.name.rsplit("-", 1)[-1] for path in (run / "plots").glob("*.png")}
-    assert plots == {"speedup.png", "time.png", "memory.png"}  # no pareto, no error plot
+    assert plots == {"speedup.png", "time.png", "roofline.png", "memory.png"}  # no pareto, no error plot
 
 
 def test_compare_says_inconclusive_when_the_interval_cannot_tell() -> None:

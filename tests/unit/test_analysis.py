@@ -34,10 +34,10 @@ def test_scaling_table_uses_only_ok_cells() -> None:
     assert table.loc["a", "n_range"] == "100–400" and table.loc["b", "points"] == 1
 
 
-def test_time_over_roofline_takes_the_slower_of_compute_and_memory() -> None:
+def test_of_roofline_takes_the_slower_of_compute_and_memory() -> None:
     """1 at the limit: a compute-bound cell at the matmul peak, a memory-bound one at the copy peak; twice as slow
-    reads 2; a missing figure or a failed cell reads NaN."""
-    from attnbench.report.analysis import time_over_roofline
+    reads 0.5; a missing figure or a failed cell reads NaN."""
+    from attnbench.report.analysis import of_roofline
 
     peaks = {"cpu/float32": {"matmul_flops_per_s": 1e11, "copy_bytes_per_s": 1e10}}
     cells = pd.DataFrame(
@@ -50,6 +50,6 @@ def test_time_over_roofline_takes_the_slower_of_compute_and_memory() -> None:
             "time_median_s": [1.0, 2.0, 1.0, 1.0],
         }
     )
-    ratios = time_over_roofline(cells, peaks).tolist()
-    assert ratios[:2] == [1.0, 2.0] and all(r != r for r in ratios[2:])
-    assert time_over_roofline(cells, {}).isna().all()  # no peaks measured: nothing to compare with
+    shares = of_roofline(cells, peaks).tolist()
+    assert shares[:2] == [1.0, 0.5] and all(r != r for r in shares[2:])
+    assert of_roofline(cells, {}).isna().all()  # no peaks measured: nothing to compare with

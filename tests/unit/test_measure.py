@@ -17,7 +17,7 @@ from attnbench.measure import group as measure
 from attnbench.measure import timing
 from attnbench.measure.noise import noise_reason
 from attnbench.plan.cells import AXES, CELL_COLUMNS, GROUP_COLUMNS, Cell
-from attnbench.plan.config import parse_config
+from attnbench.plan.config import ConfigError, parse_config
 from attnbench.runfolder.rows import COLUMNS
 from attnbench.stats import paired_speedup, ratio_of_medians
 
@@ -105,13 +105,28 @@ def test_noise_reasons() -> None:
 def test_axes_are_declared_once_and_everything_derives_from_them() -> None:
     fields = [name for name, _, _ in AXES.values()]
     assert set(CELL_COLUMNS) >= set(fields) - {"variant", "input"} | {"input", "variant", "label", "hparams"}
-    assert set(GROUP_COLUMNS) == set(CELL_COLUMNS) - {"variant", "label", "hparams"}
+    assert set(GROUP_COLUMNS) == set(CELL_COLUMNS) - {"variant", "label", "hparams", "compiled"}
     assert set(COLUMNS) >= set(CELL_COLUMNS)
     config = parse_config({"variants": ["full"], "seq_lens": [32], "kv_lens": [48], "value_dim": [24]})
     [cell] = config.plan().cells
     assert (cell.seq_len, cell.n_k, cell.v_dim) == (32, 48, 24)
     assert Cell.from_key(cell.key()) == cell
     assert parse_config(config.to_dict()).plan().cells == config.plan().cells
+
+
+def test_compile_is_a_variant_side_axis_eager_and_compiled_share_a_group() -> None:
+    """`compile = [false, true]` doubles each variant setting inside its group (timed in turns with its eager
+    twin), labels the compiled one, and survives the cell key and the stored config."""
+    config = parse_config({"variants": ["full", "band"], "seq_lens": [32, 64], "compile": [False, True]})
+    plan = config.plan()
+    assert len(plan.cells) == 8 and len(plan.groups) == 2
+    labels = [cell.label() for cell in plan.groups[0].cells]
+    assert labels == ["full", "full compiled", "band", "band compiled"]
+    assert all(Cell.from_key(cell.key()) == cell for cell in plan.cells)
+    assert parse_config(config.to_dict()).plan().cells == plan.cells
+    assert plan.cells[1].columns()["compiled"] is True and plan.cells[1].columns()["variant"] == "full"
+    with pytest.raises(ConfigError, match="compile: expected bool"):
+        parse_config({"variants": ["full"], "compile": "yes"})
 
 
 def test_a_new_axis_added_in_one_place_reaches_keys_rows_and_group_columns(tmp_path: Path, monkeypatch) -> None:

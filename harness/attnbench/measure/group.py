@@ -13,6 +13,7 @@ round (paired). Memory is measured after timing, outside it. A failure in one ce
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -26,6 +27,7 @@ from attnbench.interface import (
     UnsupportedOptionError,
     chooses_support,
 )
+from attnbench.measure.compiled import call_of, compiler_reason, fresh_compile_cache, graph_breaks, is_compiler_failure
 from attnbench.measure.estimate import (
     SLOW_ROUNDS,
     CellEstimate,
@@ -68,11 +70,14 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
-def failure(error: BaseException) -> dict[str, str]:
+def failure(error: BaseException, *, compiled: bool = False) -> dict[str, str]:
     """A cell's status and reason for an exception raised while measuring it. A variant that refuses an option
-    only at the call (one its capabilities cannot express, e.g. too few heads) is `unsupported`, not broken."""
+    only at the call (one its capabilities cannot express, e.g. too few heads) is `unsupported`, not broken; so is
+    a compiled call that the compiler itself fails on (`attnbench.measure.compiled`)."""
     if isinstance(error, UnsupportedOptionError):
         return {"status": "unsupported", "reason": str(error)}
+    if compiled and is_compiler_failure(error):
+        return {"status": "unsupported", "reason": compiler_reason(error)}
     if isinstance(error, SystemExit):  # a plugin ending the process is that cell's failure, not the run's end
         return {"status": "error", "reason": f"the variant called sys.exit({error.code!r})"}
     return {
@@ -96,7 +101,7 @@ def timing_fields(spread: Spread) -> dict[str, Any]:
 
 def is_baseline(cell: Cell, baseline: str) -> bool:
     """`baseline` names a variant with its defaults (`full`) or a setting by its label (`band(window=64)`)."""
-    return cell.variant.label() == baseline
+    return cell.label() == baseline
 
 
 @dataclass
@@ -173,6 +178,8 @@ class GroupMeasurement:
         self.fields: dict[str, dict[str, Any]] = {cell.key(): {} for cell in group.cells}
         self.supports: dict[str, torch.Tensor] = {}  # exact-pattern variants' supports, for their dropped mass
         self.variants: dict[str, AttentionVariant] = {}
+        self.calls: dict[str, Callable[..., torch.Tensor]] = {}  # what each cell times: the call, or it compiled
+        self.compiled = {cell.key() for cell in group.cells if cell.compiled}
         self.first_call: dict[str, float] = {}  # seconds of each cell's first call at its shape
         self.inputs: Inputs | None = None
         self.reference: Reference | None = None
@@ -185,33 +192,8 @@ class GroupMeasurement:
         torch.set_num_threads(threads)
         for cell in self.group.cells:
             self._prepare(cell)
-        samples: list[tuple[str, int, float]] = []
-        if self.variants:
-            try:
-                self.progress("building the inputs", GROUP_STEP)
-                self.inputs = self._make_inputs()
-                if self.settings.error:
-                    self.progress("computing the exact reference", GROUP_STEP)
-                    self.reference = exact_reference(
-                        self.inputs.q,
-                        self.inputs.k,
-                        self.inputs.v,
-                        causal=self.setting.causal,
-                        key_padding_mask=self.inputs.key_padding_mask,
-                    )
-            except Exception as error:  # inputs the machine cannot build fail every cell of the group
-                for key in list(self.variants):
-                    self._fail(key, failure(error))
-            for cell in self.group.cells:
-                if cell.key() in self.variants:
-                    self._check_and_error(cell)
-            self._dropped_masses()
-            if self.group.timed:
-                with warm_allocator():
-                    samples = self._time_in_turns()
-                for cell in self.group.cells:
-                    if cell.key() in self.variants:
-                        self._memory_and_cost(cell)
+        with fresh_compile_cache() if self.compiled else contextlib.nullcontext():
+            samples = self._measure()
         competing = watch.competing_cores()
         common = dict(
             host=socket.gethostname(),
@@ -229,9 +211,46 @@ class GroupMeasurement:
             rows.append(row_for(cell, **values))
         return GroupResult(rows, samples)
 
+    def _measure(self) -> list[tuple[str, int, float]]:
+        """Inputs and reference, each cell's checks and error, then timing in turns and memory: the samples."""
+        samples: list[tuple[str, int, float]] = []
+        if not self.variants:
+            return samples
+        try:
+            self.progress("building the inputs", GROUP_STEP)
+            self.inputs = self._make_inputs()
+            if self.settings.error:
+                self.progress("computing the exact reference", GROUP_STEP)
+                self.reference = exact_reference(
+                    self.inputs.q,
+                    self.inputs.k,
+                    self.inputs.v,
+                    causal=self.setting.causal,
+                    key_padding_mask=self.inputs.key_padding_mask,
+                )
+        except Exception as error:  # inputs the machine cannot build fail every cell of the group
+            for key in list(self.variants):
+                self._fail(key, failure(error))
+        for cell in self.group.cells:
+            if cell.key() in self.variants:
+                self._check_and_error(cell)
+        self._dropped_masses()
+        if self.group.timed:
+            with warm_allocator():
+                samples = self._time_in_turns()
+            for cell in self.group.cells:
+                if cell.key() in self.variants:
+                    self._memory_and_cost(cell)
+        return samples
+
     def _fail(self, key: str, outcome: dict[str, str]) -> None:
         self.fields[key].update(outcome)
         self.variants.pop(key, None)
+        self.calls.pop(key, None)
+
+    def _failed(self, key: str, error: BaseException) -> None:
+        """The cell's row for an exception raised while measuring it (`failure`)."""
+        self._fail(key, failure(error, compiled=key in self.compiled))
 
     def _prepare(self, cell: Cell) -> None:
         """Build the variant; cells it cannot run, or that would not fit in memory or time, get their row now."""
@@ -239,6 +258,7 @@ class GroupMeasurement:
         self.fields[cell.key()].update(admission.fields)
         if admission.runs:
             self.variants[cell.key()] = admission.variant
+            self.calls[cell.key()] = call_of(admission.variant, cell.compiled)
 
     def _make_inputs(self) -> Inputs:
         s = self.setting
@@ -268,15 +288,16 @@ class GroupMeasurement:
                 if not passed:
                     reason = f"self-check against its own support failed: {self.fields[key]['self_check']}"
                     return self._fail(key, {"status": "error", "reason": reason})
-            self.progress("output", key)
-            inputs = self.inputs
+            self.progress("compiling" if cell.compiled else "output", key)
+            inputs, call = self.inputs, self.calls[key]
 
             def first_call() -> torch.Tensor:  # the first call at this shape: compilation and lazy set-up land here
                 with torch.no_grad():
-                    return variant(
+                    return call(
                         inputs.q, inputs.k, inputs.v, causal=cell.causal, key_padding_mask=inputs.key_padding_mask
                     )
 
+            breaks = graph_breaks()
             output, self.first_call[key] = timed_call(first_call, self.device)
             expected = (cell.batch, cell.heads, cell.seq_len, cell.v_dim)
             if tuple(output.shape) != expected or output.dtype != inputs.q.dtype:
@@ -301,11 +322,13 @@ class GroupMeasurement:
             del output
             if cell.mode == "fwd+bwd":
                 self.progress("backward", key)
-                grads, self.first_call[key] = timed_call(self._call(cell, variant), self.device)  # its first call
+                grads, self.first_call[key] = timed_call(self._call(cell, call), self.device)  # its first call
                 if not all(torch.isfinite(g).all() for g in grads if g is not None):
                     return self._fail(key, {"status": "error", "reason": "gradients have NaN or Inf"})
+            if cell.compiled:
+                self.fields[key]["graph_breaks"] = graph_breaks() - breaks
         except (Exception, SystemExit) as error:
-            self._fail(key, failure(error))
+            self._failed(key, error)
 
     def _dropped_masses(self) -> None:
         """The exact attention mass outside each exact-pattern variant's support, all from one pass over the exact
@@ -345,8 +368,9 @@ class GroupMeasurement:
             self.self_checks[check_key] = (passed, f"{'pass' if passed else 'FAIL'} (max err {error:.1e} at N={n})")
         return self.self_checks[check_key]
 
-    def _call(self, cell: Cell, variant: AttentionVariant) -> Callable[[], Any]:
-        """The timed callable of the cell's mode (forward without autograd, or forward and backward)."""
+    def _call(self, cell: Cell, variant: Callable[..., torch.Tensor]) -> Callable[[], Any]:
+        """The timed callable of the cell's mode (forward without autograd, or forward and backward) of `variant`:
+        a variant, or its compiled call."""
         assert self.inputs is not None
         inputs, causal, mask = self.inputs, cell.causal, self.inputs.key_padding_mask
         if cell.mode == "fwd":
@@ -386,9 +410,9 @@ class GroupMeasurement:
             key = cell.key()
             if key in self.variants:
                 try:
-                    calls[key] = self._call(cell, self.variants[key])
+                    calls[key] = self._call(cell, self.calls[key])
                 except (Exception, SystemExit) as error:
-                    self._fail(key, failure(error))
+                    self._failed(key, error)
         samples = time_in_turns(
             calls,
             self.device,
@@ -398,7 +422,7 @@ class GroupMeasurement:
             slow_after_s=self.settings.time_budget_s,  # a call over the time budget stops at SLOW_ROUNDS samples
             slow_rounds=SLOW_ROUNDS,
             on_step=self.progress,
-            on_failure=lambda key, error: self._fail(key, failure(error)),
+            on_failure=self._failed,
         )
         for key, values in samples.items():
             spread = Spread.of(values)
@@ -407,6 +431,7 @@ class GroupMeasurement:
                 compile_s=max(0.0, self.first_call.get(key, spread.median) - spread.median),
             )
         self._speedups(samples, set(samples))
+        self._compiled_speedups(samples)
         return [(key, index, seconds) for key, values in samples.items() for index, seconds in enumerate(values)]
 
     def _speedups(self, samples: dict[str, list[float]], timed: set[str]) -> None:
@@ -425,24 +450,38 @@ class GroupMeasurement:
                 speedup_coverage=interval.coverage,
             )
 
+    def _compiled_speedups(self, samples: dict[str, list[float]]) -> None:
+        """What compiling did to each compiled cell: its eager twin's time over its own, round by round."""
+        eager = {cell.variant: cell.key() for cell in self.group.cells if not cell.compiled}
+        for cell in self.group.cells:
+            twin = eager.get(cell.variant)
+            if cell.compiled and cell.key() in samples and twin in samples:
+                interval = paired_speedup(samples[twin], samples[cell.key()])
+                self.fields[cell.key()].update(
+                    compiled_speedup=interval.estimate,
+                    compiled_speedup_low=interval.low,
+                    compiled_speedup_high=interval.high,
+                )
+
     # ---- memory and cost ----------------------------------------------------------------------
 
     def _memory_and_cost(self, cell: Cell) -> None:
         key, variant = cell.key(), self.variants[cell.key()]
         cost = variant.cost(shape_of(cell))
         self.fields[key].update(flops=cost.flops, bytes_moved=cost.bytes_moved)
-        if self.device.type == "cpu" and not variant.cpu_memory_trackable:
+        if self.device.type == "cpu" and (cell.compiled or not variant.cpu_memory_trackable):
             self.fields[key]["mem_method"] = "not measured: compiled kernels allocate out of the CPU tracker's sight"
             return
         try:
             self.progress("memory", key)
             fresh = self.registry.create(cell.variant.name, seed=cell.seed, **dict(cell.variant.params))
-            memory = call_memory(self._call(cell, variant), self._call(cell, fresh), self.device, inputs=self._held())
+            calls = self._call(cell, self.calls[key]), self._call(cell, call_of(fresh, cell.compiled))
+            memory = call_memory(*calls, self.device, inputs=self._held())
             self.fields[key].update(
                 peak_mem_bytes=memory.peak_bytes, state_mem_bytes=memory.state_bytes, mem_method=memory.method
             )
         except (Exception, SystemExit) as error:
-            self._fail(key, failure(error))
+            self._failed(key, error)
 
 
 def measure_group(

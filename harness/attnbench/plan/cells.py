@@ -51,9 +51,11 @@ def axis(config_key: str, kind: type, default: Any) -> Any:
 
 @dataclass(frozen=True)
 class Cell:
-    """One measurement, one row of results.csv. Every field but `variant` is a group axis."""
+    """One measurement, one row of results.csv. Every field but `variant` and `compiled` is a group axis: eager and
+    compiled calls of a setting are timed in one group, in turns, and compared round by round."""
 
     variant: VariantSpec = axis("variants", VariantSpec, [])
+    compiled: bool = axis("compile", bool, [False])  # the variant's call wrapped in torch.compile
     device: str = axis("device", str, ["cpu"])
     dtype: str = axis("dtype", str, ["float32"])
     mode: str = axis("mode", str, ["fwd"])
@@ -75,6 +77,10 @@ class Cell:
     @property
     def v_dim(self) -> int:
         return self.value_dim or self.head_dim
+
+    def label(self) -> str:
+        """The variant setting as tables and plots name it: `band(window=64)`, or `band(window=64) compiled`."""
+        return self.variant.label() + (COMPILED_SUFFIX if self.compiled else "")
 
     def key(self) -> str:
         """A stable text key (matching runs, resuming): every axis, the specs spelled out."""
@@ -110,7 +116,7 @@ class Cell:
         for name in AXIS_NAMES:
             value = getattr(self, name)
             if name == "variant":
-                out.update(variant=value.name, label=value.label(), hparams=json.dumps(dict(value.params)))
+                out.update(variant=value.name, label=self.label(), hparams=json.dumps(dict(value.params)))
             elif isinstance(value, Spec):
                 out[name] = value.label()
             else:
@@ -124,17 +130,26 @@ def _plain(value: Any) -> Any:
     return value
 
 
+COMPILED_SUFFIX = " compiled"
+
+
+def label_variant(label: str) -> str:
+    """The variant setting of a label: `band(window=64) compiled` -> `band(window=64)`."""
+    return label.removesuffix(COMPILED_SUFFIX)
+
+
 AXIS_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Cell))
+VARIANT_AXES: tuple[str, ...] = ("variant", "compiled")  # what differs between the cells of one group
 AXES: dict[str, tuple[str, type, Any]] = {  # config key -> (cell field, kind, default values)
     f.metadata["config"]: (f.name, f.metadata["kind"], f.metadata["default"]) for f in fields(Cell)
 }
-GROUP_AXES: tuple[str, ...] = tuple(name for name in AXIS_NAMES if name != "variant")
+GROUP_AXES: tuple[str, ...] = tuple(name for name in AXIS_NAMES if name not in VARIANT_AXES)
 CELL_COLUMNS: tuple[str, ...] = tuple(
     Cell(
         **{name: kind("x") if kind in (VariantSpec, InputSpec) else kind() for name, kind, _ in AXES.values()}
     ).columns()
 )
-GROUP_COLUMNS: tuple[str, ...] = tuple(c for c in CELL_COLUMNS if c not in ("variant", "label", "hparams"))
+GROUP_COLUMNS: tuple[str, ...] = tuple(c for c in CELL_COLUMNS if c not in ("variant", "label", "hparams", "compiled"))
 
 
 @dataclass(frozen=True)
@@ -147,7 +162,7 @@ class Group:
 
     @property
     def setting(self) -> Cell:
-        """The shared axes (read any field but `variant` from it)."""
+        """The shared axes (read any field but `variant` and `compiled` from it)."""
         return self.cells[0]
 
     def key(self) -> str:
@@ -171,7 +186,7 @@ def expand(values: dict[str, list[Any]]) -> list[Cell]:
     """Every combination of the axes' values (cell field -> values), in declaration order: cells of one group
     adjacent, N growing within a setting. Duplicates are removed (first kept)."""
     names = list(AXIS_NAMES)
-    order = [n for n in names if n not in ("variant", "seq_len")] + ["seq_len", "variant"]
+    order = [n for n in names if n not in ("seq_len", *VARIANT_AXES)] + ["seq_len", *VARIANT_AXES]
     combos = itertools.product(*(sorted(values[name]) if name == "seq_len" else values[name] for name in order))
     cells = [Cell(**dict(zip(order, combo))) for combo in combos]
     return list(dict.fromkeys(cells))

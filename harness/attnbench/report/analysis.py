@@ -123,22 +123,23 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
     return cells.apply(fraction, axis=1) if len(cells) else pd.Series(dtype=float)
 
 
-def time_over_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
-    """Median time over the roofline, max(FLOPs / matmul peak, bytes moved / copy peak), from each variant's cost
-    model and the run's peaks: 1 is as fast as the work it counts allows on this machine; NaN where a figure is
-    missing. Where it is far above 1, a speedup measures the implementation more than the method."""
+def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
+    """Each cell's share of its roofline: max(FLOPs / matmul peak, bytes moved / copy peak), from its cost model
+    and the run's peaks, over its median time. 1 is as fast as the work it counts allows on this machine; 0.5 takes
+    twice that. NaN where a figure is missing. Far below 1, a speedup measures the implementation more than the
+    method. The verdict's "of roofline" column, the report's table and its plot all read this one figure."""
 
-    def ratio(row: pd.Series) -> float:
+    def share(row: pd.Series) -> float:
         peak = peaks.get(f"{row['device']}/{row['dtype']}", {})
         matmul, copy = peak.get("matmul_flops_per_s"), peak.get("copy_bytes_per_s")
         if not matmul or not copy or row["status"] != "ok" or not row["time_median_s"]:
             return float("nan")
-        if pd.isna(row["flops"]) or pd.isna(row["bytes_moved"]):
+        if pd.isna(row["flops"]) or pd.isna(row["bytes_moved"]) or pd.isna(row["time_median_s"]):
             return float("nan")
         roofline = max(row["flops"] / matmul, row["bytes_moved"] / copy)
-        return row["time_median_s"] / roofline if roofline > 0 else float("nan")
+        return roofline / row["time_median_s"] if roofline > 0 else float("nan")
 
-    return cells.apply(ratio, axis=1) if len(cells) else pd.Series(dtype=float)
+    return cells.apply(share, axis=1).astype(float) if len(cells) else pd.Series(dtype=float)
 
 
 def raised_peaks(cells: pd.DataFrame, peaks: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:
@@ -163,3 +164,34 @@ def raised_peaks(cells: pd.DataFrame, peaks: dict[str, dict]) -> tuple[dict[str,
 
 
 ERROR_RESOLUTION = 1e-4  # errors vs uniform below this count as equal (float rounding, not accuracy)
+
+
+def compile_sentence(cells: pd.DataFrame) -> str:
+    """What compiling did, in one sentence: the settings whose compiled call was faster or slower than its eager
+    twin beyond noise (the interval of their per-round ratio, timed in turns, clear of 1), with the N where, and
+    those that could not be compiled. '' for a run without compiled cells."""
+    if "compiled" not in cells or not cells.compiled.fillna(False).astype(bool).any():
+        return ""
+    compiled = cells[cells.compiled.fillna(False).astype(bool)]
+    ok = compiled[(compiled.status == "ok") & compiled.compiled_speedup.notna()]
+
+    def listed(rows: pd.DataFrame) -> str:
+        by_label: dict[str, list[str]] = {}
+        for row in rows.sort_values("seq_len").itertuples():
+            by_label.setdefault(str(row.label), []).append(f"{row.compiled_speedup:.2f}× at N={row.seq_len}")
+        return "; ".join(f"{label} ({', '.join(dict.fromkeys(at))})" for label, at in by_label.items())
+
+    parts = []
+    slower, faster = ok[ok.compiled_speedup_high < 1], ok[ok.compiled_speedup_low > 1]
+    if len(slower):
+        parts.append(f"slower than eager beyond noise: {listed(slower)}")
+    if len(faster):
+        parts.append(f"faster than eager beyond noise: {listed(faster)}")
+    if len(ok) > len(slower) + len(faster):
+        parts.append(f"{len(ok) - len(slower) - len(faster)} compiled cell(s) within noise of eager")
+    refused = compiled[compiled.status == "unsupported"]
+    if len(refused):
+        parts.append(f"not compiled: {', '.join(dict.fromkeys(refused.label))} (see their reasons)")
+    if not parts:
+        return "Compiled: no compiled cell was timed beside its eager twin."
+    return "Compiled (eager time / compiled time, per round, in turns): " + "; ".join(parts) + "."

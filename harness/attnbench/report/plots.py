@@ -30,6 +30,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, MaxNLoc
 from matplotlib.transforms import Bbox  # noqa: E402
 
 from attnbench.atomic import write_atomic  # noqa: E402
+from attnbench.plan.cells import label_variant  # noqa: E402
 from attnbench.report.analysis import ERROR_RESOLUTION  # noqa: E402
 
 EXACT_FLOOR = 1e-7  # error shown for exact variants (float rounding), so they sit on a log axis
@@ -72,8 +73,8 @@ class Style:
 
 
 def variant_name(label: str) -> str:
-    """`band(window=64)` -> `band`."""
-    return label.split("(", 1)[0]
+    """`band(window=64)` -> `band` (`band compiled` too: a compiled setting keeps its variant's colour)."""
+    return label_variant(label).split("(", 1)[0]
 
 
 def variant_colour(name: str) -> str:
@@ -330,6 +331,28 @@ def plot_speedup(
     _ratio_axis(ax.yaxis, float(values.min()), float(values.max()))
     ax.set_xlabel("sequence length N (tokens)")
     ax.set_ylabel(f"speedup vs {baseline} (↑ better)")
+    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+
+
+ROOFLINE_TARGET = 1.5  # time over roofline the plot marks: within it, a speedup is mostly the method's
+
+
+@_themed
+def plot_roofline(cells: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]) -> Path:
+    """Time over roofline (1 / `of_roofline`) by N, one line per label, the roofline (1×) and 1.5× marked: where a
+    line sits far above them, the implementation, not the method, sets that variant's speed."""
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, PANEL_HEIGHT))
+    ok = cells[(cells.status == "ok") & (cells.of_roofline > 0)]
+    ok = ok.assign(over_roofline=1 / ok.of_roofline)
+    labels = _lines(ax, ok, "over_roofline", style)
+    _reference_line(ax, 1.0, "roofline (1×)", linestyle="-", colour="black")
+    _reference_line(ax, ROOFLINE_TARGET, f"{ROOFLINE_TARGET:g}×")
+    _n_axis(ax, list(cells.seq_len))
+    ax.set_yscale("log")
+    values = pd.concat([ok.over_roofline, pd.Series([1.0, ROOFLINE_TARGET])]).dropna()
+    _ratio_axis(ax.yaxis, float(values.min()), float(values.max()))
+    ax.set_xlabel("sequence length N (tokens)")
+    ax.set_ylabel("time / roofline (↓ better)")
     return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
 
 

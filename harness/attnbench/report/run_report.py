@@ -18,15 +18,16 @@ import pandas as pd
 from attnbench.atomic import write_text_atomic
 from attnbench.inputs.catalogue import LOCALITY_WINDOW
 from attnbench.plan.config import overrides_text
-from attnbench.report.analysis import crossover_table, efficiency, raised_peaks, scaling_table, time_over_roofline
+from attnbench.report.analysis import compile_sentence, crossover_table, efficiency, raised_peaks, scaling_table
 from attnbench.report.document import Block, _slug, render_html, render_markdown
-from attnbench.report.plots import plot_error, plot_pareto, plot_speedup, plot_versus_n, styles
+from attnbench.report.plots import plot_error, plot_pareto, plot_roofline, plot_speedup, plot_versus_n, styles
 from attnbench.report.summary import interval_words, noise_line
 from attnbench.report.text import (
     GROUP_COLUMNS,
     MACHINE,
     baseline_of,
     format_number,
+    format_percent,
     label_order,
     machine_words,
     speedup_text,
@@ -129,6 +130,19 @@ def detail_blocks(
             return float("nan")
         return row[column] / base.loc[row.seq_len, column]
 
+    compiled = cells[(cells.status == "ok") & cells.compiled_speedup.notna()] if "compiled" in cells else cells[:0]
+    if len(compiled):
+        blocks.append(
+            _table(
+                "Compiled against eager: the eager call's time over the compiled call's, per round (timed in turns), "
+                "with its interval; then the first call's extra seconds (compilation) and dynamo's graph breaks.",
+                _pivot(
+                    compiled,
+                    lambda r: f"{r.compiled_speedup:.2f}× [{r.compiled_speedup_low:.2f}–"
+                    f"{r.compiled_speedup_high:.2f}], {r.compile_s:.1f} s, {r.graph_breaks:.0f} breaks",
+                ),
+            )
+        )
     if timed:
         blocks.append(
             _table(
@@ -231,18 +245,19 @@ def detail_blocks(
                 "of bursts at the run's threads at its start, between groups and at its end, raised to the highest "
                 "rate a cell reached where that was higher: see 'measured peaks'; a sparse variant counts only the "
                 "work its algorithm does).",
-                _pivot(with_efficiency, lambda r: format_number(100 * r.efficiency, ".1f") + "%"),
+                _pivot(with_efficiency, lambda r: format_percent(r.efficiency)),
             )
         )
-        with_roofline = cells.assign(over_roofline=time_over_roofline(cells, peaks))
+    if timed and "of_roofline" in cells:  # the view adds it (RunView.read), at the run's peaks
         blocks.append(
             _table(
-                "Time over roofline: each median time over max(FLOPs / matmul peak, bytes moved / copy peak), from "
-                "its cost model and the same peaks (1 is as fast as the counted work allows here; far above 1, a "
-                "speedup measures the implementation more than the method).",
-                _pivot(with_roofline, lambda r: format_number(r.over_roofline, ".3g") + "×"),
+                "Share of the roofline: max(FLOPs / matmul peak, bytes moved / copy peak), from each variant's cost "
+                "model and the same peaks, over its median time (100% is as fast as the counted work allows here; "
+                "far below, a speedup measures the implementation more than the method).",
+                _pivot(cells, lambda r: format_percent(r.of_roofline)),
             )
         )
+    if timed:
         blocks += _scaling_blocks(cells, baseline)
     failed = cells[cells.status != "ok"]
     if len(failed):
@@ -431,6 +446,23 @@ def plot_blocks(
         )
         spread = "; the band spans the quartiles of the timing samples" if samples else ""
         images.append((path, f"Time per call by N (log-log): the median{spread}."))
+    with_roofline = first[first.of_roofline > 0]
+    if len(with_roofline):
+        worst = _largest(with_roofline).sort_values("of_roofline").iloc[0]
+        path = plot_roofline(
+            with_roofline,
+            f"At N={worst.seq_len}, {worst.label} runs {1 / worst.of_roofline:.2g}× its roofline, the farthest",
+            subtitle,
+            plots_dir / f"{slug}-roofline.png",
+            style,
+        )
+        images.append(
+            (
+                path,
+                "Time over roofline by N: each median time over max(FLOPs / matmul peak, bytes / copy peak) of the "
+                "work its cost model counts (1× is the limit; far above, the implementation sets the speed).",
+            )
+        )
     with_memory = first[first.peak_mem_bytes.notna()]
     if len(with_memory):
         bounds = frozenset(with_memory[memory_lower_bound(with_memory)].label)
@@ -541,7 +573,7 @@ def report_blocks(view: RunView) -> list[Block]:
     frame = with_machine(view.frame)
     baseline = baseline_of(frame)
     style = styles(label_order(frame))
-    peaks, _ = raised_peaks(frame, meta.peaks)
+    peaks = view.peaks
     varying = {c for c in SETTING_COLUMNS if frame[c].nunique(dropna=False) > 1}
     samples = view.samples
     blocks = header_blocks(run_dir, meta, frame) + [Block("toc")]
@@ -555,6 +587,8 @@ def report_blocks(view: RunView) -> list[Block]:
             blocks.append(Block("table", headers=headers, rows=rows))
             if answer.left_out:
                 blocks.append(Block("text", left_out_text(answer)))
+    if compiled := compile_sentence(frame):
+        blocks.append(Block("text", compiled))
     blocks.append(Block("heading", "Plots", level=2))
     for setting, cells in frame.groupby(SETTING_COLUMNS, sort=False, dropna=False):
         subtitle = setting_words(cells.iloc[0], varying)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.atomic import write_text_atomic
-from attnbench.report.analysis import scaling_table
+from attnbench.report.analysis import compile_sentence, scaling_table
 from attnbench.report.text import (
     GROUP_COLUMNS,
     MACHINE,
@@ -152,6 +152,8 @@ def write_summary(run_dir: Path, view: RunView | None = None) -> str:
         run_id=run_dir.name, mem_note=methods, noise=noise_line(frame), interval=interval_words(frame)
     )
     verdict = verdict_markdown(view.blocks)
+    compiled = compile_sentence(frame)
+    verdict += f"\n{compiled}\n" if compiled else ""
     text = preamble + "\n## Verdict\n\n" + verdict + "\n## By N\n\n" + summary_tables(frame)
     write_text_atomic(run_dir / "summary.md", text)
     return text

@@ -79,6 +79,13 @@ def format_number(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
+def format_percent(share: float | None) -> str:
+    """A share as a percent: whole from 10% ("73%"), two digits below ("0.31%"); a dash when it is missing."""
+    if share is None or share != share:
+        return "–"
+    return f"{100 * share:.0f}%" if share >= 0.095 else f"{100 * share:.2g}%"
+
+
 def shorten(text: str, width: int) -> str:
     """`text` cut to `width` characters with an ellipsis (for display; the CSV keeps it whole)."""
     return text if len(text) <= width else text[: width - 1] + "…"

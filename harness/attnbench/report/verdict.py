@@ -24,6 +24,7 @@ from attnbench.report.text import (
     aligned_table,
     baseline_of,
     format_number,
+    format_percent,
     markdown_table,
     speedup_text,
     with_machine,
@@ -51,6 +52,7 @@ class Choice:
     memory_ratio: float  # to the baseline's at the same N
     pays_off: str  # N from which it is faster than the baseline, e.g. "≈ 700", "≤ 256", "> 4096"
     time_s: float = float("nan")  # median time per call
+    of_roofline: float = float("nan")  # its share of the roofline of the work it counts (report.analysis.of_roofline)
     noisy: bool = False  # its timing is flagged noisy
     rounds: tuple[float, ...] = ()  # its per-call time in each round of its group (samples.csv), round order
     coverage: float = float("nan")  # its speedup interval's coverage (NaN: a bootstrap's nominal 95%)
@@ -325,6 +327,7 @@ def _candidates(
                 memory_ratio=memory / base_memory if base_memory and base_memory == base_memory else float("nan"),
                 pays_off="–" if row.label == baseline else pays_off.get(row.label, "–"),
                 time_s=float(s.time_median_s),
+                of_roofline=float(s.of_roofline) if pd.notna(s.get("of_roofline")) else float("nan"),
                 noisy=bool(s.noisy),
                 # a cell timed in several processes has no rounds shared with the others: compared by interval
                 rounds=tuple(samples.get(str(s.cell_key), ())) if not (s.get("processes") or 1) > 1 else (),
@@ -437,7 +440,14 @@ def _memory(c: Choice) -> str:
     return f", {format_number(ratio, '.2g')}× the memory" if ratio == ratio else ""
 
 
-VERDICT_HEADERS = ["variant", "speedup vs {baseline} [95% CI]", "error vs uniform", "peak MiB (× {baseline})", "faster from N"]
+VERDICT_HEADERS = [
+    "variant",
+    "speedup vs {baseline} [95% CI]",
+    "error vs uniform",
+    "peak MiB (× {baseline})",
+    "of roofline",
+    "faster from N",
+]
 
 
 def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list[list[str]]]:
@@ -456,7 +466,7 @@ def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list
             speed = speedup_text(pd.Series(vars(choice))) + (" noisy" if choice.noisy else "")
         else:
             speed = f"– ({format_number(choice.time_s * 1e3, '.3g')} ms; no {verdict.baseline} here)"
-        rows.append([name, speed, error, memory, choice.pays_off])
+        rows.append([name, speed, error, memory, format_percent(choice.of_roofline), choice.pays_off])
     return headers, rows
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.report.analysis import of_roofline, raised_peaks
 from attnbench.report.verdict import InputVerdict, VerdictBlock, verdict_blocks, verdicts
 from attnbench.runfolder.folder import read_samples
 from attnbench.runfolder.meta import RunMeta
@@ -20,13 +21,18 @@ class RunView:
     frame: pd.DataFrame  # results.csv
     samples: dict[str, list[float]]  # cell key -> seconds per round (samples.csv)
     meta: RunMeta  # meta.json
+    peaks: dict[str, dict]  # the run's measured peaks, raised to the fastest rate a cell reached (`raised_peaks`)
     verdicts: list[InputVerdict]  # per setting and input, N by N
     blocks: list[VerdictBlock]  # the verdicts as shown: those with the same content merged
 
     @classmethod
     def read(cls, run_dir: Path, frame: pd.DataFrame | None = None) -> RunView:
-        """The view of `run_dir` (`frame`: its results.csv where the caller has read it already)."""
+        """The view of `run_dir` (`frame`: its results.csv where the caller has read it already), each row with its
+        share of the roofline (`of_roofline`) at the run's peaks."""
         frame = read_results(run_dir) if frame is None else frame
+        meta = RunMeta.read(run_dir)
+        peaks, _ = raised_peaks(frame, meta.peaks)
+        frame = frame.assign(of_roofline=of_roofline(frame, peaks))
         samples = read_samples(run_dir)
         found = verdicts(frame, samples)
-        return cls(run_dir, frame, samples, RunMeta.read(run_dir), found, verdict_blocks(found))
+        return cls(run_dir, frame, samples, meta, peaks, found, verdict_blocks(found))

@@ -24,14 +24,14 @@ class Budgets:
             reason = f"{'out of memory' if status == 'oom' else status} at N={cell.seq_len}"
         elif status == "ok" and median_s is not None and median_s == median_s and median_s > self.time_budget_s:
             reason = (
-                f"{cell.variant.label()} took {median_s:.3g} s at N={cell.seq_len}, "
+                f"{cell.label()} took {median_s:.3g} s at N={cell.seq_len}, "
                 f"over time_budget_s={self.time_budget_s:g}"
             )
         elif status == "ok" and peak_bytes is not None and peak_bytes == peak_bytes:
             limit, source = memory_limit(self.settings, cell.device)
             if peak_bytes > limit:
                 reason = (
-                    f"{cell.variant.label()} measured a peak of {peak_bytes / 2**20:,.0f} MiB at N={cell.seq_len}, "
+                    f"{cell.label()} measured a peak of {peak_bytes / 2**20:,.0f} MiB at N={cell.seq_len}, "
                     f"over the limit {limit / 2**20:,.0f} MiB ({source}): its cost() understates its memory"
                 )
         known = self.over.get(cell.series_key())

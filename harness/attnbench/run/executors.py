@@ -244,7 +244,7 @@ def _in_flight(group: Group, step: dict[str, Any] | None) -> tuple[list[Cell], s
     cell = next((c for c in group.cells if c.key() == key), None)
     if cell is None:
         return list(group.cells), f"while {step.get('step')} of the whole group, before any cell ran"
-    return [cell], f"{step.get('step')} of {cell.variant.label()}"
+    return [cell], f"{step.get('step')} of {cell.label()}"
 
 
 class Processes(OneAtATime):

@@ -51,7 +51,7 @@ def preview(config: SweepConfig, plan: Plan, registry: Registry) -> list[GroupPr
                 runs=len(running),
                 peak_bytes=max((a.estimate.peak_bytes for _c, a in running), default=0.0),
                 seconds=seconds,
-                skipped=[(c.variant.label(), a.fields.get("reason", "")) for c, a in admissions if not a.runs],
+                skipped=[(c.label(), a.fields.get("reason", "")) for c, a in admissions if not a.runs],
             )
         )
     return out

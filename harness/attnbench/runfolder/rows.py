@@ -43,6 +43,10 @@ class Measured:
     time_iqr_s: float | None = None
     time_repeats: int | None = None  # samples (one per round)
     compile_s: float | None = None  # first call minus a timed call: compilation, lazy set-up
+    graph_breaks: int | None = None  # compiled cells: where dynamo cut the call into graphs (0: one whole graph)
+    compiled_speedup: float | None = None  # compiled cells: eager twin's time / this time, paired per round
+    compiled_speedup_low: float | None = None  # its order-statistic interval, as `speedup`'s
+    compiled_speedup_high: float | None = None
     baseline: str = ""  # the group's baseline variant the speedup is measured against
     speedup: float | None = None  # median over rounds of baseline time / this time, same round (paired)
     speedup_low: float | None = None  # distribution-free interval of that median (order statistics of the rounds)
