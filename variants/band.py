@@ -82,6 +82,7 @@ class BandAttention(FlexBackend, AttentionVariant):
         extra_scores = heads * (shape.n_q * columns + rows * shape.n_k) if columns else 0
         computed = band_scores + extra_scores
         matmul, other = softmax_attention_flops(computed, shape)
+        needed = softmax_attention_flops(heads * layout.pairs(shape.n_q, shape.causal) + extra_scores, shape)
         io = (
             shape.batch
             * shape.heads
@@ -99,6 +100,7 @@ class BandAttention(FlexBackend, AttentionVariant):
         )
         return Cost(
             flops=matmul + other,
+            useful_flops=sum(needed),  # the window's pairs: the blocks' padding past it is the implementation's
             bytes_moved=io * shape.dtype_bytes,
             working_bytes=working,
             matmul_flops=matmul,

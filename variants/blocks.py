@@ -9,9 +9,9 @@ x - batch-like axis (b*h), n - block index, i - query in block, j - key in windo
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -89,6 +89,24 @@ def expand_over_heads(mask: Tensor, heads: int) -> Tensor:
     return rearrange(mask[:, None].expand(mask.shape[0], heads, *mask.shape[1:]), "b h ... -> (b h) ...")
 
 
+class derived:  # noqa: N801 (a decorator, named as functools.cached_property is)
+    """`functools.cached_property` without its lock: computed at the first read, then kept on the instance. On
+    Python 3.11 that lock is a context manager `torch.compile` cannot trace, so every first read was a graph
+    break in a compiled call."""
+
+    def __init__(self, compute: Callable[[Any], Any]) -> None:
+        self.compute, self.name, self.__doc__ = compute, compute.__name__, compute.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.compute(instance)
+        return value
+
+
 class Pattern:
     """A boolean support (broadcastable to (x, y, i, j)), with what the kernels need derived once and kept.
 
@@ -106,19 +124,23 @@ class Pattern:
             self.has_key = bias.amax(dim=-1) > float("-inf")  # a vectorized max: faster than any() on bools
             self._biases[bias.dtype] = self._without_nan_rows(bias)
 
-    @functools.cached_property
+    @derived
     def allowed(self) -> Tensor:
         """Reached only for a pattern given as a bias (rows with no key were zeroed there)."""
         return (next(iter(self._biases.values())) == 0) & self.has_key[..., None]
 
-    @functools.cached_property
+    @derived
     def has_key(self) -> Tensor:
         """(..., i) bool: the query sees at least one key."""
         return self.allowed.any(dim=-1)
 
-    @functools.cached_property
+    @derived
     def complete(self) -> bool:
-        """Every query sees at least one key (nothing to zero after the kernel)."""
+        """Every query sees at least one key (nothing to zero after the kernel). Under `torch.compile` it is taken
+        as False without looking: reading a tensor's value would cut the graph, and zeroing the rows that have no
+        key, when every row has one, changes nothing."""
+        if torch.compiler.is_compiling():
+            return False
         return bool(self.has_key.all())
 
     def _without_nan_rows(self, bias: Tensor) -> Tensor:

@@ -80,8 +80,8 @@ class LinearAttention(AttentionVariant):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         work = accumulation_dtype(q.dtype)
-        phi_q = F.elu(q.to(work)) + 1
-        phi_k = _drop_padded(F.elu(k.to(work)) + 1, key_padding_mask)
+        phi_q = F.elu(q.to(work)).add_(1)  # in place: one pass fewer over (b, h, n, d) (elu saves its input)
+        phi_k = _drop_padded(F.elu(k.to(work)).add_(1), key_padding_mask)
         if causal:
             return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size)
         return feature_attention(phi_q, phi_k, v)

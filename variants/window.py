@@ -61,6 +61,11 @@ class BandLayout:
         """Scores computed per (batch, head), masked ones included: every block whole (the last one padded)."""
         return -(-n_q // self.block) * self.block * self.span
 
+    def pairs(self, n: int, causal: bool) -> int:
+        """Scores the band needs per (batch, head): the (i, j) with |i - j| <= w (causal: 0 <= i - j <= w)."""
+        w = self.window
+        return n * (w + 1) - w * (w + 1) // 2 if causal else n * (2 * w + 1) - w * (w + 1)
+
 
 def band_layout(n: int, window: int, causal: bool, block_size: int | None) -> BandLayout:
     """The layout for a sequence of n: the forward passes and the cost models read this one."""

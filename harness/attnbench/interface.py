@@ -93,7 +93,9 @@ class Cost:
     FLOPs count the work the algorithm does, not only the useful part: masked scores it computes, padding
     up to whole blocks, hashing and projections. `matmul_flops` is the part done in matmuls (two per
     multiply-add, as torch's FlopCounterMode counts them; `attnbench.measure.flops.count_matmul_flops` measures
-    it), None when a variant does not give it; `flops` is that plus softmax and elementwise work.
+    it), None when a variant does not give it; `flops` is that plus softmax and elementwise work. `useful_flops`
+    is the work the method needs where an implementation does more (a band's blocks padded past its window):
+    the roofline is taken from it, so waste counts against the implementation; None: all of `flops` is needed.
     """
 
     flops: float
@@ -103,6 +105,12 @@ class Cost:
     # the most a forward and backward call holds at once (what autograd saves for the backward and the
     # gradients it builds); None: twice `working_bytes`
     backward_working_bytes: float | None = None
+    useful_flops: float | None = None
+
+    @property
+    def needed_flops(self) -> float:
+        """The work the method needs: `useful_flops` where given, else `flops`."""
+        return self.flops if self.useful_flops is None else self.useful_flops
 
 
 _kept_caches: list[Any] = []

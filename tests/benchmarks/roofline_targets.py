@@ -53,9 +53,23 @@ def roofline_table(run_dir: Path) -> None:
         seconds = f"{twin.compile_s:.1f}" if twin is not None else "–"
         print(f"| {label} | {n} | {mode} | {over:.2f} | {over_compiled:.2f} | {ratio} | {seconds} | "
               f"{'yes' if best <= TARGET else 'no'} ({best:.2f}) |")  # fmt: skip
+    band_against_flex(RunView.read(run_dir))
     refused = frame[frame.status != "ok"]
     for row in refused.itertuples():
         print(f"\n{row.label} N={row.seq_len} {row.mode}: {row.status}: {row.reason}")
+
+
+def band_against_flex(view: RunView) -> None:
+    """Our blocked band (eager, and compiled) against FlexAttention's sliding window (compiled by design), paired
+    per round: > 1 is ours faster. Target: >= 1 (or band picks the faster path itself)."""
+    frame = view.frame[view.frame.status == "ok"]
+    flex = frame[(frame.variant == "band") & frame.hparams.str.contains('"backend": "flex"') & ~frame.compiled]
+    for row in flex.itertuples():
+        same = frame[(frame.group_key == row.group_key) & (frame.variant == "band")]
+        for ours in same[~same.hparams.str.contains("backend") & ~same.hparams.str.contains("sinks")].itertuples():
+            ratio = paired_speedup(view.samples[row.cell_key], view.samples[ours.cell_key])  # flex / ours per round
+            print(f"\n{ours.label} vs {row.label} at N={row.seq_len} {row.mode}: ours {ratio.estimate:.2f}× as fast "
+                  f"[{ratio.low:.2f}–{ratio.high:.2f}]")  # fmt: skip
 
 
 def lsh_core(seq_lens: list[int], min_run_time: float) -> None:

@@ -147,7 +147,7 @@ def test_the_html_report_reads_on_a_phone_and_names_a_lower_bound(tmp_path: Path
     assert "<meta name='viewport' content='width=device-width, initial-scale=1'>" in page
     assert "@media (max-width:600px)" in page and "figure img{width:100%" in page
     images = page.count("data:image/png;base64,")
-    assert images == 8 and page.count("<input type='checkbox'><img") == images  # a tap opens each at full size
+    assert images == 9 and page.count("<input type='checkbox'><img") == images  # a tap opens each at full size
     assert "input:checked+img{width:auto;max-width:none" in page
     assert page.count("<table>") == page.count("<div class='scroll'><table>")  # wide tables scroll, the page not
     assert "<caption>" not in page  # captions wrap to the screen, not to the table's width

@@ -85,6 +85,22 @@ def test_cost_counts_the_matmuls_done(name: str, params: dict, causal: bool, sha
         f"counted {counted:.4g} ({cost.matmul_flops / counted - 1:+.1%})"
     )
     assert cost.flops >= cost.matmul_flops
+    assert cost.needed_flops <= cost.flops  # the method's work is never more than the call does
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("n, window, block", [(1, 3, None), (75, 5, None), (100, 7, 12), (300, 64, None), (37, 200, 8)])
+def test_band_needs_exactly_its_supports_pairs(n: int, window: int, block: int | None, causal: bool) -> None:
+    """The band's useful FLOPs count the pairs of its support mask, not its padded blocks: the roofline of the
+    method, against which block padding counts as the implementation's."""
+    from attnbench.interface import softmax_attention_flops
+    from attnbench.variants.window import band_layout
+
+    variant = registry.create("band", window=window, block_size=block)
+    support = int(variant.support_mask(n, n, causal).sum())
+    assert band_layout(n, window, causal, block).pairs(n, causal) == support
+    shape = Shape(2, 3, n, n, 16, 16, causal=causal)
+    assert variant.cost(shape).useful_flops == pytest.approx(sum(softmax_attention_flops(6 * support, shape)))
 
 
 @pytest.mark.parametrize("value_dim", [16, 24])  # 24: no fused CPU kernel, the math path's bmm instead

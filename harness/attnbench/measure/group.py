@@ -468,7 +468,7 @@ class GroupMeasurement:
     def _memory_and_cost(self, cell: Cell) -> None:
         key, variant = cell.key(), self.variants[cell.key()]
         cost = variant.cost(shape_of(cell))
-        self.fields[key].update(flops=cost.flops, bytes_moved=cost.bytes_moved)
+        self.fields[key].update(flops=cost.flops, useful_flops=cost.needed_flops, bytes_moved=cost.bytes_moved)
         if self.device.type == "cpu" and (cell.compiled or not variant.cpu_memory_trackable):
             self.fields[key]["mem_method"] = "not measured: compiled kernels allocate out of the CPU tracker's sight"
             return

@@ -124,8 +124,9 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
 
 
 def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
-    """Each cell's share of its roofline: max(FLOPs / matmul peak, bytes moved / copy peak), from its cost model
-    and the run's peaks, over its median time. 1 is as fast as the work it counts allows on this machine; 0.5 takes
+    """Each cell's share of its roofline: max(FLOPs needed / matmul peak, bytes moved / copy peak), from its cost
+    model (`useful_flops`: the method's work, not padding an implementation adds; runs before it: `flops`) and the
+    run's peaks, over its median time. 1 is as fast as the work it counts allows on this machine; 0.5 takes
     twice that. NaN where a figure is missing. Far below 1, a speedup measures the implementation more than the
     method. The verdict's "of roofline" column, the report's table and its plot all read this one figure."""
 
@@ -134,9 +135,10 @@ def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
         matmul, copy = peak.get("matmul_flops_per_s"), peak.get("copy_bytes_per_s")
         if not matmul or not copy or row["status"] != "ok" or not row["time_median_s"]:
             return float("nan")
-        if pd.isna(row["flops"]) or pd.isna(row["bytes_moved"]) or pd.isna(row["time_median_s"]):
+        flops = row["useful_flops"] if pd.notna(row.get("useful_flops")) else row["flops"]
+        if pd.isna(flops) or pd.isna(row["bytes_moved"]) or pd.isna(row["time_median_s"]):
             return float("nan")
-        roofline = max(row["flops"] / matmul, row["bytes_moved"] / copy)
+        roofline = max(flops / matmul, row["bytes_moved"] / copy)
         return roofline / row["time_median_s"] if roofline > 0 else float("nan")
 
     return cells.apply(share, axis=1).astype(float) if len(cells) else pd.Series(dtype=float)

@@ -66,7 +66,8 @@ class Measured:
     input_band_mass: float | None = None  # share of exact attention within |i - j| <= 64
     input_sink_mass: float | None = None  # share of exact attention on the first key
     input_head_spread: float | None = None  # std across heads of their mean entropy: how much heads differ
-    flops: float | None = None
+    flops: float | None = None  # the work the call does (its cost model)
+    useful_flops: float | None = None  # the work the method needs, where less (the roofline is taken from it)
     bytes_moved: float | None = None
 
 
