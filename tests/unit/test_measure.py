@@ -255,3 +255,13 @@ def test_the_speedup_interval_covers_the_true_median_as_often_as_it_says(n: int)
     assert covered / trials >= expected - 0.015  # within binomial noise of 4000 trials
     values = [rng.random() for _ in range(n)]
     assert median_interval(values) == median_interval(list(reversed(values)))  # no seed: one interval
+
+
+def test_an_eager_cell_keeps_the_key_it_had_before_the_compile_axis() -> None:
+    """Resume and compare match cells by key: a run folder written before `compile` existed must still match."""
+    import json
+
+    [cell] = parse_config({"variants": ["full"], "seq_lens": [32]}).plan().cells
+    [compiled] = parse_config({"variants": ["full"], "seq_lens": [32], "compile": [True]}).plan().cells
+    assert len(json.loads(cell.key())) == len(json.loads(compiled.key())) - 1  # eager: the old key, no new element
+    assert Cell.from_key(cell.key()) == cell and Cell.from_key(compiled.key()) == compiled

@@ -55,7 +55,6 @@ class Cell:
     compiled calls of a setting are timed in one group, in turns, and compared round by round."""
 
     variant: VariantSpec = axis("variants", VariantSpec, [])
-    compiled: bool = axis("compile", bool, [False])  # the variant's call wrapped in torch.compile
     device: str = axis("device", str, ["cpu"])
     dtype: str = axis("dtype", str, ["float32"])
     mode: str = axis("mode", str, ["fwd"])
@@ -68,7 +67,9 @@ class Cell:
     head_dim: int = axis("head_dim", int, [64])
     value_dim: int = axis("value_dim", int, [0])  # 0: equal to head_dim
     kv_len: int = axis("kv_lens", int, [0])  # 0: equal to seq_len (self-attention)
-    seq_len: int = axis("seq_lens", int, [256, 1024])  # last: N grows fastest within a setting
+    seq_len: int = axis("seq_lens", int, [256, 1024])  # N grows fastest within a setting (see `expand`)
+    # axes added after run folders existed: last, and left out of a cell's key at their default (`LATER_AXES`)
+    compiled: bool = axis("compile", bool, [False])  # the variant's call wrapped in torch.compile
 
     @property
     def n_k(self) -> int:
@@ -83,13 +84,17 @@ class Cell:
         return self.variant.label() + (COMPILED_SUFFIX if self.compiled else "")
 
     def key(self) -> str:
-        """A stable text key (matching runs, resuming): every axis, the specs spelled out."""
-        return json.dumps([_plain(getattr(self, name)) for name in AXIS_NAMES], sort_keys=True)
+        """A stable text key (matching runs, resuming): every axis, the specs spelled out; an axis added later
+        (`LATER_AXES`) only away from its default, so a cell keeps the key a run written before it existed gave
+        it (resume and compare still match those runs)."""
+        names = [n for n in AXIS_NAMES if n not in LATER_AXES or getattr(self, n) != AXES_DEFAULTS[n]]
+        return json.dumps([_plain(getattr(self, name)) for name in names], sort_keys=True)
 
     @classmethod
     def from_key(cls, key: str) -> "Cell":
         """The cell whose `key()` this is (how a group travels to an isolated worker)."""
-        values = dict(zip(AXIS_NAMES, json.loads(key)))
+        later = {name: AXES_DEFAULTS[name] for name in LATER_AXES}  # left out of the key: at their defaults
+        values = later | dict(zip(AXIS_NAMES, json.loads(key)))
         for name, spec in (("variant", VariantSpec), ("input", InputSpec)):
             spec_name, params = values[name]
             values[name] = spec(spec_name, tuple(sorted(params.items())))
@@ -139,6 +144,9 @@ def label_variant(label: str) -> str:
 
 
 AXIS_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Cell))
+LATER_AXES: tuple[str, ...] = ("compiled",)  # the last fields of Cell: in a key only away from their default
+AXES_DEFAULTS: dict[str, Any] = {f.name: f.metadata["default"][0] for f in fields(Cell) if f.metadata["default"]}
+assert AXIS_NAMES[-len(LATER_AXES) :] == LATER_AXES, "later axes come last: keys are read by position"
 VARIANT_AXES: tuple[str, ...] = ("variant", "compiled")  # what differs between the cells of one group
 AXES: dict[str, tuple[str, type, Any]] = {  # config key -> (cell field, kind, default values)
     f.metadata["config"]: (f.name, f.metadata["kind"], f.metadata["default"]) for f in fields(Cell)

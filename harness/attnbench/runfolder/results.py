@@ -135,6 +135,8 @@ def read_results(run_dir: Path) -> pd.DataFrame:
     # a line that is not a cell's row (a hand edit, a disk fault): no known status, or no sequence length
     frame = frame[frame.status.isin(STATUSES) & pd.to_numeric(frame.seq_len, errors="coerce").notna()]
     frame = frame.astype({"seq_len": int})
+    # a run written before the compile axis has no `compiled` column: its cells ran eager
+    frame["compiled"] = frame.compiled.map(lambda v: str(v) == "True").astype(bool)
     # a cell recorded twice (a folder written by two processes before the lock, or an old duplicate plan): the
     # later row stands, so report, resume and compare see one row per cell
     return frame.drop_duplicates("cell_key", keep="last").reset_index(drop=True)
