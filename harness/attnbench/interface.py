@@ -128,7 +128,12 @@ def kept_between_calls(maxsize: int = 64) -> Callable[[_F], _F]:
     def wrap(fn: _F) -> _F:
         cached = functools.lru_cache(maxsize=maxsize)(fn)
         _kept_caches.append(cached)
-        return cached  # type: ignore[return-value]
+        # under torch.compile the cache is read as in eager (dynamo would trace through it and rebuild the state
+        # inside the graph on every call): one graph break at the call, the kept tensors the graph's inputs
+        kept = torch.compiler.disable(cached, recursive=True)
+        functools.update_wrapper(kept, cached)
+        kept.cache_clear, kept.cache_info = cached.cache_clear, cached.cache_info
+        return kept  # type: ignore[return-value]
 
     return wrap
 
