@@ -113,6 +113,14 @@ class Cost:
         return self.flops if self.useful_flops is None else self.useful_flops
 
 
+BACKWARD_WORK = 3.0  # a forward and backward call does about three forward calls' work (the guard, the roofline)
+
+
+def mode_work(mode: str) -> float:
+    """How many forward calls' work one call of `mode` does: 1 for "fwd", BACKWARD_WORK for "fwd+bwd"."""
+    return BACKWARD_WORK if mode == "fwd+bwd" else 1.0
+
+
 _kept_caches: list[Any] = []
 _F = TypeVar("_F", bound=Callable[..., Any])
 

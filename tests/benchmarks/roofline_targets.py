@@ -74,7 +74,7 @@ def band_against_flex(view: RunView) -> None:
 
 def lsh_core(seq_lens: list[int], min_run_time: float) -> None:
     """LSH (defaults, shared_qk false and true) whole, against its stages timed alone, in turns."""
-    stages = "hash+sort | gather | bias | core | scatter+merge"
+    stages = "hash+sort | gather | bias | core | rest: total − these (scatter, merge; timed alone they overlap)"
     print(f"| N | setting | total ms | core ms | total / core [95%] | {stages} |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for n in seq_lens:

@@ -44,6 +44,7 @@ def test_of_roofline_takes_the_slower_of_compute_and_memory() -> None:
         {
             "device": ["cpu"] * 4,
             "dtype": ["float32"] * 4,
+            "mode": ["fwd"] * 4,
             "status": ["ok", "ok", "ok", "error"],
             "flops": [1e11, 1e9, float("nan"), 1e11],  # 1 s of matmul; 0.01 s; unknown
             "bytes_moved": [1e8, 1e10, 1e8, 1e8],  # 0.01 s of copying; 1 s
@@ -52,4 +53,7 @@ def test_of_roofline_takes_the_slower_of_compute_and_memory() -> None:
     )
     shares = of_roofline(cells, peaks).tolist()
     assert shares[:2] == [1.0, 0.5] and all(r != r for r in shares[2:])
-    assert of_roofline(cells, {}).isna().all()  # no peaks measured: nothing to compare with
+    assert of_roofline(cells, {}).isna().all()
+    # a forward and backward call does three forward calls' work (mode_work), as the guard's estimate assumes
+    backward = cells.assign(mode="fwd+bwd", time_median_s=[3.0, 6.0, 1.0, 1.0])
+    assert of_roofline(backward, peaks).tolist()[:2] == [1.0, 0.5]  # no peaks measured: nothing to compare with

@@ -14,14 +14,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench.interface import AttentionVariant, Cost, Shape
+from attnbench.interface import AttentionVariant, Cost, Shape, mode_work
 from attnbench.measure.reference import REFERENCE_CHUNK_COPIES, REFERENCE_CHUNK_ELEMENTS, reference_chunk_rows
 from attnbench.plan.cells import Cell
 
 FLOAT64 = 8
 INPUT_COPIES = 3  # Q, K and V are drawn in float32, sliced, then cast and made contiguous: ~3 copies at once
 REFERENCE_PASSES = 12  # reads and writes of the float64 scores per element: matmul out, scale, mask, softmax, ...
-BACKWARD_WORK = 3.0  # a forward and backward call does about three forward calls' work
 BACKWARD_MEMORY = 2.0  # ... and, unless its cost() says otherwise, holds twice the forward's working set
 # cost() gives the algorithm's working set; the measured per-call peaks of the built-ins reached up to 2.2x it
 # (kernels' own temporaries, masks in the kernel's dtype; the default preset, fwd and fwd+bwd, N up to 16384),
@@ -136,7 +135,7 @@ def cell_estimate(cell: Cell, variant: AttentionVariant, *, error: bool, peaks: 
         group=group_cost(cell, error=error, float64_peaks=float64),
         dense_default=type(variant).cost is AttentionVariant.cost,
         variant_bytes=VARIANT_MARGIN * (_backward_bytes(cost) if backward else cost.working_bytes) + output,
-        call_s=(BACKWARD_WORK if backward else 1.0) * call,
+        call_s=mode_work(cell.mode) * call,
     )
 
 

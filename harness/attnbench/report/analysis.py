@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from attnbench.interface import mode_work
+
 
 def loglog_slope(n: pd.Series | list[float], y: pd.Series | list[float]) -> float:
     """Least-squares slope of log(y) against log(N): 1 is linear, 2 quadratic. NaN with fewer than 2 points."""
@@ -126,7 +128,7 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
 def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
     """Each cell's share of its roofline: max(FLOPs needed / matmul peak, bytes moved / copy peak), from its cost
     model (`useful_flops`: the method's work, not padding an implementation adds; runs before it: `flops`) and the
-    run's peaks, over its median time. 1 is as fast as the work it counts allows on this machine; 0.5 takes
+    run's peaks, over its median time; a forward and backward call does `mode_work` times the forward's work. 1 is as fast as the work it counts allows on this machine; 0.5 takes
     twice that. NaN where a figure is missing. Far below 1, a speedup measures the implementation more than the
     method. The verdict's "of roofline" column, the report's table and its plot all read this one figure."""
 
@@ -138,7 +140,7 @@ def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
         flops = row["useful_flops"] if pd.notna(row.get("useful_flops")) else row["flops"]
         if pd.isna(flops) or pd.isna(row["bytes_moved"]) or pd.isna(row["time_median_s"]):
             return float("nan")
-        roofline = max(flops / matmul, row["bytes_moved"] / copy)
+        roofline = mode_work(row["mode"]) * max(flops / matmul, row["bytes_moved"] / copy)
         return roofline / row["time_median_s"] if roofline > 0 else float("nan")
 
     return cells.apply(share, axis=1).astype(float) if len(cells) else pd.Series(dtype=float)
