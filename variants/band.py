@@ -82,7 +82,9 @@ class BandAttention(FlexBackend, AttentionVariant):
         extra_scores = heads * (shape.n_q * columns + rows * shape.n_k) if columns else 0
         computed = band_scores + extra_scores
         matmul, other = softmax_attention_flops(computed, shape)
-        needed = softmax_attention_flops(heads * layout.pairs(shape.n_q, shape.causal) + extra_scores, shape)
+        # the window's pairs: the blocks' padding past it is the implementation's (with sinks or global tokens the
+        # parts overlap and their union is not counted here: all the work done is taken as needed)
+        needed = None if columns else sum(softmax_attention_flops(heads * layout.pairs(shape.n_q, shape.causal), shape))
         io = (
             shape.batch
             * shape.heads
@@ -100,7 +102,7 @@ class BandAttention(FlexBackend, AttentionVariant):
         )
         return Cost(
             flops=matmul + other,
-            useful_flops=sum(needed),  # the window's pairs: the blocks' padding past it is the implementation's
+            useful_flops=needed,
             bytes_moved=io * shape.dtype_bytes,
             working_bytes=working,
             matmul_flops=matmul,

@@ -277,11 +277,8 @@ class StridedAttention(FlexBackend, AttentionVariant):
         stride = min(self.stride or default_stride(n), n)
         rows = -(-n // stride)  # of the (rows, stride) grid, the last row zero-padded
         # scores computed per head by each part, masked ones included (as the parts above lay them out)
-        useful_first = None
         if self.pattern == "strided":
-            local = band_layout(n, stride, shape.causal, None)
-            first = local.scores(n)  # local run: band blocks, as local_part
-            useful_first = local.pairs(n, shape.causal)  # of which the run needs its window's pairs
+            first = band_layout(n, stride, shape.causal, None).scores(n)  # local run: band blocks, as local_part
             second = stride * rows * rows  # columns: each row of the grid against every row
         else:
             first = rows * stride * stride  # own block
@@ -290,7 +287,6 @@ class StridedAttention(FlexBackend, AttentionVariant):
         first_heads, second_heads = (heads - heads // 2, heads // 2) if self.factorize else (heads, heads)
         computed = shape.batch * (first_heads * first + second_heads * second)
         matmul, other = softmax_attention_flops(computed, shape)
-        useful = shape.batch * (first_heads * (useful_first or first) + second_heads * second)
         io = shape.batch * shape.heads * n * (2 * shape.head_dim + 2 * shape.value_dim)
         # both parts' outputs and log-sum-exps, a padded copy of k and v; patterns (bool and bias) shared by (b h)
         held = 2 * (shape.value_dim + 1) + shape.head_dim + shape.value_dim
@@ -298,7 +294,6 @@ class StridedAttention(FlexBackend, AttentionVariant):
         working = shape.batch * shape.heads * rows * stride * held * shape.dtype_bytes + patterns
         return Cost(
             flops=matmul + other,
-            useful_flops=sum(softmax_attention_flops(useful, shape)),
             bytes_moved=io * shape.dtype_bytes,
             working_bytes=working,
             matmul_flops=matmul,

@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -102,13 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", type=_csv(str), help="cpu, cuda or cuda:N (comma-separated for several)")
     run.add_argument("--dtype", type=_csv(str), help="float32, float16, bfloat16 or float64")
     run.add_argument("--causal", type=_both, help="true, false or both")
-    run.add_argument(
+    compiling = run.add_mutually_exclusive_group()
+    compiling.add_argument(
         "--compile",
-        type=_both,
-        nargs="?",
+        action="store_const",
         const=[False, True],
-        help="time each variant's call under torch.compile too: both (the default of a bare --compile: eager and "
-        "compiled, timed in turns), true (compiled only) or false; compilation time is kept apart in compile_s",
+        help="each variant setting eager and under torch.compile, timed in turns (the config's `compile = [false, "
+        "true]`); compilation time is kept apart in compile_s",
+    )
+    compiling.add_argument(
+        "--compile-only",
+        dest="compile",
+        action="store_const",
+        const=[True],
+        help="each variant setting under torch.compile alone (`compile = true`; the baseline is then `full compiled`)",
     )
     run.add_argument("--mode", type=_csv(str), help="fwd, fwd+bwd, or fwd,fwd+bwd for both")
     run.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
@@ -511,6 +519,8 @@ def command_run(args: argparse.Namespace) -> int:
     view = RunView.read(run_dir)  # rows, samples and meta read once, the verdict computed once, for all that follows
     frame = view.frame
     print(verdict_terminal(view.blocks, terminal_width()))
+    if compiled := compile_sentence(frame):  # the verdict's last word, on the same stream
+        print(textwrap.fill(compiled, terminal_width(), subsequent_indent="  "))
     outputs = "results.csv, samples.csv, meta.json, config.toml, summary.md"
     report = None
     try:
@@ -526,8 +536,6 @@ def command_run(args: argparse.Namespace) -> int:
                        f"write the report with: attnbench report {run_dir}")  # fmt: skip
         raise
     print(f"attnbench: {noise_line(frame)}", file=sys.stderr)
-    if compiled := compile_sentence(frame):
-        print(f"attnbench: {compiled}", file=sys.stderr)
     failed = frame[frame.status != "ok"].status.value_counts().sort_index()
     if len(failed):
         counts = ", ".join(f"{status} {count}" for status, count in failed.items())

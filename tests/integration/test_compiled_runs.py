@@ -31,7 +31,7 @@ def test_eager_and_compiled_are_timed_together_and_agree(tmp_path: Path) -> None
         eager, compiled = frame.loc[name], frame.loc[f"{name} compiled"]
         assert compiled.status == "ok" and bool(compiled.compiled) and not bool(eager.compiled)
         assert compiled.compiled_speedup_low <= compiled.compiled_speedup <= compiled.compiled_speedup_high
-        assert compiled.graph_breaks == 0 and compiled.compile_s > 0
+        assert compiled.compiled_graphs == 1 and compiled.compile_s > 0  # one whole graph each
         assert abs(compiled.err_rel_fro - eager.err_rel_fro) < 1e-5  # its error measured on its own output
         assert "not measured" in compiled.mem_method and eager.mem_method == "live-tensor-peak"
         assert pd_isna(eager.compiled_speedup)
@@ -82,12 +82,40 @@ def test_an_error_eager_raises_too_stays_an_error(toy_registry) -> None:
     assert "broken in eager too" in rows["raises-always compiled"].reason
 
 
-def test_compile_flag_values(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    config = write_tiny(tmp_path / "c.toml")
-    with pytest.raises(SystemExit) as stopped:
-        main(["run", str(config), "--compile", "maybe", "--dry-run"])
-    assert stopped.value.code == 2
-    assert "expected true, false or both" in capsys.readouterr().err
-    assert main(["run", str(config), "--compile", "true", "--out", str(tmp_path / "out"), "--no-progress"]) == 0
-    assert list(read_results(only_run(tmp_path / "out")).label) == ["full compiled"]  # compiled alone
-    assert "1 variant settings compiled × N" in capsys.readouterr().err
+def test_compile_flags_and_a_compiled_only_run_measured_against_full_compiled(tmp_path: Path, capsys) -> None:
+    config = write_tiny(tmp_path / "c.toml", variants=["full", "linear"])
+    assert main(["run", "--compile", str(config), "--dry-run"]) == 0  # a bare flag: the config is not its value
+    assert "4/4" in capsys.readouterr().out  # eager and compiled of each
+    assert main(["run", str(config), "--compile-only", "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    frame = read_results(only_run(tmp_path / "out")).set_index("label")
+    assert list(frame.index) == ["full compiled", "linear compiled"]  # compiled alone
+    assert (frame.baseline == "full compiled").all() and frame.loc["full compiled", "speedup"] == 1.0
+    out, err = capsys.readouterr()
+    assert "2 variant settings compiled × N" in err and "Compiled (eager time" not in out  # no eager twins
+
+
+class Recompiles(AttentionVariant):
+    """Its guards fail on every call (an attribute read in forward changes each time): compiled, it would compile
+    inside its own timing."""
+
+    name = "recompiles"
+    family = "test"
+    exact = False
+    supports = Capabilities()
+
+    def __init__(self, seed: int = 0, **hyperparams) -> None:
+        super().__init__(seed=seed, **hyperparams)
+        self.calls = 0
+
+    def forward(self, q, k, v, *, causal, key_padding_mask):
+        self.calls += 1
+        return v * (self.calls % 7 + 1) / (self.calls % 7 + 1)
+
+
+def test_a_call_that_compiles_again_while_timed_is_unsupported(toy_registry) -> None:
+    registry = toy_registry(Recompiles)
+    config = parse_config(tiny(variants=["full", "recompiles"], compile=[False, True]), registry=registry)
+    rows = {row.label: row for row in measure.measure_group(config.plan().groups[0], config.settings, registry).rows}
+    assert rows["recompiles"].status == "ok" and rows["full compiled"].status == "ok"
+    assert rows["recompiles compiled"].status == "unsupported"
+    assert rows["recompiles compiled"].reason.startswith("torch.compile compiled it again between timed calls")

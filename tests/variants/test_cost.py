@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from attnbench.interface import Shape
+from attnbench.interface import Shape, softmax_attention_flops
 from attnbench.measure.flops import causal_pairs, count_matmul_flops
 from attnbench.registry import registry
 from attnbench.variants.flex import FLEX_BACKEND
@@ -55,6 +55,11 @@ SHAPES = {  # (batch, heads, n_q, n_k, head_dim, value_dim)
 }
 
 
+def cost_shape(shape_id: str, causal: bool) -> Shape:
+    batch, heads, n_q, n_k, head_dim, value_dim = SHAPES[shape_id]
+    return Shape(batch, heads, n_q, n_k, head_dim, value_dim, causal=causal)
+
+
 @pytest.mark.parametrize("shape_id", list(SHAPES))
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("name, params", SETTINGS, ids=[f"{n}{p or ''}" for n, p in SETTINGS])
@@ -68,7 +73,7 @@ def test_cost_counts_the_matmuls_done(name: str, params: dict, causal: bool, sha
         pytest.skip(reason)
     if variant.hparams.get("backend") == FLEX_BACKEND:
         pytest.skip("the flex backend runs compiled kernels that FlopCounterMode does not see")
-    cost = variant.cost(Shape(batch, heads, n_q, n_k, head_dim, value_dim, causal=causal))
+    cost = variant.cost(cost_shape(shape_id, causal))
     if cost.matmul_flops is None:
         assert not type(variant).__module__.startswith("attnbench."), f"built-in {name} gives no matmul_flops"
         pytest.skip(f"{name}'s cost model gives no matmul_flops")
@@ -86,6 +91,9 @@ def test_cost_counts_the_matmuls_done(name: str, params: dict, causal: bool, sha
     )
     assert cost.flops >= cost.matmul_flops
     assert cost.needed_flops <= cost.flops  # the method's work is never more than the call does
+    if cost.useful_flops is not None and getattr(variant, "exact", False) and n_q == n_k:  # a support to count
+        support = int(variant.support_mask(n_q, n_k, causal).sum()) * batch * heads
+        assert cost.useful_flops == pytest.approx(sum(softmax_attention_flops(support, cost_shape(shape_id, causal))))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
@@ -93,7 +101,6 @@ def test_cost_counts_the_matmuls_done(name: str, params: dict, causal: bool, sha
 def test_band_needs_exactly_its_supports_pairs(n: int, window: int, block: int | None, causal: bool) -> None:
     """The band's useful FLOPs count the pairs of its support mask, not its padded blocks: the roofline of the
     method, against which block padding counts as the implementation's."""
-    from attnbench.interface import softmax_attention_flops
     from attnbench.variants.window import band_layout
 
     variant = registry.create("band", window=window, block_size=block)

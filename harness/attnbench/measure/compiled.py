@@ -8,8 +8,9 @@ does is a paired ratio.
 Three things keep the figure honest. Each group starts from an empty compile cache (`fresh_compile_cache`), so a
 graph compiled for another shape is never guarded against; hitting dynamo's recompile limit raises instead of
 falling back to eager silently; and a failure of dynamo or inductor itself (an operator it cannot trace, a missing
-C++ compiler) makes the cell `unsupported` with the compiler's reason, while an error the eager call also raises
-stays an error. Graph breaks are counted, since a call cut into pieces runs partly eager.
+C++ compiler, guards that fail on every timed call) makes the cell `unsupported` with the compiler's reason, while
+an error the eager call also raises stays an error. The graphs a call compiles into are counted: a call cut into
+pieces runs partly eager.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def compiled_call(variant: AttentionVariant) -> Callable[..., torch.Tensor]:
 @contextlib.contextmanager
 def fresh_compile_cache() -> Iterator[None]:
     """An empty dynamo cache for one group, the recompile limit turned from a silent fall-back into an error, and
-    dynamo's warnings (graph breaks, each printed once) kept off the terminal: they are counted instead."""
+    dynamo's warnings (graph breaks, each printed once) kept off the terminal: the graphs are counted instead."""
     torch._dynamo.reset()
     config = torch._dynamo.config
     patch = {"recompile_limit": RECOMPILE_LIMIT, "fail_on_recompile_limit_hit": True}
@@ -55,11 +56,20 @@ def fresh_compile_cache() -> Iterator[None]:
             torch._dynamo.reset()
 
 
-def graph_breaks() -> int:
-    """Graph breaks dynamo has counted in this process so far (read before and after a first call)."""
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far (read before and after a first call: 1 is a whole call in
+    one graph; each graph break adds one)."""
     from torch._dynamo.utils import counters
 
-    return int(sum(counters["graph_break"].values()))
+    return int(counters["stats"]["unique_graphs"])
+
+
+@contextlib.contextmanager
+def no_recompiling() -> Iterator[None]:
+    """Timed calls of compiled code that must not compile again: a variant whose guards fail on every call would
+    put its compilation inside its timing (below the recompile limit, silently). Here it raises instead."""
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        yield
 
 
 def is_compiler_failure(error: BaseException) -> bool:
@@ -70,6 +80,9 @@ def is_compiler_failure(error: BaseException) -> bool:
 def compiler_reason(error: BaseException) -> str:
     """A one-line reason for an `unsupported` compiled cell: the compiler's error, its first line, and the first
     line of the error underneath it (a backend's own failure) where there is one."""
+    if type(error).__name__ == "RecompileError":
+        again = "torch.compile compiled it again between timed calls (its guards change every call)"
+        return f"{again}: {_first_line(error)}"[:400]
     lines = [f"{type(error).__name__}: {_first_line(error)}"]
     cause = error.__cause__ or error.__context__
     if cause is not None and _first_line(cause) not in lines[0]:

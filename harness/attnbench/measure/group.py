@@ -27,7 +27,14 @@ from attnbench.interface import (
     UnsupportedOptionError,
     chooses_support,
 )
-from attnbench.measure.compiled import call_of, compiler_reason, fresh_compile_cache, graph_breaks, is_compiler_failure
+from attnbench.measure.compiled import (
+    call_of,
+    compiled_graphs,
+    compiler_reason,
+    fresh_compile_cache,
+    is_compiler_failure,
+    no_recompiling,
+)
 from attnbench.measure.estimate import (
     SLOW_ROUNDS,
     CellEstimate,
@@ -297,7 +304,7 @@ class GroupMeasurement:
                         inputs.q, inputs.k, inputs.v, causal=cell.causal, key_padding_mask=inputs.key_padding_mask
                     )
 
-            breaks = graph_breaks()
+            graphs = compiled_graphs()
             output, self.first_call[key] = timed_call(first_call, self.device)
             expected = (cell.batch, cell.heads, cell.seq_len, cell.v_dim)
             if tuple(output.shape) != expected or output.dtype != inputs.q.dtype:
@@ -326,7 +333,7 @@ class GroupMeasurement:
                 if not all(torch.isfinite(g).all() for g in grads if g is not None):
                     return self._fail(key, {"status": "error", "reason": "gradients have NaN or Inf"})
             if cell.compiled:
-                self.fields[key]["graph_breaks"] = graph_breaks() - breaks
+                self.fields[key]["compiled_graphs"] = compiled_graphs() - graphs
         except (Exception, SystemExit) as error:
             self._failed(key, error)
 
@@ -413,17 +420,18 @@ class GroupMeasurement:
                     calls[key] = self._call(cell, self.calls[key])
                 except (Exception, SystemExit) as error:
                     self._failed(key, error)
-        samples = time_in_turns(
-            calls,
-            self.device,
-            min_rounds=self.settings.min_rounds,
-            min_run_time=self.settings.min_run_time,
-            order_seed=self.group.key(),
-            slow_after_s=self.settings.time_budget_s,  # a call over the time budget stops at SLOW_ROUNDS samples
-            slow_rounds=SLOW_ROUNDS,
-            on_step=self.progress,
-            on_failure=self._failed,
-        )
+        with no_recompiling() if self.compiled else contextlib.nullcontext():  # compiled: every call compiled
+            samples = time_in_turns(
+                calls,
+                self.device,
+                min_rounds=self.settings.min_rounds,
+                min_run_time=self.settings.min_run_time,
+                order_seed=self.group.key(),
+                slow_after_s=self.settings.time_budget_s,  # a call over the time budget stops at SLOW_ROUNDS samples
+                slow_rounds=SLOW_ROUNDS,
+                on_step=self.progress,
+                on_failure=self._failed,
+            )
         for key, values in samples.items():
             spread = Spread.of(values)
             self.fields[key].update(

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.interface import mode_work
+from attnbench.plan.cells import GROUP_COLUMNS
 
 
 def loglog_slope(n: pd.Series | list[float], y: pd.Series | list[float]) -> float:
@@ -120,7 +121,7 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
         peak = peaks.get(f"{row['device']}/{row['dtype']}", {}).get("matmul_flops_per_s")  # row.dtype: the Series'
         if not peak or row["status"] != "ok" or not row["time_median_s"] or pd.isna(row["flops"]):
             return float("nan")
-        return row["flops"] / row["time_median_s"] / peak
+        return mode_work(row["mode"]) * row["flops"] / row["time_median_s"] / peak
 
     return cells.apply(fraction, axis=1) if len(cells) else pd.Series(dtype=float)
 
@@ -128,9 +129,10 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
 def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
     """Each cell's share of its roofline: max(FLOPs needed / matmul peak, bytes moved / copy peak), from its cost
     model (`useful_flops`: the method's work, not padding an implementation adds; runs before it: `flops`) and the
-    run's peaks, over its median time; a forward and backward call does `mode_work` times the forward's work. 1 is as fast as the work it counts allows on this machine; 0.5 takes
-    twice that. NaN where a figure is missing. Far below 1, a speedup measures the implementation more than the
-    method. The verdict's "of roofline" column, the report's table and its plot all read this one figure."""
+    run's peaks, over its median time; a forward and backward call does `mode_work` times the forward's work. 1 is
+    as fast as the work it counts allows on this machine; 0.5 takes twice that. NaN where a figure is missing. Far
+    below 1, a speedup measures the implementation more than the method. The verdict's "of roofline" column, the
+    report's table and its plot all read this one figure."""
 
     def share(row: pd.Series) -> float:
         peak = peaks.get(f"{row['device']}/{row['dtype']}", {})
@@ -156,7 +158,7 @@ def raised_peaks(cells: pd.DataFrame, peaks: dict[str, dict]) -> tuple[dict[str,
         measured = raised.get(name, {}).get("matmul_flops_per_s")
         if not measured:
             continue
-        rates = rows.flops / rows.time_median_s
+        rates = rows.flops * rows["mode"].map(mode_work) / rows.time_median_s
         top = rows.loc[rates.idxmax()]
         if rates.max() > measured:
             raised[name]["matmul_flops_per_s"] = float(rates.max())
@@ -179,10 +181,16 @@ def compile_sentence(cells: pd.DataFrame) -> str:
     compiled = cells[cells.compiled.fillna(False).astype(bool)]
     ok = compiled[(compiled.status == "ok") & compiled.compiled_speedup.notna()]
 
+    # the setting of each figure where the run has several (mode, causal, input, ...): two figures never read alike
+    varying = [c for c in GROUP_COLUMNS if c != "seq_len" and c in cells and cells[c].nunique(dropna=False) > 1]
+
     def listed(rows: pd.DataFrame) -> str:
         by_label: dict[str, list[str]] = {}
-        for row in rows.sort_values("seq_len").itertuples():
-            by_label.setdefault(str(row.label), []).append(f"{row.compiled_speedup:.2f}× at N={row.seq_len}")
+        for _, row in rows.sort_values("seq_len").iterrows():
+            where = "".join(f", {column} {row[column]}" for column in varying)
+            ratio = row.compiled_speedup
+            by_label.setdefault(str(row.label), []).append(f"{ratio:.2f}×" if ratio >= 0.1 else f"{ratio:.2g}×")
+            by_label[str(row.label)][-1] += f" at N={row.seq_len}{where}"
         return "; ".join(f"{label} ({', '.join(dict.fromkeys(at))})" for label, at in by_label.items())
 
     parts = []
@@ -193,7 +201,8 @@ def compile_sentence(cells: pd.DataFrame) -> str:
         parts.append(f"faster than eager beyond noise: {listed(faster)}")
     if len(ok) > len(slower) + len(faster):
         parts.append(f"{len(ok) - len(slower) - len(faster)} compiled cell(s) within noise of eager")
-    refused = compiled[compiled.status == "unsupported"]
+    by_compiler = compiled.reason.astype(str).str.startswith("torch.compile")  # not those eager refuses too
+    refused = compiled[(compiled.status == "unsupported") & by_compiler]
     if len(refused):
         parts.append(f"not compiled: {', '.join(dict.fromkeys(refused.label))} (see their reasons)")
     if not parts:

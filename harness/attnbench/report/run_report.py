@@ -135,11 +135,12 @@ def detail_blocks(
         blocks.append(
             _table(
                 "Compiled against eager: the eager call's time over the compiled call's, per round (timed in turns), "
-                "with its interval; then the first call's extra seconds (compilation) and dynamo's graph breaks.",
+                "with its interval; then the first call's extra seconds (compilation) and the graphs dynamo cut the "
+                "call into.",
                 _pivot(
                     compiled,
                     lambda r: f"{r.compiled_speedup:.2f}× [{r.compiled_speedup_low:.2f}–"
-                    f"{r.compiled_speedup_high:.2f}], {r.compile_s:.1f} s, {r.graph_breaks:.0f} breaks",
+                    f"{r.compiled_speedup_high:.2f}], {r.compile_s:.1f} s, {r.compiled_graphs:.0f} graph(s)",
                 ),
             )
         )

@@ -29,6 +29,7 @@ def merge_processes(group: Group, results: list[GroupResult], baseline: str) -> 
         for key, _round, seconds in result.samples:
             samples[key][index].append(seconds)
     base = next((c.key() for c in group.cells if is_baseline(c, baseline)), None)
+    eager = {c.variant: c.key() for c in group.cells if not c.compiled}  # a compiled cell's eager twin
     rows: list[Any] = []
     merged_samples: list[tuple[str, int, float]] = []
     for cell in group.cells:
@@ -49,5 +50,12 @@ def merge_processes(group: Group, results: list[GroupResult], baseline: str) -> 
                     interval = two_level_interval(ratios, seed_of(key))
                     row = replace(row, speedup=interval.estimate, speedup_low=interval.low,
                                   speedup_high=interval.high, speedup_coverage=None)  # fmt: skip
+            twin = eager.get(cell.variant) if cell.compiled else None
+            if twin is not None and row.compiled_speedup is not None:  # eager over compiled, the same way
+                ratios = [round_ratios(e, own) for e, own in zip(samples[twin], samples[key]) if e and own]
+                if ratios:
+                    interval = two_level_interval(ratios, seed_of(key))
+                    row = replace(row, compiled_speedup=interval.estimate, compiled_speedup_low=interval.low,
+                                  compiled_speedup_high=interval.high)  # fmt: skip
         rows.append(replace(row, processes=len(per_process) or 1))
     return GroupResult(rows, merged_samples)

@@ -43,7 +43,7 @@ class Measured:
     time_iqr_s: float | None = None
     time_repeats: int | None = None  # samples (one per round)
     compile_s: float | None = None  # first call minus a timed call: compilation, lazy set-up
-    graph_breaks: int | None = None  # compiled cells: where dynamo cut the call into graphs (0: one whole graph)
+    compiled_graphs: int | None = None  # compiled cells: graphs dynamo compiled the call into (1: one whole graph)
     compiled_speedup: float | None = None  # compiled cells: eager twin's time / this time, paired per round
     compiled_speedup_low: float | None = None  # its order-statistic interval, as `speedup`'s
     compiled_speedup_high: float | None = None
