@@ -24,6 +24,7 @@ from attnbench.registry import registry
 from attnbench.reproduce.checks import CANNOT, CHECKS, FAILS, HOLDS, TREND, Outcome
 from attnbench.reproduce.claims import CLAIMS, Claim
 from attnbench.runfolder.folder import RunFolderBusy
+from attnbench.runfolder.meta import read_meta
 from attnbench.runfolder.results import RunFolderUnreadable, read_results
 
 ACCEPTED = (HOLDS, TREND)  # the exit status is 0 when every claim that could run is one of these
@@ -55,15 +56,12 @@ def missing_variants(claim: Claim) -> list[str]:
 
 
 def stored_meta(folder: Path) -> dict:
-    """The folder's meta.json ({} when there is none); an unreadable one is the folder's problem, said as such."""
-    path = folder / "meta.json"
-    if not path.is_file():
-        return {}
+    """The folder's meta.json ({} when there is none), as `read_meta` reads it; an unreadable one is the folder's
+    problem, said as such."""
     try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise RunFolderUnreadable(f"{path}: not valid JSON ({error}); remove {folder} to measure this claim again")
-    return meta if isinstance(meta, dict) else {}
+        return read_meta(folder)
+    except RunFolderUnreadable as error:
+        raise RunFolderUnreadable(f"{error}; remove {folder} to measure this claim again") from None
 
 
 def same_setting(meta: dict, config: SweepConfig) -> bool:
