@@ -57,9 +57,9 @@ def _both(text: str) -> list[bool]:
 
 def compile_words(compiled: list[bool]) -> str:
     """' × eager and compiled' (or ' compiled'): how the compile axis multiplies the settings ('' when eager)."""
-    return {(False, True): " × eager and compiled", (True,): " compiled", (True, False): " × eager and compiled"}.get(
-        tuple(dict.fromkeys(compiled)), ""
-    )
+    if True not in compiled:
+        return ""
+    return " × eager and compiled" if False in compiled else " compiled"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from attnbench.measure.machine import warm_allocator
 from attnbench.measure.timing import time_in_turns
+from attnbench.plan.cells import label_variant
 from attnbench.registry import registry
 from attnbench.report.view import RunView
 from attnbench.stats import Spread, paired_speedup
@@ -35,7 +36,7 @@ def roofline_table(run_dir: Path) -> None:
     frame = RunView.read(run_dir).frame
     ok = frame[(frame.status == "ok") & frame.of_roofline.notna()]
     eager = ok[~ok.compiled.astype(bool)].set_index(["label", "seq_len", "mode"])
-    compiled = ok[ok.compiled.astype(bool)].assign(label=lambda f: f.label.str.removesuffix(" compiled"))
+    compiled = ok[ok.compiled.astype(bool)].assign(label=lambda f: f.label.map(label_variant))
     compiled = compiled.set_index(["label", "seq_len", "mode"])
     print("| variant | N | mode | eager: time / roofline | compiled: time / roofline | eager / compiled [95%] |"
           " compile s | best within 1.5× |")  # fmt: skip

@@ -460,12 +460,10 @@ class GroupMeasurement:
 
     def _compiled_speedups(self, samples: dict[str, list[float]]) -> None:
         """What compiling did to each compiled cell: its eager twin's time over its own, round by round."""
-        eager = {cell.variant: cell.key() for cell in self.group.cells if not cell.compiled}
-        for cell in self.group.cells:
-            twin = eager.get(cell.variant)
-            if cell.compiled and cell.key() in samples and twin in samples:
-                interval = paired_speedup(samples[twin], samples[cell.key()])
-                self.fields[cell.key()].update(
+        for key, twin in self.group.eager_twins().items():
+            if key in samples and twin in samples:
+                interval = paired_speedup(samples[twin], samples[key])
+                self.fields[key].update(
                     compiled_speedup=interval.estimate,
                     compiled_speedup_low=interval.low,
                     compiled_speedup_high=interval.high,

@@ -81,7 +81,7 @@ class Cell:
 
     def label(self) -> str:
         """The variant setting as tables and plots name it: `band(window=64)`, or `band(window=64) compiled`."""
-        return self.variant.label() + (COMPILED_SUFFIX if self.compiled else "")
+        return compiled_label(self.variant.label(), self.compiled)
 
     def key(self) -> str:
         """A stable text key (matching runs, resuming): every axis, the specs spelled out; an axis added later
@@ -138,8 +138,13 @@ def _plain(value: Any) -> Any:
 COMPILED_SUFFIX = " compiled"
 
 
+def compiled_label(label: str, compiled: bool) -> str:
+    """A variant setting's label, compiled or not: `band(window=64)` -> `band(window=64) compiled`."""
+    return label + COMPILED_SUFFIX if compiled else label
+
+
 def label_variant(label: str) -> str:
-    """The variant setting of a label: `band(window=64) compiled` -> `band(window=64)`."""
+    """The variant setting of a label (`compiled_label`'s inverse): `band(window=64) compiled` -> `band(window=64)`."""
     return label.removesuffix(COMPILED_SUFFIX)
 
 
@@ -178,6 +183,11 @@ class Group:
 
     def without(self, keys: set[str]) -> "Group":
         return Group(tuple(c for c in self.cells if c.key() not in keys), self.timed)
+
+    def eager_twins(self) -> dict[str, str]:
+        """Each compiled cell's key -> the key of the same setting run eager in this group (where there is one)."""
+        eager = {c.variant: c.key() for c in self.cells if not c.compiled}
+        return {c.key(): eager[c.variant] for c in self.cells if c.compiled and c.variant in eager}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import tomllib
 from attnbench.inputs.captured import captured_fit_problems
 from attnbench.inputs.catalogue import validate_input
 from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
-from attnbench.plan.cells import AXES, COMPILED_SUFFIX, InputSpec, Plan, VariantSpec, expand, groups_of
+from attnbench.plan.cells import AXES, InputSpec, Plan, VariantSpec, compiled_label, expand, groups_of
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
 
@@ -262,11 +262,11 @@ def parse_config(
     config.axes["variant"], variant_problems = _parse_variants(raw.get("variants"), registry, at("variants"))
     problems += variant_problems
     compiled = list(dict.fromkeys(config.axes["compiled"]))
-    labels = [spec.label() + (COMPILED_SUFFIX if c else "") for spec in config.axes["variant"] for c in compiled]
+    labels = [compiled_label(spec.label(), c) for spec in config.axes["variant"] for c in compiled]
     if "baseline" not in raw and False not in compiled:  # compiled alone: speedups against the compiled baseline
-        config.settings = replace(config.settings, baseline=config.settings.baseline + COMPILED_SUFFIX)
+        config.settings = replace(config.settings, baseline=compiled_label(config.settings.baseline, True))
     # the default baseline may be absent (no speedups then); one asked for by name must be there
-    defaults = (Settings().baseline, Settings().baseline + COMPILED_SUFFIX)
+    defaults = (Settings().baseline, compiled_label(Settings().baseline, True))
     if config.settings.baseline not in defaults and config.settings.baseline not in labels and labels:
         problems.append(
             f"{at('baseline')}: '{config.settings.baseline}' is not one of this run's variant settings "

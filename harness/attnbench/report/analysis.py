@@ -176,9 +176,9 @@ def compile_sentence(cells: pd.DataFrame) -> str:
     """What compiling did, in one sentence: the settings whose compiled call was faster or slower than its eager
     twin beyond noise (the interval of their per-round ratio, timed in turns, clear of 1), with the N where, and
     those that could not be compiled. '' for a run without compiled cells."""
-    if "compiled" not in cells or not cells.compiled.fillna(False).astype(bool).any():
+    compiled = cells[cells.compiled.fillna(False).astype(bool)] if "compiled" in cells else cells[:0]
+    if compiled.empty:
         return ""
-    compiled = cells[cells.compiled.fillna(False).astype(bool)]
     ok = compiled[(compiled.status == "ok") & compiled.compiled_speedup.notna()]
 
     # the setting of each figure where the run has several (mode, causal, input, ...): two figures never read alike

@@ -29,7 +29,7 @@ def merge_processes(group: Group, results: list[GroupResult], baseline: str) -> 
         for key, _round, seconds in result.samples:
             samples[key][index].append(seconds)
     base = next((c.key() for c in group.cells if is_baseline(c, baseline)), None)
-    eager = {c.variant: c.key() for c in group.cells if not c.compiled}  # a compiled cell's eager twin
+    eager_twins = group.eager_twins()
     rows: list[Any] = []
     merged_samples: list[tuple[str, int, float]] = []
     for cell in group.cells:
@@ -50,7 +50,7 @@ def merge_processes(group: Group, results: list[GroupResult], baseline: str) -> 
                     interval = two_level_interval(ratios, seed_of(key))
                     row = replace(row, speedup=interval.estimate, speedup_low=interval.low,
                                   speedup_high=interval.high, speedup_coverage=None)  # fmt: skip
-            twin = eager.get(cell.variant) if cell.compiled else None
+            twin = eager_twins.get(key)
             if twin is not None and row.compiled_speedup is not None:  # eager over compiled, the same way
                 ratios = [round_ratios(e, own) for e, own in zip(samples[twin], samples[key]) if e and own]
                 if ratios:
