@@ -2,22 +2,29 @@
 with Quest's block bound (Tang et al., 2024, "Quest: Query-Aware Sparsity for Efficient Long-Context LLM
 Inference", §3.2) as the `score="minmax"` option.
 
-Keys are cut into blocks of `block_size`. Each query scores every other key block and attends, by exact softmax, to
-the keys of its own block and of the `top_k` highest-scoring other blocks: (top_k + 1) * block_size keys.
+Keys are cut into blocks of `block_size`. Each query attends, by exact softmax, to the keys of two blocks it always
+keeps, its own block (the local one) and the first block (the attention sink: real decoders put much of their mass
+on the first token, whose block a mean score misses), and of the `top_k` highest-scoring blocks among the rest:
+(top_k + 2) * block_size keys at most. MoBA (§2.2) always keeps the own block; NSA's selection (Yuan et al., 2025,
+"Native Sparse Attention", §3.3.2) keeps the initial block and the local ones too.
 - score="mean" (MoBA's gate): s(q, block) = q · mean(K_block), the mean over the block's real keys;
 - score="minmax" (Quest): s(q, block) = Σ_d max(q_d max_j K_jd, q_d min_j K_jd), an upper bound of q · k over the
   block's keys, so a block holding one key close to q is not averaged away.
 Causal (MoBA's decoder form): blocks after the query's own are never scored or chosen, and the own block is masked
-causally inside; a chosen block lies wholly before the query, so every key in it is visible. Key padding: padded keys
-leave the block statistics; a block with no real key is never chosen. MoBA's reference code counts the own block
-among its top_k; here it is added to them (top_k = 8 reads 9 blocks). The support depends on q and k: `support_for`
-returns the one chosen, for the self-check and the dropped mass. top_k >= the number of other blocks is exact
-softmax attention.
+causally inside; a chosen block (the first one too) lies wholly before the query, so every key in it is visible.
+Key padding: padded keys leave the block statistics; a block with no real key is never chosen, the first one
+included. The budget: `top_k` counts the scored blocks only, the kept ones come on top: top_k = 8 reads 10 blocks
+(9 for the first block's own queries, which keep one block fewer), where MoBA's reference code counts the own block
+among its top_k. `keep_first_block=False` puts the first block back among the scored ones (top_k + 1 blocks; the
+own block is kept either way: a causal query in the first block has no other). The support depends on q and k:
+`support_for` returns the one chosen, for the self-check and the dropped mass. top_k >= the number of other blocks
+is exact softmax attention.
 
 Computed without an N x N tensor: the block scores are taken 16 query blocks at a time (held: 16 N scores);
 the chosen (query, block) pairs are grouped by key block, each group cut into chunks of `queries_per_chunk` queries,
 and every chunk attends to its block's keys through the fused SDPA kernel (queries gathered, keys one block each);
-the parts are merged by their log-sum-exp, with the own block's part computed block-diagonally.
+the kept first block is one more chosen block, read by every query outside it; the parts are merged by their
+log-sum-exp, with the own block's part computed block-diagonally.
 
 b - batch, h - heads, x - (b h), i - query position, c - key block, j - key in block, s - chosen slot, t - chunk,
 r - query in chunk, d - head dim, e - value dim
@@ -101,7 +108,9 @@ def largest(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class Selection:
-    """The key blocks each query chose besides its own: ids (b, h, i, s) and whether slot s holds one (b, h, i, s)."""
+    """The key blocks each query reads besides its own: ids (b, h, i, s) and whether slot s holds one (b, h, i, s).
+    The scored choices come first; with the first block kept, it is the last slot (empty in the first block's own
+    queries, or where it has no real key)."""
 
     ids: Tensor
     chosen: Tensor
@@ -116,13 +125,16 @@ def select_blocks(
     score: str,
     causal: bool,
     key_padding_mask: Tensor | None,
+    keep_first: bool,
 ) -> Selection:
     """For each query, its `top_k` highest-scoring key blocks other than its own (causal: only earlier ones; never a
-    block without a real key). Fewer slots are filled when fewer blocks qualify; among equal scores, any."""
+    block without a real key), and with `keep_first` the first block besides, unscored and outside the top_k. Fewer
+    slots are filled when fewer blocks qualify; among equal scores, any."""
     b, h, n, _ = q.shape
     real = real_key_blocks(b, k.shape[-2], size, key_padding_mask, q.device)  # (b, c, j)
     blocks = real.shape[1]
     slots = min(top_k, blocks - 1)
+    keep_first = keep_first and blocks > 1  # one block: it is every query's own
     work = torch.promote_types(q.dtype, torch.float32)  # ranked in float32 at least: bfloat16 scores flip near-ties
     summaries = block_summaries(k.to(work), real, size, score)
     poisoned = any(bool(s.isnan().any()) for s in summaries)  # a NaN key: its block is chosen, so the NaN shows
@@ -142,14 +154,30 @@ def select_blocks(
             scores.scatter_(-1, own.expand(b, h, stop - start, 1), float("-inf"))
         if not every_block_real:
             scores.masked_fill_(~has_real, float("-inf"))
+        if keep_first:  # kept, so not among the scored
+            scores[..., 0] = float("-inf")
         values, indices = largest(scores, slots)  # (b, h, r, s)
         ids.append(indices)
         chosen.append(values > float("-inf"))
-    return Selection(ids=torch.cat(ids, dim=2), chosen=torch.cat(chosen, dim=2))
+    selection = Selection(ids=torch.cat(ids, dim=2), chosen=torch.cat(chosen, dim=2))
+    return with_first_block(selection, real, size) if keep_first else selection
+
+
+def with_first_block(selection: Selection, real: Tensor, size: int) -> Selection:
+    """`selection` with the first key block in one more slot, for every query outside it, where it has a real key.
+    real: (b, c, j), as from `real_key_blocks`."""
+    b, h, n, _ = selection.ids.shape
+    outside = torch.arange(n, device=real.device) >= size  # (i,) queries not in the first block
+    kept = real[:, 0].any(dim=-1)[:, None] & outside  # (b, i)
+    return Selection(
+        ids=F.pad(selection.ids, (0, 1), value=0),
+        chosen=torch.cat([selection.chosen, kept[:, None, :, None].expand(b, h, n, 1)], dim=-1),
+    )
 
 
 def selected_support(selection: Selection, n_k: int, size: int, causal: bool) -> Tensor:
-    """(b, h, i, j) bool, dense: the keys of each query's own block (causal: up to itself) and of its chosen blocks.
+    """(b, h, i, j) bool, dense: the keys of each query's own block (causal: up to itself) and of the other blocks
+    it reads (its chosen ones and the kept first one).
     For checks at small N only."""
     b, h, n, _ = selection.ids.shape
     blocks = block_count(n_k, size)
@@ -197,7 +225,8 @@ def chunk_pairs(selection: Selection, blocks: int, per_chunk: int) -> Chunks:
 
 
 class BlockTopKAttention(AttentionVariant):
-    """Each query attends to its own key block and the top_k key blocks its score ranks highest."""
+    """Each query attends to its own key block, the first key block, and the top_k other key blocks its score ranks
+    highest."""
 
     name = "topk"
     family = "block-sparse"
@@ -209,7 +238,10 @@ class BlockTopKAttention(AttentionVariant):
     )
     hyperparameters = {
         "block_size": Hyperparameter(64, "keys per block (MoBA's and Quest's experiments use 64 and 16 up)", minimum=1),
-        "top_k": Hyperparameter(8, "blocks chosen per query besides its own (8)", minimum=0),
+        "top_k": Hyperparameter(8, "blocks chosen by score per query, besides the kept own and first blocks (8)",
+                                minimum=0),
+        "keep_first_block": Hyperparameter(True, "always attend to the first key block (the attention sink), as NSA "
+                                           "does, outside top_k; False: it is scored like the others", bool),
         "score": Hyperparameter("mean", "block score: mean (MoBA: q . mean K) or minmax (Quest's bound)", str,
                                 choices=SCORES),
         "queries_per_chunk": Hyperparameter(128, "queries of one key block attended to together (speed and memory)",
@@ -224,7 +256,8 @@ class BlockTopKAttention(AttentionVariant):
         """The blocks each query chooses (see `select_blocks`)."""
         size = self.size(k.shape[-2])
         return select_blocks(
-            q, k, size=size, top_k=self.top_k, score=self.score, causal=causal, key_padding_mask=key_padding_mask
+            q, k, size=size, top_k=self.top_k, score=self.score, causal=causal, key_padding_mask=key_padding_mask,
+            keep_first=self.keep_first_block,
         )
 
     def support_for(
@@ -281,7 +314,7 @@ class BlockTopKAttention(AttentionVariant):
         size = self.size(s.n_k)
         blocks = block_count(s.n_k, size)
         slots = min(self.top_k, blocks - 1)
-        choosers = expected_choosers(s.n_k, size, slots, s.causal)  # (c,) queries choosing each block
+        choosers = expected_choosers(s.n_k, size, slots, s.causal, self.keep_first_block)  # (c,) readers of each
         r = self.queries_per_chunk
         chunk_slots = heads * float((torch.ceil(choosers / r) * r).sum())
         own = heads * blocks * size * size
@@ -300,19 +333,26 @@ class BlockTopKAttention(AttentionVariant):
         )
 
 
-def expected_choosers(n: int, size: int, slots: int, causal: bool) -> Tensor:
-    """(c,) float64: how many queries choose each key block when each query spreads its `slots` choices evenly
-    over the blocks it may choose (exact where it may choose no more than `slots`, as at small N)."""
+def expected_choosers(n: int, size: int, slots: int, causal: bool, keep_first: bool) -> Tensor:
+    """(c,) float64: how many queries read each key block besides their own: with `keep_first`, the first block
+    every query outside it, and each query's `slots` scored choices spread evenly over the blocks it may choose
+    (exact where it may choose no more than `slots`, as at small N)."""
     blocks = block_count(n, size)
     sizes = torch.full((blocks,), float(size), dtype=torch.float64)
     sizes[-1] = n - (blocks - 1) * size
-    if blocks == 1 or slots == 0:
+    if blocks == 1:
         return torch.zeros(blocks, dtype=torch.float64)
-    if not causal:  # every other block, alike
-        return (n - sizes) * slots / (blocks - 1)
-    earlier = torch.arange(blocks, dtype=torch.float64)  # query block q may choose its q earlier blocks
-    share = sizes * torch.clamp(earlier, max=slots) / earlier.clamp(min=1)  # its queries' choices per block
-    return share.flip(0).cumsum(0).flip(0) - share  # block c: from every later query block
+    query_block = torch.arange(blocks, dtype=torch.float64)
+    kept = float(keep_first) * (query_block >= 1)  # the first block, taken out of the scored ones
+    candidates = (query_block if causal else blocks - 1) - kept  # causal: the earlier blocks; else every other one
+    share = sizes * torch.clamp(candidates, max=slots) / candidates.clamp(min=1)  # a query block's choices per block
+    if causal:
+        choosers = share.flip(0).cumsum(0).flip(0) - share  # block c: from every later query block
+    else:
+        choosers = share.sum() - share  # block c: from every other query block
+    if keep_first:
+        choosers[0] = n - sizes[0]  # read by every query outside it, never scored
+    return choosers
 
 
 def merge_chunks(own: tuple[Tensor, Tensor], out: Tensor, lse: Tensor, chunks: Chunks) -> Tensor:

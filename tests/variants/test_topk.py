@@ -1,5 +1,6 @@
 """Block top-k selection (MoBA, Quest's bound) against definitions written here: the block scores and the choice
-from them by brute force, and the attention against a dense reference that applies the same selection."""
+from them by brute force, the kept first (sink) block, and the attention against a dense reference that applies the
+same selection."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def block_score(query: torch.Tensor, keys: torch.Tensor, score: str) -> float:
 def eligible_scores(
     q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, *, size: int, score: str, causal: bool
 ) -> list[list[list[dict[int, float]]]]:
-    """For each (batch, head, query): the score of every block it may choose, by block."""
+    """For each (batch, head, query): the score of every block it may choose, by block (the first block included:
+    a kept first block is left out of them by the caller)."""
     b, h, n, _ = q.shape
     blocks = -(-n // size)
     scores = []
@@ -69,21 +71,30 @@ def eligible_scores(
 def test_each_query_chooses_its_top_k_blocks_by_the_papers_score(
     n: int, size: int, top_k: int, causal: bool, score: str
 ) -> None:
-    """Never its own block, never a block after its own under causal, never an all-padding block; exactly
-    min(top_k, eligible) blocks; and every chosen block scores at least as high as every one left out."""
+    """Never its own block, never a block after its own under causal, never an all-padding block, never the kept
+    first block; exactly min(top_k, eligible) blocks; and every chosen block scores at least as high as every one
+    left out. The kept first block takes the last slot, for every query outside it."""
     q, k, _ = qkv(n)
     mask = padding(n, "middle")
-    selection = topk.select_blocks(q, k, size=size, top_k=top_k, score=score, causal=causal, key_padding_mask=mask)
     expected = eligible_scores(q, k, mask, size=size, score=score, causal=causal)
-    for bi, per_head in enumerate(expected):
-        for hi, per_query in enumerate(per_head):
-            for i, eligible in enumerate(per_query):
-                ids = selection.ids[bi, hi, i][selection.chosen[bi, hi, i]].tolist()
-                assert len(ids) == len(set(ids)) == min(top_k, len(eligible)), (bi, hi, i, ids, eligible)
-                assert set(ids) <= set(eligible), f"query {i} chose a block it may not: {ids} vs {sorted(eligible)}"
-                left_out = [eligible[c] for c in eligible if c not in ids]
-                if left_out:
-                    assert min(eligible[c] for c in ids) >= max(left_out) - 1e-12, (i, ids, eligible)
+    for keep_first in (True, False):
+        selection = topk.select_blocks(
+            q, k, size=size, top_k=top_k, score=score, causal=causal, key_padding_mask=mask, keep_first=keep_first
+        )
+        if keep_first:
+            assert (selection.ids[..., -1] == 0).all()
+            assert torch.equal(selection.chosen[..., -1], (torch.arange(n) >= size).expand(2, 2, n))
+            selection = topk.Selection(ids=selection.ids[..., :-1], chosen=selection.chosen[..., :-1])
+        for bi, per_head in enumerate(expected):
+            for hi, per_query in enumerate(per_head):
+                for i, scored in enumerate(per_query):
+                    eligible = {c: x for c, x in scored.items() if not (keep_first and c == 0)}
+                    ids = selection.ids[bi, hi, i][selection.chosen[bi, hi, i]].tolist()
+                    assert len(ids) == len(set(ids)) == min(top_k, len(eligible)), (bi, hi, i, ids, eligible)
+                    assert set(ids) <= set(eligible), f"query {i} chose a block it may not: {ids} vs {sorted(eligible)}"
+                    left_out = [eligible[c] for c in eligible if c not in ids]
+                    if left_out:
+                        assert min(eligible[c] for c in ids) >= max(left_out) - 1e-12, (i, ids, eligible)
 
 
 def test_quests_score_bounds_every_key_of_the_block() -> None:
@@ -106,27 +117,34 @@ def test_quests_score_bounds_every_key_of_the_block() -> None:
         (75, {"block_size": 8, "top_k": 3}),
         (75, {"block_size": 8, "top_k": 3, "score": "minmax"}),
         (130, {"block_size": 16, "top_k": 2, "queries_per_chunk": 5}),
+        (75, {"block_size": 8, "top_k": 3, "keep_first_block": False}),
         (41, {"block_size": 5, "top_k": 0}),
+        (41, {"block_size": 5, "top_k": 0, "keep_first_block": False}),
         (7, {"block_size": 64}),
         (1, {"block_size": 4, "top_k": 2}),
     ],
 )
 def test_topk_matches_the_dense_reference_of_its_selection(n: int, params: dict, causal: bool, padded: str) -> None:
-    """Exact softmax over the own block (causal inside) and the chosen blocks, padding removed, at awkward N."""
+    """Exact softmax over the own block (causal inside), the first block (unless keep_first_block=False; never
+    when all padding) and the chosen blocks, padding removed, at awkward N."""
     variant = registry.create("topk", **params)
     q, k, v = qkv(n)
     mask = padding(n, padded) if n > 4 else None
     selection = variant.select(q, k, causal, mask)
     size = min(params["block_size"], n)
-    # the reference support from the selection, position by position
+    keep_first = params.get("keep_first_block", True)
+    scored = slice(None, -1) if keep_first and n > size else slice(None)  # the kept first block's slot left out
+    # the reference support from the scored selection and the rule for the first block, position by position
     allowed = torch.zeros(2, 2, n, n, dtype=torch.bool)
     for bi in range(2):
+        first_real = mask is None or not bool(mask[bi, :size].all())
         for hi in range(2):
             for i in range(n):
-                chosen = set(selection.ids[bi, hi, i][selection.chosen[bi, hi, i]].tolist())
+                chosen = set(selection.ids[bi, hi, i, scored][selection.chosen[bi, hi, i, scored]].tolist())
                 for j in range(n):
                     own = j // size == i // size and (not causal or j <= i)
-                    allowed[bi, hi, i, j] = own or j // size in chosen
+                    first = keep_first and first_real and j < size <= i  # the first block's own: causal
+                    allowed[bi, hi, i, j] = own or first or j // size in chosen
     assert torch.equal(variant.support_for(q, k, causal=causal, key_padding_mask=mask), allowed)
     if mask is not None:
         allowed = allowed & ~mask[:, None, None, :]
@@ -135,14 +153,114 @@ def test_topk_matches_the_dense_reference_of_its_selection(n: int, params: dict,
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("keep_first", [True, False], ids=["keep-first", "score-first"])
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("score", topk.SCORES)
-def test_choosing_every_block_is_softmax_attention(causal: bool, score: str) -> None:
-    variant = registry.create("topk", block_size=8, top_k=100, score=score)
+def test_choosing_every_block_is_softmax_attention(causal: bool, score: str, keep_first: bool) -> None:
+    variant = registry.create("topk", block_size=8, top_k=100, score=score, keep_first_block=keep_first)
     q, k, v = qkv(77)
     mask = padding(77, "end")
     expected = registry.create("full")(q, k, v, causal=causal, key_padding_mask=mask)
     torch.testing.assert_close(variant(q, k, v, causal=causal, key_padding_mask=mask), expected, rtol=0, atol=1e-12)
+
+
+def test_kept_blocks_come_on_top_of_top_k() -> None:
+    """top_k counts the scored blocks only: under causal, top_k = blocks - 2 with the first block kept covers every
+    earlier block (exact causal softmax), and one fewer leaves a block out for the last query block."""
+    q, k, v = qkv(77)  # 10 blocks of 8
+    mask = padding(77, "end")
+    expected = registry.create("full")(q, k, v, causal=True, key_padding_mask=mask)
+    every = registry.create("topk", block_size=8, top_k=8)
+    torch.testing.assert_close(every(q, k, v, causal=True, key_padding_mask=mask), expected, rtol=0, atol=1e-12)
+    short = registry.create("topk", block_size=8, top_k=7)
+    support = short.support_for(q, k, causal=True)
+    assert support.sum(dim=-1)[..., 72:].eq(torch.arange(73, 78) - 8).all()  # the last block's queries miss one
+    assert support.sum(dim=-1)[..., :72].eq(torch.arange(1, 73)).all()  # every earlier query sees all it may
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("top_k", [0, 1])
+def test_the_first_and_own_blocks_are_read_at_any_top_k(top_k: int, causal: bool) -> None:
+    """With top_k 0 or 1 every query still reads the whole first block and its own block (causal: up to itself),
+    and top_k more blocks where it has that many to choose from; with keep_first_block=False only its own is
+    sure, and the first block is one of those it may choose."""
+    n, size, blocks = 75, 8, 10
+    q, k, v = qkv(n)
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    own = (i // size == j // size) & ((j <= i) if causal else True)
+    own_block = torch.arange(n) // size
+    for keep_first in (True, False):
+        variant = registry.create("topk", block_size=size, top_k=top_k, keep_first_block=keep_first)
+        support = variant.support_for(q, k, causal=causal)
+        kept = own | ((j < size) & (i >= size)) if keep_first else own  # the first block's own: as own
+        assert (support | ~kept).all(), "a kept block is missing"
+        by_block = torch.nn.functional.pad(support & ~kept, (0, blocks * size - n)).unflatten(-1, (blocks, size))
+        others = by_block.any(dim=-1).sum(dim=-1)  # (b, h, i): blocks read beyond the kept ones
+        may_choose = (own_block if causal else torch.full((n,), blocks - 1)) - (keep_first & (own_block >= 1)).long()
+        assert torch.equal(others, may_choose.clamp(max=top_k).expand_as(others))
+        out = variant(q, k, v, causal=causal)
+        torch.testing.assert_close(out, dense_masked_attention(q, k, v, support), rtol=0, atol=1e-10)
+
+
+def sink_inputs(n: int = 96, size: int = 8) -> tuple[torch.Tensor, ...]:
+    """Queries along one direction u; key 0 a sink far along u (most of every query's mass), the rest of the first
+    block far against it, so that block has the lowest mean score of all; other keys small noise."""
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    u = torch.zeros(8, dtype=torch.float64)
+    u[0] = 1.0
+    q = u + 0.1 * q
+    k = 0.3 * k
+    k[:, :, 0] = 30 * u
+    k[:, :, 1:size] = -5 * u
+    v[:, :, 0] = 10.0  # the sink's value stands out in the output
+    return q, k, v
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_the_sink_block_is_kept_though_its_mean_scores_lowest(causal: bool) -> None:
+    """The first block's mean key points against the queries (its score is the lowest), yet its first key takes
+    most of the mass: scored, it is never chosen and the output is far from softmax; kept, it is read by every
+    query and the error falls fiftyfold at least."""
+    n, size, top_k = 96, 8, 2
+    later = (top_k + 1) * size  # causal: earlier queries choose every block they may
+    q, k, v = sink_inputs(n, size)
+    real = topk.real_key_blocks(1, n, size, None, q.device)
+    scores = topk.score_blocks(q, topk.block_summaries(k, real, size, "mean"))  # (b, h, i, c)
+    assert (scores.argmin(dim=-1) == 0).all(), "the construction should give the first block the lowest score"
+    full = registry.create("full")(q, k, v, causal=causal)
+    errors = {}
+    for keep_first in (True, False):
+        variant = registry.create("topk", block_size=size, top_k=top_k, keep_first_block=keep_first)
+        support = variant.support_for(q, k, causal=causal)
+        first_read = support[..., later:, :size]  # by queries with more blocks to choose from than top_k
+        assert bool(first_read.all() if keep_first else ~first_read.any()), "the first block, kept or dropped"
+        out = variant(q, k, v, causal=causal)
+        torch.testing.assert_close(out, dense_masked_attention(q, k, v, support), rtol=0, atol=1e-10)
+        errors[keep_first] = float((out - full)[..., later:, :].abs().mean())
+    assert errors[True] < 0.1 < 5.0 < errors[False], errors
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("keep_first", [True, False], ids=["keep-first", "score-first"])
+@pytest.mark.parametrize("n, size, top_k", [(75, 8, 3), (100, 8, 100), (41, 5, 0)])
+def test_the_cost_model_counts_every_block_read(n: int, size: int, top_k: int, keep_first: bool, causal: bool) -> None:
+    """`expected_choosers` spreads the scored choices evenly, but its total is the number of (query, block) pairs
+    the selection reads, the kept first block's included; where every block is read it is exact block by block."""
+    q, k, _ = qkv(n)
+    selection = topk.select_blocks(
+        q, k, size=size, top_k=top_k, score="mean", causal=causal, key_padding_mask=None, keep_first=keep_first
+    )
+    blocks = -(-n // size)
+    read = torch.zeros(blocks, dtype=torch.float64).index_add_(
+        0, selection.ids[selection.chosen], torch.ones(int(selection.chosen.sum()), dtype=torch.float64)
+    ) / 4  # per (batch, head)
+    modelled = topk.expected_choosers(n, size, min(top_k, blocks - 1), causal, keep_first)
+    assert float(modelled.sum()) == pytest.approx(float(read.sum()))
+    if keep_first:
+        assert float(modelled[0]) == float(read[0]) == n - size
+    if top_k >= blocks:
+        torch.testing.assert_close(modelled, read, rtol=0, atol=1e-9)
 
 
 def test_causal_never_peeks_at_future_blocks() -> None:
@@ -217,15 +335,18 @@ def test_never_builds_an_n_by_n_tensor() -> None:
     assert largest.numel < n * n / 16, f"a tensor of {largest.numel} elements: N x N is {n * n}"
 
 
-def test_a_nan_key_is_chosen_so_the_nan_shows() -> None:
+@pytest.mark.parametrize("keep_first", [True, False], ids=["keep-first", "score-first"])
+def test_a_nan_key_is_chosen_so_the_nan_shows(keep_first: bool) -> None:
     """A NaN key makes its block's score NaN: the block is chosen by every query (not silently dropped from the
     selection), so every output that could have read it is NaN, as with full attention."""
-    variant = registry.create("topk", block_size=8, top_k=3)
+    variant = registry.create("topk", block_size=8, top_k=3, keep_first_block=keep_first)
     q, k, v = qkv(64)
-    k[0, 0, 5, 0] = float("nan")
+    k[0, 0, 29, 0] = float("nan")  # in block 3
     selection = variant.select(q, k, False, None)
-    picks_block_0 = ((selection.ids[0, 0] == 0) & selection.chosen[0, 0]).any(dim=-1)
-    assert picks_block_0[8:].all() and selection.chosen[0, 0].all()
+    scored = slice(None, 3)  # the kept first block's slot after them
+    picks_block_3 = ((selection.ids[0, 0, :, scored] == 3) & selection.chosen[0, 0, :, scored]).any(dim=-1)
+    outside = torch.arange(64) // 8 != 3
+    assert picks_block_3[outside].all() and selection.chosen[0, 0, :, scored].all()
     assert variant(q, k, v)[0, 0].isnan().any(dim=-1).all()
 
 
@@ -250,7 +371,7 @@ def test_the_self_checks_judge_a_selection_where_there_is_one_to_make() -> None:
         def support_for(self, q, k, *, causal, key_padding_mask=None):
             wider = topk.select_blocks(
                 q, k, size=self.size(k.shape[-2]), top_k=self.top_k + 1, score=self.score, causal=causal,
-                key_padding_mask=key_padding_mask,
+                key_padding_mask=key_padding_mask, keep_first=self.keep_first_block,
             )  # fmt: skip
             return topk.selected_support(wider, k.shape[-2], self.size(k.shape[-2]), causal)
 
