@@ -118,16 +118,25 @@ def memory_rows(method: str, peaks: dict[str, float]) -> pd.DataFrame:
     )  # fmt: skip
 
 
-def test_the_memory_headline_does_not_crown_a_fused_kernel_the_cpu_tracker_cannot_see_into() -> None:
-    peaks = {"full": 2, "linformer": 3, "linear": 10}
+def test_the_memory_headline_names_the_verdicts_choice_and_a_lower_bound_as_one() -> None:
+    """The title names the variant the verdict recommends (never the smallest one it may reject), and a baseline
+    figure the CPU tracker only half sees (a fused kernel's scratch) as a lower bound."""
+    from attnbench.report.headlines import Headline
+    from attnbench.report.verdict import Choice
+
+    peaks = {"full": 2, "linformer": 3, "linear": 1}  # linear the smallest: not the verdict's choice
     on_cpu = memory_rows(CPU_METHOD, peaks)
-    title = memory_title(on_cpu)
-    assert "full needs" not in title
-    assert title.startswith("At N=1024, linformer needs the least fully tracked memory: 3 MiB per call")
-    assert "full: ≥ 2 MiB" in title
-    assert memory_title(on_cpu[on_cpu.label == "full"]).startswith("At N=1024, full needs at least 2 MiB per call")
-    assert memory_title(memory_rows(CUDA_METHOD, peaks)) == "At N=1024, full needs the least memory: 2 MiB per call"
-    assert memory_title(on_cpu[on_cpu.label != "full"]).startswith("At N=1024, linformer needs the least memory")
+    linformer = Choice("linformer", "low-rank", 2.0, 1.9, 2.1, 0.3, 3 * MIB, 1.5, "–")
+    headline = Headline(1024, "realistic", "full", 0.5, linformer)
+    title = memory_title(on_cpu, headline)
+    assert "linear" not in title
+    assert title == (
+        "At N=1024, linformer (the verdict's choice) needs 3 MiB per call, at most 1.5× full's (full's CPU figure is "
+        "a lower bound)"
+    )
+    assert memory_title(memory_rows(CUDA_METHOD, peaks), headline).endswith("needs 3 MiB per call, 1.5× full's")
+    none = memory_title(on_cpu, Headline(1024, "realistic", "full", 0.5, None))
+    assert none == "Peak memory per call by N: at N=1024 the verdict recommends no variant over full"
 
 
 def test_the_html_report_reads_on_a_phone_and_names_a_lower_bound(tmp_path: Path) -> None:

@@ -38,8 +38,9 @@ def test_a_variant_no_better_than_averaging_v_is_never_offered_however_fast() ->
         "linear": "no better than averaging V",
         "band": "worse than averaging V",
     }
-    assert answer.sentence == (
-        "Nothing beats full here: the approximate variants are no better than averaging V (linear, band)."
+    assert answer.sentence == (  # none within the accuracy budget: said so, with the least error and its speed
+        "Nothing within the error budget 0.5 beats full here: no approximation has error vs uniform of 0.5 or less; "
+        "the least is linear's 0.999 (no better than averaging V), at 20× [18–25]."
     )
 
 
@@ -56,8 +57,8 @@ def test_the_answer_names_the_fastest_choice_and_a_more_accurate_one() -> None:
     )
     assert [c.label for c in answer.choices] == ["full", "linformer", "band"]
     assert answer.sentence == (
-        "Use linformer: 6.5× [5.7–11.7] faster than full at error 0.31 vs uniform, 1× the memory; "
-        "band is more accurate (0.12) at 2.1× [1.9–2.3]."
+        "Use linformer, the fastest within the error budget 0.5: 6.5× [5.7–11.7] faster than full at error 0.31 vs "
+        "uniform, 1× the memory; band is more accurate (0.12) at 2.1× [1.9–2.3]."
     )
     (performer,) = answer.left_out
     assert performer.left_out == "slower than band beyond noise and not more accurate"
@@ -152,9 +153,9 @@ def test_the_pareto_plots_show_the_verdicts_own_choices_and_sentence(tmp_path: P
     drawn = []
     real = report.plot_pareto
 
-    def spy(points, front, baseline, title, *rest):
+    def spy(points, front, baseline, title, *rest, **budget):
         drawn.append((title, list(front), set(points.label)))
-        return real(points, front, baseline, title, *rest)
+        return real(points, front, baseline, title, *rest, **budget)
 
     monkeypatch.setattr(report, "plot_pareto", spy)
     run = synthetic_run(tmp_path / "run")
@@ -162,14 +163,15 @@ def test_the_pareto_plots_show_the_verdicts_own_choices_and_sentence(tmp_path: P
     (verdict,) = [b.verdict for b in verdict_blocks(verdicts(read_results(run)))]
     expected = [
         (
-            f"At N={a.n} on {verdict.input}: {a.sentence}",
+            f"At N={a.n} on {verdict.input}: {a.sentence}".replace("`", ""),
             [c.label for c in a.choices],
             {c.label for c in a.choices + a.left_out},
         )
         for a in verdict.answers
     ]
     assert drawn == expected
-    assert ("At N=2048 on gaussian: Use band: 2.05× [1.95–2.15] faster than full at error 0.3 vs uniform, 0.5× the memory.",
+    assert ("At N=2048 on gaussian: Use band, the fastest within the error budget 0.5: 2.05× [1.95–2.15] faster than "
+            "full at error 0.3 vs uniform on gaussian, 0.5× the memory.",
             ["full", "band"], {"full", "band"}) in drawn  # fmt: skip
 
 
@@ -293,7 +295,11 @@ def test_an_approximation_of_unmeasured_error_never_knocks_out_exact_attention()
         "full-math",
     )
     assert [c.label for c in answer.choices] == ["full-math", "linear"] and answer.left_out == []
-    assert answer.sentence.startswith("Use linear: 3× [2.8–3.2] faster than full-math (error not measured)")
+    # an unmeasured error is not within the accuracy budget: linear is named, never recommended
+    assert answer.use == "" and answer.sentence == (
+        "Nothing measured within the error budget 0.5 beats full-math here: linear is 3× [2.8–3.2] faster, but its "
+        "error was not measured, so it cannot be checked against the budget."
+    )
 
 
 def test_an_interval_of_too_few_rounds_names_no_winner_and_says_its_coverage() -> None:

@@ -21,6 +21,7 @@ import tomllib
 from attnbench.inputs.captured import captured_fit_problems
 from attnbench.inputs.catalogue import validate_input
 from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
+from attnbench.plan.budget import DEFAULT_MAX_ERROR, budget_problems
 from attnbench.plan.cells import AXES, InputSpec, Plan, VariantSpec, compiled_label, expand, groups_of
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
@@ -70,6 +71,8 @@ class Settings:
     self_check_len: int = 200
     cell_timeout_s: float = 600.0  # with --isolate: a step with no progress for this long is killed
     processes: int = 1  # each group measured in this many fresh worker processes, merged (attnbench.run.processes)
+    max_error: float = DEFAULT_MAX_ERROR  # the verdict's accuracy budget on error vs uniform (attnbench.plan.budget)
+    min_speedup: float | None = None  # the verdict also answers: the least error among variants at least this × faster
 
 
 SETTING_KINDS: dict[str, type] = {  # key -> type, read from the declaration (`float | None` -> float)
@@ -340,7 +343,7 @@ def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
         problems.append(f"{at('processes')}: must be between 1 and {MAX_PROCESSES}, got {s.processes}")
     if s.self_check_len < 2:
         problems.append(f"{at('self_check_len')}: must be >= 2 (the self-check needs a sequence), got {s.self_check_len}")
-    return problems
+    return problems + budget_problems(s.max_error, s.min_speedup, at)
 
 
 def _parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tuple[list[VariantSpec], list[str]]:

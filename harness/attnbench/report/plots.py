@@ -222,10 +222,14 @@ def _exact_floor(errors: pd.Series) -> float:
     return 10 ** np.floor(np.log10(approximate.min()) - 1) if len(approximate) else 1e-2
 
 
-def _reference_line(ax: plt.Axes, y: float, text: str, linestyle: str = "--", colour: str = "#999999") -> None:
-    """A horizontal reference (the baseline, uniform averaging, the exact floor) named at its left end."""
+def _reference_line(
+    ax: plt.Axes, y: float, text: str, linestyle: str = "--", colour: str = "#999999", right: bool = False
+) -> None:
+    """A horizontal reference (the baseline, uniform averaging, the exact floor) named above its left end, or with
+    `right` under its right end (two references close together keep their names apart)."""
     ax.axhline(y, color=colour, linestyle=linestyle, linewidth=1.2)
-    ax.text(0.01, y, text, transform=ax.get_yaxis_transform(), fontsize="small", color=GREY, va="bottom", bbox=HALO)
+    x, ha, va = (0.99, "right", "top") if right else (0.01, "left", "bottom")
+    ax.text(x, y, text, transform=ax.get_yaxis_transform(), fontsize="small", color=GREY, ha=ha, va=va, bbox=HALO)
 
 
 def _wrap(text: str, points: float, width_in: float) -> str:
@@ -357,10 +361,17 @@ def plot_roofline(cells: pd.DataFrame, title: str, subtitle: str, path: Path, st
 
 
 @_themed
-def plot_error(cells: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]) -> Path:
+def plot_error(
+    cells: pd.DataFrame,
+    title: str,
+    subtitle: str,
+    path: Path,
+    style: dict[str, Style],
+    budget: float | None = None,
+) -> Path:
     """Error relative to uniform averaging against N of the approximate variants, a seaborn facet (one panel
     under the other) per input; errors at float rounding (an exact-pattern variant whose support covers
-    everything) sit on an "exact" floor line."""
+    everything) sit on an "exact" floor line; with `budget`, the verdict's accuracy budget is a line too."""
     ok = cells[(cells.status == "ok") & cells.err_vs_uniform.notna() & (cells.family != "exact")]
     floor = _exact_floor(ok.err_vs_uniform)
     data = ok.assign(err_vs_uniform=ok.err_vs_uniform.clip(lower=floor))
@@ -381,6 +392,8 @@ def plot_error(cells: pd.DataFrame, title: str, subtitle: str, path: Path, style
     grid.set_titles(row_template="input: {row_name}")
     for ax in grid.axes.flat:
         _reference_line(ax, 1.0, "uniform averaging")
+        if budget is not None:
+            _reference_line(ax, budget, f"error budget {budget:g}", linestyle="-.", right=True)
         if (ok.err_vs_uniform < ERROR_RESOLUTION).any():
             _reference_line(ax, floor, "exact (error ≈ 0)", linestyle=":")
         _n_axis(ax, list(cells.seq_len))
@@ -437,8 +450,10 @@ def plot_pareto(
     subtitle: str,
     path: Path,
     style: dict[str, Style],
+    budget: float | None = None,
 ) -> Path:
-    """Speedup against error, one labelled bubble per label (area ~ peak memory), the verdict's choices joined.
+    """Speedup against error, one labelled bubble per label (area ~ peak memory), the verdict's choices joined;
+    with `budget`, the verdict's accuracy budget as a line (above it, no variant is recommended).
 
     points: label, speedup, speedup_low, speedup_high, error, memory_ratio (to the baseline); `front`: the labels
     the verdict offers (`attnbench.report.verdict.pareto_set`, one rule for both), drawn as the frontier. Exact variants
@@ -473,6 +488,8 @@ def plot_pareto(
             chosen.speedup, chosen.error, where="post", color="black", linewidth=1.2, alpha=0.5, zorder=1
         )
     _reference_line(ax, 1.0, "uniform averaging")
+    if budget is not None:
+        _reference_line(ax, budget, f"error budget {budget:g}", linestyle="-.", right=True)
     if (points.error < ERROR_RESOLUTION).any():
         _reference_line(ax, floor, "exact (error ≈ 0)", linestyle=":")
     ax.axvline(1.0, color="black", linewidth=1.2)
@@ -492,7 +509,7 @@ def plot_pareto(
 @_themed
 def plot_layer_errors(rows: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]) -> Path:
     """`attnbench model`: relative error by layer, per variant, a seaborn facet per swap: left every layer swapped
-    (hidden states), right one layer swapped at a time (that layer's attention output)."""
+    (hidden states), right one layer swapped at a time (that layer's attention output), where measured."""
     exact = rows.groupby("label").rel_error.max() < ERROR_RESOLUTION  # exact everywhere: nothing to draw
     rows = rows[~rows.label.map(exact) & (rows.layer != "final")]
     names = {"all": "every layer swapped", "single": "one layer swapped"}
@@ -506,7 +523,7 @@ def plot_layer_errors(rows: pd.DataFrame, title: str, subtitle: str, path: Path,
         x="layer",
         y="rel_error",
         col="panel",
-        col_order=[names["all"], names["single"]],
+        col_order=[names[swap] for swap in ("all", "single") if swap in set(rows.swap)],
         **_by_label(style, labels),
         markersize=7,
         legend=False,

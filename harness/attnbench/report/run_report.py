@@ -1,8 +1,9 @@
 """The report of a run: report.md, a self-contained report.html (images embedded) and plots/*.png.
 
-The first screen answers the question (the verdict: per setting, input and N, the fastest exact variant and
-the speed-error Pareto set); then the plots; then the detail tables per comparison group (time, speedup,
-memory, state, error, the input's statistics, dropped mass, efficiency, slopes, crossovers, failures);
+The first screen answers the question (the verdict: the accuracy budget it holds to, then per setting, input and N
+the answer in a sentence, the fastest exact variant and the speed-error Pareto set within the budget); then how to
+reproduce the run, its machine and noise; then the plots; then the detail tables per comparison group (time,
+speedup, memory, state, error, the input's statistics, dropped mass, efficiency, slopes, crossovers, failures);
 then how the numbers were taken, the machine and the resolved config. Every table has one row order.
 """
 
@@ -20,6 +21,15 @@ from attnbench.inputs.catalogue import LOCALITY_WINDOW
 from attnbench.plan.config import overrides_text
 from attnbench.report.analysis import compile_sentence, crossover_table, efficiency, raised_peaks, scaling_table
 from attnbench.report.document import Block, _slug, render_html, render_markdown
+from attnbench.report.headlines import (
+    error_title,
+    headline_of,
+    memory_lower_bound,
+    memory_title,
+    roofline_title,
+    speedup_title,
+    time_title,
+)
 from attnbench.report.plots import plot_error, plot_pareto, plot_roofline, plot_speedup, plot_versus_n, styles
 from attnbench.report.summary import interval_words, noise_line
 from attnbench.report.text import (
@@ -38,6 +48,7 @@ from attnbench.report.verdict import (
     VERDICT_INTRO,
     InputVerdict,
     block_title,
+    budget_line,
     fastest_labels,
     left_out_text,
     setting_key,
@@ -49,9 +60,6 @@ from attnbench.runfolder.meta import RunMeta
 from attnbench.runfolder.rows import CPU_METHOD
 
 MIB = 2**20
-# Variants whose call is one fused kernel (SDPA's, for `full`): on the CPU the live-tensor tracker sees their output
-# but none of the kernel's private scratch (attnbench.measure.memory), so their CPU peak is a lower bound, never a winner.
-ONE_FUSED_KERNEL = frozenset({"full"})
 
 
 FILE_PART_CHARS = 48  # a plot file name piece made from free text (an input label holds a captured file's path)
@@ -314,40 +322,6 @@ def _scaling_blocks(cells: pd.DataFrame, baseline: str) -> list[Block]:
     return blocks
 
 
-def _largest(frame: pd.DataFrame) -> pd.DataFrame:
-    ok = frame[frame.status == "ok"]
-    return ok[ok.seq_len == ok.seq_len.max()] if len(ok) else ok
-
-
-def memory_lower_bound(rows: pd.DataFrame) -> pd.Series:
-    """Per row: is its peak memory a lower bound? (taken by the CPU tracker on a variant run as one fused kernel)"""
-    return (rows.mem_method == CPU_METHOD) & rows.variant.isin(ONE_FUSED_KERNEL)
-
-
-def memory_title(rows: pd.DataFrame) -> str:
-    """The memory plot's headline at the largest N: the variant that needs the least memory among those measured
-    whole; a smaller figure that is only a lower bound is named as one, never crowned."""
-    largest = _largest(rows).sort_values("peak_mem_bytes")
-    bound = memory_lower_bound(largest)
-    whole, partial = largest[~bound], largest[bound]
-    n = largest.seq_len.iloc[0]
-    if whole.empty:
-        lead = partial.iloc[0]
-        return (
-            f"At N={n}, {lead.label} needs at least {lead.peak_mem_bytes / MIB:.3g} MiB per call "
-            "(the CPU tracker cannot see its fused kernel's scratch)"
-        )
-    winner = whole.iloc[0]
-    below = partial[partial.peak_mem_bytes < winner.peak_mem_bytes]
-    if below.empty:
-        return f"At N={n}, {winner.label} needs the least memory: {winner.peak_mem_bytes / MIB:.3g} MiB per call"
-    bounds = "; ".join(f"{r.label}: ≥ {r.peak_mem_bytes / MIB:.3g} MiB" for r in below.itertuples())
-    return (
-        f"At N={n}, {winner.label} needs the least fully tracked memory: {winner.peak_mem_bytes / MIB:.3g} MiB "
-        f"per call ({bounds}, kernel scratch unseen)"
-    )
-
-
 def _timing_samples(rows: pd.DataFrame, samples: dict[str, list[float]]) -> pd.DataFrame:
     """One row per raw timing sample of `rows` (label, seq_len, time_median_s: that sample's seconds); a cell
     without samples (a folder written before samples.csv) stands for itself with its median."""
@@ -370,7 +344,8 @@ def plot_blocks(
     samples: dict[str, list[float]] | None = None,
 ) -> list[Block]:
     """The plots of one setting (every input): speedup, Pareto per input and N (`judged`: the run's verdicts of
-    this setting), time (median and quartiles of `samples`, cell key -> seconds per round), memory, error."""
+    this setting), time (median and quartiles of `samples`, cell key -> seconds per round), memory, error. Their
+    titles name the verdict's choice at the largest N, or no variant (`attnbench.report.headlines`)."""
     timed = cells[(cells.status == "ok") & cells.time_median_s.notna()]
     first = cells.iloc[0]  # a readable start, and a hash of every setting column: two settings never share a file
     setting = "-".join(f"{c}{first[c]}" for c in SETTING_COLUMNS)
@@ -378,16 +353,10 @@ def plot_blocks(
     slug = f"{_slug(readable)}-{zlib.crc32(setting.encode()):08x}"
     images: list[tuple[Path, str]] = []
     first = timed[timed["input"] == timed["input"].iloc[0]] if len(timed) else timed  # one input's times
+    headline = headline_of(judged, str(first["input"].iloc[0])) if len(first) else None
+    budget = judged[0].budget.max_error if judged else None
     if timed.speedup.notna().any():
-        others = _largest(first[first.label != baseline])
-        leaders = fastest_labels(others, samples)  # the verdict's rule: the fastest, and those it does not beat
-        top = others.set_index("label").loc[leaders[0]] if leaders else None
-        title = (
-            f"At N={top.seq_len}, {leaders[0]} runs {top.speedup:.1f}× as fast as {baseline}"
-            + (f" ({', '.join(leaders[1:])} within noise of it)" if leaders[1:] else "")
-            if top is not None and top.speedup == top.speedup
-            else f"Speedup against {baseline}"
-        )
+        title = speedup_title(headline, baseline)
         path = plot_speedup(timed, baseline, title, subtitle, plots_dir / f"{slug}-speedup.png", style)
         images.append((path, f"Speedup against `{baseline}` by N, measured in turns; bars are 95% intervals."))
     for verdict in judged:  # one rule: the plot shows the verdict's own choices and its sentence
@@ -414,31 +383,27 @@ def plot_blocks(
                 points,
                 front,
                 baseline,
-                f"At N={answer.n} on {verdict.input}: {answer.sentence}",
+                f"At N={answer.n} on {verdict.input}: {answer.sentence}".replace("`", ""),
                 subtitle,
                 plots_dir / f"{slug}-{_file_part(verdict.input)}-pareto-N{answer.n}.png",
                 style,
+                budget=verdict.budget.max_error,
             )
             images.append(
                 (
                     path,
                     f"Speed against error at N={answer.n} on `{verdict.input}`: up and to the left is worse; bubble "
                     "area is peak memory; the step line joins the verdict's choices; bars are the speedup's 95% "
-                    "interval.",
+                    f"interval; above the dash-dotted line a variant is over the error budget "
+                    f"({verdict.budget.max_error:g}).",
                 )
             )
     if len(first):
-        largest = _largest(first)
-        paired = largest.speedup.notna().any()  # the in-turn ratio decides who is fastest; medians alone may not
-        leaders = fastest_labels(largest, samples) or [largest.sort_values("time_median_s").iloc[0].label]
-        fastest = largest.set_index("label").loc[leaders[0]].to_frame().T.assign(label=leaders[0]).iloc[0]
         path = plot_versus_n(
             first,
             "time_median_s",
             "time per call (ms)",
-            f"At N={fastest.seq_len}, {fastest.label} is fastest: {fastest.time_median_s * 1e3:.3g} ms per call"
-            + (f", {fastest.speedup:.2g}× {baseline} in turns" if paired and fastest.speedup == fastest.speedup else "")
-            + (f" ({', '.join(leaders[1:])} within noise of it)" if leaders[1:] else ""),
+            time_title(headline),
             subtitle,
             plots_dir / f"{slug}-time.png",
             style,
@@ -449,10 +414,9 @@ def plot_blocks(
         images.append((path, f"Time per call by N (log-log): the median{spread}."))
     with_roofline = first[first.of_roofline > 0]
     if len(with_roofline):
-        worst = _largest(with_roofline).sort_values("of_roofline").iloc[0]
         path = plot_roofline(
             with_roofline,
-            f"At N={worst.seq_len}, {worst.label} runs {1 / worst.of_roofline:.2g}× its roofline, the farthest",
+            roofline_title(headline),
             subtitle,
             plots_dir / f"{slug}-roofline.png",
             style,
@@ -471,7 +435,7 @@ def plot_blocks(
             with_memory,
             "peak_mem_bytes",
             "peak memory (MiB)",
-            memory_title(with_memory),
+            memory_title(with_memory, headline),
             subtitle,
             plots_dir / f"{slug}-memory.png",
             style,
@@ -487,31 +451,27 @@ def plot_blocks(
         images.append((path, f"Peak memory of one call beyond the inputs by N (log-log).{unseen}"))
     errors = cells[(cells.status == "ok") & cells.err_vs_uniform.notna() & (cells.family != "exact")]
     if len(errors):
-        first_input = str(errors["input"].iloc[0])
-        best = _largest(errors[errors["input"] == first_input]).sort_values("err_vs_uniform").iloc[0]
         path = plot_error(
             cells,
-            f"Most accurate approximation on {first_input} at N={best.seq_len}: {best.label}, with "
-            f"{best.err_vs_uniform:.2f} of averaging's error"
-            if best.err_vs_uniform < 0.95
-            else f"At N={best.seq_len} on {first_input}, no approximation is much better than averaging V "
-            f"(best: {best.label}, {best.err_vs_uniform:.2f})",
+            error_title(headline_of(judged, str(errors["input"].iloc[0]))),
             subtitle,
             plots_dir / f"{slug}-error.png",
             style,
+            budget=budget,
         )
+        over = f"; above the dash-dotted line a variant is over the error budget ({budget:g})" if budget else ""
         images.append(
             (
                 path,
                 "Error of the approximate variants relative to uniform averaging by N, one panel per "
-                "input: below the dashed line a variant beats averaging V.",
+                f"input: below the dashed line a variant beats averaging V{over}.",
             )
         )
     return [Block("image", str(path.relative_to(plots_dir.parent)), caption=caption) for path, caption in images]
 
 
 def header_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Block]:
-    """Title, how to reproduce the run, the machine in words, the noise."""
+    """How to reproduce the run, the machine in words, the noise (under the verdict: the answer comes first)."""
     command = shlex.join(meta.command) or "not recorded"
     config, overrides = meta.config, meta.overrides
     config_line = f"`{config.get('name', '')}`" + (f" with {overrides_text(overrides)}" if overrides else "")
@@ -525,7 +485,7 @@ def header_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Blo
         f"Machine: {machine_words(meta.machine, threads, load)}.",
         f"Measured {meta.started} to {meta.finished}. {noise_line(frame)}",
     ]
-    return [Block("heading", f"attnbench report: {run_dir.name}", level=1)] + [Block("text", line) for line in lines]
+    return [Block("heading", "This run", level=2)] + [Block("text", line) for line in lines]
 
 
 def about_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Block]:
@@ -569,6 +529,25 @@ def about_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Bloc
     return blocks
 
 
+def verdict_section(view: RunView, baseline: str) -> list[Block]:
+    """The answer, first on the page: the accuracy budget it holds to, then per setting and input every N's answer
+    in a sentence, what the input's error figures can tell, and per N the table of choices and the left-out; how
+    to read them comes last."""
+    blocks = [Block("heading", "Verdict", level=2), Block("text", budget_line(view.budget, baseline))]
+    for verdict_block in view.blocks:
+        blocks.append(Block("heading", block_title(verdict_block), level=3))
+        for answer in verdict_block.verdict.answers:
+            asked = f" {answer.asked}" if answer.asked else ""
+            blocks.append(Block("text", f"**N={answer.n}:** {answer.sentence}{asked}"))
+        blocks.append(Block("text", verdict_block.sentence))
+        for answer in verdict_block.verdict.answers:
+            headers, rows = verdict_rows(verdict_block.verdict, answer)
+            blocks.append(Block("table", headers=headers, rows=rows, caption=f"N={answer.n}: the choices."))
+            if answer.left_out:
+                blocks.append(Block("text", left_out_text(answer)))
+    return blocks + [Block("text", "How to read it: " + VERDICT_INTRO.format(baseline=f"`{baseline}`"))]
+
+
 def report_blocks(view: RunView) -> list[Block]:
     run_dir, meta = view.run_dir, view.meta
     frame = with_machine(view.frame)
@@ -577,19 +556,11 @@ def report_blocks(view: RunView) -> list[Block]:
     peaks = view.peaks
     varying = {c for c in SETTING_COLUMNS if frame[c].nunique(dropna=False) > 1}
     samples = view.samples
-    blocks = header_blocks(run_dir, meta, frame) + [Block("toc")]
-    blocks += [Block("heading", "Verdict", level=2), Block("text", VERDICT_INTRO.format(baseline=f"`{baseline}`"))]
-    for verdict_block in view.blocks:
-        blocks.append(Block("heading", block_title(verdict_block), level=3))
-        blocks.append(Block("text", verdict_block.sentence))
-        for answer in verdict_block.verdict.answers:
-            blocks.append(Block("text", f"**N={answer.n}:** {answer.sentence}"))
-            headers, rows = verdict_rows(verdict_block.verdict, answer)
-            blocks.append(Block("table", headers=headers, rows=rows))
-            if answer.left_out:
-                blocks.append(Block("text", left_out_text(answer)))
+    blocks = [Block("heading", f"attnbench report: {run_dir.name}", level=1)]
+    blocks += verdict_section(view, baseline)
     if compiled := compile_sentence(frame):
         blocks.append(Block("text", compiled))
+    blocks += [Block("toc")] + header_blocks(run_dir, meta, frame)
     blocks.append(Block("heading", "Plots", level=2))
     for setting, cells in frame.groupby(SETTING_COLUMNS, sort=False, dropna=False):
         subtitle = setting_words(cells.iloc[0], varying)

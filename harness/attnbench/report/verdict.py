@@ -3,10 +3,13 @@ than the baseline, and what it costs in accuracy.
 
 A setting is every group column but input and N. Its time and memory come from its timed rows (its first
 input, unless every input was timed); each input's error from its own rows. Per N the verdict names the
-fastest exact variant and the speed-error Pareto set (a variant leaves it only when another is at least as
-accurate and faster beyond the noise, paired in their own rounds),
+fastest exact variant and the speed-error Pareto set of the approximations within the accuracy budget
+(attnbench.plan.budget: error vs uniform on that input at most `max_error`; a variant leaves the set only when
+another is at least as accurate and faster beyond the noise, paired in their own rounds),
 each with its paired speedup interval, error vs uniform and peak memory, and when it starts to pay off
-(the crossover N against the baseline). One sentence per input says what its error figures can tell.
+(the crossover N against the baseline). "Use X" names the fastest of them clearly faster than the baseline; with
+`min_speedup` asked, the least error among those at least that much faster. One sentence per input says what its
+error figures can tell.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from attnbench.inputs.catalogue import LOCALITY_WINDOW
+from attnbench.plan.budget import AccuracyBudget
 from attnbench.report.analysis import ERROR_RESOLUTION, crossover_table
 from attnbench.report.text import (
     GROUP_COLUMNS,
@@ -95,7 +99,9 @@ class Answer:
     n: int
     choices: list[Choice]  # offered: the fastest exact variant first, then the rest of the Pareto set by speed
     left_out: list[Choice] = field(default_factory=list)  # each with its `left_out` reason
-    sentence: str = ""  # "Use X: ..." or "Nothing beats <baseline> here: ..."
+    sentence: str = ""  # "Use X, the fastest within the error budget …" or "Nothing beats <baseline> here: ..."
+    use: str = ""  # the label the sentence recommends ("" when it recommends none): what plot titles may headline
+    asked: str = ""  # the answer to `min_speedup` ("" when not asked)
 
 
 @dataclass
@@ -109,6 +115,7 @@ class InputVerdict:
     timed_on: str  # the input whose timing the speedups come from
     answers: list[Answer] = field(default_factory=list)
     setting_key: tuple[str, ...] = ()  # the setting's values (SETTING_COLUMNS), as text: which rows it judged
+    budget: AccuracyBudget = field(default_factory=AccuracyBudget)  # what it was judged with
 
 
 def setting_words(values: pd.Series, varying: set[str]) -> str:
@@ -210,11 +217,15 @@ def setting_key(values: tuple) -> tuple[str, ...]:
     return tuple(str(v) for v in values)
 
 
-def verdicts(frame: pd.DataFrame, samples: dict[str, list[float]] | None = None) -> list[InputVerdict]:
+def verdicts(
+    frame: pd.DataFrame, samples: dict[str, list[float]] | None = None, budget: AccuracyBudget | None = None
+) -> list[InputVerdict]:
     """Every setting × input of a run's rows, N by N, in the order the run measured them. An input that was
     timed itself is judged on its own speed; one whose error alone was measured, on its setting's first
-    timed input's. `samples` (cell key -> per-round seconds, `read_samples`) lets two variants be compared in
-    their own rounds; without it, by their intervals against the baseline."""
+    timed input's. Each input's verdict holds the accuracy `budget` to that input's own error. `samples` (cell
+    key -> per-round seconds, `read_samples`) lets two variants be compared in their own rounds; without it, by
+    their intervals against the baseline."""
+    budget = budget or AccuracyBudget()
     if frame.empty:
         return []
     samples = samples or {}
@@ -237,10 +248,12 @@ def verdicts(frame: pd.DataFrame, samples: dict[str, list[float]] | None = None)
                 {r.label: _short_crossover(r.faster_from) for r in crossings.itertuples()} if len(crossings) else {}
             )
             sentence = input_sentence(on_input)
-            verdict = InputVerdict(words, str(source), baseline, sentence, str(timed_on), setting_key=key)
+            verdict = InputVerdict(
+                words, str(source), baseline, sentence, str(timed_on), setting_key=key, budget=budget
+            )
             for n, at_n in on_input[on_input.status == "ok"].groupby("seq_len"):
                 candidates = _candidates(at_n, own[own.seq_len == n], baseline, pays_off, samples)
-                answer = judge(int(n), candidates, baseline)
+                answer = judge(int(n), candidates, baseline, budget, str(source))
                 if answer is not None:
                     verdict.answers.append(answer)
             out.append(verdict)
@@ -347,11 +360,21 @@ def _fastest_exact(exact: list[Choice], baseline: str) -> Choice | None:
     return fastest(faster or exact)[0] if exact else None
 
 
-def judge(n: int, candidates: list[Choice], baseline: str) -> Answer | None:
-    """The verdict at one N: the fastest exact variant and the speed-error Pareto set of the approximations that
-    beat averaging V, every other candidate with its reason, and the answer in one sentence."""
+def over_budget(c: Choice, budget: AccuracyBudget) -> bool:
+    """An approximation whose measured error vs uniform exceeds the budget (exact attention never does; an
+    unmeasured error is not known to)."""
+    return c.family != "exact" and c.error == c.error and c.error > budget.max_error
+
+
+def judge(
+    n: int, candidates: list[Choice], baseline: str, budget: AccuracyBudget | None = None, on: str = ""
+) -> Answer | None:
+    """The verdict at one N: the fastest exact variant and the speed-error Pareto set of the approximations within
+    the accuracy budget that beat averaging V (their error on the input `on`), every other candidate with its reason,
+    the answer in one sentence, and the answer to `budget.min_speedup` where it is asked."""
     if not candidates:
         return None
+    budget = budget or AccuracyBudget()
     exact = [c for c in candidates if c.family == "exact"]
     fastest_exact = _fastest_exact(exact, baseline)
     for c in exact:
@@ -363,6 +386,8 @@ def judge(n: int, candidates: list[Choice], baseline: str) -> Answer | None:
     for c in candidates:
         if c.no_better_than_uniform:
             c.left_out = "worse than averaging V" if c.error >= 1.05 else "no better than averaging V"
+        elif over_budget(c, budget):
+            c.left_out = f"{OVER_BUDGET} {budget.max_error:g}"
     contenders = [c for c in candidates if not c.left_out]
     front = pareto_set(contenders)
     for c in contenders:
@@ -376,11 +401,41 @@ def judge(n: int, candidates: list[Choice], baseline: str) -> Answer | None:
     chosen = [c for c in front if c is not fastest_exact]
     offered = ([fastest_exact] if fastest_exact else []) + chosen
     left_out = sorted((c for c in candidates if c.left_out), key=lambda c: -c.speed)
-    return Answer(n, offered, left_out, answer_sentence(offered, left_out, baseline))
+    use = recommended(offered, baseline)
+    return Answer(
+        n,
+        offered,
+        left_out,
+        answer_sentence(offered, left_out, baseline, budget, on),
+        use=use.label if use else "",
+        asked=asked_sentence(candidates, baseline, budget, on),
+    )
 
 
-def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str) -> str:
-    """'Use X: 3.1× [2.9–3.4] faster than full at error 0.12 vs uniform.' or 'Nothing beats full here: …'."""
+OVER_BUDGET = "over the error budget"  # a left-out reason: its error vs uniform exceeds the budget
+
+
+def recommended(offered: list[Choice], baseline: str) -> Choice | None:
+    """The variant "Use X" names: the fastest offered approximation (all within the budget) whose error was measured
+    and which is faster than the baseline beyond its 95% interval; else an exact variant that is; else none."""
+    winners = [c for c in offered if c.family != "exact" and c.clearly_faster and c.error == c.error]
+    if winners:
+        return winners[0]  # the fastest of the Pareto set
+    return next((c for c in offered if c.family == "exact" and c.label != baseline and c.clearly_faster), None)
+
+
+def _on(on: str) -> str:
+    """' on `realistic`': the input an error comes from ('' when not given)."""
+    return f" on `{on}`" if on else ""
+
+
+def answer_sentence(
+    offered: list[Choice], left_out: list[Choice], baseline: str, budget: AccuracyBudget | None = None, on: str = ""
+) -> str:
+    """'Use X, the fastest within the error budget 0.5: 3.1× [2.9–3.4] faster than full at error 0.12 vs uniform on
+    `realistic`.' or 'Nothing beats full here: …', naming the input the error comes from."""
+    budget = budget or AccuracyBudget()
+    within = f"the error budget {budget.max_error:g}"
     approximate = [c for c in offered if c.family != "exact"]
     paired = any(c.speedup == c.speedup for c in offered)
     if not offered:  # no exact variant ran, and every approximation is left out
@@ -393,19 +448,40 @@ def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str
             f"Fastest of the choices: {lead.label} ({format_number(lead.time_s * 1e3, '.3g')} ms per call){tied}; "
             f"{baseline} did not run here."
         )
-    winners = [c for c in approximate if c.clearly_faster]
-    exact_winner = next((c for c in offered if c.family == "exact" and c.label != baseline and c.clearly_faster), None)
-    if winners:
-        best = winners[0]  # the fastest of the Pareto set
-        accuracy = f"at error {_error(best)} vs uniform" if best.error == best.error else "(error not measured)"
-        text = f"Use {best.label}: {_speed(best)} faster than {baseline} {accuracy}"
-        text += _memory(best)
+    use = recommended(offered, baseline)
+    over = [c for c in left_out if c.left_out.startswith(OVER_BUDGET)]
+    if use is not None and use.family != "exact":
+        text = (
+            f"Use {use.label}, the fastest within {within}: {_speed(use)} faster than {baseline} at error "
+            f"{_error(use)} vs uniform{_on(on)}{_memory(use)}"
+        )
+        winners = [c for c in approximate if c.clearly_faster and c.error == c.error]
         accurate = min(winners, key=lambda c: c.error_rank)
-        if accurate is not best:
+        if accurate is not use:
             text += f"; {accurate.label} is more accurate ({_error(accurate)}) at {_speed(accurate)}"
+        faster = [c for c in over if c.speed > use.speed]
+        if faster:
+            lead = faster[0]
+            text += f"; {lead.label} is faster ({_speed(lead)}) but over the budget (error {_over(lead)})"
         return text + "."
-    if exact_winner is not None:
-        return f"Use {exact_winner.label}: exact, {_speed(exact_winner)} faster than {baseline}{_memory(exact_winner)}."
+    if use is not None:
+        return f"Use {use.label}: exact, {_speed(use)} faster than {baseline}{_memory(use)}."
+    unmeasured = [c for c in approximate if c.clearly_faster]  # recommended() takes every measured one
+    if unmeasured:
+        lead = unmeasured[0]
+        return (
+            f"Nothing measured within {within} beats {baseline} here: {lead.label} is {_speed(lead)} faster, but its "
+            "error was not measured, so it cannot be checked against the budget."
+        )
+    judged = [c for c in approximate + left_out if c.family != "exact" and c.error == c.error]
+    if judged and not any(not over_budget(c, budget) and not c.no_better_than_uniform for c in judged):
+        least = min(judged, key=lambda c: c.error)
+        useless = f" ({least.left_out})" if least.no_better_than_uniform else ""
+        speed = f", at {_speed(least)}" if least.speedup == least.speedup else ""
+        return (
+            f"Nothing within {within} beats {baseline} here: no approximation has error vs uniform{_on(on)} of "
+            f"{budget.max_error:g} or less; the least is {least.label}'s {_over(least)}{useless}{speed}."
+        )
     maybe = [c for c in approximate if c.speedup > 1]  # offered, faster by the median, but its interval reaches 1×
     slower = [c.label for c in approximate if c.speedup <= 1]
     slower += [c.label for c in left_out if c.family != "exact" and c.left_out.startswith("slower")]
@@ -413,8 +489,10 @@ def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str
     reasons = []
     if slower:
         reasons.append(f"slower ({', '.join(slower)})")
+    if over:
+        reasons.append(f"over {within}{_on(on)} ({', '.join(c.label for c in over)})")
     if useless:
-        reasons.append(f"no better than averaging V ({', '.join(useless)})")
+        reasons.append(f"no better than averaging V{_on(on)} ({', '.join(useless)})")
     if maybe:
         perhaps = ", ".join(f"{c.label} ({_speed(c)})" for c in maybe)
         others = "; the other approximate variants are " + " or ".join(reasons) if reasons else ""
@@ -427,12 +505,52 @@ def answer_sentence(offered: list[Choice], left_out: list[Choice], baseline: str
     return f"Nothing beats {baseline} here{because}."
 
 
+def asked_sentence(candidates: list[Choice], baseline: str, budget: AccuracyBudget, on: str = "") -> str:
+    """The answer to `min_speedup` S ('' when not asked): of the variants at least S× faster than the baseline beyond
+    noise (their whole 95% interval at or above S), the one with the least error, and whether the budget holds it;
+    or that none is, and the fastest."""
+    if budget.min_speedup is None:
+        return ""
+    ask = budget.min_speedup
+    question = f"At least {ask:g}× faster than {baseline}"
+    paired = [c for c in candidates if c.speedup == c.speedup and c.label != baseline]
+    if not paired:
+        return f"{question}: no speedup against {baseline} was measured here."
+    fast = [c for c in paired if c.trusted_interval and c.speedup_low >= ask]
+    known = [c for c in fast if c.family == "exact" or c.error == c.error]
+    if known:
+        best = min(known, key=lambda c: (c.error_rank, -c.speed))
+        if best.family == "exact":
+            return f"{question}, least error: {best.label}, exact, at {_speed(best)}."
+        if best.no_better_than_uniform:
+            standing = "no better than averaging V"
+        elif over_budget(best, budget):
+            standing = f"over the error budget {budget.max_error:g}: not recommended"
+        else:
+            standing = f"within the error budget {budget.max_error:g}"
+        shown = _over(best) if over_budget(best, budget) else _error(best)
+        return (
+            f"{question}, least error: {best.label}, error {shown} vs uniform{_on(on)} ({standing}), at {_speed(best)}."
+        )
+    if fast:
+        listed = ", ".join(f"{c.label} ({_speed(c)})" for c in fast)
+        return f"{question}: {listed}, but no error was measured to rank {'them' if len(fast) > 1 else 'it'} by."
+    lead = max(paired, key=lambda c: c.speedup)
+    error = f", error {_error(lead)}" if lead.family != "exact" and lead.error == lead.error else ""
+    return f"{question}: none is, beyond noise; the fastest is {lead.label} at {_speed(lead)}{error}."
+
+
 def _speed(c: Choice) -> str:
     return f"{c.speedup:.3g}× [{format_number(c.speedup_low, '.3g')}–{format_number(c.speedup_high, '.3g')}]"
 
 
 def _error(c: Choice) -> str:
     return format_number(c.error, ".2g")
+
+
+def _over(c: Choice) -> str:
+    """An error beside the budget it exceeds: three digits, so 0.503 never reads as a budget of 0.5."""
+    return format_number(c.error, ".3g")
 
 
 def _memory(c: Choice) -> str:
@@ -508,13 +626,34 @@ def timing_note(verdict: InputVerdict) -> str:
 
 VERDICT_INTRO = (
     "For each input and N: the answer in one sentence, then the fastest exact variant and the approximations "
-    "no other beats on both speed and error (the Pareto set, fastest first: a variant leaves it only when another "
-    "is at least as accurate and faster beyond the noise in their own rounds; 'speed ties X' marks one that a more "
-    "accurate X is not slower than beyond the noise), then the variants left out and why (slower beyond noise "
-    "and not more accurate, or no better than averaging V). Speedups are paired, in turns with {baseline}, with a "
+    "within the accuracy budget that no other beats on both speed and error (the Pareto set, fastest first: a "
+    "variant leaves it only when another is at least as accurate and faster beyond the noise in their own rounds; "
+    "'speed ties X' marks one that a more accurate X is not slower than beyond the noise), then the variants left "
+    "out and why (slower beyond noise and not more accurate, over the error budget, or no better than averaging "
+    "V). Speedups are paired, in turns with {baseline}, with a "
     "95% interval; error is against exact attention relative to averaging V (0 exact, 1 no better than "
     "averaging); 'faster from N' is the N from which {baseline} is beaten at every larger N measured."
 )
+
+
+def budget_line(budget: AccuracyBudget, baseline: str) -> str:
+    """The accuracy budget a verdict used, where it came from and why, the rule for several inputs, and the
+    `min_speedup` question where it was asked (Markdown)."""
+    if budget.source.startswith("the default"):  # 0.5 (attnbench.plan.budget): said as the share of attention kept
+        why = "a recommended variant keeps at least half of what attention adds over averaging V"
+    else:
+        why = f"a recommended variant's output is at most {budget.max_error:g} times as far from exact as averaging V's"
+    text = (
+        f"**Accuracy budget: error vs uniform ≤ {budget.max_error:g}** ({why}), from {budget.source}. 'Use X' names "
+        "only a variant within it; each input's verdict holds the budget to that input's own error; "
+        "`attnbench report RUN --max-error X` judges the run again with another."
+    )
+    if budget.min_speedup is not None:
+        text += (
+            f" **Asked (`--min-speedup {budget.min_speedup:g}`):** the least error among the variants at least "
+            f"{budget.min_speedup:g}× faster than `{baseline}` (their whole 95% interval at or above it)."
+        )
+    return text
 
 
 @dataclass
@@ -532,8 +671,11 @@ def verdict_blocks(found: list[InputVerdict]) -> list[VerdictBlock]:
     blocks: dict[str, VerdictBlock] = {}
     for verdict in found:
         sentence = " ".join(text for text in (verdict.sentence, timing_note(verdict)) if text)
-        body = sentence + "\n" + "\n".join(
-            answer.sentence + str(verdict_rows(verdict, answer)) + left_out_text(answer) for answer in verdict.answers
+        body = sentence + "\n" + "\n".join(  # the same figures on two inputs: one block (its sentences name the first)
+            (answer.sentence + answer.asked).replace(f"`{verdict.input}`", "`<input>`")
+            + str(verdict_rows(verdict, answer))
+            + left_out_text(answer)
+            for answer in verdict.answers
         )
         if body in blocks:
             blocks[body].titles.append(verdict_title(verdict))
@@ -554,14 +696,15 @@ def verdict_markdown(found: list[VerdictBlock]) -> str:
     """The verdicts of a run as Markdown: per block a heading and a sentence, per N the answer and a table."""
     if not found:
         return "No cell ran ok: there is nothing to recommend.\n"
-    parts = [VERDICT_INTRO.format(baseline=f"`{found[0].verdict.baseline}`")]
+    first = found[0].verdict
+    parts = [budget_line(first.budget, first.baseline), VERDICT_INTRO.format(baseline=f"`{first.baseline}`")]
     for block in found:
         parts.append(f"### {block_title(block)}")
         parts.append(block.sentence)
         if not block.verdict.answers:
             parts.append(f"No variant has both a speedup against `{block.verdict.baseline}` and a result here.")
         for answer in block.verdict.answers:
-            parts.append(f"**N={answer.n}:** {answer.sentence}")
+            parts.append(f"**N={answer.n}:** {answer.sentence}" + (f" {answer.asked}" if answer.asked else ""))
             parts.append(markdown_table(*verdict_rows(block.verdict, answer)))
             if answer.left_out:
                 parts.append(left_out_text(answer))
@@ -572,13 +715,15 @@ def verdict_terminal(found: list[VerdictBlock], width: int) -> str:
     """The verdicts as plain text that fits `width` columns: per N the answer, an aligned table, the left-out."""
     if not found:
         return "No cell ran ok: there is nothing to recommend."
-    parts = []
+    first = found[0].verdict
+    parts = [textwrap.fill(budget_line(first.budget, first.baseline).replace("`", "").replace("**", ""), width)]
     for block in found:
         parts.append(
             textwrap.fill(f"== {block_title(block)}", width) + "\n" + textwrap.fill(block.sentence.replace("`", ""), width)
         )
         for answer in block.verdict.answers:
-            lines = [textwrap.fill(f"N={answer.n}: {answer.sentence}", width)]
+            said = f"N={answer.n}: {answer.sentence}" + (f" {answer.asked}" if answer.asked else "")
+            lines = [textwrap.fill(said.replace("`", ""), width)]
             table = aligned_table(*verdict_rows(block.verdict, answer), width=width - 2, cuttable=(3, 0))
             lines += ["  " + line for line in table.splitlines()]
             if answer.left_out:

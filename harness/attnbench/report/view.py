@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.plan.budget import AccuracyBudget
 from attnbench.report.analysis import of_roofline, raised_peaks
 from attnbench.report.verdict import InputVerdict, VerdictBlock, verdict_blocks, verdicts
 from attnbench.runfolder.folder import read_samples
 from attnbench.runfolder.meta import RunMeta
-from attnbench.runfolder.results import read_results
+from attnbench.runfolder.results import RunFolderUnreadable, read_results
 
 
 @dataclass
@@ -24,15 +25,27 @@ class RunView:
     peaks: dict[str, dict]  # the run's measured peaks, raised to the fastest rate a cell reached (`raised_peaks`)
     verdicts: list[InputVerdict]  # per setting and input, N by N
     blocks: list[VerdictBlock]  # the verdicts as shown: those with the same content merged
+    budget: AccuracyBudget  # what the verdict was judged with: the run's recorded budget, or `report`'s flags
 
     @classmethod
-    def read(cls, run_dir: Path, frame: pd.DataFrame | None = None) -> RunView:
+    def read(
+        cls,
+        run_dir: Path,
+        frame: pd.DataFrame | None = None,
+        max_error: float | None = None,
+        min_speedup: float | None = None,
+    ) -> RunView:
         """The view of `run_dir` (`frame`: its results.csv where the caller has read it already), each row with its
-        share of the roofline (`of_roofline`) at the run's peaks."""
+        share of the roofline (`of_roofline`) at the run's peaks, judged with the accuracy budget the run recorded
+        (`max_error`, `min_speedup`: `attnbench report`'s flags in its place, already checked)."""
         frame = read_results(run_dir) if frame is None else frame
         meta = RunMeta.read(run_dir)
+        budget = AccuracyBudget.of_config(meta.config).with_flags(max_error, min_speedup)
+        if problems := budget.problems():  # a hand edit: the flags checked theirs before any work
+            raise RunFolderUnreadable(f"{run_dir / 'meta.json'}: its config's budget is not one a run writes "
+                                      f"({'; '.join(problems)}): restore it, or give --max-error")  # fmt: skip
         peaks, _ = raised_peaks(frame, meta.peaks)
         frame = frame.assign(of_roofline=of_roofline(frame, peaks))
         samples = read_samples(run_dir)
-        found = verdicts(frame, samples)
-        return cls(run_dir, frame, samples, meta, peaks, found, verdict_blocks(found))
+        found = verdicts(frame, samples, budget)
+        return cls(run_dir, frame, samples, meta, peaks, found, verdict_blocks(found), budget)
