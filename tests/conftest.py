@@ -55,3 +55,23 @@ def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> dict:
             capture_output=True,
         )  # fmt: skip
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")])}
+
+
+def real_model_dir() -> Path:
+    """The local SmolLM2-135M folder the tests marked `model` use: $ATTNBENCH_MODEL_DIR, else where `make model`
+    writes it."""
+    from attnbench.model.convert import DEFAULT_DIR
+
+    return Path(os.environ.get("ATTNBENCH_MODEL_DIR") or DEFAULT_DIR)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `model` is skipped, saying why, where the real model's folder is absent."""
+    if item.get_closest_marker("model") is not None and not (real_model_dir() / "config.json").is_file():
+        pytest.skip(f"no local model at {real_model_dir()} (`make model`, or set ATTNBENCH_MODEL_DIR)")
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The real decoder's folder (tests using it are marked `model`)."""
+    return real_model_dir()

@@ -13,6 +13,8 @@ from typing import Any
 
 from attnbench import __version__
 from attnbench.exit_status import Exit, exit_status_text
+from attnbench.model.arguments import add_model_parser
+from attnbench.model.calibrate_command import add_calibrate_parser
 from attnbench.plan.cells import Plan
 from attnbench.plan.config import ConfigError, SweepConfig, load_config, preset_names
 from attnbench.registry import registry
@@ -26,7 +28,7 @@ EPILOG = (
   attnbench run configs/default.toml --causal both --mode fwd,fwd+bwd --out results
   attnbench report results/<run-id>
   attnbench compare results/<run-a> results/<run-b> --fail-above 10
-  attnbench model path/to/local-model --variants 'band(window=64),lsh' --text-file text.txt --seq-len 512
+  attnbench model path/to/local-model --variants 'band(window=64),lsh' --text-file text.txt --seq-len 512 2048
   attnbench run default --executor ray              # each group a Ray task on a local Ray runtime
   attnbench run default --executor ray --address auto   # ... on the cluster this node belongs to
 
@@ -60,6 +62,27 @@ def compile_words(compiled: list[bool]) -> str:
     if True not in compiled:
         return ""
     return " × eager and compiled" if False in compiled else " compiled"
+
+
+def _add_budget_flags(command: argparse.ArgumentParser, default: str) -> None:
+    """--max-error and --min-speedup: the verdict's accuracy budget and the speedup asked (attnbench.plan.budget)."""
+    from attnbench.plan.budget import DEFAULT_MAX_ERROR
+
+    command.add_argument(
+        "--max-error",
+        type=float,
+        metavar="X",
+        help="the accuracy budget: the verdict recommends only a variant whose error vs uniform (on the input "
+        f"judged) is at most X ({default}{DEFAULT_MAX_ERROR}: at least half of what attention adds over averaging V "
+        "kept)",
+    )
+    command.add_argument(
+        "--min-speedup",
+        type=float,
+        metavar="S",
+        help="also answer: of the variants at least S× faster than the baseline (whole 95%% interval), which has "
+        "the least error? (S > 1)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure each group in K fresh worker processes, one after another, each timing min_run_time / K: the "
         "spread between processes enters every speedup interval (default: the config's `processes`, 1)",
     )
+    _add_budget_flags(run, "default: the config's `max_error`, else ")
     run.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="skip report.md / report.html / plots at the end")
@@ -166,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rebuild a run folder's report from its results.csv and meta.json.",
     )
     report.add_argument("run_dir", type=Path, help="a run folder, results/<run-id>")
+    _add_budget_flags(report, "default: the budget the run recorded, else ")
 
     compare = commands.add_parser(
         "compare",
@@ -231,32 +256,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source = capture.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="text to tokenize (needs a tokenizer in the model folder)")
+    source.add_argument(
+        "--text-file", type=Path, help="a UTF-8 text file to tokenize (the shipped prose: see `attnbench calibrate --help`)"
+    )
     source.add_argument("--token-ids", type=_csv(int), help="comma-separated token ids")
     source.add_argument("--random-tokens", type=int, metavar="N", help="N random token ids (seeded)")
+    capture.add_argument("--seq-len", type=int, help="keep the first N tokens (default: all of them)")
     capture.add_argument("--seed", type=int, default=0, help="seed of --random-tokens (default 0)")
+    capture.add_argument(
+        "--pre-rotary",
+        action="store_true",
+        help="record the q/k/v projections, before any rotary embedding (position-free attention for a rotary "
+        "model); by default q/k are recorded where attention sees them, after it",
+    )
 
-    model = commands.add_parser(
-        "model",
-        help="swap each variant into a local Hugging Face model: error by layer, loss change, forward speedup",
-        description="Run text through a local model with exact attention and with each variant in its "
-        "self-attention (every layer, then one layer at a time); write model.csv and a report. Nothing is "
-        "downloaded and no remote code runs.",
-    )
-    model.add_argument("model_dir", type=Path, help="a local model folder (config.json, weights, tokenizer)")
-    model.add_argument(
-        "--variants",
-        required=True,
-        help="comma-separated variant settings, e.g. 'band(window=64),lsh,performer(features=128)'",
-    )
-    text = model.add_mutually_exclusive_group(required=True)
-    text.add_argument("--text", help="text to tokenize (needs a tokenizer in the model folder)")
-    text.add_argument("--text-file", type=Path, help="a UTF-8 text file to tokenize")
-    text.add_argument("--token-ids", type=_csv(int), help="comma-separated token ids")
-    text.add_argument("--random-tokens", type=int, metavar="N", help="N random token ids (seeded)")
-    model.add_argument("--seq-len", type=int, default=512, help="tokens to use (the text is cut; default 512)")
-    model.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per pair (default 1)")
-    model.add_argument("--seed", type=int, default=0, help="seed of --random-tokens and of the masked positions")
-    model.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
+    add_calibrate_parser(commands)
+    add_model_parser(commands)
     reproduce = commands.add_parser(
         "reproduce",
         help="published claims (Linformer, Nyströmformer, Performer, Reformer, ...) checked against runs made here",
@@ -328,13 +343,24 @@ def command_capture(args: argparse.Namespace) -> int:
     from attnbench.model.capture import CaptureError, capture_qkv
 
     try:
-        tensors = capture_qkv(
+        text = args.text
+        if args.text_file is not None:
+            try:
+                text = args.text_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                raise CaptureError(f"--text-file {args.text_file}: cannot be read as UTF-8 text ({error})") from None
+        if args.seq_len is not None and args.seq_len < 1:
+            raise CaptureError(f"--seq-len must be >= 1, got {args.seq_len}")
+        tensors, meta = capture_qkv(
             args.model_dir,
             args.out,
-            text=args.text,
+            text=text,
             token_ids=args.token_ids,
             random_tokens=args.random_tokens,
             seed=args.seed,
+            pre_rotary=args.pre_rotary,
+            seq_len=args.seq_len,
+            text_source=f"--text-file {args.text_file}" if args.text_file else None,
         )
     except CaptureError as error:
         print(f"attnbench: {error}", file=sys.stderr)
@@ -342,9 +368,17 @@ def command_capture(args: argparse.Namespace) -> int:
     layers, batch, heads, seq, head_dim = tensors["q"].shape
     print(
         f"attnbench: wrote {args.out}: {layers} layers, {heads} query heads ({tensors['k'].shape[2]} key/value), "
-        f'{seq} positions, head_dim {head_dim}. Use it with [[inputs]] name = "captured", path = "{args.out}"'
+        f"{seq} positions, head_dim {head_dim}, recorded at the {meta['recorded_at']}"
+        f"{', causal' if meta['causal'] else ''}. "
+        f'Use it with [[inputs]] name = "captured", path = "{args.out}"'
     )
     return Exit.OK
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from attnbench.model.calibrate_command import calibrate_command
+
+    return calibrate_command(args)
 
 
 def command_model(args: argparse.Namespace) -> int:
@@ -413,6 +447,8 @@ def command_run(args: argparse.Namespace) -> int:
             "seeds": args.seeds,
             "threads": args.threads,
             "processes": args.processes,
+            "max_error": args.max_error,
+            "min_speedup": args.min_speedup,
         }.items()
         if value is not None
     }
@@ -589,11 +625,16 @@ def _run_folder(path: Path) -> Path | None:
 
 
 def command_report(args: argparse.Namespace) -> int:
+    from attnbench.plan.budget import budget_problems
     from attnbench.report.run_report import write_report
     from attnbench.report.summary import write_summary
     from attnbench.report.view import RunView
     from attnbench.runfolder.results import read_results
 
+    problems = budget_problems(args.max_error, args.min_speedup, lambda key: "--" + key.replace("_", "-"))
+    if problems:  # before the folder is read
+        print("\n".join(f"attnbench: {problem}" for problem in problems), file=sys.stderr)
+        return Exit.USAGE
     if _run_folder(args.run_dir) is None:
         return Exit.USAGE
     frame = read_results(args.run_dir)
@@ -605,7 +646,7 @@ def command_report(args: argparse.Namespace) -> int:
         )
         return Exit.NOTHING_RAN
     try:
-        view = RunView.read(args.run_dir, frame)
+        view = RunView.read(args.run_dir, frame, args.max_error, args.min_speedup)
         write_summary(args.run_dir, view)  # the tables too: a run whose disk filled up before them gets them here
         report = write_report(args.run_dir, view)
     except OSError as error:
@@ -686,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
         "report": lambda: command_report(args),
         "compare": lambda: command_compare(args),
         "capture": lambda: command_capture(args),
+        "calibrate": lambda: _calibrate(args),
         "model": lambda: command_model(args),
         "check": lambda: command_check(args),
         "reproduce": lambda: command_reproduce(args),

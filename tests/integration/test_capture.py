@@ -30,29 +30,82 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     return folder, model
 
 
-@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
-def test_capture_writes_what_the_model_computes(tiny_llama, tmp_path: Path, suffix: str) -> None:
+TOKENS = [1, 5, 9, 13, 17, 21, 25, 29]
+
+
+def projections_and_output(model, layer_index: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layer's q/k/v projections (pre-rotary, (b, heads, n, d)) and its attention output before o_proj."""
+    seen = {}
+    layer = model.layers[layer_index].self_attn
+    handle = layer.o_proj.register_forward_pre_hook(lambda module, args: seen.setdefault("out", args[0]))
+    with torch.no_grad():
+        model(input_ids=torch.tensor([TOKENS]))
+        hidden = model.layers[0].input_layernorm(model.embed_tokens(torch.tensor([TOKENS])))
+    handle.remove()
+    q = layer.q_proj(hidden).view(1, 8, 4, 8).transpose(1, 2)
+    k = layer.k_proj(hidden).view(1, 8, 2, 8).transpose(1, 2)
+    v = layer.v_proj(hidden).view(1, 8, 2, 8).transpose(1, 2)
+    return q.detach(), k.detach(), v.detach(), seen["out"].view(1, 8, 4, 8).transpose(1, 2)
+
+
+def load(path: Path, layer=0, heads: int = 4):
+    return make_inputs("captured", {"path": str(path), "layer": layer}, batch=1, heads=heads, seq_len=8, head_dim=8,
+                       dtype=torch.float32, device=torch.device("cpu"), seed=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors", ".npz"])
+def test_capture_writes_what_attention_sees_after_the_rotary_embedding(tiny_llama, tmp_path: Path, suffix: str) -> None:
+    """Issue 35: q/k after the model's rotary embedding, recorded at the attention function; exact causal attention
+    on them reproduces the model's attention output; the file says what it holds."""
+    from attnbench.inputs.captured import capture_meta, read_tensors
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
     folder, model = tiny_llama
     out = tmp_path / f"qkv{suffix}"
-    assert main(["capture", str(folder), "--token-ids", "1,5,9,13,17,21,25,29", "--out", str(out)]) == 0
-    inputs = make_inputs(
-        "captured",
-        {"path": str(out), "layer": 0},
-        batch=1,
-        heads=4,
-        seq_len=8,
-        head_dim=8,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        seed=0,
-    )
-    with torch.no_grad():
-        layer = model.layers[0]
-        hidden = layer.input_layernorm(model.embed_tokens(torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]])))
-        q = layer.self_attn.q_proj(hidden).view(1, 8, 4, 8).transpose(1, 2)
-        k = layer.self_attn.k_proj(hidden).view(1, 8, 2, 8).transpose(1, 2)
+    assert main(["capture", str(folder), "--token-ids", ",".join(map(str, TOKENS)), "--out", str(out)]) == 0
+    inputs = load(out)
+    q, k, v, output = projections_and_output(model)
+    cos, sin = model.rotary_emb(q, torch.arange(8)[None])
+    q_rot, k_rot = apply_rotary_pos_emb(q, k, cos, sin)
+    torch.testing.assert_close(inputs.q, q_rot)
+    torch.testing.assert_close(inputs.k, k_rot.repeat_interleave(2, dim=1))  # grouped-query heads repeated
+    torch.testing.assert_close(inputs.v, v.repeat_interleave(2, dim=1))
+    again = torch.nn.functional.scaled_dot_product_attention(inputs.q, inputs.k, inputs.v, is_causal=True)
+    torch.testing.assert_close(again, output, rtol=1e-5, atol=1e-6)
+    meta = capture_meta(read_tensors(out))
+    assert meta["post_rotary"] and meta["rotary"] and meta["causal"] and meta["positions"] == 8
+    assert meta["recorded_at"] == "attention (post-rotary)" and meta["scaling"] == [8**-0.5] * 2
+    assert read_tensors(out)["k"].shape == (2, 1, 2, 8, 8)  # key/value heads kept as the model's
+
+
+def test_pre_rotary_on_request_and_a_warning_when_such_a_file_is_read(tiny_llama, tmp_path: Path) -> None:
+    from attnbench.inputs.captured import write_tensors
+
+    folder, model = tiny_llama
+    out = tmp_path / "pre.pt"
+    assert main(["capture", str(folder), "--token-ids", ",".join(map(str, TOKENS)), "--out", str(out), "--pre-rotary"]) == 0
+    with pytest.warns(UserWarning, match="before llama's rotary embedding"):
+        inputs = load(out)
+    q, k, _, _ = projections_and_output(model)
     torch.testing.assert_close(inputs.q, q)
-    torch.testing.assert_close(inputs.k, k.repeat_interleave(2, dim=1))  # grouped-query heads repeated
+    old = tmp_path / "old.pt"  # what the capture before issue 35 wrote: no description
+    data = torch.load(out)
+    write_tensors(old, {name: data[name] for name in ("q", "k", "v")})
+    with pytest.warns(UserWarning, match="does not say what it holds"):
+        load(old)
+
+
+def test_a_captured_input_takes_several_layers_side_by_side(tiny_llama, tmp_path: Path) -> None:
+    folder, _ = tiny_llama
+    out = tmp_path / "qkv.pt"
+    assert main(["capture", str(folder), "--random-tokens", "8", "--out", str(out)]) == 0
+    both = load(out, layer=[1, 0], heads=8)
+    torch.testing.assert_close(both.q[:, :4], load(out, layer=1).q)
+    torch.testing.assert_close(both.q[:, 4:], load(out, layer=0).q)
+    from attnbench.inputs.catalogue import validate_input
+
+    assert "layer must be an integer >= 0 or a non-empty list" in validate_input("captured", {"path": str(out), "layer": []})[0]
+    assert "layer 2 is out of range" in validate_input("captured", {"path": str(out), "layer": [0, 2]})[0]
 
 
 def test_capture_random_tokens_and_every_layer(tiny_llama, tmp_path: Path) -> None:
@@ -61,6 +114,8 @@ def test_capture_random_tokens_and_every_layer(tiny_llama, tmp_path: Path) -> No
     assert main(["capture", str(folder), "--random-tokens", "24", "--out", str(out)]) == 0
     data = torch.load(out)
     assert data["q"].shape == (2, 1, 4, 24, 8) and data["k"].shape == (2, 1, 2, 24, 8)
+    assert main(["capture", str(folder), "--random-tokens", "24", "--seq-len", "10", "--out", str(out)]) == 0
+    assert torch.load(out)["q"].shape == (2, 1, 4, 10, 8)
 
 
 def test_capture_says_so_when_the_text_is_longer_than_the_models_positions(tiny_llama, tmp_path: Path, capsys) -> None:

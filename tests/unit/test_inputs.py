@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from attnbench.inputs.catalogue import DISTRIBUTIONS, make_inputs, validate_input
-from attnbench.inputs.synthetic import CALIBRATION
+from attnbench.inputs.calibration import ENCODER as CALIBRATION
 from attnbench.measure.reference import exact_reference
 from attnbench.plan.config import ConfigError, parse_config
 

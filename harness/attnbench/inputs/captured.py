@@ -1,13 +1,21 @@
 """Captured Q/K/V: the file format (`.pt`, `.safetensors`, `.npz`), its layout checks, and the `captured` input
-that reads one layer of a file (e.g. written by `attnbench capture`).
+that reads one layer, or several layers' heads side by side, of a file (e.g. written by `attnbench capture`).
+
+A file written by `attnbench capture` also holds a description of what it is (`meta`: the model, the text, the
+positions, where q/k were recorded — after the rotary embedding or before it —, causal, the attention scaling),
+stored as a uint8 tensor of UTF-8 JSON so the three formats carry it alike. A file without one, or one recorded
+before the rotary embedding of a rotary model, is read with a warning: its attention is position-free, not what
+the model computes.
 
 b - batch, h - heads, n - sequence, d - head dim, l - layer
 """
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -56,6 +64,43 @@ def write_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
     write_atomic(path, write)
 
 
+META_KEY = "meta"  # the description, as a uint8 tensor of UTF-8 JSON
+
+
+def write_capture(path: Path, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+    """q, k, v and their description (`META_KEY`) to `path`, as `write_tensors` does."""
+    encoded = torch.tensor(list(json.dumps(meta, sort_keys=True).encode("utf-8")), dtype=torch.uint8)
+    write_tensors(path, {**tensors, META_KEY: encoded})
+
+
+def capture_meta(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The description a captured file holds (None for a file without one: an older capture, or another tool's)."""
+    encoded = data.get(META_KEY)
+    if not isinstance(encoded, Tensor) or encoded.dtype != torch.uint8 or encoded.dim() != 1:
+        return None
+    try:
+        meta = json.loads(bytes(encoded.tolist()).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def position_warning(path: str | Path, meta: dict[str, Any] | None) -> str | None:
+    """Why the file's attention may not be the model's (None when it says it is)."""
+    if meta is None:
+        return (
+            f"captured file {path} does not say what it holds (made by an older `attnbench capture`, or another "
+            "tool): if it came from a rotary model (Llama, Mistral, Qwen, ...) its q/k are before the rotary "
+            "embedding and its attention is position-free; capture it again"
+        )
+    if meta.get("rotary") and not meta.get("post_rotary"):
+        return (
+            f"captured file {path} holds q/k from before {meta.get('model_type') or 'the model'}'s rotary embedding "
+            "(--pre-rotary): position-free attention, not what the model computes"
+        )
+    return None
+
+
 def read_tensors(path: Path) -> dict[str, Tensor]:
     """The tensors of a .pt, .safetensors or .npz file, by name."""
     if not path.exists():
@@ -92,7 +137,20 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
     return data
 
 
-def captured_layout_problems(data: dict[str, Any], layer: int) -> list[str]:
+def layer_list(layer: int | Sequence[int]) -> list[int]:
+    """`layer` as a list: one layer, or several whose heads a cell takes side by side."""
+    return [layer] if isinstance(layer, int) else list(layer)
+
+
+def layer_problem(layer: Any) -> str | None:
+    """Why `layer` is not an integer >= 0 or a non-empty list of them (None when it is)."""
+    items = [layer] if not isinstance(layer, (list, tuple)) else list(layer)
+    if not items or any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in items):
+        return f"layer must be an integer >= 0 or a non-empty list of them, got {layer!r}"
+    return None
+
+
+def captured_layout_problems(data: dict[str, Any], layer: int | Sequence[int]) -> list[str]:
     """What is wrong with a captured file's tensors, if anything."""
     missing = [name for name in ("q", "k", "v") if not isinstance(data.get(name), Tensor)]
     if missing:
@@ -117,8 +175,11 @@ def captured_layout_problems(data: dict[str, Any], layer: int) -> list[str]:
                 f"{name} has {int((~finite).sum()):,} NaN or Inf value(s), the first at index {where}: refused, "
                 "every error figure on it would be meaningless"
             )
-    if q.dim() == 5 and not 0 <= layer < q.shape[0]:
-        problems.append(f"layer {layer} is out of range: the file has {q.shape[0]} layers")
+    outside = [x for x in layer_list(layer) if q.dim() == 5 and not 0 <= x < q.shape[0]]
+    if outside:
+        problems.append(f"layer {', '.join(map(str, outside))} is out of range: the file has {q.shape[0]} layers")
+    elif q.dim() == 4 and layer_list(layer) != [0]:
+        problems.append("the file holds one layer (4-D tensors): layer must be 0")
     if k.shape != v.shape[:-1] + (k.shape[-1],) or q.shape[-2] != k.shape[-2] or q.shape[-1] != k.shape[-1]:
         problems.append(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     elif q.shape[-3] % k.shape[-3]:
@@ -149,21 +210,40 @@ def captured_fit_problems(
     return problems
 
 
-def load_captured(path: str | Path, layer: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v (batch, heads, seq, head_dim) from a captured file, grouped-query k/v heads repeated."""
+def load_captured(path: str | Path, layer: int | Sequence[int] = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v (batch, heads, seq, head_dim) from a captured file, grouped-query k/v heads repeated; with a list
+    of layers, their heads side by side in the order given (layer-major). q is scaled so that the variants' 1/sqrt(d)
+    gives the model's own attention scaling, when the file records one."""
     data = read_tensors(Path(path))
     problems = captured_layout_problems(data, layer)
     if problems:
         raise ValueError(f"captured file {path}: " + "; ".join(problems))
+    meta = capture_meta(data)
+    warning = position_warning(path, meta)
+    if warning:
+        warnings.warn(warning, stacklevel=2)
     q, k, v = (data[name].float() for name in ("q", "k", "v"))
-    if q.dim() == 5:
-        q, k, v = q[layer], k[layer], v[layer]
-    repeat = q.shape[1] // k.shape[1]
-    return q, k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    layers = layer_list(layer)
+    if q.dim() == 4:
+        q, k, v = q[None], k[None], v[None]
+    scaling = (meta or {}).get("scaling")
+    repeat = q.shape[2] // k.shape[2]
+    parts = []
+    for index in layers:
+        layer_q = q[index]
+        if isinstance(scaling, list) and index < len(scaling) and scaling[index]:
+            layer_q = layer_q * (float(scaling[index]) * q.shape[-1] ** 0.5)  # variants scale by 1/sqrt(d)
+        parts.append((layer_q, k[index].repeat_interleave(repeat, dim=1), v[index].repeat_interleave(repeat, dim=1)))
+    q, k, v = (torch.cat(tensors, dim=1) for tensors in zip(*parts))  # (b, heads of every layer, n, d)
+    return q, k, v
 
 
 def captured(
-    generator: torch.Generator, shape: Shape4, path: str = "", layer: int = 0, beyond: str = "error"
+    generator: torch.Generator,
+    shape: Shape4,
+    path: str = "",
+    layer: int | Sequence[int] = 0,
+    beyond: str = "error",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The first batch/heads/N of a captured file. N beyond its length: an error, or with beyond="tile"
     the sequence repeated (the report states it in the input's label)."""

@@ -16,7 +16,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from attnbench.inputs.captured import captured, captured_layout_problems, read_tensors
+from attnbench.inputs.captured import captured, captured_layout_problems, layer_problem, read_tensors
+from attnbench.inputs.statistics import LOCALITY_WINDOW  # noqa: F401  (the report names it from here)
 from attnbench.inputs.synthetic import clustered, gaussian, local, lowrank, realistic
 from attnbench.interface import did_you_mean
 from attnbench.ops import padding_mask
@@ -41,6 +42,7 @@ class Distribution:
     make: Callable[..., tuple[Tensor, Tensor, Tensor]]
     defaults: dict[str, Any]
     positive: tuple[str, ...]  # numeric parameters that must be > 0
+    by_mask: bool = False  # draws differently for causal cells (`causal=` passed): calibrated per attention mask
 
 
 DISTRIBUTIONS: dict[str, Distribution] = {
@@ -52,7 +54,7 @@ DISTRIBUTIONS: dict[str, Distribution] = {
         local, {"length": 64.0, "temperature": 0.1, "noise": 0.5}, ("length", "temperature", "noise")
     ),
     "lowrank": Distribution(lowrank, {"rank": 8, "temperature": 1.0}, ("rank", "temperature")),
-    "realistic": Distribution(realistic, {"temperature": 1.0}, ("temperature",)),
+    "realistic": Distribution(realistic, {"temperature": 1.0}, ("temperature",), by_mask=True),
     "captured": Distribution(captured, {"path": "", "layer": 0, "beyond": "error"}, ()),
 }
 
@@ -88,8 +90,8 @@ def _captured_problems(params: dict[str, Any]) -> list[str]:
     path, layer, beyond = params.get("path", ""), params.get("layer", 0), params.get("beyond", "error")
     if beyond not in ("error", "tile"):
         return [f'input \'captured\': beyond must be "error" or "tile", got {beyond!r}{_hint(beyond, ("error", "tile"))}']
-    if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
-        return [f"input 'captured': layer must be an integer >= 0, got {layer!r}"]
+    if layer_problem(layer):
+        return [f"input 'captured': {layer_problem(layer)}"]
     if not isinstance(path, str) or not path:
         return ["input 'captured': give path = \"file.pt|.safetensors|.npz\" (see `attnbench capture`)"]
     try:
@@ -113,17 +115,20 @@ def make_inputs(
     padding: float = 0.0,
     kv_len: int | None = None,
     value_dim: int | None = None,
+    causal: bool = False,
 ) -> Inputs:
     """Q, K, V for one cell: drawn on the CPU in float32 from `seed`, then cast and moved (same on every device).
 
     Cross-attention (kv_len != seq_len) takes the first seq_len queries and the first kv_len keys of a
     sequence drawn at the longer length; a value_dim other than head_dim draws V as iid N(0, 1) of that width.
+    `causal` reaches the distributions calibrated per mask (`realistic`: a decoder's heads when causal).
     """
     generator = torch.Generator().manual_seed(seed)
     spec = DISTRIBUTIONS[name]
     n_k = kv_len or seq_len
     length = max(seq_len, n_k)
-    q, k, v = spec.make(generator, (batch, heads, length, head_dim), **{**spec.defaults, **params})
+    per_mask = {"causal": causal} if spec.by_mask else {}
+    q, k, v = spec.make(generator, (batch, heads, length, head_dim), **{**spec.defaults, **params}, **per_mask)
     if value_dim and value_dim != head_dim:
         v = torch.randn(batch, heads, length, value_dim, generator=generator)
     q, k, v = q[:, :, :seq_len], k[:, :, :n_k], v[:, :, :n_k]
@@ -135,8 +140,3 @@ def make_inputs(
         key_padding_mask=None if mask is None else mask.to(device),
     )
 
-
-LOCALITY_WINDOW = 64  # the band |i - j| <= w in which the input statistics measure attention mass
-
-
-HEAD_STATISTICS = ("entropy", "local_mass", "sink_mass")  # per head, of the exact attention on the inputs

@@ -121,37 +121,52 @@ def _log_uniform(generator: torch.Generator, count: int, low: float, high: float
 class HeadMix:
     """The ranges each head of `realistic` draws its mix from (log-uniform, the sink uniform).
 
-    Calibrated against all 72 heads of MiniLM-L6-H384 (a 6-layer BERT-style sentence encoder) on 512 tokens
-    of English prose; `CALIBRATION` holds what those heads showed and what this input gives, and a test
-    keeps the input within its tolerances.
+    The defaults are calibrated against all 72 heads of MiniLM-L6-H384 (a 6-layer BERT-style sentence encoder)
+    on 512 tokens of English prose (non-causal); `DECODER_MIX` against every head of SmolLM2-135M, causal, at
+    512, 2048 and 8192 tokens. `attnbench.inputs.calibration` holds what those heads showed, and tests keep the
+    input within its tolerances.
     """
 
     width: tuple[float, float] = (8.0, 256.0)  # positions over which a head's positional logit decays
     position: tuple[float, float] = (1.0, 10.0)  # positional logit of a token with itself
     temperature: tuple[float, float] = (0.3, 3.0)  # content logits have std 1 / temperature
-    sink: tuple[float, float] = (-4.5, 0.5)  # first key's logit = log(N) + this: its mass does not fade with N
+    sink: tuple[float, float] = (-4.5, 0.5)  # first key's logit = sink_growth * log(N) + this
+    sink_growth: float = 1.0  # 1: the first token's mass does not fade with N (non-causal)
+    position_share: float = 0.5  # of the head dim (but the sink's coordinate): the more pairs, the smoother the decay
+    types: int = 0  # > 0: each position has a token type (Zipf over this many); same-type keys get a `match` logit
+    match: tuple[float, float] = (0.0, 0.0)  # logit of a query on a key of its own type (per head, log-uniform)
+    sink_value: float = 1.0  # norm of the first token's value relative to the others' (a decoder's sink is a no-op)
+    value_mean_share: float = 0.0  # share of the values' energy in one direction shared by every position of a head
+    value_growth: float = 0.0  # a head's values are (1 + this * u) times larger, u in [0, 1] its place in `sink`'s
+    # range: in a real decoder the late layers park the most mass on the sink and carry the largest values
 
 
-@dataclass(frozen=True)
-class Target:
-    """One statistic of real attention heads: its mean over heads, its spread across heads, and how close
-    the synthetic input must stay (absolute)."""
-
-    mean: float
-    spread: float  # standard deviation across heads
-    tolerance: float
+DECODER_MIX = HeadMix(
+    width=(7.5, 225.0), position=(1.35, 12.0), temperature=(0.62, 3.2), sink=(4.1, 7.8), sink_growth=0.2,
+    position_share=0.95, types=512, match=(2.2, 3.5), sink_value=0.2, value_mean_share=0.1, value_growth=3.0,
+)
 
 
-CALIBRATION = {  # MiniLM-L6-H384 (sentence-transformers all-MiniLM-L6-v2), 6 layers x 12 heads, head_dim 32,
-    # N=512 tokens of English prose, non-causal. `realistic` at the same shape (3 seeds x 24 heads) gives
-    # entropy 0.69 (spread 0.17), within +-64 0.51 (0.23), first token 0.10 (0.10).
-    "entropy": Target(mean=0.69, spread=0.19, tolerance=0.05),  # H(p) / log N, mean over rows
-    "local_mass": Target(mean=0.51, spread=0.20, tolerance=0.07),  # mass within |i - j| <= 64
-    "sink_mass": Target(mean=0.094, spread=0.075, tolerance=0.04),  # mass on the first token
-}
+def _token_types(
+    generator: torch.Generator, b: int, h: int, n: int, dims: int, mix: HeadMix
+) -> tuple[Tensor, Tensor]:
+    """Content from token types: each position draws a type (Zipf over `mix.types`, shared by every head, as the
+    tokens of a text are), each head embeds the types as random unit vectors, and q and k carry their position's
+    embedding times sqrt(match), a key that of the token before it: a query's logit is about `match` on the keys
+    that follow an earlier occurrence of its token (what induction heads read), about 0 elsewhere."""
+    ranks = torch.arange(1, mix.types + 1, dtype=torch.float64)
+    types = torch.multinomial((1 / ranks).float(), b * n, replacement=True, generator=generator).view(b, n)
+    embedding = torch.nn.functional.normalize(torch.randn(h, mix.types, dims, generator=generator), dim=-1)
+    match = _log_uniform(generator, h, *mix.match) if mix.match[0] > 0 else torch.zeros(h)
+    previous = torch.cat([types[:, :1], types[:, :-1]], dim=1)  # a key carries the type of the token before it
+    heads = torch.arange(h)[None, :, None]
+    root = match.sqrt()[None, :, None, None]  # the parts' dot products are the logits
+    return embedding[heads, types[:, None, :]] * root, embedding[heads, previous[:, None, :]] * root
 
 
-def realistic(generator: torch.Generator, shape: Shape4, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+def realistic(
+    generator: torch.Generator, shape: Shape4, temperature: float = 1.0, causal: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
     """Attention that looks like a pretrained model's: per head, a mix of three logit sources drawn from `HeadMix`.
 
     - position: rotary phases at Gaussian-drawn frequencies of a per-head width (as `local`), a logit of
@@ -161,14 +176,21 @@ def realistic(generator: torch.Generator, shape: Shape4, temperature: float = 1.
     Each part lives in its own coordinates of the head dim, so their logits add. `temperature` scales every
     logit (1: the calibrated input). V is iid N(0, 1).
     """
+    return mixed_heads(generator, shape, DECODER_MIX if causal else HeadMix(), temperature)
+
+
+def mixed_heads(
+    generator: torch.Generator, shape: Shape4, mix: HeadMix, temperature: float = 1.0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`realistic`'s heads, each drawing its position, content and sink parts from the ranges of `mix`."""
     b, h, n, d = shape
-    mix = HeadMix()
-    pairs = (d - 1) // 4  # rotary pairs for position; one coordinate for the sink; the rest for content
+    pairs = int((d - 1) * mix.position_share) // 2  # rotary pairs for position; one coordinate for the sink; the rest content
     content_dims = d - 1 - 2 * pairs
     width = _log_uniform(generator, h, *mix.width)
     position = _log_uniform(generator, h, *mix.position)
     content_temperature = _log_uniform(generator, h, *mix.temperature)
-    sink = mix.sink[0] + torch.rand(h, generator=generator) * (mix.sink[1] - mix.sink[0])
+    sink_place = torch.rand(h, generator=generator)  # (h,) in [0, 1]
+    sink = mix.sink[0] + sink_place * (mix.sink[1] - mix.sink[0])
     parts_q, parts_k = [], []
     if pairs:
         frequencies = (torch.randn(h, pairs, generator=generator) * 4 / width[:, None]).abs()  # (h, p)
@@ -181,9 +203,14 @@ def realistic(generator: torch.Generator, shape: Shape4, temperature: float = 1.
     if content_dims:
         # q.k has std 1 / temperature, its scale split evenly between q and k (neither norm outgrows the other)
         scale = (content_temperature * math.sqrt(content_dims)) ** -0.5  # (h,)
-        parts_q.append(torch.randn(b, h, n, content_dims, generator=generator) * scale[None, :, None, None])
-        parts_k.append(torch.randn(b, h, n, content_dims, generator=generator) * scale[None, :, None, None])
-    sink_logit = math.log(n) + sink  # (h,): split evenly between q and k, as a learned sink would be
+        content_q = torch.randn(b, h, n, content_dims, generator=generator) * scale[None, :, None, None]
+        content_k = torch.randn(b, h, n, content_dims, generator=generator) * scale[None, :, None, None]
+        if mix.types:
+            same_type = _token_types(generator, b, h, n, content_dims, mix)  # (b, h, n, c) unit per head x type
+            content_q, content_k = content_q + same_type[0], content_k + same_type[1]
+        parts_q.append(content_q)
+        parts_k.append(content_k)
+    sink_logit = mix.sink_growth * math.log(n) + sink  # (h,): split evenly between q and k, as a learned sink would be
     split = sink_logit.clamp(min=1.0).sqrt()
     parts_q.append(split[None, :, None, None].expand(b, h, n, 1))
     sink_key = torch.zeros(b, h, n, 1)
@@ -191,4 +218,19 @@ def realistic(generator: torch.Generator, shape: Shape4, temperature: float = 1.
     parts_k.append(sink_key)
     to_logit = d**0.25 / math.sqrt(temperature)  # q.k / sqrt(d) is then the sum of the parts' logits / temperature
     q, k = torch.cat(parts_q, dim=-1) * to_logit, torch.cat(parts_k, dim=-1) * to_logit
-    return q, k, torch.randn(shape, generator=generator)
+    return q, k, _values(generator, shape, mix, sink_place)
+
+
+def _values(generator: torch.Generator, shape: Shape4, mix: HeadMix, sink_place: Tensor) -> Tensor:
+    """V: iid N(0, 1) (the defaults), or with a direction per head that every position shares (`value_mean_share`
+    of the energy) and a first value of norm `sink_value` times the others' (real decoders' sinks add ~nothing)."""
+    v = torch.randn(shape, generator=generator)
+    if mix.value_mean_share > 0:
+        b, h, n, d = shape
+        shared = torch.nn.functional.normalize(torch.randn(1, h, 1, d, generator=generator), dim=-1) * math.sqrt(d)
+        v = v * math.sqrt(1 - mix.value_mean_share) + shared * math.sqrt(mix.value_mean_share)
+    if mix.sink_value != 1.0:
+        v[:, :, 0] *= mix.sink_value
+    if mix.value_growth:
+        v = v * (1 + mix.value_growth * sink_place)[None, :, None, None]
+    return v

@@ -282,6 +282,7 @@ class GroupMeasurement:
             device=self.device,
             seed=s.seed,
             padding=s.padding,
+            causal=s.causal,
         )
 
     def _check_and_error(self, cell: Cell) -> None:

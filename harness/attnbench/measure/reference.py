@@ -11,9 +11,9 @@ import torch
 from einops import einsum
 from torch import Tensor
 
-from attnbench.inputs.catalogue import HEAD_STATISTICS, LOCALITY_WINDOW
+from attnbench.inputs.statistics import REFERENCE_STATISTICS, row_statistics
 from attnbench.interface import default_scale
-from attnbench.ops import allowed_keys, band_allows
+from attnbench.ops import allowed_keys
 
 
 @dataclass
@@ -93,8 +93,7 @@ def exact_reference(
     n_k = k.shape[-2]
     chunk = reference_chunk_rows(b, h, n_k, max_chunk_elements)
     output = torch.empty(b, h, n_q, v.shape[-1], dtype=torch.float64, device=q.device)  # filled chunk by chunk
-    sums = {name: torch.zeros(h, dtype=torch.float64, device=q.device) for name in HEAD_STATISTICS}
-    keys = torch.arange(n_k, device=q.device)
+    sums = {name: torch.zeros(h, dtype=torch.float64, device=q.device) for name in REFERENCE_STATISTICS}
     for start in range(0, n_q, chunk):
         stop = min(n_q, start + chunk)
         allowed = allowed_keys(
@@ -106,15 +105,10 @@ def exact_reference(
         del scores
         weights.nan_to_num_(0.0)  # rows with no visible key: zeros
         output[:, :, start:stop] = einsum(weights, v64, "b h i j, b h j e -> b h i e")
-        counts = allowed.sum(dim=-1).to(torch.float64)  # (b|1, 1, c)
-        spread = counts.clamp(min=1).log().expand(b, h, stop - start)  # (b, h, c)
-        row_entropy = torch.special.entr(weights).sum(dim=-1)  # (b, h, c): -sum p log p, 0 at p = 0
-        entropy = torch.where(spread > 0, row_entropy / spread.clamp(min=1e-300), 0.0)
-        rows = torch.arange(start, stop, device=q.device)[:, None]  # (c, 1)
-        near = band_allows(rows, keys[None, :], LOCALITY_WINDOW).to(torch.float64)  # (c, j)
-        sums["entropy"] += entropy.sum(dim=(0, 2))
-        sums["local_mass"] += einsum(weights, near, "b h i j, i j -> h")
-        sums["sink_mass"] += weights[..., 0].sum(dim=(0, 2))
+        rows = torch.arange(start, stop, device=q.device)
+        visible = allowed.sum(dim=-1)  # (b|1, 1, c)
+        for name, values in row_statistics(weights, visible, rows, REFERENCE_STATISTICS).items():
+            sums[name] += values.sum(dim=(0, 2))
         del weights
     return Reference(
         output=output,

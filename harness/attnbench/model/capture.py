@@ -1,22 +1,28 @@
 """`attnbench capture`: per-layer, per-head Q/K/V of a local Hugging Face model on given tokens.
 
-The projections' outputs are recorded by forward hooks on the q/k/v linear layers (`q_proj`/`k_proj`/
-`v_proj`, as in Llama, Mistral, Qwen, OPT; or `query`/`key`/`value`, as in BERT), reshaped to
-(layers, batch, heads, seq, head_dim), and written in the layout the `captured` input reads. Values are
-taken before any rotary position embedding the model applies inside its attention, so for such models
-the captured Q/K carry no positions. Nothing is downloaded: the model is read from a local folder only.
+By default q, k, v are recorded where attention sees them: at transformers' attention function (its
+`AttentionInterface`), after the model's rotary position embedding, with grouped-query K/V heads kept as the
+model's K/V heads and the model's attention scaling recorded. The call itself is transformers' own SDPA, so the
+model computes what it always computes. `pre_rotary=True` records the q/k/v projections' outputs instead (what
+older captures held: position-free attention for a rotary model). Models whose attention does not go through the
+interface fall back to the projections, and the file says so. Nothing is downloaded.
+
+b - batch, h - heads, g - key/value heads, n - sequence, d - head dim, l - layer
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
 ROLES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "query": "q", "key": "k", "value": "v"}
+RECORDING = "attnbench-capture"  # the attention implementation that records, then runs SDPA
 
 
 class CaptureError(ValueError):
@@ -49,12 +55,15 @@ def model_config(model_dir: Path, command: str) -> object:
         raise CaptureError(f"{model_dir / 'config.json'} cannot be used ({type(error).__name__}: {text})") from None
 
 
-def _load(model_dir: Path) -> tuple[nn.Module, object]:
-    config = model_config(model_dir, "capture")
+def load_base_model(model_dir: Path, command: str = "capture") -> tuple[nn.Module, object]:
+    """The model without its head, float32, SDPA attention; CaptureError when it cannot be loaded."""
+    config = model_config(model_dir, command)
     from transformers import AutoModel
 
     try:
-        model = AutoModel.from_pretrained(str(model_dir), config=config, local_files_only=True).eval()
+        model = AutoModel.from_pretrained(
+            str(model_dir), config=config, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
     except Exception as error:  # missing or damaged weights
         raise CaptureError(f"could not load {model_dir}: {type(error).__name__}: {error}") from None
     return model, model.config
@@ -85,28 +94,91 @@ def _tokens(
     return torch.randint(config.vocab_size, (1, random_tokens), generator=generator)
 
 
-def capture_qkv(
-    model_dir: Path,
-    out: Path,
-    *,
-    text: str | None = None,
-    token_ids: list[int] | None = None,
-    random_tokens: int | None = None,
-    seed: int = 0,
-) -> dict[str, Tensor]:
-    """Run the model once and write q, k, v (layers, batch, heads, seq, head_dim) to `out` (.pt, .safetensors or
-    .npz: whatever the `captured` input reads)."""
-    from attnbench.inputs.captured import unknown_format, write_tensors
+def has_rotary(config: object) -> bool:
+    """Whether the model turns q and k by rotary position phases inside its attention (Llama, Mistral, Qwen, …)."""
+    return any(
+        getattr(config, name, None) is not None for name in ("rope_theta", "rope_parameters", "rope_scaling")
+    ) or getattr(config, "position_embedding_type", None) == "rotary"
 
-    problem = unknown_format(out)
-    if problem:  # before the model is loaded
-        raise CaptureError(f"--out {problem}")
-    out.parent.mkdir(parents=True, exist_ok=True)  # an OSError here is the CLI's: the path and why
-    if not os.access(out.parent, os.W_OK):
-        raise CaptureError(f"--out {out}: its folder cannot be written (read-only, or no permission)")
-    model, config = _load(model_dir)
-    ids = _tokens(model_dir, config, text=text, token_ids=token_ids, random_tokens=random_tokens, seed=seed)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+# ---- recording at the attention function (post-rotary) ---------------------------------------------
+
+
+@dataclass
+class AttentionRecord:
+    """What each self-attention call saw, in call order: q (b, h, n, d), k and v (b, g, n, d), its scaling,
+    whether it was causal, and (when asked) its output (b, h, n, d), for checks."""
+
+    q: list[Tensor] = field(default_factory=list)
+    k: list[Tensor] = field(default_factory=list)
+    v: list[Tensor] = field(default_factory=list)
+    scaling: list[float] = field(default_factory=list)
+    causal: list[bool] = field(default_factory=list)
+    outputs: list[Tensor] = field(default_factory=list)
+    keep_outputs: bool = False
+
+
+_ACTIVE: AttentionRecord | None = None
+
+
+def _recording_attention(
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
+) -> tuple[Tensor, Any]:
+    """transformers' SDPA attention, after writing down its inputs into the active record."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    output, weights = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+    record = _ACTIVE
+    if record is not None and query.shape[-2] == key.shape[-2]:  # self-attention only
+        scaling = kwargs.get("scaling")
+        record.q.append(query.detach().float())
+        record.k.append(key.detach().float())
+        record.v.append(value.detach().float())
+        record.scaling.append(float(scaling) if scaling is not None else query.shape[-1] ** -0.5)
+        record.causal.append(bool(kwargs.get("is_causal", getattr(module, "is_causal", False))))
+        if record.keep_outputs:
+            record.outputs.append(rearrange(output.detach().float(), "b n h d -> b h n d"))
+    return output, weights
+
+
+def _register_recording() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(RECORDING, _recording_attention)
+    AttentionMaskInterface.register(RECORDING, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+def record_attention(model: nn.Module, ids: Tensor, *, keep_outputs: bool = False) -> AttentionRecord:
+    """Run `model` on `ids` once and return what its attention function saw (post-rotary q/k). Empty when the
+    model's attention does not go through transformers' attention interface."""
+    global _ACTIVE
+    _register_recording()
+    previous = getattr(model.config, "_attn_implementation", "sdpa")
+    record = AttentionRecord(keep_outputs=keep_outputs)
+    try:
+        model.set_attn_implementation(RECORDING)
+    except Exception:  # an architecture that does not take attention implementations
+        return record
+    _ACTIVE = record
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False) if _takes_cache(model) else model(input_ids=ids)
+    finally:
+        _ACTIVE = None
+        model.set_attn_implementation(previous)
+    return record
+
+
+def _takes_cache(model: nn.Module) -> bool:
+    return getattr(model.config, "use_cache", None) is not None
+
+
+# ---- recording at the projections (pre-rotary) ------------------------------------------------------
+
+
+def record_projections(model: nn.Module, ids: Tensor, head_dim: int) -> dict[str, list[Tensor]]:
+    """The q/k/v projections' outputs (b, heads, n, d) of each layer, in layer order."""
     recorded: dict[str, dict[str, Tensor]] = {}
 
     def hook(layer: str, role: str):
@@ -125,16 +197,74 @@ def capture_qkv(
     try:
         with torch.no_grad():
             model(input_ids=ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    layers = [roles for roles in recorded.values() if set(roles) == {"q", "k", "v"}]
+    return {role: [layer[role] for layer in layers] for role in ("q", "k", "v")}
+
+
+# ---- the command ------------------------------------------------------------------------------------
+
+
+def capture_qkv(
+    model_dir: Path,
+    out: Path,
+    *,
+    text: str | None = None,
+    token_ids: list[int] | None = None,
+    random_tokens: int | None = None,
+    seed: int = 0,
+    pre_rotary: bool = False,
+    seq_len: int | None = None,
+    text_source: str | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Run the model once and write q, k, v (layers, batch, heads, seq, head_dim) to `out` (.pt, .safetensors or
+    .npz: whatever the `captured` input reads), with a description of what they are (`CaptureMeta`).
+    Returns the tensors and that description."""
+    from attnbench.inputs.captured import unknown_format, write_capture
+
+    problem = unknown_format(out)
+    if problem:  # before the model is loaded
+        raise CaptureError(f"--out {problem}")
+    out.parent.mkdir(parents=True, exist_ok=True)  # an OSError here is the CLI's: the path and why
+    if not os.access(out.parent, os.W_OK):
+        raise CaptureError(f"--out {out}: its folder cannot be written (read-only, or no permission)")
+    model, config = load_base_model(model_dir)
+    ids = _tokens(model_dir, config, text=text, token_ids=token_ids, random_tokens=random_tokens, seed=seed)
+    ids = ids[:, :seq_len] if seq_len else ids
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rotary = has_rotary(config)
+    try:
+        record = AttentionRecord() if pre_rotary else record_attention(model, ids)
+        if record.q:
+            where = "attention (post-rotary)" if rotary else "attention"
+            layers = {"q": record.q, "k": record.k, "v": record.v}
+            causal, scaling = all(record.causal), record.scaling
+        else:
+            where = "projections (pre-rotary)" if rotary else "projections"
+            layers = record_projections(model, ids, head_dim)
+            causal = bool(getattr(config, "is_decoder", False)) or "CausalLM" in " ".join(
+                getattr(config, "architectures", None) or []
+            )
+            scaling = [head_dim**-0.5] * len(layers["q"])
     except (IndexError, RuntimeError) as error:  # most often more tokens than its learned positions (BERT, OPT, ...)
         limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         raise CaptureError(
             f"{model_dir} failed on {ids.shape[-1]} tokens ({type(error).__name__}: {str(error).splitlines()[0]})"
             + (f"; its config allows at most {limit} positions, some models fewer: give fewer tokens" if limit else "")
         ) from None
-    finally:
-        for handle in handles:
-            handle.remove()
-    layers = [roles for roles in recorded.values() if set(roles) == {"q", "k", "v"}]
-    tensors = {role: torch.stack([layer[role] for layer in layers]).contiguous() for role in ("q", "k", "v")}
-    write_tensors(out, tensors)
-    return tensors
+    tensors = {role: torch.stack(values).contiguous() for role, values in layers.items()}
+    meta = {
+        "model": str(model_dir),
+        "model_type": getattr(config, "model_type", None),
+        "text": text_source or ("--token-ids" if token_ids is not None else "--random-tokens" if random_tokens else "--text"),
+        "positions": int(ids.shape[-1]),
+        "recorded_at": where,
+        "rotary": rotary,
+        "post_rotary": rotary and where.startswith("attention"),
+        "causal": causal,
+        "scaling": scaling,
+    }
+    write_capture(out, tensors, meta)
+    return tensors, meta

@@ -1,0 +1,5 @@
+"""Texts attnbench ships for real-model runs (see README.md here for source and licence)."""
+
+from pathlib import Path
+
+TUTORIAL = Path(__file__).with_name("python_tutorial.txt")  # licence-clean English prose, ~32k SmolLM2 tokens

@@ -1,0 +1,50 @@
+"""`realistic` with a causal mask holds the statistics of a real decoder's heads (SmolLM2-135M, every head, post-rotary,
+attnbench/inputs/calibration/smollm2-135m.json) at every length they were measured at; no model needed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attnbench.inputs.calibration import decoder_table, decoder_targets
+from attnbench.inputs.catalogue import make_inputs
+from attnbench.inputs.statistics import STATISTICS, head_statistics
+
+HEADS = {512: (48, 3), 2048: (32, 2), 8192: (16, 1)}  # heads per seed, seeds: 48 heads at every length
+
+
+def realistic_statistics(n: int) -> dict[str, torch.Tensor]:
+    heads, seeds = HEADS[n]
+    values: dict[str, list[torch.Tensor]] = {name: [] for name in STATISTICS}
+    for seed in range(seeds):
+        x = make_inputs("realistic", {}, batch=1, heads=heads, seq_len=n, head_dim=64, dtype=torch.float32,
+                        device=torch.device("cpu"), seed=seed, causal=True)  # fmt: skip
+        for name, per_head in head_statistics(x.q, x.k, causal=True).items():
+            values[name].append(per_head)
+    return {name: torch.cat(parts) for name, parts in values.items()}
+
+
+@pytest.mark.parametrize("n", [512, 2048, pytest.param(8192, marks=pytest.mark.slow)])
+def test_realistic_causal_holds_the_real_decoders_statistics(n: int) -> None:
+    measured = realistic_statistics(n)
+    for name, target in decoder_targets(n).items():
+        mean, spread = measured[name].mean().item(), measured[name].std().item()
+        assert abs(mean - target.mean) <= target.tolerance, f"{name} at N={n}: {mean:.3f} vs {target.mean:.3f}"
+        assert abs(spread - target.spread) <= target.spread_tolerance, f"{name} spread at N={n}: {spread:.3f}"
+
+
+def test_the_calibration_says_how_it_was_made() -> None:
+    table = decoder_table()
+    assert table["model_type"] == "llama" and table["layers"] == 30 and table["heads"] == 9
+    assert "post-rotary" in table["recorded_at"] and table["text"] == "python_tutorial.txt"
+    assert sorted(map(int, table["lengths"])) == [512, 2048, 8192]
+    for entry in table["lengths"].values():
+        assert entry["windows"] >= 2 and set(entry["statistics"]) == set(STATISTICS)
+        assert all(len(s["per_head"]) == 270 for s in entry["statistics"].values())
+
+
+def test_non_causal_realistic_is_the_encoder_calibration_unchanged() -> None:
+    """The decoder's mix applies to causal cells only: a non-causal cell draws what it always drew."""
+    common = dict(batch=1, heads=4, seq_len=256, head_dim=64, dtype=torch.float32, device=torch.device("cpu"), seed=0)
+    plain = make_inputs("realistic", {}, **common)
+    assert torch.equal(plain.q, make_inputs("realistic", {}, causal=False, **common).q)
+    assert not torch.equal(plain.q, make_inputs("realistic", {}, causal=True, **common).q)
