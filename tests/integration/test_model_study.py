@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -29,20 +30,23 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"encoder": root / "encoder", "decoder": root / "decoder"}
 
 
-def study_of(path: Path) -> ModelStudy:
+def study_of(path: Path, **options) -> ModelStudy:
     model, kind = load_model(path)
     ids = torch.randint(97, (1, N), generator=torch.Generator().manual_seed(0))
     ids, labels = masked_inputs(ids, 3, 0) if kind == "masked-lm" else (ids, ids)
-    return ModelStudy(model, kind, ids, labels)
+    return ModelStudy(model, kind, ids, labels, **options)
 
 
 @pytest.mark.parametrize("which", ["encoder", "decoder"])
 def test_a_band_covering_the_sequence_is_the_exact_model_and_a_narrow_one_is_not(models, which: str) -> None:
-    study = study_of(models[which])
+    study = study_of(models[which], single_layers=True, min_run_time=0.02)
     assert study.causal == (which == "decoder") and study.layers == 2
-    assert study.native_check() < 1e-6  # through our implementation with exact `full`: the model's own SDPA
-    wide = pd.DataFrame(map(vars, study.rows(VariantSpec("band", (("window", N),)), min_run_time=0.02)))
-    narrow = pd.DataFrame(map(vars, study.rows(VariantSpec("band", (("window", 2),)), min_run_time=0.02)))
+    native = study.native_check()  # through our implementation with exact `full`: the model's own SDPA
+    assert native.output_difference < 1e-6 and native.perplexity_difference < 1e-6
+    head = study.head_check()  # the sliced head and loss: transformers' complete forward and its own loss
+    assert head.tokens == N and head.logits_difference < 1e-6 and head.loss_difference < 1e-6
+    wide = pd.DataFrame(map(vars, study.rows(VariantSpec("band", (("window", N),)))))
+    narrow = pd.DataFrame(map(vars, study.rows(VariantSpec("band", (("window", 2),)))))
     assert (wide.status == "ok").all() and set(wide.swap) == {"all", "single"}
     assert set(wide[wide.swap == "single"].layer) == {"0", "1"} and set(wide[wide.swap == "all"].layer) == {
         "0",
@@ -58,16 +62,16 @@ def test_a_band_covering_the_sequence_is_the_exact_model_and_a_narrow_one_is_not
 
 
 def test_a_variant_without_a_causal_form_is_refused_for_a_decoder_with_its_reason(models) -> None:
-    (row,) = study_of(models["decoder"]).rows(VariantSpec("linformer"), min_run_time=0.02)
+    (row,) = study_of(models["decoder"]).rows(VariantSpec("linformer"))
     assert row.status == "unsupported" and "causal" in row.reason
-    encoder_rows = study_of(models["encoder"]).rows(VariantSpec("linformer", (("k", 16),)), min_run_time=0.02)
+    encoder_rows = study_of(models["encoder"]).rows(VariantSpec("linformer", (("k", 16),)))
     assert all(r.status == "ok" for r in encoder_rows)
 
 
 def test_the_command_writes_a_table_and_a_report(models, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ids = ",".join(str(i % 97) for i in range(40))
     argv = ["model", str(models["decoder"]), "--variants", "band(window=8),linformer,full", "--token-ids", ids,
-            "--out", str(tmp_path), "--min-run-time", "0.02"]  # fmt: skip
+            "--out", str(tmp_path), "--per-layer", "--time", "--min-run-time", "0.02"]  # fmt: skip
     assert main(argv) == 0
     run = next(tmp_path.iterdir())
     rows = pd.read_csv(run / "model.csv")
@@ -115,3 +119,54 @@ def test_bad_input_is_refused_before_the_model_is_loaded(tmp_path: Path, capsys:
         "band(block_size=32, window=64)",
         "lsh",
     ]
+
+
+def test_each_length_has_its_own_exact_model_and_the_slow_passes_are_off_by_default(
+    models, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--seq-len 16 64 on 40 tokens: the first 16, then all 40 (64 cut to the input), each against its own exact
+    model; no single-layer swaps and no timing unless asked; a perplexity plot across the lengths."""
+    ids = ",".join(str(i * 7 % 97) for i in range(40))
+    argv = ["model", str(models["decoder"]), "--variants", "band(window=4),full", "--token-ids", ids,
+            "--seq-len", "16", "64", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    assert "--seq-len 64 cut to 40" in capsys.readouterr().err
+    run = next(tmp_path.iterdir())
+    rows = pd.read_csv(run / "model.csv")
+    finals = rows[rows.layer == "final"].set_index(["label", "seq_len"])
+    assert sorted(finals.index) == [("band(window=4)", 16), ("band(window=4)", 40), ("full", 16), ("full", 40)]
+    assert finals.loc[("full", 16)].loss_exact != finals.loc[("full", 40)].loss_exact  # its own exact model
+    assert (finals.xs("full").perplexity_ratio - 1).abs().max() < 1e-5
+    assert set(rows.swap) == {"all"} and rows.time_s.isna().all() and rows.speedup.isna().all()
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["seq_lens"] == [16, 40] and not meta["per_layer"] and not meta["timed"]
+    assert set(meta["native_check"]) == {"16", "40"} and meta["memory"]["peak_rss_bytes"] > 0
+    assert {p.name for p in (run / "plots").iterdir()} == {"perplexity-vs-n.png", "layers.png"}
+
+
+def test_a_length_over_the_memory_limit_or_the_positions_is_refused_before_any_work(
+    models, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    decoder = str(models["decoder"])
+    assert main(["model", decoder, "--variants", "band", "--random-tokens", "100", "--seq-len", "16", "100",
+                 "--memory-limit-gb", "0.001", "--out", str(tmp_path)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--seq-len 16: estimated peak memory" in err and "--seq-len 100: estimated peak memory" in err
+    assert "exceeds the limit" in err and "--memory-limit-gb" in err
+    assert main(["model", decoder, "--variants", "band", "--random-tokens", "300", "--seq-len", "64,200",
+                 "--out", str(tmp_path)]) == 2  # fmt: skip
+    assert "--seq-len 200: the model has 128 positions" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no run folder: nothing ran
+
+
+def test_the_memory_estimate_grows_with_the_length_and_the_single_layer_swaps(models) -> None:
+    from attnbench.model.memory import ModelShape, estimated_peak_bytes
+    from attnbench.registry import registry
+
+    model, _ = load_model(models["decoder"])
+    shape, full = ModelShape.of(model), [registry.create("full")]
+    short, long = (estimated_peak_bytes(shape, n, full, causal=True, single_layers=False) for n in (1024, 8192))
+    assert shape.loaded_bytes < short < long
+    assert estimated_peak_bytes(shape, 8192, full, causal=True, single_layers=True) > long
+    dense = [registry.create("full-math")]  # builds the (h, n, n) scores: the estimate sees them
+    assert estimated_peak_bytes(shape, 8192, dense, causal=True, single_layers=False) > long + 4 * 8192**2

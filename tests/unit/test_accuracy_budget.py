@@ -166,11 +166,12 @@ def test_the_verdict_of_each_input_names_that_input_and_the_budget_line_states_t
     assert "**Asked (`--min-speedup 1.5`):**" in text and "At least 1.5× faster than full" in text
 
 
-@pytest.mark.parametrize("value", [0.0, -1.0, NAN, math.inf])
+@pytest.mark.parametrize("value", [0.0, -1.0, NAN, math.inf, 0.95, 1.5])
 def test_a_max_error_that_is_not_a_finite_positive_number_is_refused_naming_it(value: float) -> None:
+    """From 0.95 on a variant is no better than averaging V and never recommended: such a budget is refused too."""
     (problem,) = budget_problems(value, None, lambda key: "--" + key.replace("_", "-"))
-    assert problem.startswith("--max-error: must be a finite number > 0")
-    with pytest.raises(ConfigError, match="max_error: must be a finite number > 0"):
+    assert problem.startswith("--max-error: must be a number > 0 and below 0.95")
+    with pytest.raises(ConfigError, match="max_error: must be a number > 0 and below 0.95"):
         parse_config(tiny(max_error=value))
     assert budget_problems("0.5", None) and budget_problems(True, None)  # a hand-edited meta.json: not numbers
 
@@ -189,7 +190,7 @@ def test_the_budget_is_part_of_the_resolved_config() -> None:
     assert parse_config(tiny()).settings.max_error == DEFAULT_MAX_ERROR
     recorded = AccuracyBudget.of_config(config.to_dict())
     assert (recorded.max_error, recorded.min_speedup) == (0.3, 2.0)
-    assert recorded.source == "the run's config (`max_error`)"
+    assert recorded.source == "the run's settings (`max_error`: its config or `--max-error`)"
     assert AccuracyBudget.of_config({}).source == "the default (the run recorded none)"
     again = recorded.with_flags(0.6, None)
     assert (again.max_error, again.min_speedup) == (0.6, 2.0)

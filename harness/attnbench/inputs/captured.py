@@ -67,6 +67,10 @@ def write_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
 META_KEY = "meta"  # the description, as a uint8 tensor of UTF-8 JSON
 
 
+class CapturedFileWarning(UserWarning):
+    """A captured file whose attention may not be the model's (the CLI prints each once, as one line)."""
+
+
 def write_capture(path: Path, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
     """q, k, v and their description (`META_KEY`) to `path`, as `write_tensors` does."""
     encoded = torch.tensor(list(json.dumps(meta, sort_keys=True).encode("utf-8")), dtype=torch.uint8)
@@ -221,7 +225,7 @@ def load_captured(path: str | Path, layer: int | Sequence[int] = 0) -> tuple[Ten
     meta = capture_meta(data)
     warning = position_warning(path, meta)
     if warning:
-        warnings.warn(warning, stacklevel=2)
+        warnings.warn(warning, CapturedFileWarning, stacklevel=2)
     q, k, v = (data[name].float() for name in ("q", "k", "v"))
     layers = layer_list(layer)
     if q.dim() == 4:

@@ -57,7 +57,7 @@ def summarize(values: torch.Tensor) -> dict[str, dict[str, Any]]:
         summary[name] = {
             "mean": round(per_head.mean().item(), 4),
             "spread_heads": round(per_head.flatten().std().item(), 4),
-            "spread_windows": round(values[..., index].mean(dim=(1, 2)).std().item(), 4) if len(values) > 1 else 0.0,
+            "spread_windows": round(values[..., index].mean(dim=(1, 2)).std().item(), 4) if len(values) > 1 else None,
             "by_depth": {depth: round(per_head[list(rows)].mean().item(), 4) for depth, rows in zip(DEPTHS, thirds)},
             "per_head": [round(x, 4) for x in per_head.flatten().tolist()],
         }
@@ -102,7 +102,7 @@ def calibrate(
             "top1pct_mass": f"mass on the ceil({TOP_SHARE:.0%} of visible keys) largest weights",
             "top64_mass": f"mass on the {TOP_KEYS} largest weights",
             "spread_heads": "standard deviation across all heads of every layer (each head averaged over windows)",
-            "spread_windows": "standard deviation across text windows of the mean over heads",
+            "spread_windows": "standard deviation across text windows of the mean over heads (null: one window)",
             "by_depth": "mean over the heads of the first, middle and last third of the layers",
         },
         "made": time.strftime("%Y-%m-%d"),

@@ -35,6 +35,19 @@ def add_calibrate_parser(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
 
 
+def _unwritable(out: Path) -> list[str]:
+    """Why `out` cannot be written (before minutes of work), by writing a scratch file beside it."""
+    import tempfile
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent):
+            pass
+    except OSError as error:
+        return [f"--out {out}: its folder cannot be written ({error.strerror or error})"]
+    return []
+
+
 def calibrate_command(args: argparse.Namespace) -> int:
     """`attnbench calibrate`: every argument checked before the model loads; the table written, then printed."""
     from attnbench.model.calibrate import calibrate, write_calibration
@@ -45,6 +58,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
         problems.append(f"--windows must be >= 1, got {args.windows}")
     if args.out.suffix.lower() != ".json":
         problems.append(f"--out {args.out}: give a .json file")
+    problems += _unwritable(args.out)
     try:
         text = args.text_file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -68,6 +82,11 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if short:
         print(f"attnbench: the text gives {ids.shape[-1]} tokens, fewer than N={short[0]}", file=sys.stderr)
         return Exit.USAGE
+    fewer = [n for n in args.seq_lens if ids.shape[-1] // n < args.windows]
+    if fewer:
+        print(f"attnbench: the text gives {ids.shape[-1]} tokens: "
+              + ", ".join(f"N={n} gets {ids.shape[-1] // n} window(s), not {args.windows}" for n in fewer)
+              + " (a single window has no spread across windows)", file=sys.stderr)  # fmt: skip
     try:
         table = calibrate(args.model_dir, ids, args.seq_lens, args.windows, args.text_file.name)
     except CaptureError as error:
@@ -78,7 +97,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     from attnbench.report.text import aligned_table
 
     rows = [
-        [n, name, f"{s['mean']:.3f}", f"{s['spread_heads']:.3f}", f"{s['spread_windows']:.3f}",
+        [n, name, f"{s['mean']:.3f}", f"{s['spread_heads']:.3f}",
+         "–" if s["spread_windows"] is None else f"{s['spread_windows']:.3f}",
          " / ".join(f"{v:.2f}" for v in s["by_depth"].values())]
         for n, entry in table["lengths"].items()
         for name, s in entry["statistics"].items() if name in STATISTICS

@@ -94,6 +94,25 @@ def _tokens(
     return torch.randint(config.vocab_size, (1, random_tokens), generator=generator)
 
 
+def check_tokens(ids: Tensor, config: object, asked: int | None = None) -> None:
+    """CaptureError before the model runs: no token, an id outside the vocabulary, more tokens than the model's
+    positions (a rotary model would run on, past what it was trained for, and hold GBs); a note when the text gave
+    fewer tokens than asked."""
+    count = ids.shape[-1]
+    if count == 0:
+        raise CaptureError("the input gives no token")
+    vocabulary = getattr(config, "vocab_size", None)
+    if vocabulary and (int(ids.max()) >= vocabulary or int(ids.min()) < 0):
+        raise CaptureError(f"token id {int(ids.max())} is outside the model's vocabulary of {vocabulary} ids")
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if limit and count > limit:
+        raise CaptureError(f"the input gives {count} tokens, beyond the model's {limit} positions: give --seq-len {limit} or fewer")
+    if asked and count < asked:
+        import sys
+
+        print(f"attnbench: the input gives {count} token(s), fewer than --seq-len {asked}", file=sys.stderr)
+
+
 def has_rotary(config: object) -> bool:
     """Whether the model turns q and k by rotary position phases inside its attention (Llama, Mistral, Qwen, …)."""
     return any(
@@ -233,6 +252,7 @@ def capture_qkv(
     model, config = load_base_model(model_dir)
     ids = _tokens(model_dir, config, text=text, token_ids=token_ids, random_tokens=random_tokens, seed=seed)
     ids = ids[:, :seq_len] if seq_len else ids
+    check_tokens(ids, config, seq_len)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rotary = has_rotary(config)
     try:
@@ -266,5 +286,11 @@ def capture_qkv(
         "causal": causal,
         "scaling": scaling,
     }
-    write_capture(out, tensors, meta)
+    try:
+        write_capture(out, tensors, meta)
+    except OSError:
+        raise  # the CLI names the path and why
+    except Exception as error:  # torch's and safetensors' own write errors (a /proc or /sys path, a full device)
+        first = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        raise CaptureError(f"--out {out}: could not be written ({type(error).__name__}: {first})") from None
     return tensors, meta

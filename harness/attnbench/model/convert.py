@@ -50,12 +50,18 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     config = AutoConfig.for_model(**settings)
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(loaded.state_dict(), strict=True)
-    out.mkdir(parents=True, exist_ok=True)
-    plain.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    (out / "SOURCE.txt").write_text(
+    import shutil
+
+    partial = out.with_name(out.name + ".partial")  # renamed into place whole: an interrupted run leaves no folder
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    plain.save_pretrained(str(partial))
+    tokenizer.save_pretrained(str(partial))
+    (partial / "SOURCE.txt").write_text(
         f"Converted by attnbench.model.convert from {name} (dequantized to float32).\n", encoding="utf-8"
     )
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from attnbench.plan.cells import VariantSpec
-from attnbench.report.verdict import UNIFORM_EQUIVALENT
+from attnbench.plan.budget import UNIFORM_EQUIVALENT
 
 RANKED = (  # the approximate built-ins of the quick preset that run causal, at its settings
     "band(window=256),band(window=256,sinks=4),strided(pattern='strided'),strided(pattern='fixed'),lsh,"

@@ -1,4 +1,5 @@
-"""The report of an `attnbench model` run: a summary table per variant, error by layer, loss change vs speedup."""
+"""The report of an `attnbench model` run: a summary table per variant and length (perplexity against the exact
+model's), perplexity against sequence length, error by layer, and loss change vs speedup when timed."""
 
 from __future__ import annotations
 
@@ -9,49 +10,110 @@ import pandas as pd
 
 from attnbench.atomic import write_text_atomic
 from attnbench.report.document import Block, render_html, render_markdown
-from attnbench.report.plots import plot_layer_errors, plot_loss_vs_speedup, styles
+from attnbench.report.plots import plot_layer_errors, plot_loss_vs_speedup, plot_versus_n, styles
 from attnbench.report.text import format_number, speedup_text
 from attnbench.runfolder.meta import RunMeta
+
+RATIO_RESOLUTION = 1e-4  # perplexity ratios within this of 1 are float rounding (an exact variant)
 
 
 def read_model_rows(run_dir: Path) -> pd.DataFrame:
     return pd.read_csv(run_dir / "model.csv", dtype={"label": str, "layer": str, "reason": str}).fillna({"reason": ""})
 
 
+def final_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the whole model (every layer swapped, its final output), one per variant setting and length,
+    ordered by setting (as run) then length."""
+    finals = frame[(frame.swap == "all") & (frame.layer == "final")]
+    order = {label: i for i, label in enumerate(dict.fromkeys(frame.label))}
+    return finals.sort_values(["label", "seq_len"], key=lambda c: c.map(order) if c.name == "label" else c)
+
+
 def summary_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """One row per variant setting: the final output's error, the loss change and the end-to-end speedup."""
-    headers = [
-        "variant",
-        "status",
-        "final rel. error",
-        "final cosine",
-        "loss change (ppl ×)",
-        "forward speedup [95% CI]",
-        "worst single layer",
-        "notes",
-    ]
+    """One row per variant setting and length: perplexity against the exact model's, the logits' error, and the
+    end-to-end speedup and the worst single layer when those were measured. The last column is the notes."""
+    timed = bool(frame.speedup.notna().any())
+    single = frame[(frame.swap == "single") & frame.rel_error.notna()]
+    headers = ["variant", "N", "status", "perplexity", "exact", "ratio", "final rel. error", "final cosine"]
+    headers += (["forward speedup [95% CI]"] if timed else []) + (["worst single layer"] if len(single) else [])
+    headers.append("notes")
     rows = []
-    for label, rows_of in frame.groupby("label", sort=False):
-        final = rows_of[(rows_of.swap == "all") & (rows_of.layer == "final")].iloc[0]
+    for final in final_rows(frame).itertuples():
+        row = [final.label, str(final.seq_len), final.status]
         if final.status != "ok":
-            rows.append([label, final.status, "", "", "", "", "", final.reason])
+            rows.append(row + [""] * (len(headers) - 4) + [final.reason])
             continue
-        single = rows_of[(rows_of.swap == "single") & rows_of.rel_error.notna()]
-        worst = single.loc[single.rel_error.idxmax()] if len(single) else None
-        loss = f"{final.loss_change:+.4f} ({final.perplexity_ratio:.3f}×)" if pd.notna(final.loss_change) else "–"
-        rows.append(
-            [
-                label,
-                "ok",
-                format_number(final.rel_error, ".3g"),
-                format_number(final.cosine, ".4f"),
-                loss,
-                speedup_text(final),
-                f"layer {worst.layer}: {worst.rel_error:.3g}" if worst is not None else "–",
-                "",
-            ]
-        )
+        row += [
+            format_number(final.perplexity, ".4g"),
+            format_number(final.perplexity_exact, ".4g"),
+            format_number(final.perplexity_ratio, ".3f") + ("×" if pd.notna(final.perplexity_ratio) else ""),
+            format_number(final.rel_error, ".3g"),
+            format_number(final.cosine, ".4f"),
+        ]
+        if timed:
+            row.append(speedup_text(pd.Series(final._asdict())))
+        if len(single):
+            layers = single[(single.label == final.label) & (single.seq_len == final.seq_len)]
+            worst = layers.loc[layers.rel_error.idxmax()] if len(layers) else None
+            row.append(f"layer {worst.layer}: {worst.rel_error:.3g}" if worst is not None else "–")
+        rows.append(row + [""])
     return headers, rows
+
+
+def excess_cells(finals: pd.DataFrame) -> pd.DataFrame:
+    """The ok final rows whose perplexity differs from the exact model's by more than float rounding, with their
+    excess `perplexity_ratio - 1` (0.03: 3% higher; what a log axis can show across 1.001× to 200×)."""
+    ok = finals[(finals.status == "ok") & finals.perplexity_ratio.notna()]
+    return ok.assign(excess=ok.perplexity_ratio - 1)[lambda f: f.excess >= RATIO_RESOLUTION]
+
+
+def excess_title(cells: pd.DataFrame) -> str:
+    """The headline of the perplexity plot: at the longest length, the variant adding least to the exact model's
+    perplexity and the one adding most."""
+    longest = cells[cells.seq_len == cells.seq_len.max()].sort_values("excess")
+    best, worst = longest.iloc[0], longest.iloc[-1]
+    title = f"At {best.seq_len} tokens, {best.label} adds least to the exact model's perplexity ({_excess(best)})"
+    if len(longest) > 1:
+        title += f"; {worst.label} adds most ({_excess(worst)})"
+    return title
+
+
+def _excess(row: pd.Series) -> str:
+    """'+3.1%' under double, '224×' from there on."""
+    return f"+{100 * row.excess:.2g}%" if row.perplexity_ratio < 2 else f"{row.perplexity_ratio:.3g}×"
+
+
+def exact_trend(finals: pd.DataFrame) -> str:
+    """The exact model's perplexity at the shortest and the longest length, in words."""
+    exact = finals.dropna(subset=["perplexity_exact"]).drop_duplicates("seq_len").sort_values("seq_len")
+    if len(exact) < 2:
+        return ""
+    first, last = exact.iloc[0], exact.iloc[-1]
+    return (f" The exact model's own perplexity goes from {first.perplexity_exact:.4g} at {first.seq_len} tokens to "
+            f"{last.perplexity_exact:.4g} at {last.seq_len}.")  # fmt: skip
+
+
+def check_text(raw: dict) -> str:
+    """What the native and head checks found, in a sentence."""
+    native = raw.get("native_check") or {}
+    parts = [
+        f"at {n} tokens, {format_number(c.get('output_difference'), '.1e')} in its logits and "
+        f"{format_number(c.get('perplexity_difference'), '.1e')} in its perplexity"
+        for n, c in native.items()
+    ]
+    text = (
+        "The exact model runs PyTorch SDPA in every layer through the same attention implementation; against the "
+        f"model's own SDPA attention it differs (relative) {'; '.join(parts) or 'by –'}."
+    )
+    head = raw.get("head_check")
+    if head:
+        text += (
+            f" Logits are projected a slice of positions at a time, never whole; on the first {head['tokens']} "
+            "tokens they differ from transformers' complete forward pass by "
+            f"{format_number(head['logits_difference'], '.1e')} and the loss from transformers' own by "
+            f"{format_number(head.get('loss_difference'), '.1e')} (relative)."
+        )
+    return text
 
 
 def write_model_report(run_dir: Path) -> Path:
@@ -60,57 +122,72 @@ def write_model_report(run_dir: Path) -> Path:
     meta = RunMeta.read(run_dir)
     style = styles(list(dict.fromkeys(frame.label)))
     model, raw = meta.model, meta.raw
+    lengths = sorted(frame.seq_len.unique())
+    longest = lengths[-1]
+    subtitle = f"{model.get('dir', '')}, {raw.get('text_source')}"
     blocks = [
         Block("heading", f"attnbench model report: {run_dir.name}", level=1),
         Block("text", f"Reproduce: `{shlex.join(meta.command)}`."),
         Block(
             "text",
             f"Model: `{model.get('dir')}` ({model.get('type')}, {model.get('kind')}, {model.get('layers')} "
-            f"self-attention layers, {'causal' if model.get('causal') else 'bidirectional'}); "
-            f"{raw.get('tokens')} tokens from {raw.get('text_source')}. The exact model runs PyTorch SDPA in every "
-            f"layer through the same attention implementation (its final output differs from the model's own "
-            f"SDPA by {format_number(raw.get('native_check'), '.1e')}, relative).",
+            f"self-attention layers, {'causal' if model.get('causal') else 'bidirectional'}); the first "
+            f"{', '.join(map(str, lengths))} tokens of {raw.get('text_source')}"
+            f"{', each length with its own exact model' if len(lengths) > 1 else ''}. {check_text(raw)}",
         ),
         Block("heading", "Verdict", level=2),
         Block(
             "text",
-            "Every self-attention layer swapped: the final output's relative error and cosine against the exact "
-            "model, the change in loss on the text (nats per token; the perplexity ratio), and the forward pass "
-            "timed in turns with the exact one. 'Worst single layer': the largest attention-output error when "
-            "that layer alone is swapped.",
+            "Every self-attention layer swapped: the perplexity on the text with the variant, the exact model's, and "
+            "their ratio; the final output's (logits') relative error and cosine against the exact model."
+            + (" The forward pass timed in turns with the exact one." if raw.get("timed") else "")
+            + (" 'Worst single layer': the largest attention-output error when that layer alone is swapped."
+               if raw.get("per_layer") else "")  # fmt: skip
+            + " Single-layer swaps (--per-layer) and timing (--time) are optional"
+            + (": this run has neither." if not (raw.get("timed") or raw.get("per_layer")) else "."),
         ),
     ]
     headers, rows = summary_rows(frame)
     blocks.append(Block("table", headers=headers, rows=rows))
     plots = run_dir / "plots"
-    ok = frame[frame.status == "ok"]
-    finals = ok[ok.layer == "final"].sort_values("rel_error")
-    approximate = finals[finals.rel_error >= 1e-4]
+    finals = final_rows(frame)
+    cells = excess_cells(finals)
+    if len(lengths) > 1 and len(cells):
+        path = plot_versus_n(cells, "excess", "perplexity ratio − 1 vs exact", excess_title(cells), subtitle,
+                             plots / "perplexity-vs-n.png", style)  # fmt: skip
+        blocks.append(
+            Block(
+                "image",
+                str(path.relative_to(run_dir)),
+                caption="How much each variant in every layer raises perplexity on the first N tokens of the text, "
+                "over the exact model's at the same N: the ratio minus one (0.03: 3% higher; 100: 101×), against N, "
+                "log-log. Variants within float rounding of the exact perplexity are left out."
+                + exact_trend(finals),
+            )
+        )
+    ok = frame[(frame.status == "ok") & (frame.seq_len == longest)]
+    at_longest = ok[ok.layer == "final"].sort_values("rel_error")
+    approximate = at_longest[at_longest.rel_error >= 1e-4]
     if len(approximate):
         best, worst = approximate.iloc[0], approximate.iloc[-1]
         title = f"{best.label} stays closest to the exact model (final error {best.rel_error:.2g})"
         if len(approximate) > 1:
             title += f"; {worst.label} drifts furthest ({worst.rel_error:.2g})"
-        path = plot_layer_errors(
-            ok, title, f"{model.get('dir', '')}, {raw.get('tokens')} tokens", plots / "layers.png", style
-        )
-        blocks.append(
-            Block(
-                "image",
-                str(path.relative_to(run_dir)),
-                caption="Left: the hidden state after each layer with every layer swapped. Right: each layer's "
-                "attention output when only that layer is swapped (its input exact). Variants exact to float "
-                "rounding are left out.",
-            )
-        )
-        finals = approximate[approximate.loss_change.notna() & approximate.speedup.notna()]
-        if len(finals):
-            least = finals.loc[finals.loss_change.abs().idxmin()]
+        path = plot_layer_errors(ok, title, f"{subtitle}, {longest} tokens", plots / "layers.png", style)
+        caption = "The hidden state after each layer with every layer swapped"
+        if raw.get("per_layer"):
+            caption = (f"Left: {caption.lower()}. Right: each layer's attention output when only that layer is "
+                       "swapped (its input exact)")  # fmt: skip
+        caption += f", at {longest} tokens. Variants exact to float rounding are left out."
+        blocks.append(Block("image", str(path.relative_to(run_dir)), caption=caption))
+        timed = approximate[approximate.loss_change.notna() & approximate.speedup.notna()]
+        if len(timed):
+            least = timed.loc[timed.loss_change.abs().idxmin()]
             path = plot_loss_vs_speedup(
-                finals,
+                timed,
                 f"{least.label} moves the loss least ({least.loss_change:+.3g} nats per token) at "
                 f"{least.speedup:.2g}× the exact model's speed",
-                model.get("dir", ""),
+                f"{subtitle}, {longest} tokens",
                 plots / "loss-vs-speedup.png",
                 style,
             )
@@ -118,25 +195,25 @@ def write_model_report(run_dir: Path) -> Path:
                 Block(
                     "image",
                     str(path.relative_to(run_dir)),
-                    caption="Each variant swapped into every layer: forward speedup (95% interval) "
-                    "and the loss change on the text.",
+                    caption=f"Each variant swapped into every layer, at {longest} tokens: forward speedup (95% "
+                    "interval) and the loss change on the text.",
                 )
             )
     blocks.append(Block("heading", "Every row", level=2))
-    detail = frame[["label", "swap", "layer", "status", "rel_error", "cosine", "loss_change", "speedup"]]
+    detail = frame[["label", "seq_len", "swap", "layer", "status", "rel_error", "cosine", "loss_change", "speedup"]]
     blocks.append(
         Block(
             "table",
-            headers=list(detail.columns),
+            headers=["label", "N", *detail.columns[2:]],
             rows=[[format_number(v, ".4g") if isinstance(v, float) else str(v) for v in r] for r in detail.values],
         )
     )
     blocks.append(
         Block(
             "text",
-            "What this cannot see: one text and one sequence length; no training or fine-tuning (a variant a "
-            "model was trained with may do far better than one swapped in afterwards); float32 on the CPU; "
-            "cross-attention and cached decoding stay exact.",
+            "What this cannot see: one text; no training or fine-tuning (a variant a model was trained with may do "
+            "far better than one swapped in afterwards); float32 on the CPU; cross-attention and cached decoding "
+            "stay exact.",
         )
     )
     write_text_atomic(run_dir / "report.md", render_markdown(blocks))  # whole or the old one: a full disk

@@ -19,6 +19,9 @@ what attention adds over uniform averaging. At 0.7–0.8 only about a quarter to
 with most of what attention is for, so the default refuses it; a stricter or looser budget is one flag away."""
 
 
+UNIFORM_EQUIVALENT = 0.95  # error vs uniform from which an approximation buys nothing over averaging V
+
+
 @dataclass(frozen=True)
 class AccuracyBudget:
     """What the verdict judges with: the most error vs uniform a recommended variant may have, the speedup a user
@@ -36,7 +39,7 @@ class AccuracyBudget:
             return cls(source="the default (the run recorded none)")
         max_error, min_speedup = config.get("max_error"), config.get("min_speedup")
         default = max_error == DEFAULT_MAX_ERROR
-        return cls(max_error, min_speedup, "the default" if default else "the run's config (`max_error`)")
+        return cls(max_error, min_speedup, "the default" if default else "the run's settings (`max_error`: its config or `--max-error`)")
 
     def with_flags(self, max_error: float | None, min_speedup: float | None) -> AccuracyBudget:
         """This budget with `attnbench report`'s flags applied (None: not given); the source says what a new
@@ -55,10 +58,11 @@ def budget_problems(max_error: Any, min_speedup: Any, at: Callable[[str], str] =
     """The one check of both values, for a config (`parse_config`) and for `attnbench report`'s flags alike (None:
     not given)."""
     problems = []
-    if max_error is not None and (not _number(max_error) or not 0 < max_error < math.inf):
+    if max_error is not None and (not _number(max_error) or not 0 < max_error < UNIFORM_EQUIVALENT):
         problems.append(
-            f"{at('max_error')}: must be a finite number > 0 (the most error vs uniform a recommended variant may "
-            f"have; default {DEFAULT_MAX_ERROR}), got {max_error!r}"
+            f"{at('max_error')}: must be a number > 0 and below {UNIFORM_EQUIVALENT} (the most error vs uniform a "
+            f"recommended variant may have; default {DEFAULT_MAX_ERROR}; from {UNIFORM_EQUIVALENT} on a variant is no "
+            f"better than averaging V and never recommended), got {max_error!r}"
         )
     if min_speedup is not None and (not _number(min_speedup) or not 1 < min_speedup < math.inf):
         problems.append(

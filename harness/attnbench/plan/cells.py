@@ -23,6 +23,10 @@ def spec_label(name: str, params: tuple[tuple[str, Any], ...]) -> str:
     return f"{name}({', '.join(f'{k}={v}' for k, v in params)})" if params else name
 
 
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(item) for item in value) if isinstance(value, (list, tuple)) else value
+
+
 @dataclass(frozen=True)
 class Spec:
     """A name with one point of its parameters: a variant with its hyperparameters, or an input distribution with
@@ -30,6 +34,11 @@ class Spec:
 
     name: str
     params: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        """A list value (a captured input's `layer = [0, 5]`, or one read back from JSON) becomes a tuple: cells are
+        hashed and compared by their specs."""
+        object.__setattr__(self, "params", tuple((key, _frozen(value)) for key, value in self.params))
 
     def label(self) -> str:
         return spec_label(self.name, self.params)

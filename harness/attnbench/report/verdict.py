@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from attnbench.inputs.catalogue import LOCALITY_WINDOW
-from attnbench.plan.budget import AccuracyBudget
+from attnbench.plan.budget import UNIFORM_EQUIVALENT, AccuracyBudget
 from attnbench.report.analysis import ERROR_RESOLUTION, crossover_table
 from attnbench.report.text import (
     GROUP_COLUMNS,
@@ -39,7 +39,6 @@ MIB = 2**20
 SETTING_COLUMNS = [c for c in GROUP_COLUMNS if c != "input"] + [MACHINE]  # what a timing is shared across inputs by
 NEAR_UNIFORM_ENTROPY = 0.88  # above this, averaging V is already close to exact attention
 PEAKED_ENTROPY = 0.45
-UNIFORM_EQUIVALENT = 0.95  # error vs uniform from which an approximation buys nothing over averaging V
 
 
 @dataclass
@@ -606,7 +605,7 @@ def error_text(error: float) -> str:
     text = format_number(error, ".3g")
     if error == error and error >= 1.05:
         return text + " (worse than uniform)"
-    if error == error and error >= 0.95:
+    if error == error and error >= UNIFORM_EQUIVALENT:
         return text + " (≈ uniform)"
     return text
 
