@@ -66,14 +66,3 @@ def test_a_run_at_two_lengths_writes_rows_per_length_and_the_perplexity_plot(mod
     assert meta["head_check"]["loss_difference"] < NATIVE_TOLERANCE
     assert (run / "plots" / "perplexity-vs-n.png").stat().st_size > 0
     assert "perplexity-vs-n.png" in (run / "report.md").read_text()
-
-
-@pytest.mark.slow
-def test_single_layer_swaps_and_timing_when_asked(model_dir: Path, tmp_path: Path) -> None:
-    argv = ["model", str(model_dir), "--variants", "band(window=8)", "--text-file", str(TUTORIAL), "--seq-len", "32",
-            "--per-layer", "--time", "--min-run-time", "0.01", "--out", str(tmp_path)]  # fmt: skip
-    assert main(argv) == 0
-    rows = pd.read_csv(next(tmp_path.iterdir()) / "model.csv")
-    assert sorted(rows[rows.swap == "single"].layer.astype(int)) == list(range(30))
-    final = rows[rows.layer == "final"].iloc[0]
-    assert final.speedup > 0 and final.speedup_low <= final.speedup <= final.speedup_high

@@ -6,7 +6,8 @@ vs uniform is computed against exact float64 attention, and the two orders are c
 correlation, with every error at or above the verdict's "no better than averaging V" (0.95) counted as one tie:
 the verdict does not order those variants, and their order moves with a random feature's seed. The README's table was made with
 
-    python -m attnbench.model.ranking /tmp/real8192.pt --seq-lens 2048 8192
+    attnbench capture MODEL_DIR --text-file harness/attnbench/model/texts/python_tutorial.txt --seq-len 8192 --out real.pt
+    python -m attnbench.model.ranking real.pt --seq-lens 2048 8192
 
 b - batch, h - heads, n - sequence, d - head dim
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,10 +67,14 @@ def rank_tables(path: str, seq_lens: list[int], layers: list[int], specs: list[V
     """Per N: each setting's error vs uniform on the real heads and on `input_name`, and their Spearman."""
     from attnbench.inputs.catalogue import make_inputs
 
+    from attnbench.inputs.captured import read_tensors
+
+    shape = read_tensors(Path(path))["q"].shape  # (layers, batch, heads, n, d)
     tables = []
     for n in seq_lens:
-        real = make_inputs("captured", {"path": path, "layer": layers}, batch=1, heads=9 * len(layers), seq_len=n,
-                           head_dim=64, dtype=torch.float32, device=torch.device("cpu"), seed=seed)  # fmt: skip
+        real = make_inputs("captured", {"path": path, "layer": layers}, batch=1, heads=shape[-3] * len(layers),
+                           seq_len=n, head_dim=shape[-1], dtype=torch.float32, device=torch.device("cpu"),
+                           seed=seed)  # fmt: skip
         heads = real.q.shape[1]
         synthetic = make_inputs(input_name, {}, batch=1, heads=heads, seq_len=n, head_dim=real.q.shape[-1],
                                 dtype=torch.float32, device=torch.device("cpu"), seed=seed, causal=True)  # fmt: skip
