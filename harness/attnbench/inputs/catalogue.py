@@ -90,8 +90,8 @@ def _captured_problems(params: dict[str, Any]) -> list[str]:
     path, layer, beyond = params.get("path", ""), params.get("layer", 0), params.get("beyond", "error")
     if beyond not in ("error", "tile"):
         return [f'input \'captured\': beyond must be "error" or "tile", got {beyond!r}{_hint(beyond, ("error", "tile"))}']
-    if layer_problem(layer):
-        return [f"input 'captured': {layer_problem(layer)}"]
+    if problem := layer_problem(layer):
+        return [f"input 'captured': {problem}"]
     if not isinstance(path, str) or not path:
         return ["input 'captured': give path = \"file.pt|.safetensors|.npz\" (see `attnbench capture`)"]
     try:

@@ -126,15 +126,13 @@ def has_rotary(config: object) -> bool:
 @dataclass
 class AttentionRecord:
     """What each self-attention call saw, in call order: q (b, h, n, d), k and v (b, g, n, d), its scaling,
-    whether it was causal, and (when asked) its output (b, h, n, d), for checks."""
+    and whether it was causal."""
 
     q: list[Tensor] = field(default_factory=list)
     k: list[Tensor] = field(default_factory=list)
     v: list[Tensor] = field(default_factory=list)
     scaling: list[float] = field(default_factory=list)
     causal: list[bool] = field(default_factory=list)
-    outputs: list[Tensor] = field(default_factory=list)
-    keep_outputs: bool = False
 
 
 _ACTIVE: AttentionRecord | None = None
@@ -155,8 +153,6 @@ def _recording_attention(
         record.v.append(value.detach().float())
         record.scaling.append(float(scaling) if scaling is not None else query.shape[-1] ** -0.5)
         record.causal.append(bool(kwargs.get("is_causal", getattr(module, "is_causal", False))))
-        if record.keep_outputs:
-            record.outputs.append(rearrange(output.detach().float(), "b n h d -> b h n d"))
     return output, weights
 
 
@@ -168,13 +164,13 @@ def _register_recording() -> None:
     AttentionMaskInterface.register(RECORDING, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 
 
-def record_attention(model: nn.Module, ids: Tensor, *, keep_outputs: bool = False) -> AttentionRecord:
+def record_attention(model: nn.Module, ids: Tensor) -> AttentionRecord:
     """Run `model` on `ids` once and return what its attention function saw (post-rotary q/k). Empty when the
     model's attention does not go through transformers' attention interface."""
     global _ACTIVE
     _register_recording()
     previous = getattr(model.config, "_attn_implementation", "sdpa")
-    record = AttentionRecord(keep_outputs=keep_outputs)
+    record = AttentionRecord()
     try:
         model.set_attn_implementation(RECORDING)
     except Exception:  # an architecture that does not take attention implementations
@@ -182,15 +178,11 @@ def record_attention(model: nn.Module, ids: Tensor, *, keep_outputs: bool = Fals
     _ACTIVE = record
     try:
         with torch.no_grad():
-            model(input_ids=ids, use_cache=False) if _takes_cache(model) else model(input_ids=ids)
+            model(input_ids=ids, **({"use_cache": False} if getattr(model.config, "use_cache", None) is not None else {}))
     finally:
         _ACTIVE = None
         model.set_attn_implementation(previous)
     return record
-
-
-def _takes_cache(model: nn.Module) -> bool:
-    return getattr(model.config, "use_cache", None) is not None
 
 
 # ---- recording at the projections (pre-rotary) ------------------------------------------------------
