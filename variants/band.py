@@ -15,13 +15,16 @@ from attnbench.interface import (
     AttentionVariant,
     Capabilities,
     Cost,
+    DecodeState,
     Hyperparameter,
     Shape,
+    UnsupportedOptionError,
     softmax_attention_flops,
 )
 from attnbench.variants.blocks import (
     all_pairs,
 )
+from attnbench.variants.decoding import WindowState
 from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
 from attnbench.variants.global_tokens import band_with_global_tokens, columns_and_rows, global_band_mask
 from attnbench.variants.window import band_attention, band_layout
@@ -68,6 +71,21 @@ class BandAttention(FlexBackend, AttentionVariant):
                 q, k, v, **options, block_size=self.block_size, sinks=sinks, global_tokens=global_tokens
             )
         return band_attention(q, k, v, **options, block_size=self.block_size)
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
+        """The causal forward, then StreamingLLM's cache: the first max(sinks, global_tokens) positions and a ring
+        of the last `window` (a token sees them and itself: the causal band's w + 1 keys). Its size does not grow
+        with N (`room` is not needed). Positions are the prompt's: q and k arrive post-rotary, so the cache keeps
+        them as they were encoded (StreamingLLM re-assigns positions inside its cache; that needs the rotary step,
+        which here lies outside attention)."""
+        columns, _ = columns_and_rows(self.sinks, self.global_tokens, 2**62)
+        state = WindowState.of(k, v, window=self.window, columns=columns)
+        return self(q, k, v, causal=True), state
+
+    def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        if not isinstance(state, WindowState):
+            raise UnsupportedOptionError(f"band cannot step from a {type(state).__name__}")
+        return state.step(q, k, v), state
 
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor:
         i, j = all_pairs(n_q, n_k)  # (i, 1), (1, j)

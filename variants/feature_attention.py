@@ -57,6 +57,12 @@ def feature_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
     return (numerator * reciprocal_or_zero(denominator)[..., None]).to(v.dtype)
 
 
+def key_state(phi_k: Tensor, v: Tensor) -> Tensor:
+    """sum_j phi(k_j) [v_j 1]: phi_k (b, h, n, m), v (b, h, n, e) -> (b, h, m, e + 1), the state an RNN form carries
+    (the normalizer in the last column)."""
+    return einsum(phi_k, with_ones(v, phi_k.dtype), "b h n m, b h n e -> b h m e")
+
+
 def reciprocal_or_zero(denominator: Tensor) -> Tensor:
     """1 / denominator, 0 where it is exactly 0 (a query that sees no key outputs zeros, and gets no gradient)."""
     seen = denominator != 0

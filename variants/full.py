@@ -6,11 +6,22 @@ b - batch, h - heads, i - query position, j - key position, d - head dim, e - va
 from __future__ import annotations
 
 import functools
+from typing import Any
 from dataclasses import replace
 
+import torch
 import torch.nn.functional as F
-from attnbench.interface import AttentionVariant, Capabilities, Cost, Shape, dense_attention_cost
-from attnbench.ops import allowed_keys, dense_masked_attention, rows_with_visible_key
+from attnbench.interface import (
+    AttentionVariant,
+    Capabilities,
+    Cost,
+    DecodeState,
+    Hyperparameter,
+    Shape,
+    UnsupportedOptionError,
+    dense_attention_cost,
+)
+from attnbench.ops import KVCache, allowed_keys, dense_masked_attention, rows_with_visible_key, softmax_step
 from einops import rearrange
 from torch import Tensor
 
@@ -20,11 +31,41 @@ def _all_allowed(n_q: int, n_k: int, causal: bool) -> Tensor:
 
 
 class FullAttention(AttentionVariant):
-    """`F.scaled_dot_product_attention`: the fused exact kernel a user would pick."""
+    """`F.scaled_dot_product_attention`: the fused exact kernel a user would pick. Decodes against a KV cache, or
+    with `kv_cache=False` by recomputing the whole causal attention of the prefix every step (generation without a
+    cache: the baseline of Katharopoulos et al. 2020's RNN claim and of StreamingLLM's re-computation)."""
 
     name = "full"
     family = "exact"
     exact = True
+    hyperparameters = {
+        "kv_cache": Hyperparameter(
+            True, "decode against a KV cache; false: recompute the prefix's attention every step (decode only)",
+            kind=bool,
+        ),
+    }  # fmt: skip
+
+    def unsupported_reason(self, **options: Any) -> str | None:
+        if not self.kv_cache and not options.get("decode"):
+            return "full(kv_cache=false) differs from full only in decode (--mode decode)"
+        return super().unsupported_reason(**options)
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.kv_cache:
+            return out, KVCache.of(k, v, room)
+        # no cache: the prefix itself is what is kept (its q and k side by side in the key buffer)
+        return out, KVCache.of(torch.cat([q, k], dim=-1), v, room)
+
+    def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        if not isinstance(state, KVCache):
+            raise UnsupportedOptionError(f"full cannot step from a {type(state).__name__}")
+        if self.kv_cache:
+            state.append(k, v)
+            return softmax_step(q, state.k, state.v), state
+        state.append(torch.cat([q, k], dim=-1), v)
+        prefix_q, prefix_k = state.k.split(q.shape[-1], dim=-1)
+        return F.scaled_dot_product_attention(prefix_q, prefix_k, state.v, is_causal=True)[..., -1:, :], state
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         if key_padding_mask is None:

@@ -19,9 +19,19 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
+from attnbench.interface import (
+    AttentionVariant,
+    Capabilities,
+    Cost,
+    DecodeState,
+    Hyperparameter,
+    Shape,
+    UnsupportedOptionError,
+)
+from attnbench.variants.decoding import FeatureState
 from attnbench.variants.feature_attention import (
     accumulation_dtype,
+    key_state,
     causal_feature_attention,
     feature_attention,
     normalized,
@@ -85,6 +95,17 @@ class LinearAttention(AttentionVariant):
         if causal:
             return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size)
         return feature_attention(phi_q, phi_k, v)
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
+        """The causal forward, and the RNN state sum_j phi(k_j) [v_j 1] (d x (e + 1) per head, constant in N)."""
+        phi_k = F.elu(k.to(accumulation_dtype(k.dtype))).add_(1)
+        return self(q, k, v, causal=True), FeatureState(key_state(phi_k, v), phi_k.new_zeros(()), k.shape[-2])
+
+    def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        if not isinstance(state, FeatureState):
+            raise UnsupportedOptionError(f"linear cannot step from a {type(state).__name__}")
+        work = state.state.dtype
+        return state.step(F.elu(q.to(work)).add_(1), F.elu(k.to(work)).add_(1), v), state
 
     def cost(self, shape: Shape) -> Cost:
         elu_plus_one = 2 * (shape.n_q + shape.n_k) * shape.head_dim
@@ -190,10 +211,9 @@ class PerformerAttention(AttentionVariant):
         q, k = q.to(work), k.to(work)
         # Queries: exp(w.q' - |q'|^2/2) / sqrt(m) up to a per-query factor, which cancels in the query's
         # normalization; subtracting the query's own max keeps exp() in range.
-        log_q = self._projected(q)
-        phi_q = _exp(_minus(log_q, log_q.amax(dim=-1, keepdim=True).detach()))
+        phi_q = _exp(self._log_query(q))
         # Keys: the per-key |k'|^2 / 2 matters; one common stabilizer (it cancels) keeps exp() in range.
-        log_k = _minus(self._projected(k), k.square().sum(dim=-1, keepdim=True) * (k.shape[-1] ** -0.5 / 2))
+        log_k = self._log_key(k)
         if key_padding_mask is not None:  # padded keys neither count nor set the stabilizer
             log_k = log_k.masked_fill(key_padding_mask[:, None, :, None], float("-inf"))
         key_max = log_k.amax(dim=-1).detach()  # (b, h, n)
@@ -203,6 +223,38 @@ class PerformerAttention(AttentionVariant):
             return causal_feature_attention(phi_q, phi_k, v, chunk=self.chunk_size, key_log_scale=running)
         top = _finite_or_zero(key_max.amax(dim=-1, keepdim=True))  # over all (real) keys
         return feature_attention(phi_q, _exp(_minus(log_k, top[..., None])), v)
+
+    def unsupported_reason(self, **options: Any) -> str | None:
+        if options.get("decode") and self.kernel != "positive":
+            return "performer decodes with the positive kernel only (kernel='positive')"
+        return super().unsupported_reason(**options)
+
+    def _log_query(self, q: Tensor) -> Tensor:
+        """A query's log features up to its own factor (which cancels in its normalization), its max subtracted."""
+        log_q = self._projected(q)
+        return _minus(log_q, log_q.amax(dim=-1, keepdim=True).detach())
+
+    def _log_key(self, k: Tensor) -> Tensor:
+        """A key's log features w . k' - |k'|^2 / 2 (the per-key term matters for keys)."""
+        return _minus(self._projected(k), k.square().sum(dim=-1, keepdim=True) * (k.shape[-1] ** -0.5 / 2))
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
+        """The causal forward, and the RNN state: sum_j phi(k_j) [v_j 1] (m x (e + 1) per head, constant in N),
+        relative to exp of the largest key log feature so far (the causal stabilizer's running max)."""
+        if self.kernel != "positive":
+            raise UnsupportedOptionError("performer decodes with the positive kernel only (kernel='positive')")
+        log_k = self._log_key(k.to(accumulation_dtype(k.dtype)))
+        top = log_k.amax(dim=(-2, -1), keepdim=True)  # (b, h, 1, 1)
+        return self(q, k, v, causal=True), FeatureState(key_state(_exp(_minus(log_k, top)), v), top, k.shape[-2])
+
+    def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        if not isinstance(state, FeatureState):
+            raise UnsupportedOptionError(f"performer cannot step from a {type(state).__name__}")
+        work = state.state.dtype
+        log_k = self._log_key(k.to(work))
+        top = torch.maximum(state.scale, log_k.amax(dim=-1, keepdim=True))  # (b, h, 1, 1)
+        phi_q, phi_k = _exp(self._log_query(q.to(work))), _exp(_minus(log_k, top))
+        return state.step(phi_q, phi_k, v, key_log_scale=top), state
 
     def _trigonometric(
         self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_padding_mask: Tensor | None

@@ -266,6 +266,47 @@ def check_subquadratic_memory(ctx: CheckContext) -> CheckResult:
     )
 
 
+DECODE_PROMPT, DECODE_STEPS = 37, 6  # awkward sizes: not a multiple of any block, chunk or page
+
+
+def check_decode(ctx: CheckContext) -> CheckResult:
+    """The incremental form (`prefill` then `step`): the prompt's outputs equal the causal forward, and each step's
+    output the last row of the causal forward over everything so far (where the variant says they should:
+    `decode_equals_forward`); otherwise finite outputs of the right shape. A variant without it must refuse."""
+    variant = ctx.make()
+    options = dict(device=ctx.device.type, dtype=ctx.dtype, padded=False, causal=True)
+    n, total = DECODE_PROMPT, DECODE_PROMPT + DECODE_STEPS
+    if variant.unsupported_reason(**options, n_q=n, n_k=n, decode=True) is not None:
+        q, k, v = ctx.tensors(*[(1, 2, n, 16)] * 3)
+        ok = _refuses(lambda: variant.prefill(q, k, v))
+        return CheckResult("decode", "pass" if ok else "fail", "no decode form, refused" if ok else "prefill ran "
+                           "although the variant declares no decode form")  # fmt: skip
+    q, k, v = ctx.tensors((2, 3, total, 16), (2, 3, total, 16), (2, 3, total, 24), seed=1)
+    with torch.no_grad():
+        forward = variant(q, k, v, causal=True) if variant.unsupported_reason(**options, n_q=total, n_k=total) is None else None
+        prompt, state = variant.prefill(q[:, :, :n], k[:, :, :n], v[:, :, :n], room=DECODE_STEPS)
+        steps = []
+        for t in range(n, total):
+            out, state = variant.step(state, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1])
+            steps.append(out)
+    steps_out = torch.cat(steps, dim=-2)
+    if tuple(prompt.shape) != (2, 3, n, 24) or tuple(steps_out.shape) != (2, 3, DECODE_STEPS, 24):
+        return CheckResult("decode", "fail", f"outputs {tuple(prompt.shape)} and steps {tuple(steps_out.shape)}")
+    if not (torch.isfinite(prompt).all() and torch.isfinite(steps_out).all()):
+        return CheckResult("decode", "fail", "prefill or step output has NaN or Inf")
+    if forward is None or not variant.decode_equals_forward:
+        return CheckResult("decode", "pass", f"finite outputs of the right shape; state {state.nbytes} bytes")
+    prompt_error = max_abs_difference(prompt, forward[:, :, :n])
+    step_error = max_abs_difference(steps_out, forward[:, :, n:])
+    ok = max(prompt_error, step_error) <= ctx.atol
+    return CheckResult(
+        "decode",
+        "pass" if ok else "fail",
+        f"prefill vs causal forward {prompt_error:.1e}, {DECODE_STEPS} steps vs its last rows {step_error:.1e} "
+        f"(prompt {n})",
+    )
+
+
 CHECKS: dict[str, Callable[[CheckContext], CheckResult]] = {
     "shapes": check_shapes,
     "cross_attention": check_cross_attention,
@@ -276,6 +317,7 @@ CHECKS: dict[str, Callable[[CheckContext], CheckResult]] = {
     "gradients": check_gradients,
     "exact_pattern": check_exact_pattern,
     "subquadratic_memory": check_subquadratic_memory,
+    "decode": check_decode,
 }
 
 

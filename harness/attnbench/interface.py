@@ -14,7 +14,7 @@ import difflib
 import functools
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, ClassVar, TypeVar
 
 import torch
@@ -42,7 +42,44 @@ class Capabilities:
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[str, ...] = ALL_DTYPES
     subquadratic_memory: bool = False  # never holds an Nq x Nk matrix
+    # decode (generation against a state) is declared by implementing `prefill` and `step`; notes["decode"] says
+    # why a variant has no decode form
     notes: dict[str, str] = field(default_factory=dict)  # option -> why it is unsupported
+
+
+class DecodeState:
+    """What a variant keeps between decode steps: a KV cache, a ring buffer, an RNN state, selection metadata.
+
+    Subclasses are dataclasses; every tensor field (and every tensor in a list or tuple field) is part of the state.
+    `nbytes` is what the state holds (each storage once, its whole allocation: a cache's room for later tokens
+    included), `read_bytes` what a step must read of it (a cache's filled part; a selection may read less). The harness
+    restarts a generation from a `clone` of the prefilled state.
+    """
+
+    def tensors(self) -> list[Tensor]:
+        found: list[Tensor] = []
+        for item in (getattr(self, f.name) for f in fields(self)):  # type: ignore[arg-type]
+            found += [t for t in (item if isinstance(item, (list, tuple)) else [item]) if isinstance(t, Tensor)]
+        return found
+
+    @property
+    def nbytes(self) -> int:
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self.tensors()}
+        return sum(storages.values())
+
+    @property
+    def read_bytes(self) -> int:
+        return self.nbytes
+
+    def clone(self) -> "DecodeState":
+        """A copy whose tensors share nothing with this state's (a step may write into its buffers)."""
+
+        def copied(item: Any) -> Any:
+            if isinstance(item, Tensor):
+                return item.clone()
+            return type(item)(copied(x) for x in item) if isinstance(item, (list, tuple)) else item
+
+        return replace(self, **{f.name: copied(getattr(self, f.name)) for f in fields(self)})  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -166,6 +203,9 @@ class AttentionVariant(ABC):
     exact: ClassVar[bool]  # exact softmax on its own support (full, band, strided)
     supports: ClassVar[Capabilities] = Capabilities()
     hyperparameters: ClassVar[dict[str, Hyperparameter]] = {}
+    # decode: True when each step equals the last row of the causal forward over everything so far (exact patterns,
+    # recurrent forms of linear ones); False for methods that choose what to keep while generating (H2O, Quest)
+    decode_equals_forward: ClassVar[bool] = True
 
     def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
         problems = self.validate_hyperparams(hyperparams)
@@ -204,8 +244,10 @@ class AttentionVariant(ABC):
         n_q: int,
         n_k: int,
         backward: bool = False,
+        decode: bool = False,
     ) -> str | None:
-        """Why a call with these options cannot run, or None when it can. Nothing is computed."""
+        """Why a call with these options cannot run, or None when it can. Nothing is computed. `decode`: generation
+        one token at a time (`prefill` then `step`), which is causal by definition."""
         caps = self.supports
         dtype_name = str(dtype).removeprefix("torch.")
         device_type = torch.device(device).type
@@ -216,6 +258,7 @@ class AttentionVariant(ABC):
             (not padded or caps.key_padding_mask, "key_padding_mask", "a key padding mask"),
             (n_q == n_k or caps.cross_attention, "cross_attention", f"Nq != Nk ({n_q} vs {n_k})"),
             (not backward or caps.backward, "backward", "backward (autograd)"),
+            (not decode or self.decodes(), "decode", "decode (generation one token at a time against a state)"),
         ]
         for ok, option, what in checks:
             if not ok:
@@ -248,6 +291,24 @@ class AttentionVariant(ABC):
     @abstractmethod
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         """The computation proper; inputs are already checked."""
+
+    # ---- decode: generation one token at a time (optional) -----------------------------------------
+
+    @classmethod
+    def decodes(cls) -> bool:
+        """The variant has an incremental form: it implements `prefill` and `step`."""
+        return cls.step is not AttentionVariant.step
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
+        """The prompt, causal: its outputs (b, h, n, e) and the state a `step` continues from, with room for `room`
+        steps before a buffer must grow. q (b, h, n, d) is given for methods that select with the prompt's
+        queries (SnapKV). The outputs are what the method computes over the prompt (for most, its causal forward)."""
+        raise UnsupportedOptionError(f"{self.name} has no decode form")
+
+    def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        """One new token: q, k, v (b, h, 1, d) -> its output (b, h, 1, e) and the state with the token in it (the
+        same object updated in place, or a new one). The token sees itself and what the state kept before it."""
+        raise UnsupportedOptionError(f"{self.name} has no decode form")
 
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor | None:
         """For exact-pattern variants: the dense (i, j) bool pattern, True where query i sees key j.

@@ -13,8 +13,11 @@ import torch
 from einops import einsum
 from torch import Tensor
 
+from dataclasses import dataclass
+
 from attnbench.interface import (
     AttentionVariant,
+    DecodeState,
     default_scale,
     dense_attention_cost,
     saved_scores_bytes,
@@ -22,6 +25,7 @@ from attnbench.interface import (
 )
 
 __all__ = [
+    "KVCache",
     "TOLERANCE",
     "allowed_keys",
     "band_allows",
@@ -29,6 +33,7 @@ __all__ = [
     "default_scale",
     "dense_attention_cost",
     "dense_masked_attention",
+    "softmax_step",
     "exactness_error",
     "max_abs_difference",
     "padding_mask",
@@ -159,3 +164,57 @@ def exactness_error(
         allowed = allowed & ~mask[:, None, None, :]
     expected = dense_masked_attention(q.double(), k.double(), v.double(), allowed)
     return max_abs_difference(variant(q, k, v, causal=causal, key_padding_mask=mask), expected)
+
+
+@dataclass
+class KVCache(DecodeState):
+    """Keys and values of every position so far, in buffers with room for later tokens (a step writes in place; a
+    full buffer doubles). The state of exact decoding, and the storage of methods that keep a subset (SnapKV).
+
+    keys, values: (b, h, capacity, d|e), filled up to `length`.
+    """
+
+    keys: Tensor
+    values: Tensor
+    length: int
+
+    @classmethod
+    def of(cls, k: Tensor, v: Tensor, room: int = 0) -> "KVCache":
+        """A cache holding k (b, h, n, d) and v (b, h, n, e), with room for `room` more positions."""
+        n = k.shape[-2]
+        keys = k.new_empty(*k.shape[:-2], n + room, k.shape[-1])
+        values = v.new_empty(*v.shape[:-2], n + room, v.shape[-1])
+        keys[..., :n, :], values[..., :n, :] = k, v
+        return cls(keys, values, n)
+
+    @property
+    def k(self) -> Tensor:
+        """(b, h, length, d): the filled part."""
+        return self.keys[..., : self.length, :]
+
+    @property
+    def v(self) -> Tensor:
+        return self.values[..., : self.length, :]
+
+    def append(self, k: Tensor, v: Tensor) -> "KVCache":
+        """Add positions k (b, h, t, d), v (b, h, t, e) in place; the buffers double when they are full."""
+        t = k.shape[-2]
+        if self.length + t > self.keys.shape[-2]:
+            grown = max(2 * self.keys.shape[-2], self.length + t)
+            self.keys = torch.cat([self.k, self.keys.new_empty(*k.shape[:-2], grown - self.length, k.shape[-1])], -2)
+            self.values = torch.cat([self.v, self.values.new_empty(*v.shape[:-2], grown - self.length, v.shape[-1])], -2)
+        self.keys[..., self.length : self.length + t, :] = k
+        self.values[..., self.length : self.length + t, :] = v
+        self.length += t
+        return self
+
+    @property
+    def read_bytes(self) -> int:
+        """A step reads the filled part of both buffers."""
+        return (self.k.numel() * self.k.element_size()) + (self.v.numel() * self.v.element_size())
+
+
+def softmax_step(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """One query per head against every key given: q (b, h, 1, d), k (b, h, n, d), v (b, h, n, e) -> (b, h, 1, e),
+    softmax attention at SDPA's scale, no mask (every key given is visible to the new token)."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
