@@ -11,7 +11,7 @@ import torch
 from attnbench.cli import main
 from attnbench.interface import AttentionVariant, Capabilities
 from attnbench.measure import compiled as compiled_module
-from attnbench.measure import group as measure
+from attnbench.measure import dispatch as measure
 from attnbench.plan.config import parse_config
 from attnbench.run.sweep import run_plan
 from attnbench.runfolder.results import read_results

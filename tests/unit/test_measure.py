@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from attnbench import AttentionVariant
-from attnbench.measure import group as measure
+from attnbench.measure import dispatch as measure
 from attnbench.measure import timing
 from attnbench.measure.noise import noise_reason
 from attnbench.plan.cells import AXES, CELL_COLUMNS, GROUP_COLUMNS, Cell

@@ -73,10 +73,13 @@ class GroupCost:
         return max(self.inputs_bytes, self.held_inputs_bytes + self.reference_peak_bytes)
 
 
-def group_cost(cell: Cell, *, error: bool, float64_peaks: Peaks | None) -> GroupCost:
-    """The shared cost of the group `cell` belongs to (every cell of a group has the same shapes)."""
+def group_cost(cell: Cell, *, error: bool, float64_peaks: Peaks | None, decode_steps: int = 0) -> GroupCost:
+    """The shared cost of the group `cell` belongs to (every cell of a group has the same shapes). A decode group
+    draws N + `decode_steps` positions and needs the reference of the steps' rows only."""
     s = shape_of(cell)
     b, h, n_q, n_k, d, e = s.batch, s.heads, s.n_q, s.n_k, s.head_dim, s.value_dim
+    if cell.mode == "decode":
+        n_q, n_k = decode_steps, n_k + decode_steps
     held = b * h * (n_q * d + n_k * (d + e)) * s.dtype_bytes
     drawn = INPUT_COPIES * b * h * max(n_q, n_k) * (2 * d + e) * 4
     if not error:
@@ -121,8 +124,12 @@ class CellEstimate:
         return self.call_s * self.calls(min_rounds, min_run_time, time_budget_s)
 
 
-def cell_estimate(cell: Cell, variant: AttentionVariant, *, error: bool, peaks: dict[str, Any]) -> CellEstimate:
-    """`peaks` maps "device/dtype" to measured peaks; the reference uses the device's float64 entry."""
+def cell_estimate(
+    cell: Cell, variant: AttentionVariant, *, error: bool, peaks: dict[str, Any], decode_steps: int = 0
+) -> CellEstimate:
+    """`peaks` maps "device/dtype" to measured peaks; the reference uses the device's float64 entry. A decode cell's
+    call is its prefill (a causal forward over the prompt, the largest call it makes); its state is about the
+    inputs' size, counted with them."""
     s = shape_of(cell)
     cost = variant.cost(s)
     backward = cell.mode == "fwd+bwd"
@@ -132,7 +139,7 @@ def cell_estimate(cell: Cell, variant: AttentionVariant, *, error: bool, peaks: 
     float64 = Peaks.of(peaks.get(f"{cell.device}/float64") or peaks.get(f"{device_type}/float64"))
     call = own.seconds(cost.flops, cost.bytes_moved) if own else math.nan
     return CellEstimate(
-        group=group_cost(cell, error=error, float64_peaks=float64),
+        group=group_cost(cell, error=error, float64_peaks=float64, decode_steps=decode_steps),
         dense_default=type(variant).cost is AttentionVariant.cost,
         variant_bytes=VARIANT_MARGIN * (_backward_bytes(cost) if backward else cost.working_bytes) + output,
         call_s=mode_work(cell.mode) * call,

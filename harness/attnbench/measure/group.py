@@ -151,10 +151,12 @@ def admit(cell: Cell, settings: Settings, registry: Registry) -> Admission:
         n_q=cell.seq_len,
         n_k=cell.n_k,
         backward=cell.mode == "fwd+bwd",
+        decode=cell.mode == "decode",
     )
     if reason is not None:
         return Admission(variant, {**fields, "status": "unsupported", "reason": reason})
-    estimate = cell_estimate(cell, variant, error=settings.error, peaks=peaks_for(cell.device, (cell.dtype, "float64")))
+    peaks = peaks_for(cell.device, (cell.dtype, "float64"))
+    estimate = cell_estimate(cell, variant, error=settings.error, peaks=peaks, decode_steps=settings.decode_steps)
     limit, source = memory_limit(settings, cell.device)
     too_big = over_limit_reason(estimate, limit, limit_source=source)
     too_slow = over_budget_reason(estimate, settings.time_budget_s)
@@ -489,15 +491,3 @@ class GroupMeasurement:
             )
         except (Exception, SystemExit) as error:
             self._failed(key, error)
-
-
-def measure_group(
-    group: Group,
-    settings: Settings,
-    registry: Registry,
-    *,
-    self_checks: dict[tuple, tuple[bool, str]] | None = None,
-    progress: Progress | None = None,
-) -> GroupResult:
-    """Rows (one per cell, failures included) and timing samples of one comparison group."""
-    return GroupMeasurement(group, settings, registry, self_checks=self_checks, progress=progress).run()

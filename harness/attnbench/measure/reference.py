@@ -54,8 +54,11 @@ REFERENCE_CHUNK_ELEMENTS = 1 << 24  # scores of one chunk of queries (at least o
 REFERENCE_CHUNK_COPIES = 3  # float64 arrays of a chunk's size alive at once: scores/weights, an entropy term, slack
 
 
-def uniform_average(v: Tensor, n_q: int, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
-    """(b, h, i, e): the mean of V over each query's visible keys (0 where it sees none), in O(N·e) memory.
+def uniform_average(
+    v: Tensor, n_q: int, *, causal: bool, key_padding_mask: Tensor | None, query_offset: int = 0
+) -> Tensor:
+    """(b, h, i, e): the mean of V over each query's visible keys (0 where it sees none), in O(N·e) memory; query i
+    is at position `query_offset` + i (decode: the new tokens after a prompt).
 
     The visible keys are the unpadded ones (and j <= i when causal), so the sums are prefix sums, never N x N.
     """
@@ -64,8 +67,9 @@ def uniform_average(v: Tensor, n_q: int, *, causal: bool, key_padding_mask: Tens
         real = (~key_padding_mask).to(v.dtype)
     weighted = v * real[:, None, :, None]  # (b, h, j, e)
     if causal:
-        sums = weighted.cumsum(dim=2)[:, :, :n_q]  # (b, h, i, e)
-        counts = real.cumsum(dim=1)[:, None, :n_q, None]  # (b, 1, i, 1)
+        rows = slice(query_offset, query_offset + n_q)
+        sums = weighted.cumsum(dim=2)[:, :, rows]  # (b, h, i, e)
+        counts = real.cumsum(dim=1)[:, None, rows, None]  # (b, 1, i, 1)
     else:
         sums = weighted.sum(dim=2, keepdim=True).expand(-1, -1, n_q, -1)  # (b, h, i, e)
         counts = real.sum(dim=1)[:, None, None, None]  # (b, 1, 1, 1)
@@ -85,9 +89,11 @@ def exact_reference(
     causal: bool,
     key_padding_mask: Tensor | None,
     max_chunk_elements: int = REFERENCE_CHUNK_ELEMENTS,
+    query_offset: int = 0,
 ) -> Reference:
     """Exact attention in float64, queries in chunks: beyond the float64 copies of Q, K, V and the two outputs
-    (all O(N·D)), at most REFERENCE_CHUNK_COPIES arrays of one chunk's scores live at once, never N x N."""
+    (all O(N·D)), at most REFERENCE_CHUNK_COPIES arrays of one chunk's scores live at once, never N x N. Query i is
+    at position `query_offset` + i (decode: the steps' rows, against every key up to them)."""
     q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
     b, h, n_q, _ = q.shape
     n_k = k.shape[-2]
@@ -97,7 +103,12 @@ def exact_reference(
     for start in range(0, n_q, chunk):
         stop = min(n_q, start + chunk)
         allowed = allowed_keys(
-            stop - start, n_k, causal=causal, key_padding_mask=key_padding_mask, device=q.device, query_offset=start
+            stop - start,
+            n_k,
+            causal=causal,
+            key_padding_mask=key_padding_mask,
+            device=q.device,
+            query_offset=query_offset + start,
         )  # (b|1, 1, c, j)
         scores = einsum(q64[:, :, start:stop], k64, "b h i d, b h j d -> b h i j")  # (b, h, c, j)
         scores.mul_(default_scale(q.shape[-1])).masked_fill_(~allowed, float("-inf"))
@@ -105,14 +116,16 @@ def exact_reference(
         del scores
         weights.nan_to_num_(0.0)  # rows with no visible key: zeros
         output[:, :, start:stop] = einsum(weights, v64, "b h i j, b h j e -> b h i e")
-        rows = torch.arange(start, stop, device=q.device)
+        rows = torch.arange(query_offset + start, query_offset + stop, device=q.device)
         visible = allowed.sum(dim=-1)  # (b|1, 1, c)
         for name, values in row_statistics(weights, visible, rows, REFERENCE_STATISTICS).items():
             sums[name] += values.sum(dim=(0, 2))
         del weights
     return Reference(
         output=output,
-        uniform=uniform_average(v64, n_q, causal=causal, key_padding_mask=key_padding_mask),
+        uniform=uniform_average(
+            v64, n_q, causal=causal, key_padding_mask=key_padding_mask, query_offset=query_offset
+        ),
         per_head={name: total.cpu() / (b * n_q) for name, total in sums.items()},
     )
 

@@ -19,6 +19,7 @@ import torch
 from attnbench.ops import synchronize
 
 MIN_SAMPLE_S = 2e-3  # calls faster than this are timed in blocks, so the clock's resolution does not matter
+MAX_BLOCK = 2**31
 
 
 def timed_call(call: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
@@ -51,6 +52,8 @@ def time_in_turns(
     slow_rounds: int = 3,
     on_step: Callable[[str, str], None] = lambda step, name: None,
     on_failure: Callable[[str, BaseException], None] | None = None,
+    before: dict[str, Callable[[int], None]] | None = None,
+    max_block: int | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per call of each of `calls`, round by round.
 
@@ -58,17 +61,26 @@ def time_in_turns(
     in blocks and divided). Rounds go on, in an order shuffled per round from `order_seed` (reproducible), until
     every call has `min_rounds` samples and `min_run_time` seconds; a call slower than `slow_after_s` warm stops at
     `slow_rounds` samples. `on_step(step, name)` is told of each warm-up and timing; a call that raises is dropped
-    and passed to `on_failure` (without it, the error propagates).
+    and passed to `on_failure` (without it, the error propagates). `before[name](number)`, where given, runs untimed
+    before each clock of `number` calls of `name` (a decode step sequence restarts from its prefilled state there);
+    `max_block` caps the calls in one clock (the steps such a sequence has room for).
     """
+    prepare = before or {}
+    live = dict(calls)
+
+    def clocked(name: str, number: int = 1) -> float:
+        if name in prepare:
+            prepare[name](number)
+        return clock(live[name], device, number)
+
     blocks: dict[str, int] = {}
     slow: set[str] = set()
-    live = dict(calls)
-    for name, call in calls.items():
+    for name in calls:
         try:
             on_step("warm-up", name)
-            clock(call, device)  # warm-up
-            once = clock(call, device)
-            blocks[name] = max(1, int(MIN_SAMPLE_S / max(once, 1e-9)))
+            clocked(name)  # warm-up
+            once = clocked(name)
+            blocks[name] = min(max(1, int(MIN_SAMPLE_S / max(once, 1e-9))), max_block or MAX_BLOCK)
             if once > slow_after_s:
                 slow.add(name)
         except (Exception, SystemExit) as error:
@@ -91,7 +103,7 @@ def time_in_turns(
         for name in order:
             try:
                 on_step("timing", name)
-                samples[name].append(clock(live[name], device, blocks[name]) / blocks[name])
+                samples[name].append(clocked(name, blocks[name]) / blocks[name])
             except (Exception, SystemExit) as error:
                 if on_failure is None:
                     raise

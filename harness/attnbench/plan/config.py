@@ -27,13 +27,14 @@ from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
 
 PRESETS = "attnbench.configs"  # configs/ in the source tree, package data in a wheel
-MODES = ("fwd", "fwd+bwd")
+MODES = ("fwd", "fwd+bwd", "decode")
 DEVICES = ("cpu", "cuda")
 ALIASES = {  # common spellings of an enumerated value -> the one attnbench takes (suggested, never replaced)
     "dtype": {"fp16": "float16", "half": "float16", "f16": "float16", "bf16": "bfloat16", "fp32": "float32",
               "f32": "float32", "float": "float32", "single": "float32", "fp64": "float64", "f64": "float64",
               "double": "float64"},
-    "mode": {"forward": "fwd", "bwd": "fwd+bwd", "backward": "fwd+bwd", "train": "fwd+bwd"},
+    "mode": {"forward": "fwd", "bwd": "fwd+bwd", "backward": "fwd+bwd", "train": "fwd+bwd", "generate": "decode",
+             "generation": "decode", "step": "decode"},
     "device": {"gpu": "cuda"},
 }  # fmt: skip
 
@@ -73,6 +74,7 @@ class Settings:
     processes: int = 1  # each group measured in this many fresh worker processes, merged (attnbench.run.processes)
     max_error: float = DEFAULT_MAX_ERROR  # the verdict's accuracy budget on error vs uniform (attnbench.plan.budget)
     min_speedup: float | None = None  # the verdict also answers: the least error among variants at least this × faster
+    decode_steps: int = 16  # mode decode: tokens generated after each prompt of N (the steps timed and checked)
 
 
 SETTING_KINDS: dict[str, type] = {  # key -> type, read from the declaration (`float | None` -> float)
@@ -299,6 +301,13 @@ def _axis_problems(axes: dict[str, list[Any]], at: Callable[[str], str]) -> list
         if d not in DEVICES and not re.fullmatch(r"cuda:\d+", d)
     ]
     problems += [_unknown(at("mode"), m, MODES, ALIASES["mode"]) for m in axes["mode"] if m not in MODES]
+    if "decode" in axes["mode"] and False in axes["causal"]:
+        problems.append(f"{at('mode')}: decode is generation, causal by definition: set causal = true (a sweep "
+                        "with non-causal cells too runs decode in a run of its own)")  # fmt: skip
+    if "decode" in axes["mode"] and any(p > 0 for p in axes["padding"]):
+        problems.append(f"{at('mode')}: decode generates one sequence per batch row: leave padding at 0")
+    if "decode" in axes["mode"] and any(n for n in axes["kv_len"]):
+        problems.append(f"{at('mode')}: decode attends over the context itself: leave kv_lens at 0")
     problems += [f"{at('padding')}: {p} must be a fraction in [0, 1)" for p in axes["padding"] if not 0.0 <= p < 1.0]
     problems += [
         f"{at('seeds')}: must be between 0 and 2^63 - 1 (torch's generator seeds), got {seed}"
@@ -329,6 +338,8 @@ def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
     if 0 < s.min_run_time < math.inf and s.min_run_time > MAX_RUN_TIME_S:  # 1e308 is finite and never ends
         limit = f"must be at most {MAX_RUN_TIME_S:g} s per cell (a day)"
         problems.append(f"{at('min_run_time')}: {limit}, got {s.min_run_time:g}")
+    if s.decode_steps < 1:
+        problems.append(f"{at('decode_steps')}: must be >= 1 (tokens generated after each prompt), got {s.decode_steps}")
     if s.min_rounds < 2:
         problems.append(f"{at('min_rounds')}: must be >= 2 (a spread needs samples), got {s.min_rounds}")
     most = MAX_THREADS_PER_CORE * (os.cpu_count() or 1)

@@ -18,7 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, TypeVar
 
-from attnbench.measure.group import GroupResult, measure_group
+from attnbench.measure.dispatch import measure_group
+from attnbench.measure.group import GroupResult
 from attnbench.plan.cells import Cell, Group
 from attnbench.plan.config import Settings
 from attnbench.registry import Registry

@@ -88,7 +88,7 @@ def measure_on_node(request: dict[str, Any]) -> dict[str, Any]:
     `--isolate`: a crash costs its cell, not the group), returned as plain data."""
     import ray
 
-    from attnbench.measure.group import measure_group
+    from attnbench.measure.dispatch import measure_group
     from attnbench.registry import registry
     from attnbench.run.executors import Isolated
 

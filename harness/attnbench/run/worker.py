@@ -14,7 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from attnbench.measure.group import GroupResult, measure_group
+from attnbench.measure.dispatch import measure_group
+from attnbench.measure.group import GroupResult
 from attnbench.measure.machine import known_peaks, remember_peaks
 from attnbench.plan.cells import Cell, Group
 from attnbench.plan.config import Settings

@@ -68,7 +68,11 @@ class Measured:
     input_head_spread: float | None = None  # std across heads of their mean entropy: how much heads differ
     flops: float | None = None  # the work the call does (its cost model)
     useful_flops: float | None = None  # the work the method needs, where less (the roofline is taken from it)
-    bytes_moved: float | None = None
+    bytes_moved: float | None = None  # decode: what one step must read and write (its state's part, q, k, v, out)
+    # mode decode (the time columns are then per step, the error that of the steps' outputs)
+    decode_steps: int | None = None  # tokens generated after the prompt of N (the steps checked and timed)
+    prefill_s: float | None = None  # the prompt's call (its outputs and the state), timed once
+    cache_bytes: int | None = None  # what the variant keeps at context N (KV cache, ring, RNN state, metadata)
 
 
 Row = make_dataclass(

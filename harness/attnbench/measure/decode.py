@@ -1,0 +1,188 @@
+"""Measure one comparison group in mode `decode`: generation one token at a time against what each variant keeps.
+
+For a context of N (the cell's seq_len) the inputs hold N + T positions (T = `decode_steps`). Each variant's
+`prefill` takes the first N (timed once: `prefill_s`; what it keeps: `cache_bytes`), then T `step`s take the
+rest one position at a time; their outputs are compared with exact causal softmax over everything visible to each
+step, in float64 (the error columns). Then the group's variants are timed **one step per sample, in turns**
+(`attnbench.measure.timing.time_in_turns`): every sample is a step at a context between N and N + T, and a
+variant's sequence restarts from a copy of its prefilled state, untimed, when it has no room left. The step's peak
+memory beyond its state is measured last. `bytes_moved` is what a step must read and write (the part of the state
+it reads, its q, k, v and output): over the machine's measured copy bandwidth it is the step's roofline.
+
+b - batch, h - heads, n - positions, d - head dim, e - value dim
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from attnbench.inputs.catalogue import Inputs
+from attnbench.interface import AttentionVariant, DecodeState
+from attnbench.measure.group import GROUP_STEP, GroupMeasurement, failure, timing_fields
+from attnbench.measure.machine import warm_allocator
+from attnbench.measure.memory import peak_memory
+from attnbench.measure.metrics import error_metrics
+from attnbench.measure.reference import exact_reference
+from attnbench.measure.timing import time_in_turns, timed_call
+from attnbench.plan.cells import Cell
+from attnbench.stats import Spread
+
+
+class Generation:
+    """One variant's generation: the prefilled state, the live state, and the next step to take (0..T-1)."""
+
+    def __init__(self, variant: AttentionVariant, prefilled: DecodeState, inputs: Inputs, prompt: int, steps: int):
+        self.variant, self.prefilled, self.inputs, self.prompt, self.steps = variant, prefilled, inputs, prompt, steps
+        self.state = prefilled.clone()
+        self.done = 0
+
+    def restart_unless_room(self, number: int) -> None:
+        """Untimed: back to the prefilled state when fewer than `number` steps are left."""
+        if self.done + number > self.steps:
+            self.state, self.done = self.prefilled.clone(), 0
+
+    def step(self) -> torch.Tensor:
+        """The next token's output (b, h, 1, e)."""
+        t = self.prompt + self.done
+        q, k, v = (x[:, :, t : t + 1] for x in (self.inputs.q, self.inputs.k, self.inputs.v))
+        with torch.no_grad():
+            out, self.state = self.variant.step(self.state, q, k, v)
+        self.done += 1
+        return out
+
+
+class DecodeMeasurement(GroupMeasurement):
+    """`GroupMeasurement` for decode cells: prefill, steps checked against float64, steps timed in turns."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps = self.settings.decode_steps
+        self.generations: dict[str, Generation] = {}
+
+    def _make_inputs(self) -> Inputs:
+        from attnbench.inputs.catalogue import make_inputs
+
+        s = self.setting
+        return make_inputs(
+            s.input.name,
+            dict(s.input.params),
+            batch=s.batch,
+            heads=s.heads,
+            seq_len=s.seq_len + self.steps,
+            head_dim=s.head_dim,
+            value_dim=s.v_dim,
+            dtype=getattr(torch, s.dtype),
+            device=self.device,
+            seed=s.seed,
+            causal=True,
+        )
+
+    def _measure(self) -> list[tuple[str, int, float]]:
+        samples: list[tuple[str, int, float]] = []
+        if not self.variants:
+            return samples
+        n = self.setting.seq_len
+        try:
+            self.progress("building the inputs", GROUP_STEP)
+            self.inputs = self._make_inputs()
+            if self.settings.error:
+                self.progress("computing the exact reference", GROUP_STEP)
+                i = self.inputs
+                self.reference = exact_reference(
+                    i.q[:, :, n:], i.k, i.v, causal=True, key_padding_mask=None, query_offset=n
+                )  # the steps' rows, each against every position up to it
+        except Exception as error:  # inputs the machine cannot build fail every cell of the group
+            for key in list(self.variants):
+                self._fail(key, failure(error))
+        for cell in self.group.cells:
+            if cell.key() in self.variants:
+                self._prefill_and_check(cell)
+        if self.group.timed and self.generations:
+            with warm_allocator():
+                samples = self._time_steps()
+            for cell in self.group.cells:
+                if cell.key() in self.generations:
+                    self._step_memory(cell)
+        return samples
+
+    def _prefill_and_check(self, cell: Cell) -> None:
+        """Prefill (timed once), then the T steps from a copy of its state: shapes, finite, error vs float64."""
+        key, variant, inputs, n = cell.key(), self.variants[cell.key()], self.inputs, self.setting.seq_len
+        assert inputs is not None
+        try:
+            self.progress("prefill", key)
+
+            def prefill() -> tuple[torch.Tensor, DecodeState]:
+                with torch.no_grad():
+                    return variant.prefill(inputs.q[:, :, :n], inputs.k[:, :, :n], inputs.v[:, :, :n], room=self.steps)
+
+            (prompt_out, state), prefill_s = timed_call(prefill, self.device)
+            expected = (cell.batch, cell.heads, n, cell.v_dim)
+            if tuple(prompt_out.shape) != expected or not isinstance(state, DecodeState):
+                what = f"prefill gave {tuple(prompt_out.shape)} and a {type(state).__name__}"
+                return self._fail(key, {"status": "error", "reason": f"{what}; expected {expected} and a DecodeState"})
+            del prompt_out
+            self.fields[key].update(decode_steps=self.steps, prefill_s=prefill_s, cache_bytes=state.nbytes)
+            generation = Generation(variant, state, inputs, n, self.steps)
+            self.progress("steps", key)
+            outputs = torch.cat([generation.step() for _ in range(self.steps)], dim=-2)  # (b, h, T, e)
+            if tuple(outputs.shape) != (cell.batch, cell.heads, self.steps, cell.v_dim):
+                reason = f"steps gave {tuple(outputs.shape[:2])} x {outputs.shape[-1]}, expected (b, h, 1, Dv) each"
+                return self._fail(key, {"status": "error", "reason": reason})
+            if not torch.isfinite(outputs).all():
+                return self._fail(key, {"status": "error", "reason": "a step output has NaN or Inf"})
+            if self.reference is not None:
+                self.fields[key].update(error_metrics(outputs, self.reference).as_row())
+                self.fields[key].update(
+                    input_entropy=self.reference.entropy,
+                    input_band_mass=self.reference.band_mass,
+                    input_sink_mass=self.reference.sink_mass,
+                    input_head_spread=self.reference.head_spread,
+                )
+            generation.restart_unless_room(self.steps)
+            self.generations[key] = generation
+        except (Exception, SystemExit) as error:
+            self._failed(key, error)
+
+    def _fail(self, key: str, outcome: dict[str, str]) -> None:
+        super()._fail(key, outcome)
+        self.generations.pop(key, None)
+
+    def _time_steps(self) -> list[tuple[str, int, float]]:
+        """One step per sample, the group's variants in turns; a sequence restarts (untimed) when out of room."""
+        calls: dict[str, Callable[[], Any]] = {key: g.step for key, g in self.generations.items()}
+        before = {key: g.restart_unless_room for key, g in self.generations.items()}
+        samples = time_in_turns(
+            calls,
+            self.device,
+            min_rounds=self.settings.min_rounds,
+            min_run_time=self.settings.min_run_time,
+            order_seed=self.group.key(),
+            slow_after_s=self.settings.time_budget_s,
+            on_step=self.progress,
+            on_failure=self._failed,
+            before=before,
+            max_block=self.steps,
+        )
+        for key, values in samples.items():
+            self.fields[key].update(**timing_fields(Spread.of(values)))
+            state = self.generations[key].state
+            token = self.inputs.q[:, :, :1] if self.inputs is not None else None
+            io = 0 if token is None else 3 * token.numel() * token.element_size()  # q, k, v in; out is about v's
+            self.fields[key]["bytes_moved"] = state.read_bytes + io + io // 3
+        self._speedups(samples, set(samples))
+        return [(key, index, seconds) for key, values in samples.items() for index, seconds in enumerate(values)]
+
+    def _step_memory(self, cell: Cell) -> None:
+        """The most one step holds beyond its state (the state's own buffers, written in place, are not new)."""
+        key, generation = cell.key(), self.generations[cell.key()]
+        try:
+            self.progress("memory", key)
+            generation.restart_unless_room(1)
+            held = tuple(generation.state.tensors()) + self._held()
+            peak, method = peak_memory(generation.step, self.device, inputs=held)
+            self.fields[key].update(peak_mem_bytes=peak, mem_method=method)
+        except (Exception, SystemExit) as error:
+            self._failed(key, error)
