@@ -11,6 +11,11 @@ The computation is `attnbench.variants.window` (block-wise, never N x N).
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
 from attnbench.interface import (
     AttentionVariant,
     Capabilities,
@@ -55,7 +60,16 @@ class BandAttention(FlexBackend, AttentionVariant):
             0, "global tokens: the first g positions see every key and every query sees them (Longformer)", minimum=0
         ),
         "backend": BACKEND,
-    }
+        "kv_cache": Hyperparameter(
+            True, "decode against the kept keys and values; false: recompute the window's attention from its tokens "
+            "every step (StreamingLLM's 'sliding window with re-computation'; decode only)", kind=bool,
+        ),
+    }  # fmt: skip
+
+    def unsupported_reason(self, **options: Any) -> str | None:
+        if not self.kv_cache and not options.get("decode"):
+            return "band(kv_cache=false) differs from band only in decode (--mode decode)"
+        return super().unsupported_reason(**options)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         window, sinks, global_tokens = self.window, self.sinks, self.global_tokens
@@ -79,13 +93,23 @@ class BandAttention(FlexBackend, AttentionVariant):
         them as they were encoded (StreamingLLM re-assigns positions inside its cache; that needs the rotary step,
         which here lies outside attention)."""
         columns, _ = columns_and_rows(self.sinks, self.global_tokens, 2**62)
-        state = WindowState.of(k, v, window=self.window, columns=columns)
-        return self(q, k, v, causal=True), state
+        kept = k if self.kv_cache else torch.cat([q, k], dim=-1)  # recomputing needs the window's queries too
+        state = WindowState.of(kept, v, window=self.window, columns=columns)
+        return self.forward(q, k, v, causal=True, key_padding_mask=None), state
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         if not isinstance(state, WindowState):
             raise UnsupportedOptionError(f"band cannot step from a {type(state).__name__}")
-        return state.step(q, k, v), state
+        if self.kv_cache:
+            return state.step(q, k, v), state
+        # re-computation: the causal attention of every kept token and the new one, recomputed; its last row is out
+        kept_qk, kept_v = state.ordered()
+        tokens = torch.cat([kept_qk, torch.cat([q, k], dim=-1)], dim=-2)  # (b, h, kept + 1, 2d)
+        values = torch.cat([kept_v, v], dim=-2)
+        queries, keys = tokens.split(q.shape[-1], dim=-1)
+        out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True)[..., -1:, :]
+        state.push(torch.cat([q, k], dim=-1), v)
+        return out, state
 
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor:
         i, j = all_pairs(n_q, n_k)  # (i, 1), (1, j)

@@ -20,18 +20,25 @@ def softmax_over_parts(q: Tensor, parts: list[tuple[Tensor, Tensor, Tensor | Non
     """One query per head against several sets of keys at once, one softmax over their union: q (b, h, 1, d), each
     part (k (b, h, n, d), v (b, h, n, e), visible (b|1, h|1, n) bool or None = all) -> (b, h, 1, e). The parts are
     read where they lie (a ring buffer, the sinks, the new token), never concatenated."""
+    return attend_over_parts(q, parts)[0]
+
+
+def attend_over_parts(q: Tensor, parts: list[tuple[Tensor, Tensor, Tensor | None]]) -> tuple[Tensor, list[Tensor]]:
+    """`softmax_over_parts`, and the weights each part's keys received, (b, h, 1, n) per part (0 where not visible):
+    what a method that scores positions by the attention they get (H2O) accumulates."""
     scale = default_scale(q.shape[-1])
     scores = []
     for k, _, visible in parts:
         part = einsum(q, k, "b h i d, b h n d -> b h i n") * scale
         scores.append(part if visible is None else part.masked_fill(~visible[..., None, :], float("-inf")))
     weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # the new token is always visible: no empty row
-    out, start = None, 0
-    for (k, v, _), part in zip(parts, scores):
-        share = einsum(weights[..., start : start + part.shape[-1]], v, "b h i n, b h n e -> b h i e")
-        out, start = share if out is None else out + share, start + part.shape[-1]
+    shares = list(weights.split([part.shape[-1] for part in scores], dim=-1))
+    out = None
+    for (_, v, _), share in zip(parts, shares):
+        part_out = einsum(share, v, "b h i n, b h n e -> b h i e")
+        out = part_out if out is None else out + part_out
     assert out is not None
-    return out
+    return out, shares
 
 
 @dataclass
@@ -65,21 +72,33 @@ class WindowState(DecodeState):
 
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The new token (position `length`) sees the sinks, the ring's positions not among them, and itself;
-        then it takes the ring slot of the position the next token no longer sees."""
-        ring = self.ring_positions
-        in_ring = ring >= self.sink_k.shape[-2]  # filled, and not a sink: a sink inside the window counts once
+        then it joins the state (`push`)."""
         out = softmax_over_parts(q, [
-            (self.sink_k, self.sink_v, None), (self.ring_k, self.ring_v, in_ring[None, None]), (k, v, None),
+            (self.sink_k, self.sink_v, None), (self.ring_k, self.ring_v, self._in_ring()[None, None]), (k, v, None),
         ])  # fmt: skip
+        self.push(k, v)
+        return out
+
+    def _in_ring(self) -> Tensor:
+        """(w,) bool: slots filled with a position that is not a sink (a sink inside the window counts once)."""
+        return self.ring_positions >= self.sink_k.shape[-2]
+
+    def ordered(self) -> tuple[Tensor, Tensor]:
+        """Every kept position's key and value in position order, sinks first: (b, h, kept, d), (b, h, kept, e)."""
+        slots = torch.argsort(self.ring_positions.masked_fill(~self._in_ring(), -1))[int((~self._in_ring()).sum()):]
+        return torch.cat([self.sink_k, self.ring_k[..., slots, :]], -2), torch.cat([self.sink_v, self.ring_v[..., slots, :]], -2)
+
+    def push(self, k: Tensor, v: Tensor) -> None:
+        """Keep the new token (b, h, 1, d|e): a sink while fewer than `columns` positions were seen, and in the ring
+        slot of the position the next token no longer sees."""
         if self.length < self.columns:  # a prompt shorter than the sinks: this token is one
             self.sink_k, self.sink_v = torch.cat([self.sink_k, k], -2), torch.cat([self.sink_v, v], -2)
-        window = ring.shape[0]
+        window = self.ring_positions.shape[0]
         if window:
             slot = self.length % window
             self.ring_k[..., slot, :], self.ring_v[..., slot, :] = k[..., 0, :], v[..., 0, :]
-            ring[slot] = self.length
+            self.ring_positions[slot] = self.length
         self.length += 1
-        return out
 
     @property
     def read_bytes(self) -> int:

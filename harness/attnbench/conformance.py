@@ -19,7 +19,7 @@ from attnbench.interface import (
     chooses_support,
 )
 from attnbench.measure.memory import peak_memory
-from attnbench.ops import TOLERANCE, exactness_error, max_abs_difference, padding_mask
+from attnbench.ops import TOLERANCE, dense_masked_attention, exactness_error, max_abs_difference, padding_mask
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,12 @@ def _supports(
 
 def check_shapes(ctx: CheckContext) -> CheckResult:
     q, k, v = ctx.tensors((2, 3, 37, 16), (2, 3, 37, 16), (2, 3, 37, 24))
-    out = ctx.make()(q, k, v)
+    variant = ctx.make()
+    if not _supports(ctx, variant) and not _supports(ctx, variant, causal=True):  # a decode-only method
+        ok = _refuses(lambda: variant(q, k, v)) and _refuses(lambda: variant(q, k, v, causal=True))
+        return CheckResult("shapes", "pass" if ok else "fail", "no full-sequence call (decode only), refused" if ok
+                           else "a full-sequence call ran although the variant declares none")  # fmt: skip
+    out = variant(q, k, v)
     if tuple(out.shape) != (2, 3, 37, 24) or out.dtype != ctx.dtype or out.device.type != ctx.device.type:
         return CheckResult(
             "shapes", "fail", f"got {tuple(out.shape)} {out.dtype} on {out.device}, expected (2, 3, 37, 24) {ctx.dtype}"
@@ -198,6 +203,8 @@ def check_fully_padded(ctx: CheckContext, n: int = 32) -> CheckResult:
 
 def check_determinism(ctx: CheckContext) -> CheckResult:
     q, k, v = ctx.tensors(*[(1, 2, 80, 16)] * 3)
+    if not _supports(ctx, ctx.make()):  # a decode-only method: check_decode runs it
+        return CheckResult("determinism", "skip", "no full-sequence call (decode only)")
     diff = max_abs_difference(ctx.make()(q, k, v), ctx.make()(q, k, v))
     return CheckResult(
         "determinism", "pass" if diff == 0 else "fail", f"two instances with one seed differ by {diff:.2e}"
@@ -283,7 +290,11 @@ def check_decode(ctx: CheckContext) -> CheckResult:
                            "although the variant declares no decode form")  # fmt: skip
     q, k, v = ctx.tensors((2, 3, total, 16), (2, 3, total, 16), (2, 3, total, 24), seed=1)
     with torch.no_grad():
-        forward = variant(q, k, v, causal=True) if variant.unsupported_reason(**options, n_q=total, n_k=total) is None else None
+        forward = None
+        if variant.unsupported_reason(**options, n_q=total, n_k=total) is None:
+            forward = variant(q, k, v, causal=True)
+        elif variant.exact and (pattern := variant.support_mask(total, total, True)) is not None:
+            forward = dense_masked_attention(q, k, v, pattern)  # a decode-only setting: its pattern's reference
         prompt, state = variant.prefill(q[:, :, :n], k[:, :, :n], v[:, :, :n], room=DECODE_STEPS)
         steps = []
         for t in range(n, total):
@@ -331,9 +342,10 @@ def check_contexts(make: Callable[[], AttentionVariant]) -> list[CheckContext] |
     variant = make()
     devices = [d for d in variant.supports.devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
 
-    def supported(device: str, dtype_name: str) -> bool:
-        options = dict(device=device, dtype=dtype_name, causal=False, padded=False, n_q=8, n_k=8)
-        return variant.unsupported_reason(**options) is None
+    def supported(device: str, dtype_name: str) -> bool:  # a forward call, or decode only (a KV-cache method)
+        options = dict(device=device, dtype=dtype_name, padded=False, n_q=8, n_k=8)
+        return any(variant.unsupported_reason(**options, causal=causal, decode=decode) is None
+                   for causal, decode in ((False, False), (True, True)))  # fmt: skip
 
     for device in devices:
         dtypes = [name for name in CHECK_DTYPES if supported(device, name)]

@@ -1,0 +1,85 @@
+"""Decode forms of the built-ins beyond the registry-wide `check_decode`: the decode-only settings (no KV cache:
+the prefix or the window recomputed every step) against their pattern's dense reference, and what each state holds
+as the context grows: a ring, sinks and an RNN state stay constant in N, a KV cache grows linearly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attnbench.ops import dense_masked_attention
+from attnbench.registry import registry
+
+DECODE_ONLY = [
+    ("full", {"kv_cache": False}),
+    ("band", {"window": 5, "kv_cache": False}),
+    ("band", {"window": 5, "sinks": 3, "kv_cache": False}),
+    ("band", {"window": 4, "sinks": 40, "kv_cache": False}),  # more sinks than the prompt: later tokens join them
+]
+
+
+def generate(variant, q, k, v, prompt: int):
+    """Prefill the first `prompt` positions, then step through the rest: (prompt outputs, step outputs, state)."""
+    with torch.no_grad():
+        out, state = variant.prefill(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt], room=q.shape[-2] - prompt)
+        steps = []
+        for t in range(prompt, q.shape[-2]):
+            step, state = variant.step(state, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1])
+            steps.append(step)
+    return out, torch.cat(steps, dim=-2), state
+
+
+@pytest.mark.parametrize("name, params", DECODE_ONLY, ids=[f"{n}{p}" for n, p in DECODE_ONLY])
+@pytest.mark.parametrize("prompt", [1, 9, 33])
+def test_decode_only_settings_equal_their_patterns_reference(name: str, params: dict, prompt: int) -> None:
+    variant = registry.create(name, **params)
+    assert variant.unsupported_reason(device="cpu", dtype="float64", causal=True, padded=False, n_q=8, n_k=8) is not None
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, prompt + 7, 16, generator=generator, dtype=torch.float64) for _ in range(3))
+    n = q.shape[-2]
+    expected = dense_masked_attention(q, k, v, variant.support_mask(n, n, True))
+    out, steps, _ = generate(variant, q, k, v, prompt)
+    assert (out - expected[:, :, :prompt]).abs().max() < 1e-12
+    assert (steps - expected[:, :, prompt:]).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize(
+    "name, params, grows",
+    [
+        ("full", {}, True),
+        ("full", {"kv_cache": False}, True),
+        ("band", {"window": 16}, False),
+        ("band", {"window": 16, "sinks": 4}, False),
+        ("linear", {}, False),
+        ("performer", {"features": 32}, False),
+    ],
+)
+def test_cache_bytes_constant_in_n_or_linear(name: str, params: dict, grows: bool) -> None:
+    """Cache bytes after a prompt of N (room for 4 steps): constant for a window or a state, linear for a cache."""
+    variant = registry.create(name, **params)
+    sizes = {}
+    for n in (64, 256, 1024):
+        q, k, v = (torch.randn(1, 2, n, 8) for _ in range(3))
+        with torch.no_grad():
+            sizes[n] = variant.prefill(q, k, v, room=4)[1].nbytes
+    if grows:  # linear in N + room: the ratio of sizes follows the ratio of positions
+        assert sizes[1024] / sizes[64] == pytest.approx((1024 + 4) / (64 + 4), rel=1e-9)
+    else:
+        assert sizes[64] == sizes[256] == sizes[1024] > 0
+
+
+def test_a_kv_cache_grows_when_its_room_runs_out() -> None:
+    """A step past the room given at prefill still works: the cache's buffers double."""
+    variant = registry.create("full")
+    q, k, v = (torch.randn(1, 2, 10, 8, dtype=torch.float64) for _ in range(3))
+    _, steps, state = generate(variant, q, k, v, prompt=3)  # room 7 for 7 steps; then more below
+    extra = torch.randn(1, 2, 1, 8, dtype=torch.float64)
+    out, state = variant.step(state, extra, extra, extra)
+    assert state.length == 11 and state.keys.shape[-2] >= 11 and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name, params, why", [("linformer", {}, "causal"), ("lsh", {"shared_qk": True}, "decode")])
+def test_a_variant_without_a_decode_form_says_why(name: str, params: dict, why: str) -> None:
+    variant = registry.create(name, **params)
+    reason = variant.unsupported_reason(device="cpu", dtype="float32", causal=True, padded=False, n_q=8, n_k=8,
+                                        decode=True)  # fmt: skip
+    assert reason is not None and why in reason
