@@ -72,6 +72,7 @@ def gains_rise_with_n(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     SIZE_FACTOR of the published ones where given; optionally the first of `falls_with_k` gains more than the second
     at the largest N (time and memory)."""
     baseline, published = params["baseline"], params["published"]
+    measures = params.get("measures", ["time", "memory"])  # time per call (decode: per token), and memory
     if (missing := not_run(frame, [baseline, *published])) is not None:
         return missing
     ok = ok_rows(frame)
@@ -84,25 +85,27 @@ def gains_rise_with_n(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
         gains[label] = pd.DataFrame({
             "time": base.loc[common, "time_median_s"] / mine.loc[common, "time_median_s"],
             "memory": base.loc[common, "peak_mem_bytes"] / mine.loc[common, "peak_mem_bytes"],
-        })  # fmt: skip
+        })[measures]  # fmt: skip
     problems, off_size = [], []
     for label, gain in gains.items():
-        for what in ("time", "memory"):
+        for what in measures:
             if not rises(list(gain[what])):
                 problems.append(f"{label}'s {what} gain does not rise with N ({_series(gain[what])})")
         for n, (_, memory) in published[label].items():
-            if n in gain.index and not within(gain.loc[n, "memory"], memory):
+            if "memory" in measures and n in gain.index and not within(gain.loc[n, "memory"], memory):
                 off_size.append(f"{label} memory at N={n}: {gain.loc[n, 'memory']:.3g}× here, {memory:g}× published")
     if falls_with := params.get("falls_with_k"):
         small, large = (gains[label] for label in falls_with)
         n = small.index.max()
-        for what in ("time", "memory"):
+        for what in measures:
             if not small.loc[n, what] > large.loc[n, what]:
                 problems.append(f"at N={n} {falls_with[0]} gains no more {what} than {falls_with[1]} "
                                 f"({small.loc[n, what]:.3g}× vs {large.loc[n, what]:.3g}×)")  # fmt: skip
-    ours = "; ".join(f"{label}: time {_series(g['time'])}, memory {_series(g['memory'])}" for label, g in gains.items())
+    ours = "; ".join(f"{label}: " + ", ".join(f"{what} {_series(g[what])}" for what in measures)
+                     for label, g in gains.items())  # fmt: skip
     verdict = FAILS if problems else TREND if off_size else HOLDS
-    return Outcome(verdict, ours, "; ".join(problems + off_size) or "every gain rises with N; memory within 2×")
+    within_text = "; memory within 2×" if any(published.values()) and "memory" in measures else ""
+    return Outcome(verdict, ours, "; ".join(problems + off_size) or f"every gain rises with N{within_text}")
 
 
 def _series(values: pd.Series) -> str:
@@ -246,6 +249,55 @@ def sinks_restore(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     return Outcome(FAILS, ours, "sinks do not lower the error here")
 
 
+def ratio_rises_along(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
+    """The median time of `variant`'s `slow` settings over its `fast` ones (in one run: timed in turns), at each value
+    of the hyperparameter `axis`: holds when the ratio is above 1 everywhere and rises along the axis (the published
+    figure at its largest value is shown beside: its size is the paper's hardware and model, not ours)."""
+    variant, axis, slow, fast = params["variant"], params["axis"], params["slow"], params["fast"]
+    rows = variant_rows(frame, variant)
+    if isinstance(rows, Outcome):
+        return rows
+
+    def times(wanted: dict[str, Any]) -> pd.Series:
+        chosen = rows[rows.setting.map(lambda setting: all(setting[k] == v for k, v in wanted.items()))]
+        return chosen.time_median_s.groupby(chosen.setting.map(lambda setting: setting[axis])).median()
+
+    ratio = (times(slow) / times(fast)).dropna().sort_index()
+    if len(ratio) < 2:
+        return Outcome(CANNOT, "–", f"{variant} was timed at fewer than two values of {axis} in both settings")
+    ours = " → ".join(f"{value:.3g}× ({axis}={at})" for at, value in ratio.items())
+    published = params.get("published_top")
+    beside = f"; published {published:g}× at the largest {axis} the paper shows" if published else ""
+    if rises(list(ratio)) and (ratio > 1).all():
+        return Outcome(HOLDS, ours, f"the ratio is above 1 and rises with {axis}{beside}")
+    if (ratio > 1).all():
+        return Outcome(TREND, ours, f"faster at every {axis}, but the ratio does not rise along it{beside}")
+    return Outcome(FAILS, ours, f"not faster at every {axis}{beside}")
+
+
+def beats_at_equal_budget(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
+    """`method` against `against` (settings that keep the same number of tokens) by error vs uniform at every N and
+    input: holds when the method's error is lower everywhere and within `max_error` (the paper's "matches the full
+    cache", read as the verdict's accuracy budget); in trend when lower everywhere but over the budget."""
+    method, against, max_error = params["method"], params["against"], params["max_error"]
+    if (missing := not_run(frame, [method, against])) is not None:
+        return missing
+    ok = ok_rows(frame)
+    table = ok[ok.label.isin([method, against])].groupby(["input", "seq_len", "label"]).err_vs_uniform.mean()
+    parts, lower, inside = [], [], []
+    for (name, n), errors in table.groupby(level=[0, 1]):
+        mine, theirs = errors.loc[(name, n, method)], errors.loc[(name, n, against)]
+        lower.append(mine < theirs)
+        inside.append(mine <= max_error)
+        parts.append(f"{name} N={n}: {mine:.3g} vs {theirs:.3g}")
+    ours = f"error vs uniform, {method} vs {against}: " + "; ".join(parts)
+    if all(lower) and all(inside):
+        return Outcome(HOLDS, ours, f"lower everywhere and within the accuracy budget {max_error:g}")
+    if all(lower):
+        return Outcome(TREND, ours, f"lower everywhere, but over the accuracy budget {max_error:g} somewhere")
+    return Outcome(FAILS, ours, f"{method} is not more accurate than {against} everywhere")
+
+
 def not_transferable(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     """A claim listed so that it is seen, not silently dropped, whose setting cannot be reproduced here: `why`."""
     return Outcome(CANNOT, "–", params["why"])
@@ -258,4 +310,6 @@ CHECKS: dict[str, Callable[[pd.DataFrame, dict[str, Any]], Outcome]] = {
     "time_slopes": time_slopes,
     "sinks_restore": sinks_restore,
     "not_transferable": not_transferable,
+    "ratio_rises_along": ratio_rises_along,
+    "beats_at_equal_budget": beats_at_equal_budget,
 }

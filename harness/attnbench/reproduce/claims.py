@@ -16,6 +16,8 @@ STANDARD = "full-math"
 CPU_SHAPE = {"batch": 1, "heads": 8, "head_dim": 64, "dtype": "float32", "device": "cpu", "mode": "fwd"}
 SPEED_ONLY = {"error": False, "min_run_time": 0.2, "time_budget_s": 20.0, "baseline": STANDARD}
 ERROR_ONLY = {"min_run_time": 0.05, "min_rounds": 2, "time_budget_s": 20.0}
+# generation one token at a time after a prompt of N (mode decode): time is per generated token
+DECODE = {"mode": "decode", "causal": True, "decode_steps": 16, "inputs": [{"name": "realistic"}]}
 # the Performer paper's comparisons: head dim 16 and small Q and K (random features depend on |q| and |k|)
 PERFORMER_REGIME = {
     "head_dim": 16, "seq_lens": [1024], "seeds": [0, 1, 2, 3], "inputs": [{"name": "gaussian", "scale": 0.5}]
@@ -238,5 +240,58 @@ CLAIMS: list[Claim] = [
         check="sinks_restore",
         params={"window": "band(sinks=0, window=256)", "sinks": "band(sinks=4, window=256)"},
         quick={"seq_lens": [1024]},
+    ),
+    Claim(
+        id="streamingllm-speedup",
+        paper="Xiao et al. 2023, StreamingLLM",
+        where="§4.5 and Fig. 10 (per-token decoding latency)",
+        statement="with a cache of sinks and a window, each token costs about the same whatever the window; the "
+        "sliding window with re-computation grows quadratically with it, so StreamingLLM's speedup grows with the "
+        "cache size",
+        published="up to 22.2× per token at a cache of 4096 (Llama-2-13B, A6000); the gap grows from cache 256 up",
+        baseline="the sliding window with re-computation: band(window=W, sinks=4, kv_cache=false), which recomputes "
+        "the window's attention from its tokens every step",
+        transfers="the trend: the ratio rises with the window. Not its size: the paper recomputes every layer's keys "
+        "and values through the whole model, here only attention is recomputed",
+        sweep={
+            **DECODE,
+            "error": False,
+            "min_run_time": 0.2,
+            "time_budget_s": 20.0,
+            "seq_lens": [4096],
+            "variants": [{"name": "band", "window": [256, 512, 1024, 2048], "sinks": 4, "kv_cache": [True, False]}],
+        },
+        check="ratio_rises_along",
+        params={"variant": "band", "axis": "window", "slow": {"kv_cache": False}, "fast": {"kv_cache": True},
+                "published_top": 22.2},  # fmt: skip
+        quick={
+            "seq_lens": [2048], "min_rounds": 3,
+            "variants": [{"name": "band", "window": [256, 1024], "sinks": 4, "kv_cache": [True, False]}],
+        },  # fmt: skip
+    ),
+    Claim(
+        id="linear-rnn",
+        paper="Katharopoulos et al. 2020, Transformers are RNNs",
+        where="§3.4 and Tables 2–3 (autoregressive generation)",
+        statement="linear attention generates as an RNN at a constant cost per token: its speedup over softmax "
+        "without a cache grows with the sequence length",
+        published="up to ~4,000× faster image generation than softmax attention without a cache (CIFAR-10, 3,072 "
+        "positions per image; whole model, GPU); faster than softmax with a cache ('stateful softmax') too",
+        baseline="softmax without a cache, full(kv_cache=false): the prefix's attention recomputed each token; and "
+        "full with a KV cache",
+        transfers="the trend: the per-token gain over both softmax baselines rises with N. Its size is the paper's "
+        "whole model and GPU",
+        sweep={
+            **DECODE,
+            "error": False,
+            "min_run_time": 0.2,
+            "time_budget_s": 20.0,
+            "seq_lens": [1024, 2048, 4096, 8192],
+            "baseline": "full(kv_cache=False)",
+            "variants": [{"name": "full"}, {"name": "full", "kv_cache": False}, {"name": "linear"}],
+        },
+        check="gains_rise_with_n",
+        params={"baseline": "full(kv_cache=False)", "published": {"linear": {}, "full": {}}, "measures": ["time"]},
+        quick={"seq_lens": [1024, 2048, 4096], "min_rounds": 3},
     ),
 ]
