@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from attnbench import cli
 from attnbench.cli import main
+from attnbench.commands import check as check_command
 from attnbench.conformance import check_contexts, run_check
 from attnbench.interface import AttentionVariant
 from attnbench.plan.cells import VariantSpec
@@ -101,7 +101,7 @@ def test_problems_of_flags_name_the_flag_and_the_file_its_own(
         ({"dtype": "bf16"}, "Did you mean: bfloat16?"),
         ({"dtype": "fp32"}, "Did you mean: float32?"),
         ({"dtype": "float23"}, "Did you mean: float32"),
-        ({"mode": "fwd+bw"}, "mode: unknown 'fwd+bw' (known: fwd, fwd+bwd). Did you mean: fwd+bwd"),
+        ({"mode": "fwd+bw"}, "mode: unknown 'fwd+bw' (known: fwd, fwd+bwd, decode). Did you mean: fwd+bwd"),
         ({"mode": "backward"}, "Did you mean: fwd+bwd?"),
         ({"device": "cdua"}, "Did you mean: cuda?"),
         ({"device": "gpu"}, "Did you mean: cuda?"),
@@ -165,7 +165,7 @@ def test_check_fails_a_variant_that_gives_nan_where_every_key_is_padding(
         def load(self, name: str) -> type[AttentionVariant]:
             return {"naive-masked": NaiveMaskedSoftmax, "zero-where-no-key": ZeroWhereNoKey}[name]
 
-    monkeypatch.setattr(cli, "registry", OneVariant())
+    monkeypatch.setattr(check_command, "registry", OneVariant())
     assert main(["check", "naive-masked"]) == 1
     out = capsys.readouterr().out
     assert "fully_padded (float64), fully_padded (float32)" in out and "must output zeros" in out

@@ -23,7 +23,7 @@ def test_list_names_every_claim(capsys) -> None:
 
 def test_an_unknown_claim_is_a_usage_error_before_any_work(tmp_path: Path, capsys) -> None:
     assert main(["reproduce", "streamingllm-sink", "--out", str(tmp_path)]) == 2
-    assert "Did you mean: streamingllm-sinks?" in capsys.readouterr().err
+    assert "Did you mean: streamingllm-sinks" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 
 

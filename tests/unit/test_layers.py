@@ -12,21 +12,24 @@ from helpers import source_modules
 # room -> rooms it must never import (a room is a sub-package, or a top-level module)
 FORBIDDEN = {
     "attnbench.measure": {"attnbench.run", "attnbench.report", "attnbench.model", "attnbench.conformance",
-                          "attnbench.cli", "attnbench.variants", "attnbench.reproduce"},
+                          "attnbench.cli", "attnbench.commands", "attnbench.variants", "attnbench.reproduce"},
     "attnbench.report": {"attnbench.measure", "attnbench.run", "attnbench.model", "attnbench.variants",
-                         "attnbench.cli", "attnbench.reproduce"},
+                         "attnbench.cli", "attnbench.commands", "attnbench.reproduce"},
     "attnbench.runfolder": {"attnbench.measure", "attnbench.run", "attnbench.report", "attnbench.model",
-                            "attnbench.variants", "attnbench.cli", "attnbench.reproduce"},
+                            "attnbench.variants", "attnbench.cli", "attnbench.commands", "attnbench.reproduce"},
     "attnbench.plan": {"attnbench.measure", "attnbench.run", "attnbench.report", "attnbench.runfolder",
-                       "attnbench.model", "attnbench.variants", "attnbench.cli", "attnbench.reproduce"},
+                       "attnbench.model", "attnbench.variants", "attnbench.cli", "attnbench.commands",
+                       "attnbench.reproduce"},
     "attnbench.inputs": {"attnbench.plan", "attnbench.measure", "attnbench.run", "attnbench.report",
                          "attnbench.runfolder", "attnbench.model", "attnbench.variants", "attnbench.cli",
-                         "attnbench.reproduce"},
-    "attnbench.run": {"attnbench.model", "attnbench.cli", "attnbench.variants", "attnbench.reproduce"},
-    "attnbench.model": {"attnbench.run", "attnbench.cli", "attnbench.variants", "attnbench.reproduce"},
+                         "attnbench.commands", "attnbench.reproduce"},
+    "attnbench.run": {"attnbench.model", "attnbench.cli", "attnbench.commands", "attnbench.variants",
+                      "attnbench.reproduce"},
+    "attnbench.model": {"attnbench.run", "attnbench.cli", "attnbench.commands", "attnbench.variants",
+                        "attnbench.reproduce"},
     # the published claims sit on the pipeline's top: they plan, run and read runs, never measure or report
     "attnbench.reproduce": {"attnbench.measure", "attnbench.report", "attnbench.model", "attnbench.variants",
-                            "attnbench.cli"},
+                            "attnbench.cli", "attnbench.commands"},
 }  # fmt: skip
 PUBLIC = {"attnbench", "attnbench.interface", "attnbench.ops"}  # what a variant (built-in or plugin) may import
 
@@ -98,7 +101,8 @@ ARROWS = imports(FOUND)
 
 def test_the_tree_is_what_the_layout_says() -> None:
     rooms = {room(m) for m in FOUND}
-    for sub in ("plan", "inputs", "measure", "runfolder", "run", "report", "model", "reproduce", "variants"):
+    for sub in ("plan", "inputs", "measure", "runfolder", "run", "report", "model", "reproduce", "variants",
+                "commands"):
         assert f"attnbench.{sub}" in rooms
     for top in ("interface", "ops", "registry", "conformance", "stats", "cli"):
         assert f"attnbench.{top}" in FOUND

@@ -1,0 +1,64 @@
+"""`attnbench report`: (re)build a run folder's summary.md, report.md, report.html and plots/ from its results.csv
+and meta.json, under the run's accuracy budget or one given here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from attnbench.commands.arguments import add_budget_flags, run_folder
+from attnbench.exit_status import Exit
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """The `report` verb: a run folder, and the budget flags that override the one it recorded."""
+    report = subparsers.add_parser(
+        "report",
+        help="(re)build report.md, report.html and plots/ for a run folder",
+        description="Rebuild a run folder's report from its results.csv and meta.json.",
+    )
+    report.add_argument("run_dir", type=Path, help="a run folder, results/<run-id>")
+    add_budget_flags(report, "default: the budget the run recorded, else ")
+
+
+def main(args: argparse.Namespace) -> int:
+    """The budget checked, then the folder read once and its summary and report rewritten; Exit.NOTHING_RAN when no
+    cell ran ok."""
+    from attnbench.plan.budget import budget_problems
+    from attnbench.report.run_report import write_report
+    from attnbench.report.summary import write_summary
+    from attnbench.report.view import RunView
+    from attnbench.runfolder.results import read_results
+
+    problems = budget_problems(args.max_error, args.min_speedup, lambda key: "--" + key.replace("_", "-"))
+    if problems:  # before the folder is read
+        print("\n".join(f"attnbench: {problem}" for problem in problems), file=sys.stderr)
+        return Exit.USAGE
+    if run_folder(args.run_dir) is None:
+        return Exit.USAGE
+    frame = read_results(args.run_dir)
+    if frame.empty:
+        print(
+            f"attnbench: {args.run_dir} has no finished cell (the run stopped before its first group ended): no report "
+            f"written; continue it with: attnbench run --resume {args.run_dir}",
+            file=sys.stderr,
+        )
+        return Exit.NOTHING_RAN
+    try:
+        view = RunView.read(args.run_dir, frame, args.max_error, args.min_speedup)
+        write_summary(args.run_dir, view)  # the tables too: a run whose disk filled up before them gets them here
+        report = write_report(args.run_dir, view)
+    except OSError as error:
+        error.add_note(f"the run's results are untouched; make room (or make it writable), then run again: "
+                       f"attnbench report {args.run_dir}")  # fmt: skip
+        raise
+    print(f"attnbench: wrote summary.md, report.md and plots/; report: {report}")
+    if not (frame.status == "ok").any():
+        print(
+            f"attnbench: no cell ran ok in this run ({', '.join(sorted(set(frame.status)))}): the report gives the "
+            "reasons",
+            file=sys.stderr,
+        )
+        return Exit.NOTHING_RAN
+    return Exit.OK
