@@ -57,7 +57,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         const=[True],
         help="each variant setting under torch.compile alone (`compile = true`; the baseline is then `full compiled`)",
     )
-    run.add_argument("--mode", type=comma_separated(str), help="fwd, fwd+bwd, or fwd,fwd+bwd for both")
+    run.add_argument(
+        "--mode",
+        type=comma_separated(str),
+        help="fwd, fwd+bwd (comma-separated for both), or decode: a prompt of N, then tokens generated one at a time "
+        "against each variant's cache or state (causal; time per token, cache bytes, error per step)",
+    )
+    run.add_argument(
+        "--decode-steps",
+        type=int,
+        metavar="T",
+        help="mode decode: tokens generated after each prompt, checked and timed (default: the config's "
+        "`decode_steps`, 16)",
+    )
     run.add_argument("--seeds", type=comma_separated(int), help="comma-separated seeds")
     run.add_argument("--threads", type=int, help="torch threads (default: the config's `threads`, 0 = torch's default)")
     run.add_argument(
@@ -135,6 +147,7 @@ def main(args: argparse.Namespace) -> int:
             "processes": args.processes,
             "max_error": args.max_error,
             "min_speedup": args.min_speedup,
+            "decode_steps": args.decode_steps,
         }.items()
         if value is not None
     }
