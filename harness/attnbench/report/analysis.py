@@ -9,6 +9,7 @@ import pandas as pd
 
 from attnbench.interface import mode_work
 from attnbench.plan.cells import GROUP_COLUMNS
+from attnbench.report.modes import mode_of, mode_of_rows
 
 
 def loglog_slope(n: pd.Series | list[float], y: pd.Series | list[float]) -> float:
@@ -21,8 +22,10 @@ def loglog_slope(n: pd.Series | list[float], y: pd.Series | list[float]) -> floa
 
 
 def scaling_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """Per variant label: the N range of ok cells and the log-log slopes of median time and peak memory."""
+    """Per variant label: the N range of ok cells and the log-log slopes of median time and of the memory its mode
+    weighs (peak per call; decode: the cache)."""
     rows = []
+    memory = mode_of_rows(cells).memory
     timed = cells[(cells.status == "ok") & cells.time_median_s.notna()]  # error-only rows have no time
     for label, group in timed.groupby("label", sort=False):
         group = group.sort_values("seq_len")
@@ -33,7 +36,7 @@ def scaling_table(cells: pd.DataFrame) -> pd.DataFrame:
                 "points": len(group),
                 "time_slope": loglog_slope(group.seq_len, group.time_median_s),
                 "noisy": bool((group.noisy.fillna("") != "").any()) if "noisy" in group else False,
-                "memory_slope": loglog_slope(group.seq_len, group.peak_mem_bytes),
+                "memory_slope": loglog_slope(group.seq_len, group[memory]),
             }
         )
     return pd.DataFrame(rows)
@@ -92,9 +95,10 @@ def faster_from(n: list[float], speedup: list[float], speedup_low: list[float]) 
 
 
 def crossover_table(cells: pd.DataFrame, baseline: str = "full") -> pd.DataFrame:
-    """Per variant label: the N from which it is faster (with what its intervals add), and smaller, than
-    `baseline`."""
+    """Per variant label: the N from which it is faster (with what its intervals add), and smaller (in the memory its
+    mode weighs), than `baseline`."""
     ok = cells[cells.status == "ok"]
+    memory = mode_of_rows(cells).memory
     base = ok[ok.label == baseline].set_index("seq_len")
     rows = []
     for label, group in ok[ok.label != baseline].groupby("label", sort=False):
@@ -103,7 +107,7 @@ def crossover_table(cells: pd.DataFrame, baseline: str = "full") -> pd.DataFrame
         if not shared:
             continue
         group = group.set_index("seq_len").loc[shared]
-        memory_ratio = (group.peak_mem_bytes / base.loc[shared, "peak_mem_bytes"]).tolist()
+        memory_ratio = (group[memory] / base.loc[shared, memory]).tolist()
         rows.append(
             {
                 "label": label,  # speedups paired, measured in turns with the baseline
@@ -127,22 +131,30 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
 
 
 def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
-    """Each cell's share of its roofline: max(FLOPs needed / matmul peak, bytes moved / copy peak), from its cost
-    model (`useful_flops`: the method's work, not padding an implementation adds; runs before it: `flops`) and the
-    run's peaks, over its median time; a forward and backward call does `mode_work` times the forward's work. 1 is
-    as fast as the work it counts allows on this machine; 0.5 takes twice that. NaN where a figure is missing. Far
-    below 1, a speedup measures the implementation more than the method. The verdict's "of roofline" column, the
-    report's table and its plot all read this one figure."""
+    """Each cell's share of its roofline, over its median time: 1 is as fast as the work it counts allows on this
+    machine; 0.5 takes twice that. NaN where a figure is missing. Far below 1, a speedup measures the implementation
+    more than the method. The verdict's "of roofline" column, the report's table and its plot all read this one figure.
+
+    A full-sequence call's roofline is max(FLOPs needed / matmul peak, bytes moved / copy peak), from its cost model
+    (`useful_flops`: the method's work, not padding an implementation adds; runs before it: `flops`) and the run's
+    peaks; a forward and backward call does `mode_work` times the forward's work. A decode step's is the bandwidth
+    roofline alone: `bytes_moved` (what one step must read and write: its part of the cache, q, k, v and the output)
+    / the copy peak, with no FLOP term (a step does a few FLOPs per byte it reads: memory sets its pace)."""
 
     def share(row: pd.Series) -> float:
         peak = peaks.get(f"{row['device']}/{row['dtype']}", {})
         matmul, copy = peak.get("matmul_flops_per_s"), peak.get("copy_bytes_per_s")
-        if not matmul or not copy or row["status"] != "ok" or not row["time_median_s"]:
+        if not copy or row["status"] != "ok" or pd.isna(row["time_median_s"]) or not row["time_median_s"]:
             return float("nan")
-        flops = row["useful_flops"] if pd.notna(row.get("useful_flops")) else row["flops"]
-        if pd.isna(flops) or pd.isna(row["bytes_moved"]) or pd.isna(row["time_median_s"]):
+        if pd.isna(row["bytes_moved"]):
             return float("nan")
-        roofline = mode_work(row["mode"]) * max(flops / matmul, row["bytes_moved"] / copy)
+        if mode_of(row["mode"]).decode:
+            roofline = row["bytes_moved"] / copy
+        else:
+            flops = row["useful_flops"] if pd.notna(row.get("useful_flops")) else row["flops"]
+            if not matmul or pd.isna(flops):
+                return float("nan")
+            roofline = mode_work(row["mode"]) * max(flops / matmul, row["bytes_moved"] / copy)
         return roofline / row["time_median_s"] if roofline > 0 else float("nan")
 
     return cells.apply(share, axis=1).astype(float) if len(cells) else pd.Series(dtype=float)

@@ -11,6 +11,10 @@ Verdicts with an equivalence margin: "slower" / "faster" when the whole interval
 its interval. Noise flags are reported beside the verdict, never vetoes; for absolute times, runs from different
 machines or software, or without samples, are inconclusive (nothing to decide with). A cell that was ok in A and
 is not in B (error, crashed, missing) is a regression of its own.
+
+A decode cell (attnbench.report.modes) is judged the same way on its steps: its speedup per generated token, or its
+step time; its memory ratio is of the cache it keeps at N, and its prefill (timed once: no interval) is shown, not
+judged.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.report.modes import mode_of
 from attnbench.report.text import format_number, markdown_table
 from attnbench.runfolder.folder import read_samples
 from attnbench.runfolder.meta import RunMeta
@@ -151,6 +156,8 @@ def compare_runs(
             measure == "auto" and both and x.baseline == y.baseline and not is_baseline
         )
         noise = _noise_cause(x, y)
+        mode = mode_of(x["mode"])
+        memory = mode.memory  # the memory its mode weighs: a call's peak, or decode's cache
         if by_speedup:  # A / B: > 1 means B got slower relative to its baseline
             ratios_a, ratios_b = _round_ratios(a, samples_a, x), _round_ratios(b, samples_b, y)
             several = max(x.get("processes") or 1, y.get("processes") or 1) > 1  # rounds not shared across cells
@@ -185,7 +192,9 @@ def compare_runs(
                 "ratio": interval.estimate,
                 "low": interval.low,
                 "high": interval.high,
-                "memory_ratio": y.peak_mem_bytes / x.peak_mem_bytes if x.peak_mem_bytes else float("nan"),
+                "memory_ratio": y[memory] / x[memory] if x[memory] else float("nan"),
+                "prefill_ratio": y.prefill_s / x.prefill_s if mode.decode and x.prefill_s else float("nan"),
+                "decode": mode.decode,
                 "error_a": x.err_vs_uniform,
                 "error_b": y.err_vs_uniform,
                 "verdict": _baseline_verdict(decide(interval, threshold, margin, cannot_decide))
@@ -244,6 +253,18 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
     if table.empty:
         lines.append("No cell ran ok in both runs: nothing to compare (are these runs of the same config?).")
         return "\n".join(lines)
+    decode = bool(table.decode.any())
+    if decode:
+        lines.append(
+            "Decode cells (setting …/decode): A and B are per generated token (ms/token, or the speedup per token); "
+            "'memory B/A' is the cache kept at N; 'prefill B/A' the prompt's one call, timed once (shown, not judged)."
+        )
+
+    def times(value: float, row) -> str:
+        if row.measure == "speedup":
+            return format_number(value, ".2f") + "×"
+        return format_number(value, ".3g" if row.decode else ".2f") + (" ms/token" if row.decode else " ms")
+
     rows = [
         [
             r.label,
@@ -251,10 +272,11 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
             r.setting,
             r.input,
             r.measure,
-            format_number(r.a, ".2f") + ("×" if r.measure == "speedup" else " ms"),
-            format_number(r.b, ".2f") + ("×" if r.measure == "speedup" else " ms"),
+            times(r.a, r),
+            times(r.b, r),
             f"{format_number(r.ratio, '.3f')} [{format_number(r.low, '.3f')}–{format_number(r.high, '.3f')}]",
             format_number(r.memory_ratio, ".3f"),
+            *([format_number(r.prefill_ratio, ".3f")] if decode else []),
             f"{format_number(r.error_a, '.3g')} → {format_number(r.error_b, '.3g')}",
             r.verdict + (f"; noisy: {r.noise}" if r.noise else ""),
         ]
@@ -270,6 +292,7 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
         "B",
         "ratio [95% CI]",
         "memory B/A",
+        *(["prefill B/A"] if decode else []),
         "error vs uniform",
         "verdict",
     ]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnbench.report.modes import FORWARD, Mode, mib_text
 from attnbench.report.verdict import Choice, InputVerdict
 from attnbench.runfolder.rows import CPU_METHOD
 
@@ -49,29 +50,36 @@ def _choice(headline: Headline | None) -> Choice | None:
     return headline.choice if headline is not None else None
 
 
-def speedup_title(headline: Headline | None, baseline: str) -> str:
+def speedup_title(headline: Headline | None, baseline: str, mode: Mode = FORWARD) -> str:
     choice = _choice(headline)
     if choice is None or choice.speedup != choice.speedup:
-        return f"Speedup against {baseline}" + (headline.none_words if headline else "")
-    return f"At N={headline.n}, {choice.label} (the verdict's choice) runs {choice.speedup:.1f}× as fast as {baseline}"
-
-
-def time_title(headline: Headline | None) -> str:
-    choice = _choice(headline)
-    if choice is None:
-        return "Time per call by N" + (headline.none_words if headline else "")
-    paired = f", {choice.speedup:.2g}× as fast as {headline.baseline}" if choice.speedup == choice.speedup else ""
+        return f"Speedup against {mode.against(baseline)}" + (headline.none_words if headline else "")
+    per = " per generated token" if mode.decode else ""
     return (
-        f"At N={headline.n}, {choice.label} (the verdict's choice) takes {choice.time_s * 1e3:.3g} ms per call{paired}"
+        f"At N={headline.n}, {choice.label} (the verdict's choice) runs {choice.speedup:.1f}× as fast{per} as "
+        f"{mode.against(baseline)}"
     )
 
 
-def roofline_title(headline: Headline | None) -> str:
+def time_title(headline: Headline | None, mode: Mode = FORWARD) -> str:
     choice = _choice(headline)
+    if choice is None:
+        return f"Time {mode.per} by N" + (headline.none_words if headline else "")
+    against = mode.against(headline.baseline)
+    paired = f", {choice.speedup:.2g}× as fast as {against}" if choice.speedup == choice.speedup else ""
+    return (
+        f"At N={headline.n}, {choice.label} (the verdict's choice) takes {choice.time_s * 1e3:.3g} ms {mode.per}"
+        + paired
+    )
+
+
+def roofline_title(headline: Headline | None, mode: Mode = FORWARD) -> str:
+    choice = _choice(headline)
+    roofline = "bandwidth roofline" if mode.decode else "roofline"
     if choice is None or not choice.of_roofline > 0:
-        return "Time over roofline by N" + (headline.none_words if headline else "")
+        return f"Time over {roofline} by N" + (headline.none_words if headline else "")
     times = 1 / choice.of_roofline
-    return f"At N={headline.n}, {choice.label} (the verdict's choice) runs at {times:.2g}× its roofline"
+    return f"At N={headline.n}, {choice.label} (the verdict's choice) runs at {times:.2g}× its {roofline}"
 
 
 def memory_lower_bound(rows: pd.DataFrame) -> pd.Series:
@@ -79,9 +87,12 @@ def memory_lower_bound(rows: pd.DataFrame) -> pd.Series:
     return (rows.mem_method == CPU_METHOD) & rows.variant.isin(ONE_FUSED_KERNEL)
 
 
-def memory_title(rows: pd.DataFrame, headline: Headline | None) -> str:
+def memory_title(rows: pd.DataFrame, headline: Headline | None, mode: Mode = FORWARD) -> str:
     """The memory plot's title: the verdict's choice's peak at the headline's N and its ratio to the baseline's,
-    a figure that is only a lower bound (a fused kernel on the CPU) named as one; no variant without a choice."""
+    a figure that is only a lower bound (a fused kernel on the CPU) named as one; no variant without a choice. In
+    decode, the cache it keeps instead (`cache_title`)."""
+    if mode.decode:
+        return cache_title(rows, headline)
     choice = _choice(headline)
     at = rows[(rows.status == "ok") & (rows.seq_len == headline.n)] if headline else rows[:0]
     at = at.assign(lower_bound=memory_lower_bound(at)).drop_duplicates("label").set_index("label")
@@ -97,6 +108,23 @@ def memory_title(rows: pd.DataFrame, headline: Headline | None) -> str:
         most = "at most " if base["lower_bound"] else ""
         text += f", {most}{own.peak_mem_bytes / base.peak_mem_bytes:.2g}× {headline.baseline}'s"
         text += f" ({headline.baseline}'s CPU figure is a lower bound)" if base["lower_bound"] else ""
+    return text
+
+
+def cache_title(rows: pd.DataFrame, headline: Headline | None) -> str:
+    """The decode cache plot's title: the cache the verdict's choice keeps at the headline's N, beside the
+    baseline's; no variant without a choice."""
+    choice = _choice(headline)
+    at = rows[(rows.status == "ok") & (rows.seq_len == headline.n)] if headline else rows[:0]
+    at = at.drop_duplicates("label").set_index("label")
+    if choice is None or choice.label not in at.index:
+        return "Cache kept by context N" + (headline.none_words if headline else "")
+    text = (
+        f"At N={headline.n}, {choice.label} (the verdict's choice) keeps a cache of "
+        f"{mib_text(at.loc[choice.label, 'cache_bytes'])} MiB"
+    )
+    if headline.baseline in at.index:
+        text += f", vs {mib_text(at.loc[headline.baseline, 'cache_bytes'])} MiB for {headline.baseline}"
     return text
 
 

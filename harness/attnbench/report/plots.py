@@ -47,6 +47,8 @@ BUILT_IN_COLOURS = {  # one colour per variant name, the same in every report
     "nystromformer": "#a6761d",
     "bigbird": "#1b9e77",
     "topk": "#e6ab02",
+    "h2o": "#e7298a",  # KV-cache compression (decode)
+    "snapkv": "#6a3d9a",
 }
 PLUGIN_COLOURS = ["#e377c2", "#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
@@ -57,6 +59,7 @@ PANEL_HEIGHT = 3.8  # inches of plot area per panel; title, subtitle and legend 
 DPI = 160  # 960 px wide: sharp on a phone's dense screen, and the size the report shows when a plot is opened
 THEME = {"style": "whitegrid", "context": "notebook", "font_scale": 1.3}  # seaborn's: 14.3 pt ticks, 15.6 pt labels
 GREY = "#555555"
+N_LABEL = "sequence length N (tokens)"  # the x axis of plots against N; decode's says context (attnbench.report.modes)
 HALO = {"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1}  # behind text drawn over lines
 
 
@@ -291,10 +294,12 @@ def plot_versus_n(
     scale: float = 1.0,
     samples: pd.DataFrame | None = None,
     lower_bounds: frozenset[str] = frozenset(),
+    xlabel: str = N_LABEL,
 ) -> Path:
-    """One line per label of `column` (times `scale`) against N, log-log. With `samples` (label, seq_len and
-    `column`, one row per raw sample) the line is their median and the band their quartiles; without, the
-    cells' own values. Labels in `lower_bounds` are marked so in the legend (a figure that misses something)."""
+    """One line per label of `column` (times `scale`) against N, log-log: time per call or per generated token,
+    peak memory, a decode cache. With `samples` (label, seq_len and `column`, one row per raw sample) the line is
+    their median and the band their quartiles; without, the cells' own values. Labels in `lower_bounds` are marked
+    so in the legend (a figure that misses something)."""
     fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, PANEL_HEIGHT))
     ok = cells[(cells.status == "ok") & cells[column].notna()]
     data = ok if samples is None else samples[samples.label.isin(set(ok.label))]
@@ -302,7 +307,7 @@ def plot_versus_n(
     labels = _lines(ax, data, column, style, errorbar=None if samples is None else ("pi", 50))
     _n_axis(ax, list(cells.seq_len))
     _log_y(ax)
-    ax.set_xlabel("sequence length N (tokens)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     legend = {label + (" (lower bound)" if label in lower_bounds else ""): _key(style[label]) for label in labels}
     return _finish(fig, title, subtitle, path, legend)
@@ -310,7 +315,13 @@ def plot_versus_n(
 
 @_themed
 def plot_speedup(
-    cells: pd.DataFrame, baseline: str, title: str, subtitle: str, path: Path, style: dict[str, Style]
+    cells: pd.DataFrame,
+    baseline: str,
+    title: str,
+    subtitle: str,
+    path: Path,
+    style: dict[str, Style],
+    xlabel: str = N_LABEL,
 ) -> Path:
     """Speedup against the baseline by N, one line per label, its paired 95% interval as error bars, 1× marked."""
     fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, PANEL_HEIGHT))
@@ -333,7 +344,7 @@ def plot_speedup(
     ax.set_yscale("log")
     values = pd.concat([ok.speedup_low, ok.speedup_high, pd.Series([1.0])]).dropna()
     _ratio_axis(ax.yaxis, float(values.min()), float(values.max()))
-    ax.set_xlabel("sequence length N (tokens)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(f"speedup vs {baseline} (↑ better)")
     return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
 
@@ -342,7 +353,9 @@ ROOFLINE_TARGET = 1.5  # time over roofline the plot marks: within it, a speedup
 
 
 @_themed
-def plot_roofline(cells: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]) -> Path:
+def plot_roofline(
+    cells: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style], xlabel: str = N_LABEL
+) -> Path:
     """Time over roofline (1 / `of_roofline`) by N, one line per label, the roofline (1×) and 1.5× marked: where a
     line sits far above them, the implementation, not the method, sets that variant's speed."""
     fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, PANEL_HEIGHT))
@@ -355,7 +368,7 @@ def plot_roofline(cells: pd.DataFrame, title: str, subtitle: str, path: Path, st
     ax.set_yscale("log")
     values = pd.concat([ok.over_roofline, pd.Series([1.0, ROOFLINE_TARGET])]).dropna()
     _ratio_axis(ax.yaxis, float(values.min()), float(values.max()))
-    ax.set_xlabel("sequence length N (tokens)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("time / roofline (↓ better)")
     return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
 
@@ -368,6 +381,7 @@ def plot_error(
     path: Path,
     style: dict[str, Style],
     budget: float | None = None,
+    xlabel: str = N_LABEL,
 ) -> Path:
     """Error relative to uniform averaging against N of the approximate variants, a seaborn facet (one panel
     under the other) per input; errors at float rounding (an exact-pattern variant whose support covers
@@ -399,7 +413,7 @@ def plot_error(
         _n_axis(ax, list(cells.seq_len))
         _log_y(ax)
         ax.set_ylabel("error vs uniform (↓ better)")
-        ax.set_xlabel("sequence length N (tokens)")
+        ax.set_xlabel(xlabel)
     fig = grid.figure
     fig.set_size_inches(FIGURE_WIDTH, PANEL_HEIGHT * len(grid.axes.flat))
     return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
@@ -451,9 +465,11 @@ def plot_pareto(
     path: Path,
     style: dict[str, Style],
     budget: float | None = None,
+    bubble: str = "peak memory",
 ) -> Path:
-    """Speedup against error, one labelled bubble per label (area ~ peak memory), the verdict's choices joined;
-    with `budget`, the verdict's accuracy budget as a line (above it, no variant is recommended).
+    """Speedup against error, one labelled bubble per label (area ~ `bubble`: peak memory, or decode's cache), the
+    verdict's choices joined; with `budget`, the verdict's accuracy budget as a line (above it, no variant is
+    recommended).
 
     points: label, speedup, speedup_low, speedup_high, error, memory_ratio (to the baseline); `front`: the labels
     the verdict offers (`attnbench.report.verdict.pareto_set`, one rule for both), drawn as the frontier. Exact variants
@@ -498,7 +514,7 @@ def plot_pareto(
     ax.set_ylim(floor / 2, max(float(shown.error.max()) * 2, 2.0))
     ax.set_xlabel(f"speedup vs {baseline} (→ faster)")
     ax.set_ylabel("error vs uniform (↓ better)")
-    ax.text(1.0, 1.01, "bubble area ~ peak memory", transform=ax.transAxes, fontsize="small", color=GREY,
+    ax.text(1.0, 1.01, f"bubble area ~ {bubble}", transform=ax.transAxes, fontsize="small", color=GREY,
             ha="right", va="bottom")  # fmt: skip
     _frame(fig, title, subtitle, legend)
     fig.canvas.draw()  # the layout first: labels are placed in its pixels

@@ -30,6 +30,7 @@ from attnbench.report.headlines import (
     speedup_title,
     time_title,
 )
+from attnbench.report.modes import mib_text, mode_of_rows, ms_text, ratio_text
 from attnbench.report.plots import plot_error, plot_pareto, plot_roofline, plot_speedup, plot_versus_n, styles
 from attnbench.report.summary import interval_words, noise_line
 from attnbench.report.text import (
@@ -45,7 +46,6 @@ from attnbench.report.text import (
 )
 from attnbench.report.verdict import (
     SETTING_COLUMNS,
-    VERDICT_INTRO,
     InputVerdict,
     block_title,
     budget_line,
@@ -53,6 +53,7 @@ from attnbench.report.verdict import (
     left_out_text,
     setting_key,
     setting_words,
+    verdict_intro,
     verdict_rows,
 )
 from attnbench.report.view import RunView
@@ -126,9 +127,11 @@ def detail_blocks(
     cells: pd.DataFrame, heading: str, peaks: dict, samples: dict[str, list[float]] | None = None
 ) -> list[Block]:
     """The detail tables of one comparison group (one setting and input), N as columns; the fastest per N by the
-    verdict's rule (`samples`: per-round seconds, so two variants are compared in their own rounds)."""
+    verdict's rule (`samples`: per-round seconds, so two variants are compared in their own rounds). A decode group's
+    times are per generated token, and its cache and prefill have tables of their own."""
     blocks = [Block("heading", heading, level=3)]
     baseline = baseline_of(cells)
+    mode = mode_of_rows(cells)
     timed = cells.timed.fillna(True).astype(bool).any()
     base = cells[(cells.label == baseline) & (cells.status == "ok")].set_index("seq_len")
 
@@ -153,44 +156,64 @@ def detail_blocks(
             )
         )
     if timed:
+        time_words = (
+            "Time per generated token (one step at a context of N to N + decode_steps)"
+            if mode.decode
+            else "Time per call"
+        )
         blocks.append(
             _table(
-                "Time per call, ms: median ± IQR over the interleaved rounds (fastest per N in bold: every variant "
+                f"{time_words}, ms: median ± IQR over the interleaved rounds (fastest per N in bold: every variant "
                 "no other is faster than beyond noise, the verdict's rule).",
                 _pivot(
                     cells,
-                    lambda r: f"{r.time_median_s * 1e3:.2f} ± {r.time_iqr_s * 1e3:.2f}",
+                    lambda r: (
+                        f"{ms_text(r.time_median_s)} ± {ms_text(r.time_iqr_s)}"  # a step: tens of µs to seconds
+                        if mode.decode
+                        else f"{r.time_median_s * 1e3:.2f} ± {r.time_iqr_s * 1e3:.2f}"
+                    ),
                     lambda at_n: fastest_labels(at_n, samples),
                 ),
             )
         )
         blocks.append(
             _table(
-                f"Speedup against `{baseline}`: the median over rounds of its time / this time in the same round, "
-                f"with {interval_words(cells)}.",
+                f"Speedup{' per generated token' if mode.decode else ''} against `{baseline}`: the median over "
+                f"rounds of its time / this time in the same round, with {interval_words(cells)}.",
                 _pivot(cells, speedup_text, lambda at_n: fastest_labels(at_n[at_n.speedup.notna()], samples)),
             )
         )
+        if mode.decode:
+            blocks += _decode_blocks(cells, baseline, to_base)
+        peak_words = (
+            "Peak memory of one step beyond its state, MiB (ratio to `{baseline}`): the scratch a step allocates; "
+            "the cache it keeps is in the table above"
+            if mode.decode
+            else "Peak memory of one call beyond the inputs, MiB (ratio to `{baseline}`); state a variant keeps "
+            "between calls is not in it"
+        )
         blocks.append(
             _table(
-                f"Peak memory of one call beyond the inputs, MiB (ratio to `{baseline}`); state a variant keeps "
-                "between calls is not in it (smallest per N in bold).",
+                peak_words.format(baseline=baseline) + " (smallest per N in bold).",
                 _pivot(
                     cells,
                     lambda r: (
-                        f"{format_number(r.peak_mem_bytes / MIB, '.1f')} "
+                        f"{mib_text(r.peak_mem_bytes)} ({ratio_text(to_base(r, 'peak_mem_bytes'))})"
+                        if mode.decode  # a step's scratch is KiB: three digits, not one decimal of MiB
+                        else f"{format_number(r.peak_mem_bytes / MIB, '.1f')} "
                         f"({format_number(to_base(r, 'peak_mem_bytes'), '.2f')}×)"
                     ),
                     lowest(lambda r: _nan(r.peak_mem_bytes)),
                 ),
             )
         )
-        blocks.append(
-            _table(
-                "State kept between calls (cached patterns, projections, rotations), MiB: built by the first call.",
-                _pivot(cells, lambda r: format_number(r.state_mem_bytes / MIB, ".2f")),
+        if not mode.decode:  # a decode variant's state is its cache, above
+            blocks.append(
+                _table(
+                    "State kept between calls (cached patterns, projections, rotations), MiB: built by the first call.",
+                    _pivot(cells, lambda r: format_number(r.state_mem_bytes / MIB, ".2f")),
+                )
             )
-        )
     else:
         blocks.append(Block("text", "Error only: time and memory of this setting were measured on its first input."))
     approximate = cells.family != "exact"
@@ -246,7 +269,7 @@ def detail_blocks(
                 _pivot(exact_patterns, lambda r: format_number(r.dropped_mass, ".3g")),
             )
         )
-    if timed:
+    if timed and not mode.decode:  # a decode step counts bytes, not FLOPs: the roofline table says it
         with_efficiency = cells.assign(efficiency=efficiency(cells, peaks))
         blocks.append(
             _table(
@@ -260,9 +283,9 @@ def detail_blocks(
     if timed and "of_roofline" in cells:  # the view adds it (RunView.read), at the run's peaks
         blocks.append(
             _table(
-                "Share of the roofline: max(FLOPs / matmul peak, bytes moved / copy peak), from each variant's cost "
-                "model and the same peaks, over its median time (100% is as fast as the counted work allows here; "
-                "far below, a speedup measures the implementation more than the method).",
+                f"Share of the roofline: {mode.roofline_words}, from each variant's cost model and this run's "
+                "measured peaks, over its median time (100% is as fast as the counted work allows here; far below, "
+                "a speedup measures the implementation more than the method).",
                 _pivot(cells, lambda r: format_percent(r.of_roofline)),
             )
         )
@@ -284,9 +307,34 @@ def detail_blocks(
     return blocks
 
 
+def _decode_blocks(cells: pd.DataFrame, baseline: str, to_base: Callable[[pd.Series, str], float]) -> list[Block]:
+    """A decode group's cache (what each variant keeps at context N) and prefill (the prompt's one call) by N."""
+    return [
+        _table(
+            f"Cache kept at context N, MiB (ratio to `{baseline}`): what a variant holds between steps (KV cache, "
+            "window, RNN state, compressed cache and its metadata); smallest per N in bold.",
+            _pivot(
+                cells,
+                lambda r: f"{mib_text(r.cache_bytes)} ({ratio_text(to_base(r, 'cache_bytes'))})",
+                lowest(lambda r: _nan(r.cache_bytes)),
+            ),
+        ),
+        _table(
+            f"Prefill, ms (ratio to `{baseline}`): the prompt's one call, which builds the cache; timed once, so "
+            "noisier than the step times, and apart from the verdict's per-token speedup.",
+            _pivot(
+                cells,
+                lambda r: f"{ms_text(r.prefill_s)} ({ratio_text(to_base(r, 'prefill_s'))})",
+                lowest(lambda r: _nan(r.prefill_s)),
+            ),
+        ),
+    ]
+
+
 def _scaling_blocks(cells: pd.DataFrame, baseline: str) -> list[Block]:
     order = label_order(cells)
     blocks = []
+    memory = "cache" if mode_of_rows(cells).decode else "memory"  # the column its mode weighs (analysis)
     scaling = scaling_table(cells)
     if len(scaling):
         scaling = scaling.set_index("label").loc[[label for label in order if label in set(scaling.label)]]
@@ -302,7 +350,7 @@ def _scaling_blocks(cells: pd.DataFrame, baseline: str) -> list[Block]:
         blocks.append(
             Block(
                 "table",
-                headers=["variant", "N range fitted", "time slope", "memory slope"],
+                headers=["variant", "N range fitted", "time slope", f"{memory} slope"],
                 rows=rows,
                 caption="Fitted log-log slopes over the ok cells (1 = linear in N, 2 = quadratic).",
             )
@@ -314,7 +362,7 @@ def _scaling_blocks(cells: pd.DataFrame, baseline: str) -> list[Block]:
         blocks.append(
             Block(
                 "table",
-                headers=["variant", "faster from", "smaller from"],
+                headers=["variant", "faster from", "smaller from" + (" (cache)" if memory == "cache" else "")],
                 rows=rows,
                 caption=f"Crossover against `{baseline}`, interpolated in log-log between swept points.",
             )
@@ -345,7 +393,9 @@ def plot_blocks(
 ) -> list[Block]:
     """The plots of one setting (every input): speedup, Pareto per input and N (`judged`: the run's verdicts of
     this setting), time (median and quartiles of `samples`, cell key -> seconds per round), memory, error. Their
-    titles name the verdict's choice at the largest N, or no variant (`attnbench.report.headlines`)."""
+    titles name the verdict's choice at the largest N, or no variant (`attnbench.report.headlines`). A decode setting
+    draws the same plots per generated token against the context N, its cache in place of the peak memory."""
+    mode = mode_of_rows(cells)
     timed = cells[(cells.status == "ok") & cells.time_median_s.notna()]
     first = cells.iloc[0]  # a readable start, and a hash of every setting column: two settings never share a file
     setting = "-".join(f"{c}{first[c]}" for c in SETTING_COLUMNS)
@@ -356,9 +406,12 @@ def plot_blocks(
     headline = headline_of(judged, str(first["input"].iloc[0])) if len(first) else None
     budget = judged[0].budget.max_error if judged else None
     if timed.speedup.notna().any():
-        title = speedup_title(headline, baseline)
-        path = plot_speedup(timed, baseline, title, subtitle, plots_dir / f"{slug}-speedup.png", style)
-        images.append((path, f"Speedup against `{baseline}` by N, measured in turns; bars are 95% intervals."))
+        title = speedup_title(headline, baseline, mode)
+        path = plot_speedup(
+            timed, baseline, title, subtitle, plots_dir / f"{slug}-speedup.png", style, xlabel=mode.n_axis
+        )
+        per = " per generated token" if mode.decode else ""
+        images.append((path, f"Speedup{per} against `{baseline}` by N, measured in turns; bars are 95% intervals."))
     for verdict in judged:  # one rule: the plot shows the verdict's own choices and its sentence
         for answer in verdict.answers:
             # a point needs both axes: no error is measured with `error = false`
@@ -382,53 +435,72 @@ def plot_blocks(
             path = plot_pareto(
                 points,
                 front,
-                baseline,
+                mode.against(baseline),
                 f"At N={answer.n} on {verdict.input}: {answer.sentence}".replace("`", ""),
                 subtitle,
                 plots_dir / f"{slug}-{_file_part(verdict.input)}-pareto-N{answer.n}.png",
                 style,
                 budget=verdict.budget.max_error,
+                bubble="cache" if mode.decode else "peak memory",
             )
             images.append(
                 (
                     path,
-                    f"Speed against error at N={answer.n} on `{verdict.input}`: up and to the left is worse; bubble "
-                    "area is peak memory; the step line joins the verdict's choices; bars are the speedup's 95% "
-                    f"interval; above the dash-dotted line a variant is over the error budget "
-                    f"({verdict.budget.max_error:g}).",
+                    f"Speed{' per generated token' if mode.decode else ''} against error at N={answer.n} on "
+                    f"`{verdict.input}`: up and to the left is worse; bubble area is "
+                    f"{'the cache kept at N' if mode.decode else 'peak memory'}; the step line joins the verdict's "
+                    "choices; bars are the speedup's 95% interval; above the dash-dotted line a variant is over the "
+                    f"error budget ({verdict.budget.max_error:g}).",
                 )
             )
     if len(first):
         path = plot_versus_n(
             first,
             "time_median_s",
-            "time per call (ms)",
-            time_title(headline),
+            f"time {mode.per} (ms)",
+            time_title(headline, mode),
             subtitle,
             plots_dir / f"{slug}-time.png",
             style,
             scale=1e3,
             samples=_timing_samples(first, samples or {}),
+            xlabel=mode.n_axis,
         )
         spread = "; the band spans the quartiles of the timing samples" if samples else ""
-        images.append((path, f"Time per call by N (log-log): the median{spread}."))
+        images.append((path, f"Time {mode.per} by N (log-log): the median{spread}."))
     with_roofline = first[first.of_roofline > 0]
     if len(with_roofline):
         path = plot_roofline(
             with_roofline,
-            roofline_title(headline),
+            roofline_title(headline, mode),
             subtitle,
             plots_dir / f"{slug}-roofline.png",
             style,
+            xlabel=mode.n_axis,
         )
         images.append(
             (
                 path,
-                "Time over roofline by N: each median time over max(FLOPs / matmul peak, bytes / copy peak) of the "
-                "work its cost model counts (1× is the limit; far above, the implementation sets the speed).",
+                f"Time over roofline by N: each median time over its roofline, {mode.roofline_words}, of the work "
+                f"{'one step' if mode.decode else 'its cost model'} counts (1× is the limit; far above, the "
+                "implementation sets the speed).",
             )
         )
-    with_memory = first[first.peak_mem_bytes.notna()]
+    with_cache = first[first.cache_bytes.notna()] if mode.decode else first[:0]
+    if len(with_cache):
+        path = plot_versus_n(
+            with_cache,
+            "cache_bytes",
+            "cache (MiB)",
+            memory_title(with_cache, headline, mode),
+            subtitle,
+            plots_dir / f"{slug}-cache.png",
+            style,
+            scale=1 / MIB,
+            xlabel=mode.n_axis,
+        )
+        images.append((path, f"Cache kept at context N by N (log-log): the {mode.memory_words}."))
+    with_memory = first[first.peak_mem_bytes.notna()] if not mode.decode else first[:0]
     if len(with_memory):
         bounds = frozenset(with_memory[memory_lower_bound(with_memory)].label)
         path = plot_versus_n(
@@ -458,13 +530,15 @@ def plot_blocks(
             plots_dir / f"{slug}-error.png",
             style,
             budget=budget,
+            xlabel=mode.n_axis,
         )
         over = f"; above the dash-dotted line a variant is over the error budget ({budget:g})" if budget else ""
+        whose = "the approximate variants' steps" if mode.decode else "the approximate variants"
         images.append(
             (
                 path,
-                "Error of the approximate variants relative to uniform averaging by N, one panel per "
-                f"input: below the dashed line a variant beats averaging V{over}.",
+                f"Error of {whose} relative to uniform averaging by N, one panel per input: below the dashed line "
+                f"a variant beats averaging V{over}.",
             )
         )
     return [Block("image", str(path.relative_to(plots_dir.parent)), caption=caption) for path, caption in images]
@@ -545,7 +619,8 @@ def verdict_section(view: RunView, baseline: str) -> list[Block]:
             blocks.append(Block("table", headers=headers, rows=rows, caption=f"N={answer.n}: the choices."))
             if answer.left_out:
                 blocks.append(Block("text", left_out_text(answer)))
-    return blocks + [Block("text", "How to read it: " + VERDICT_INTRO.format(baseline=f"`{baseline}`"))]
+    intro = verdict_intro(view.verdicts, f"`{baseline}`")
+    return blocks + [Block("text", "How to read it: " + intro)]
 
 
 def report_blocks(view: RunView) -> list[Block]:

@@ -8,6 +8,7 @@ import pandas as pd
 
 from attnbench.atomic import write_text_atomic
 from attnbench.report.analysis import compile_sentence, scaling_table
+from attnbench.report.modes import DECODE_NOTE, has_decode, mib_text, mode_of, ms_text, ratio_text
 from attnbench.report.text import (
     GROUP_COLUMNS,
     MACHINE,
@@ -24,14 +25,18 @@ from attnbench.report.view import RunView
 
 
 def summary_tables(frame: pd.DataFrame) -> str:
-    """Markdown: a heading per configuration group (and machine kind) and N, a row per variant label."""
+    """Markdown: a heading per configuration group (and machine kind) and N, a row per variant label; the mode in its
+    words, and a decode group's step time, cache and prefill in place of a call's time and peak memory."""
     parts = []
     baseline = baseline_of(frame)
     frame = with_machine(frame)
     several = frame[MACHINE].nunique() > 1
     order = {label: index for index, label in enumerate(label_order(frame))}
     for group, group_frame in frame.groupby(GROUP_COLUMNS + [MACHINE], sort=False, dropna=False):
-        heading = ", ".join(f"{k}={v}" for k, v in zip(GROUP_COLUMNS, group)) + (f", on {group[-1]}" if several else "")
+        values = dict(zip(GROUP_COLUMNS, group))
+        mode = mode_of(values["mode"])
+        values["mode"] = mode.words
+        heading = ", ".join(f"{k}={v}" for k, v in values.items()) + (f", on {group[-1]}" if several else "")
         group_frame = group_frame.sort_values("label", key=lambda labels: labels.map(order))
         for n, cells in group_frame.groupby("seq_len"):
             if not cells.timed.fillna(True).astype(bool).any():
@@ -47,6 +52,9 @@ def summary_tables(frame: pd.DataFrame) -> str:
                 ]
                 table = markdown_table(["variant", "status", "err vs uniform", "rel error", "notes"], rows)
                 parts.append(f"### {heading}, N={n} (error only: timed on the setting's first input)\n\n{table}\n")
+                continue
+            if mode.decode:
+                parts.append(f"### {heading}, N={n}\n\n{_decode_table(cells, baseline)}\n")
                 continue
             base = cells[(cells.label == baseline) & (cells.status == "ok")]
             base_mem = base.peak_mem_bytes.iloc[0] if len(base) else float("nan")
@@ -93,9 +101,45 @@ def summary_tables(frame: pd.DataFrame) -> str:
                 for r in scaling.itertuples()
                 if r.points > 1
             ]
-            table = markdown_table(["variant", "N range", "time slope", "memory slope"], rows)
+            memory = "cache slope" if mode.decode else "memory slope"
+            table = markdown_table(["variant", "N range", "time slope", memory], rows)
             parts.append(f"### {heading}: log-log slopes (1 = linear, 2 = quadratic)\n\n{table}\n")
     return "\n".join(parts)
+
+
+def _decode_table(cells: pd.DataFrame, baseline: str) -> str:
+    """One decode group at one N: per variant its step time, speedup per token, the cache and prefill, the error."""
+    base = cells[(cells.label == baseline) & (cells.status == "ok")]
+    base_cache = base.cache_bytes.iloc[0] if len(base) and base.cache_bytes.iloc[0] else float("nan")
+    rows = []
+    for _, cell in cells.iterrows():
+        if cell.status != "ok":
+            rows.append([cell.label, cell.status, "", "", "", "", "", shorten(str(cell.reason), 90)])
+            continue
+        notes = [f"rel {format_number(cell.err_rel_fro, '.2e')}"] + ([f"noisy: {cell.noisy}"] if cell.noisy else [])
+        rows.append(
+            [
+                cell.label,
+                "ok",
+                f"{ms_text(cell.time_median_s)} ± {ms_text(cell.time_iqr_s)}",
+                speedup_text(cell),
+                f"{mib_text(cell.cache_bytes)} ({ratio_text(cell.cache_bytes / base_cache)})",
+                ms_text(cell.prefill_s),
+                format_number(cell.err_vs_uniform, ".3g"),
+                "; ".join(notes),
+            ]
+        )
+    headers = [
+        "variant",
+        "status",
+        "step ms (median ± IQR)",
+        f"speedup per token vs {baseline} [95% CI]",
+        f"cache MiB (× {baseline})",
+        "prefill ms",
+        "err vs uniform",
+        "notes",
+    ]
+    return markdown_table(headers, rows)
 
 
 SUMMARY_PREAMBLE = """# attnbench summary: {run_id}
@@ -154,6 +198,8 @@ def write_summary(run_dir: Path, view: RunView | None = None) -> str:
     verdict = verdict_markdown(view.blocks)
     compiled = compile_sentence(frame)
     verdict += f"\n{compiled}\n" if compiled else ""
+    if has_decode(frame):
+        preamble += DECODE_NOTE + "\n"
     text = preamble + "\n## Verdict\n\n" + verdict + "\n## By N\n\n" + summary_tables(frame)
     write_text_atomic(run_dir / "summary.md", text)
     return text

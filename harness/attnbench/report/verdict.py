@@ -22,6 +22,7 @@ import pandas as pd
 from attnbench.inputs.catalogue import LOCALITY_WINDOW
 from attnbench.plan.budget import UNIFORM_EQUIVALENT, AccuracyBudget
 from attnbench.report.analysis import ERROR_RESOLUTION, crossover_table
+from attnbench.report.modes import DECODE_NOTE, FORWARD, Mode, mib_text, mode_of, ms_text, ratio_text
 from attnbench.report.text import (
     GROUP_COLUMNS,
     MACHINE,
@@ -51,7 +52,7 @@ class Choice:
     speedup_low: float
     speedup_high: float
     error: float  # err_vs_uniform on this input (NaN when error was not measured)
-    peak_mem_bytes: float
+    memory_bytes: float  # the memory its mode weighs (attnbench.report.modes): peak per call; decode: the cache at N
     memory_ratio: float  # to the baseline's at the same N
     pays_off: str  # N from which it is faster than the baseline, e.g. "≈ 700", "≤ 256", "> 4096"
     time_s: float = float("nan")  # median time per call
@@ -59,6 +60,7 @@ class Choice:
     noisy: bool = False  # its timing is flagged noisy
     rounds: tuple[float, ...] = ()  # its per-call time in each round of its group (samples.csv), round order
     coverage: float = float("nan")  # its speedup interval's coverage (NaN: a bootstrap's nominal 95%)
+    prefill_s: float = float("nan")  # decode: the prompt's one call, timed once (NaN in other modes)
     fastest_exact: bool = False
     left_out: str = ""  # why it is not offered as a choice ("" when it is)
     ties: list[str] = field(default_factory=list)  # more accurate choices it is not faster than beyond noise
@@ -115,14 +117,16 @@ class InputVerdict:
     answers: list[Answer] = field(default_factory=list)
     setting_key: tuple[str, ...] = ()  # the setting's values (SETTING_COLUMNS), as text: which rows it judged
     budget: AccuracyBudget = field(default_factory=AccuracyBudget)  # what it was judged with
+    mode: Mode = FORWARD  # its setting's mode: what its times are per and which memory it weighs
 
 
 def setting_words(values: pd.Series, varying: set[str]) -> str:
-    """'cpu, float32, forward, non-causal, batch 1 × 8 heads × head_dim 64' (+ the axes a run varies)."""
+    """'cpu, float32, forward, non-causal, batch 1 × 8 heads × head_dim 64' (+ the axes a run varies); the mode in
+    its words (attnbench.report.modes): 'decode (per generated token, after a prompt of N)'."""
     parts = [
         str(values["device"]),
         str(values["dtype"]),
-        "forward" if values["mode"] == "fwd" else "forward + backward",
+        mode_of(values["mode"]).words,
         "causal" if str(values["causal"]) == "True" else "non-causal",
         f"batch {values['batch']} × {values['heads']} heads × head_dim {values['head_dim']}",
     ]
@@ -239,6 +243,7 @@ def verdicts(
         for column, value in zip(SETTING_COLUMNS, setting):
             timed = timed[timed[column] == value] if value == value else timed[timed[column].isna()]
         words = setting_words(rows.iloc[0], varying)
+        mode = mode_of(rows.iloc[0]["mode"])
         for source, on_input in rows.groupby("input", sort=False):
             timed_on = timed_input(timed, source)
             own = timed[timed["input"] == timed_on]
@@ -248,11 +253,11 @@ def verdicts(
             )
             sentence = input_sentence(on_input)
             verdict = InputVerdict(
-                words, str(source), baseline, sentence, str(timed_on), setting_key=key, budget=budget
+                words, str(source), baseline, sentence, str(timed_on), setting_key=key, budget=budget, mode=mode
             )
             for n, at_n in on_input[on_input.status == "ok"].groupby("seq_len"):
-                candidates = _candidates(at_n, own[own.seq_len == n], baseline, pays_off, samples)
-                answer = judge(int(n), candidates, baseline, budget, str(source))
+                candidates = _candidates(at_n, own[own.seq_len == n], baseline, pays_off, samples, mode.memory)
+                answer = judge(int(n), candidates, baseline, budget, str(source), mode)
                 if answer is not None:
                     verdict.answers.append(answer)
             out.append(verdict)
@@ -315,17 +320,19 @@ def _candidates(
     baseline: str,
     pays_off: dict[str, str],
     samples: dict[str, list[float]],
+    memory: str = "peak_mem_bytes",
 ) -> list[Choice]:
-    """Every variant with an ok row at one N, its speed and memory from `timed` and its error from `errors`.
-    Speed is the paired speedup (or, where the baseline did not run, 1 / time); its rounds from `samples`."""
+    """Every variant with an ok row at one N, its speed and `memory` (the column its mode weighs) from `timed` and
+    its error from `errors`. Speed is the paired speedup (or, where the baseline did not run, 1 / time); its rounds
+    from `samples`."""
     speed = timed.set_index("label")
-    base_memory = speed.peak_mem_bytes.get(baseline, float("nan")) if len(speed) else float("nan")
+    base_memory = speed[memory].get(baseline, float("nan")) if len(speed) else float("nan")
     candidates = []
     for row in errors.itertuples():
         if row.label not in speed.index:
             continue
         s = speed.loc[row.label]
-        memory = float(s.peak_mem_bytes) if pd.notna(s.peak_mem_bytes) else float("nan")
+        held = float(s[memory]) if pd.notna(s[memory]) else float("nan")
         paired = pd.notna(s.speedup)
         candidates.append(
             Choice(
@@ -335,8 +342,8 @@ def _candidates(
                 speedup_low=float(s.speedup_low) if paired else float("nan"),
                 speedup_high=float(s.speedup_high) if paired else float("nan"),
                 error=float(row.err_vs_uniform) if pd.notna(row.err_vs_uniform) else float("nan"),
-                peak_mem_bytes=memory,
-                memory_ratio=memory / base_memory if base_memory and base_memory == base_memory else float("nan"),
+                memory_bytes=held,
+                memory_ratio=held / base_memory if base_memory and base_memory == base_memory else float("nan"),
                 pays_off="–" if row.label == baseline else pays_off.get(row.label, "–"),
                 time_s=float(s.time_median_s),
                 of_roofline=float(s.of_roofline) if pd.notna(s.get("of_roofline")) else float("nan"),
@@ -344,6 +351,7 @@ def _candidates(
                 # a cell timed in several processes has no rounds shared with the others: compared by interval
                 rounds=tuple(samples.get(str(s.cell_key), ())) if not (s.get("processes") or 1) > 1 else (),
                 coverage=float(s.speedup_coverage) if pd.notna(s.get("speedup_coverage")) else float("nan"),
+                prefill_s=float(s.prefill_s) if pd.notna(s.get("prefill_s")) else float("nan"),
             )
         )
     return candidates
@@ -366,11 +374,17 @@ def over_budget(c: Choice, budget: AccuracyBudget) -> bool:
 
 
 def judge(
-    n: int, candidates: list[Choice], baseline: str, budget: AccuracyBudget | None = None, on: str = ""
+    n: int,
+    candidates: list[Choice],
+    baseline: str,
+    budget: AccuracyBudget | None = None,
+    on: str = "",
+    mode: Mode = FORWARD,
 ) -> Answer | None:
     """The verdict at one N: the fastest exact variant and the speed-error Pareto set of the approximations within
     the accuracy budget that beat averaging V (their error on the input `on`), every other candidate with its reason,
-    the answer in one sentence, and the answer to `budget.min_speedup` where it is asked."""
+    the answer in one sentence (in `mode`'s words: per generated token and the cache, in decode), and the answer to
+    `budget.min_speedup` where it is asked."""
     if not candidates:
         return None
     budget = budget or AccuracyBudget()
@@ -405,9 +419,9 @@ def judge(
         n,
         offered,
         left_out,
-        answer_sentence(offered, left_out, baseline, budget, on),
+        answer_sentence(offered, left_out, baseline, budget, on, mode),
         use=use.label if use else "",
-        asked=asked_sentence(candidates, baseline, budget, on),
+        asked=asked_sentence(candidates, baseline, budget, on, mode),
     )
 
 
@@ -429,12 +443,25 @@ def _on(on: str) -> str:
 
 
 def answer_sentence(
-    offered: list[Choice], left_out: list[Choice], baseline: str, budget: AccuracyBudget | None = None, on: str = ""
+    offered: list[Choice],
+    left_out: list[Choice],
+    baseline: str,
+    budget: AccuracyBudget | None = None,
+    on: str = "",
+    mode: Mode = FORWARD,
 ) -> str:
     """'Use X, the fastest within the error budget 0.5: 3.1× [2.9–3.4] faster than full at error 0.12 vs uniform on
-    `realistic`.' or 'Nothing beats full here: …', naming the input the error comes from."""
+    `realistic`.' or 'Nothing beats full here: …', naming the input the error comes from. In decode: 'Use X, the
+    fastest step within …: 3.1× […] faster per generated token than full's KV cache at error …, cache 0.5 MiB vs
+    16 MiB.'"""
     budget = budget or AccuracyBudget()
     within = f"the error budget {budget.max_error:g}"
+    base, per = mode.against(baseline), " per generated token" if mode.decode else ""
+    reference = next((c for c in offered + left_out if c.label == baseline), None)
+
+    def memory(c: Choice) -> str:
+        return _memory(c, mode, reference)
+
     approximate = [c for c in offered if c.family != "exact"]
     paired = any(c.speedup == c.speedup for c in offered)
     if not offered:  # no exact variant ran, and every approximation is left out
@@ -444,15 +471,15 @@ def answer_sentence(
         lead, *ties = fastest(offered)
         tied = f" ({', '.join(c.label for c in ties)} within noise of it)" if ties else ""
         return (
-            f"Fastest of the choices: {lead.label} ({format_number(lead.time_s * 1e3, '.3g')} ms per call){tied}; "
+            f"Fastest of the choices: {lead.label} ({format_number(lead.time_s * 1e3, '.3g')} ms {mode.per}){tied}; "
             f"{baseline} did not run here."
         )
     use = recommended(offered, baseline)
     over = [c for c in left_out if c.left_out.startswith(OVER_BUDGET)]
     if use is not None and use.family != "exact":
         text = (
-            f"Use {use.label}, the fastest within {within}: {_speed(use)} faster than {baseline} at error "
-            f"{_error(use)} vs uniform{_on(on)}{_memory(use)}"
+            f"Use {use.label}, the fastest{' step' if mode.decode else ''} within {within}: {_speed(use)} faster{per} "
+            f"than {base} at error {_error(use)} vs uniform{_on(on)}{memory(use)}"
         )
         winners = [c for c in approximate if c.clearly_faster and c.error == c.error]
         accurate = min(winners, key=lambda c: c.error_rank)
@@ -464,12 +491,12 @@ def answer_sentence(
             text += f"; {lead.label} is faster ({_speed(lead)}) but over the budget (error {_over(lead)})"
         return text + "."
     if use is not None:
-        return f"Use {use.label}: exact, {_speed(use)} faster than {baseline}{_memory(use)}."
+        return f"Use {use.label}: exact, {_speed(use)} faster{per} than {base}{memory(use)}."
     unmeasured = [c for c in approximate if c.clearly_faster]  # recommended() takes every measured one
     if unmeasured:
         lead = unmeasured[0]
         return (
-            f"Nothing measured within {within} beats {baseline} here: {lead.label} is {_speed(lead)} faster, but its "
+            f"Nothing measured within {within} beats {base} here: {lead.label} is {_speed(lead)} faster, but its "
             "error was not measured, so it cannot be checked against the budget."
         )
     judged = [c for c in approximate + left_out if c.family != "exact" and c.error == c.error]
@@ -478,7 +505,7 @@ def answer_sentence(
         useless = f" ({least.left_out})" if least.no_better_than_uniform else ""
         speed = f", at {_speed(least)}" if least.speedup == least.speedup else ""
         return (
-            f"Nothing within {within} beats {baseline} here: no approximation has error vs uniform{_on(on)} of "
+            f"Nothing within {within} beats {base} here: no approximation has error vs uniform{_on(on)} of "
             f"{budget.max_error:g} or less; the least is {least.label}'s {_over(least)}{useless}{speed}."
         )
     maybe = [c for c in approximate if c.speedup > 1]  # offered, faster by the median, but its interval reaches 1×
@@ -497,21 +524,24 @@ def answer_sentence(
         others = "; the other approximate variants are " + " or ".join(reasons) if reasons else ""
         verb = "is" if len(maybe) == 1 else "are"
         return (
-            f"Nothing clearly beats {baseline} here: {perhaps} {verb} faster by the median, but the 95% interval "
+            f"Nothing clearly beats {base} here: {perhaps} {verb} faster by the median, but the 95% interval "
             f"reaches 1×{others}."
         )
     because = ": the approximate variants are " + " or ".join(reasons) if reasons else ""
-    return f"Nothing beats {baseline} here{because}."
+    return f"Nothing beats {base} here{because}."
 
 
-def asked_sentence(candidates: list[Choice], baseline: str, budget: AccuracyBudget, on: str = "") -> str:
+def asked_sentence(
+    candidates: list[Choice], baseline: str, budget: AccuracyBudget, on: str = "", mode: Mode = FORWARD
+) -> str:
     """The answer to `min_speedup` S ('' when not asked): of the variants at least S× faster than the baseline beyond
     noise (their whole 95% interval at or above S), the one with the least error, and whether the budget holds it;
     or that none is, and the fastest."""
     if budget.min_speedup is None:
         return ""
     ask = budget.min_speedup
-    question = f"At least {ask:g}× faster than {baseline}"
+    per = " per generated token" if mode.decode else ""
+    question = f"At least {ask:g}× faster{per} than {mode.against(baseline)}"
     paired = [c for c in candidates if c.speedup == c.speedup and c.label != baseline]
     if not paired:
         return f"{question}: no speedup against {baseline} was measured here."
@@ -552,8 +582,13 @@ def _over(c: Choice) -> str:
     return format_number(c.error, ".3g")
 
 
-def _memory(c: Choice) -> str:
+def _memory(c: Choice, mode: Mode = FORWARD, baseline: Choice | None = None) -> str:
+    """', 0.5× the memory'; in decode the caches side by side: ', cache 0.508 MiB vs 16 MiB' ('' when unknown)."""
     ratio = c.memory_ratio
+    if mode.decode and c.memory_bytes == c.memory_bytes:
+        if baseline is not None and baseline.memory_bytes == baseline.memory_bytes:
+            return f", cache {mib_text(c.memory_bytes)} MiB vs {mib_text(baseline.memory_bytes)} MiB"
+        return f", cache {mib_text(c.memory_bytes)} MiB"
     return f", {format_number(ratio, '.2g')}× the memory" if ratio == ratio else ""
 
 
@@ -565,11 +600,21 @@ VERDICT_HEADERS = [
     "of roofline",
     "faster from N",
 ]
+DECODE_HEADERS = [  # per generated token; the cache in place of the peak; the prompt's call beside it
+    "variant",
+    "speedup per token vs {baseline} [95% CI]",
+    "error vs uniform",
+    "cache MiB (× {baseline})",
+    "prefill ms",
+    "of bandwidth roofline",
+    "faster from N",
+]
 
 
 def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list[list[str]]]:
-    """The choices offered at one N as a table: a row per choice."""
-    headers = [h.format(baseline=verdict.baseline) for h in VERDICT_HEADERS]
+    """The choices offered at one N as a table: a row per choice (in decode, its cache and prefill too)."""
+    decode = verdict.mode.decode
+    headers = [h.format(baseline=verdict.baseline) for h in (DECODE_HEADERS if decode else VERDICT_HEADERS)]
     lowest = min((c.coverage for c in answer.choices if c.coverage == c.coverage), default=CONFIDENCE)
     if lowest < CONFIDENCE:  # min–max of too few rounds: say what the interval is
         headers[1] = headers[1].replace("95% CI", f"CI, coverage {100 * lowest:.0f}%")
@@ -578,12 +623,17 @@ def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list
         name = choice.label + (" (fastest exact)" if choice.fastest_exact else "")
         name += f" (speed ties {', '.join(choice.ties)})" if choice.ties else ""
         error = "exact" if choice.family == "exact" else error_text(choice.error)
-        memory = f"{format_number(choice.peak_mem_bytes / MIB, '.1f')} ({format_number(choice.memory_ratio, '.2f')}×)"
         if choice.speedup == choice.speedup:
             speed = speedup_text(pd.Series(vars(choice))) + (" noisy" if choice.noisy else "")
         else:
             speed = f"– ({format_number(choice.time_s * 1e3, '.3g')} ms; no {verdict.baseline} here)"
-        rows.append([name, speed, error, memory, format_percent(choice.of_roofline), choice.pays_off])
+        if decode:
+            memory = f"{mib_text(choice.memory_bytes)} ({ratio_text(choice.memory_ratio)})"
+            prefill = [ms_text(choice.prefill_s)]
+        else:
+            memory = f"{format_number(choice.memory_bytes / MIB, '.1f')} ({format_number(choice.memory_ratio, '.2f')}×)"
+            prefill = []
+        rows.append([name, speed, error, memory, *prefill, format_percent(choice.of_roofline), choice.pays_off])
     return headers, rows
 
 
@@ -633,6 +683,12 @@ VERDICT_INTRO = (
     "95% interval; error is against exact attention relative to averaging V (0 exact, 1 no better than "
     "averaging); 'faster from N' is the N from which {baseline} is beaten at every larger N measured."
 )
+
+
+def verdict_intro(found: list[InputVerdict], baseline: str) -> str:
+    """How to read the verdict (VERDICT_INTRO), and what decode's figures are where a setting is decode's."""
+    text = VERDICT_INTRO.format(baseline=baseline)
+    return text + " " + DECODE_NOTE if any(v.mode.decode for v in found) else text
 
 
 def budget_line(budget: AccuracyBudget, baseline: str) -> str:
@@ -723,7 +779,8 @@ def verdict_terminal(found: list[VerdictBlock], width: int) -> str:
         for answer in block.verdict.answers:
             said = f"N={answer.n}: {answer.sentence}" + (f" {answer.asked}" if answer.asked else "")
             lines = [textwrap.fill(said.replace("`", ""), width)]
-            table = aligned_table(*verdict_rows(block.verdict, answer), width=width - 2, cuttable=(3, 0))
+            cuttable = (0,) if block.verdict.mode.decode else (3, 0)  # decode's cache column is short and its point
+            table = aligned_table(*verdict_rows(block.verdict, answer), width=width - 2, cuttable=cuttable)
             lines += ["  " + line for line in table.splitlines()]
             if answer.left_out:
                 lines.append(textwrap.fill(left_out_text(answer), width, initial_indent="  ", subsequent_indent="    "))
