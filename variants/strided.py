@@ -17,18 +17,29 @@ Work is proportional to the support: the local run is band attention over blocks
 attention along columns of the sequence laid out as (rows of l) — the stride axis made contiguous, as in
 OpenAI's reference — O(N * (l + N/l) * D); the summary part is O(N * (l + N * summary / l) * D).
 
+Decode (`prefill` / `step`): the stride is fixed at prefill, `stride` or default_stride of the prompt's length; a
+step reads only the keys its pattern selects, as views of its cache (no copy): `strided` a KV cache of every
+position (each is a later token's column key), the local run a slice, the column a slice with step l; `fixed` keeps
+less, the summaries of every block and the current block only (a position outside the summaries is read by its own
+block's queries alone): a cache of N * summary / l + l positions. With `stride` given (no longer than the prompt:
+the forward clips it to its length), each step equals the last row of the causal forward over everything so far
+(`decode_equals_forward`); with the default, the forward's stride follows its length (round(sqrt(N + t))) while the
+steps keep the prompt's, so they are compared for shape and finiteness only.
+
 b - batch, h - heads, r - row (block of l), c - column (position in block), d - head dim, e - value dim
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from attnbench.interface import (
     AttentionVariant,
     Capabilities,
     Cost,
+    DecodeState,
     Hyperparameter,
     Shape,
     UnsupportedOptionError,
@@ -36,7 +47,7 @@ from attnbench.interface import (
     saved_scores_bytes,
     softmax_attention_flops,
 )
-from attnbench.ops import band_allows
+from attnbench.ops import KVCache, band_allows, softmax_step
 from attnbench.variants.blocks import (
     Partial,
     Pattern,
@@ -48,6 +59,7 @@ from attnbench.variants.blocks import (
     real_key_blocks,
     with_causal,
 )
+from attnbench.variants.decoding import softmax_over_parts
 from attnbench.variants.flex import BACKEND, FLEX_BACKEND, FlexBackend, flex_attention_call
 from attnbench.variants.window import band_layout, band_partial
 from einops import rearrange
@@ -203,6 +215,132 @@ def strided_support(n: int, *, stride: int, pattern: str, summary: int, causal: 
     return torch.stack([with_causal(part, i, j, causal).expand(n, n) for part in parts])
 
 
+# ---- decode: one new token against what the pattern keeps -------------------------------------------
+
+EVEN, ODD = slice(0, None, 2), slice(1, None, 2)  # factorized: the first part's heads, the second part's
+
+
+def row_bytes(k: Tensor, v: Tensor) -> int:
+    """Bytes of one position's key and value in buffers like k (..., d) and v (..., e)."""
+    return k.shape[-1] * k.element_size() + v.shape[-1] * v.element_size()
+
+
+def summaries_before(t: int, stride: int, summary: int) -> int:
+    """How many positions j < t are block summaries (j mod l >= l - summary)."""
+    return (t // stride) * summary + max(0, t % stride - (stride - summary))
+
+
+def factorized_attention(
+    q: Tensor, first: tuple[Tensor, Tensor] | None, second: tuple[Tensor, Tensor] | None
+) -> Tensor:
+    """Factorized heads: even heads attend to `first` (k, v of the even heads), odd heads to `second` (of the odd
+    heads); None: no key, zeros. q (b, h, 1, d) -> (b, h, 1, e)."""
+    parts = [part for part in (first, second) if part is not None]
+    out = q.new_zeros(*q.shape[:-1], parts[0][1].shape[-1])
+    for heads, part in ((EVEN, first), (ODD, second)):
+        if part is not None:
+            out[:, heads] = softmax_step(q[:, heads], *part)
+    return out
+
+
+@dataclass
+class StridedCache(KVCache):
+    """The `strided` pattern's cache: every position's key and value. A step at t reads the local run t - l .. t (a
+    slice) and the column t - 2l, t - 3l, ... (a slice with step l); factorized, even heads the run and odd heads
+    the whole column t, t - l, ..."""
+
+    stride: int
+    factorize: bool
+
+    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The new token (position t = length) sees its pattern's keys up to itself: (b, h, 1, e)."""
+        self.append(k, v)
+        t, l = self.length - 1, self.stride
+        local = slice(max(0, t - l), t + 1)
+        if self.factorize:
+            column = slice(t % l, t + 1, l)
+            first = (self.keys[:, EVEN, local], self.values[:, EVEN, local])
+            return factorized_attention(q, first, (self.keys[:, ODD, column], self.values[:, ODD, column]))
+        parts = [(self.keys[..., local, :], self.values[..., local, :], None)]
+        if t >= 2 * l:  # the column beyond the run: t - 2l, t - 3l, ... down to t mod l
+            column = slice(t % l, t - 2 * l + 1, l)
+            parts.append((self.keys[..., column, :], self.values[..., column, :], None))
+        return softmax_over_parts(q, parts)
+
+    @property
+    def read_bytes(self) -> int:
+        """What the next step (at t = length) reads of the cache: the run's l held positions and the column's t // l
+        - 1 beyond it (factorized: even heads the run, odd heads the t // l of the column)."""
+        t, l = self.length, self.stride
+        b, h = self.keys.shape[:2]
+        run, column = min(l, t), max(0, t // l - 1)
+        rows = b * (h - h // 2) * run + b * (h // 2) * (t // l) if self.factorize else b * h * (run + column)
+        return rows * row_bytes(self.keys, self.values)
+
+
+@dataclass
+class FixedPatternState(KVCache):
+    """The `fixed` pattern's cache: the block summaries so far (keys, values: the last `summary` positions of every
+    block, in order; a KV cache) and the current block (block_k (b, h, l, d), block_v (b, h, l, e): slot c holds
+    position (t // l) * l + c). Nothing else is read again: a position outside the summaries is seen by its own
+    block's queries only."""
+
+    block_k: Tensor
+    block_v: Tensor
+    position: int  # the next token's position
+    stride: int
+    summary: int
+    factorize: bool
+
+    @classmethod
+    def of_prompt(
+        cls, k: Tensor, v: Tensor, *, stride: int, summary: int, factorize: bool, room: int
+    ) -> "FixedPatternState":
+        """The state after the prompt k (b, h, n, d), v (b, h, n, e), with room for the summaries of `room` steps."""
+        n = k.shape[-2]
+        positions = torch.arange(n, device=k.device)
+        summaries = positions[summary_allows(positions, positions, stride, summary)]
+        cache = KVCache.of(k[..., summaries, :], v[..., summaries, :], room=summaries_before(n + room, stride, summary)
+                           - summaries_before(n, stride, summary))  # fmt: skip
+        block_k = k.new_zeros(*k.shape[:-2], stride, k.shape[-1])
+        block_v = v.new_zeros(*v.shape[:-2], stride, v.shape[-1])
+        start = n - n % stride  # the block of the next token: its positions so far
+        block_k[..., : n - start, :], block_v[..., : n - start, :] = k[..., start:, :], v[..., start:, :]
+        return cls(cache.keys, cache.values, cache.length, block_k, block_v, n, stride, summary, factorize)
+
+    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The new token (position t) sees its block up to itself and the summaries of the earlier blocks
+        (factorized: even heads the block, odd heads every summary up to t): (b, h, 1, e)."""
+        t, l = self.position, self.stride
+        slot = t % l
+        self.block_k[..., slot, :], self.block_v[..., slot, :] = k[..., 0, :], v[..., 0, :]
+        if slot >= l - self.summary:
+            self.append(k, v)
+        self.position += 1
+        own = (self.block_k[..., : slot + 1, :], self.block_v[..., : slot + 1, :])
+        if self.factorize:
+            summaries = (self.k[:, ODD], self.v[:, ODD]) if self.length else None
+            return factorized_attention(q, (own[0][:, EVEN], own[1][:, EVEN]), summaries)
+        earlier = (t // l) * self.summary  # the summaries of the blocks before t's (its own are in `own`)
+        parts = [(*own, None)]
+        if earlier:
+            parts.append((self.keys[..., :earlier, :], self.values[..., :earlier, :], None))
+        return softmax_over_parts(q, parts)
+
+    @property
+    def read_bytes(self) -> int:
+        """What the next step (at t = position) reads: its block's t mod l held positions and the summaries of the
+        earlier blocks (factorized: even heads the block, odd heads every summary held)."""
+        t, l = self.position, self.stride
+        b, h = self.keys.shape[:2]
+        own = t % l
+        if self.factorize:
+            rows = b * (h - h // 2) * own + b * (h // 2) * self.length
+        else:
+            rows = b * h * (own + (t // l) * self.summary)
+        return rows * row_bytes(self.keys, self.values)
+
+
 class StridedAttention(FlexBackend, AttentionVariant):
     """Sparse Transformer attention, `strided` or `fixed` pattern, exact on its support."""
 
@@ -255,6 +393,32 @@ class StridedAttention(FlexBackend, AttentionVariant):
         out[:, even] = combine([first(q[:, even], k[:, even], v[:, even])])
         out[:, odd] = combine([second(q[:, odd], k[:, odd], v[:, odd], False)])
         return out
+
+    @property
+    def decode_equals_forward(self) -> bool:  # type: ignore[override]
+        """With `stride` given a step is the causal forward's last row; with the default the forward's stride
+        follows its length while the steps keep the prompt's (see the module's docstring)."""
+        return self.stride is not None
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
+        """The causal forward, and the cache of the pattern at the stride fixed now (`stride`, else the prompt's
+        default): `strided` every position, `fixed` the block summaries and the current block."""
+        n = k.shape[-2]
+        stride = self.stride or default_stride(n)  # not clipped to n: a stride >= n is causal attention either way
+        if self.factorize and q.shape[1] < 2:
+            raise UnsupportedOptionError(f"strided with factorize=True needs at least 2 heads; got {q.shape[1]}")
+        out = self(q, k, v, causal=True)
+        if self.pattern == "strided":
+            cache = KVCache.of(k, v, room)
+            return out, StridedCache(cache.keys, cache.values, cache.length, stride, self.factorize)
+        summary = min(self.summary, stride)
+        state = FixedPatternState.of_prompt(k, v, stride=stride, summary=summary, factorize=self.factorize, room=room)
+        return out, state
+
+    def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        if not isinstance(state, (StridedCache, FixedPatternState)):
+            raise UnsupportedOptionError(f"strided cannot step from a {type(state).__name__}")
+        return state.step(q, k, v), state
 
     def _flex(self, q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool) -> Tensor:
         pattern, summary, factorize = self.pattern, min(self.summary, stride), self.factorize

@@ -26,6 +26,12 @@ and every chunk attends to its block's keys through the fused SDPA kernel (queri
 the kept first block is one more chosen block, read by every query outside it; the parts are merged by their
 log-sum-exp, with the own block's part computed block-diagonally.
 
+Decode (`prefill` / `step`) is Quest's, whatever `score`: the cache is cut in pages of `block_size` and keeps each
+page's elementwise key max and min (2 d values a page, the metadata); a step ranks the pages before its own by the
+bound and attends by exact softmax to its own page (the newest positions), the first page when kept, and the top_k
+ranked pages: (top_k + 2) pages of keys and values read, the bound's metadata besides. With score="minmax" that is
+the causal forward's last row (`decode_equals_forward`); MoBA's mean gate is a prefill method and is not kept.
+
 b - batch, h - heads, x - (b h), i - query position, c - key block, j - key in block, s - chosen slot, t - chunk,
 r - query in chunk, d - head dim, e - value dim
 """
@@ -40,11 +46,14 @@ from attnbench.interface import (
     AttentionVariant,
     Capabilities,
     Cost,
+    DecodeState,
     Hyperparameter,
     Shape,
+    UnsupportedOptionError,
     softmax_attention_flops,
 )
-from attnbench.ops import causal_allows
+from attnbench.ops import KVCache, causal_allows, softmax_step
+from attnbench.variants.decoding import softmax_over_parts
 from attnbench.variants.blocks import Pattern, expand_over_heads, partial_attention, query_blocks, real_key_blocks
 from attnbench.variants.window import unblocked
 from einops import einsum, rearrange
@@ -224,6 +233,96 @@ def chunk_pairs(selection: Selection, blocks: int, per_chunk: int) -> Chunks:
     return Chunks(rows, used, chunk_group)
 
 
+# ---- decode: Quest (Tang et al. 2024) ------------------------------------------------------------------
+
+
+def ranked_pages(t: int, page: int, keep_first: bool) -> range:
+    """The pages a step at position t ranks: all before its own (the newest), but the first when it is kept."""
+    return range(1 if keep_first else 0, t // page)
+
+
+@dataclass
+class QuestCache(KVCache):
+    """Quest's cache: keys and values in pages of `page` positions (capacity a whole number of pages), and each
+    page's elementwise key maximum and minimum, the selection metadata: high, low (b, h, pages, d), filled for the
+    pages that hold a position. A step attends to its own page, the first page when kept, and the `top_k` others
+    with the highest bound Σ_d max(q_d max_d, q_d min_d) of q · k over a page's keys."""
+
+    high: Tensor
+    low: Tensor
+    page: int
+    top_k: int
+    keep_first: bool
+
+    @classmethod
+    def of_prompt(cls, k: Tensor, v: Tensor, *, page: int, room: int, top_k: int, keep_first: bool) -> "QuestCache":
+        """The cache of the prompt k (b, h, n, d), v (b, h, n, e), with room for `room` more positions."""
+        b, h, n, d = k.shape
+        pages = block_count(n + room, page)
+        cache = KVCache.of(k, v, pages * page - n)
+        high, low = (k.new_zeros(b, h, pages, d) for _ in range(2))
+        filled = block_count(n, page)
+        real = real_key_blocks(b, n, page, None, k.device)  # (b, c, j): the last page's rows past n are no keys
+        high[..., :filled, :], low[..., :filled, :] = block_summaries(k, real, page, "minmax")
+        return cls(cache.keys, cache.values, cache.length, high, low, page, top_k, keep_first)
+
+    def append(self, k: Tensor, v: Tensor) -> "QuestCache":
+        """Add one position k (b, h, 1, d), v (b, h, 1, e) and fold its key into its page's max and min."""
+        if self.length == self.keys.shape[-2]:  # full: double the buffers, whole pages, the metadata with them
+            self.keys, self.values, self.high, self.low = (
+                torch.cat([x, torch.zeros_like(x)], dim=-2) for x in (self.keys, self.values, self.high, self.low)
+            )
+        t = self.length
+        super().append(k, v)
+        p, key = t // self.page, k[..., 0, :]
+        if t % self.page == 0:  # a new page
+            self.high[..., p, :], self.low[..., p, :] = key, key
+        else:
+            self.high[..., p, :] = torch.maximum(self.high[..., p, :], key)
+            self.low[..., p, :] = torch.minimum(self.low[..., p, :], key)
+        return self
+
+    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The new token (position t = length) joins the cache and attends, by exact softmax, to the pages chosen
+        for it (all of them when no more than top_k are ranked): q, k, v (b, h, 1, d) -> (b, h, 1, e)."""
+        self.append(k, v)
+        t, page = self.length - 1, self.page
+        ranked = ranked_pages(t, page, self.keep_first)
+        if len(ranked) <= self.top_k:  # every page: exact attention
+            return softmax_step(q, self.k, self.v)
+        own = t // page * page  # the own page's first position
+        work = torch.promote_types(q.dtype, torch.float32)  # ranked in float32 at least, as the forward ranks
+        metadata = tuple(x[..., ranked.start : ranked.stop, :].to(work) for x in (self.high, self.low))
+        bounds = score_blocks(q.to(work), metadata)  # (b, h, 1, ranked)
+        chosen = largest(bounds, self.top_k).indices[..., 0, :] + ranked.start  # (b, h, s)
+        if ranked.start:  # the kept first page, unscored
+            chosen = torch.cat([chosen.new_zeros(*chosen.shape[:-1], 1), chosen], dim=-1)
+        b, h, s = chosen.shape
+        keys, values = (
+            rearrange(x[..., :own, :], "b h (c j) d -> b h c j d", j=page)
+            .gather(2, chosen[..., None, None].expand(b, h, s, page, x.shape[-1]))
+            .flatten(2, 3)
+            for x in (self.keys, self.values)
+        )  # (b, h, s page, d|e): the chosen pages, each whole (it lies before the own page)
+        newest = (self.keys[..., own : t + 1, :], self.values[..., own : t + 1, :], None)
+        return softmax_over_parts(q, [(keys, values, None), newest])
+
+    @property
+    def read_bytes(self) -> int:
+        """What the next step (at t = length) reads of the cache: the metadata of the pages it ranks, and the keys
+        and values of the pages it keeps, its own page's held part (every held position when it ranks no more than
+        top_k)."""
+        t, page = self.length, self.page
+        b, h = self.keys.shape[:2]
+        ranked = len(ranked_pages(t, page, self.keep_first))
+        row = self.keys.shape[-1] * self.keys.element_size() + self.values.shape[-1] * self.values.element_size()
+        if ranked <= self.top_k:
+            return b * h * t * row
+        metadata = 2 * ranked * self.high.shape[-1] * self.high.element_size()
+        rows = (self.top_k + int(self.keep_first)) * page + t % page
+        return b * h * (rows * row + metadata)
+
+
 class BlockTopKAttention(AttentionVariant):
     """Each query attends to its own key block, the first key block, and the top_k other key blocks its score ranks
     highest."""
@@ -265,6 +364,24 @@ class BlockTopKAttention(AttentionVariant):
     ) -> Tensor:
         selection = self.select(q, k, causal, key_padding_mask)
         return selected_support(selection, k.shape[-2], self.size(k.shape[-2]), causal)
+
+    @property
+    def decode_equals_forward(self) -> bool:  # type: ignore[override]
+        """Decode is Quest's: it ranks pages by the min/max bound, as the forward does with score="minmax" (then
+        a step is the causal forward's last row: own block, first block, top_k earlier ones by the same bound)."""
+        return self.score == "minmax"
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
+        """The causal forward, and Quest's paged cache (page = `block_size`) with each page's key max and min."""
+        state = QuestCache.of_prompt(
+            k, v, page=self.block_size, room=room, top_k=self.top_k, keep_first=self.keep_first_block
+        )
+        return self(q, k, v, causal=True), state
+
+    def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        if not isinstance(state, QuestCache):
+            raise UnsupportedOptionError(f"topk cannot step from a {type(state).__name__}")
+        return state.step(q, k, v), state
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         b, h, n, _ = q.shape

@@ -9,14 +9,26 @@ from attnbench.plan.config import ConfigError, load_config, parse_config, read_c
 
 
 def test_presets_load_and_cover_every_builtin() -> None:
-    """default measures every built-in variant; quick every one but full-math (full's math backend, half the quick
-    run's time at N=4096, is left to default)."""
+    """default measures every built-in variant with a full-sequence call; quick every one but full-math (full's math
+    backend, half the quick run's time at N=4096, is left to default); decode every one with a decode form (the
+    KV-cache methods, decode only, among them)."""
     from attnbench.registry import registry
 
     built_in = {name for name in registry.names() if registry.load(name).__module__.startswith("attnbench.")}
     assert {"full", "band", "topk", "bigbird", "nystromformer"} <= built_in
-    assert {spec.name for spec in load_config("default").variants} >= built_in
-    assert {spec.name for spec in load_config("quick").variants} == built_in - {"full-math"}
+    options = dict(device="cpu", dtype="float32", padded=False, n_q=8, n_k=8)
+
+    def decode_only(name: str) -> bool:
+        variant = registry.create(name)
+        refused = all(variant.unsupported_reason(**options, causal=causal) is not None for causal in (False, True))
+        return refused and variant.unsupported_reason(**options, causal=True, decode=True) is None
+
+    forward = {name for name in built_in if not decode_only(name)}
+    assert {"h2o", "snapkv"} <= built_in - forward
+    assert {spec.name for spec in load_config("default").variants} >= forward
+    assert {spec.name for spec in load_config("quick").variants} == forward - {"full-math"}
+    decoding = {name for name in built_in if registry.load(name).decodes()}
+    assert {spec.name for spec in load_config("decode").variants} >= decoding
 
 
 def test_every_problem_is_listed_at_once() -> None:

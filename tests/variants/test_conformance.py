@@ -17,7 +17,9 @@ EXTRA_SETTINGS = [
     ("performer", {"kernel": "trig"}),  # the paper's trigonometric baseline: denominators of either sign
     ("performer", {"orthogonal": False}),
     ("topk", {"block_size": 8, "top_k": 3}),  # at the checks' small N, blocks to choose between
-    ("topk", {"block_size": 8, "top_k": 2, "score": "minmax"}),
+    ("topk", {"block_size": 8, "top_k": 2, "score": "minmax"}),  # decode is Quest's: steps equal the forward here
+    ("h2o", {"budget": 16, "recent": 4}),  # budgets below the checks' prompt: eviction and selection happen
+    ("snapkv", {"budget": 16, "window": 4}),
 ]
 SETTINGS = [(name, {}) for name in registry.names()] + EXTRA_SETTINGS
 

@@ -1,0 +1,323 @@
+"""KV-cache compression: methods that keep part of the keys and values for generation, split as kvpress splits
+them: a `score` saying which positions matter, and one shared `compress` keeping the top ones per head.
+
+- `h2o` (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language
+  Models"): a cache of `budget` positions per head, the `recent` last ones and the heavy hitters, the positions
+  whose keys received the most attention mass so far (the sum over queries of the softmax weights a key got: over
+  the prompt, then from every step). After the prompt the top budget - recent older positions by mass are kept;
+  each step attends to the cache and itself, adds its weights to the masses, and the position leaving the recent
+  ring takes the heavy slot of least mass if it has more (else it is dropped): H2O's greedy eviction of the
+  lowest-scored non-recent token, in buffers of fixed size.
+- `snapkv` (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before Generation"): at the end of the
+  prompt the last `window` queries (the observation window) vote: their softmax weights on the prefix keys, summed
+  over the window, pooled along the keys (max or average over `kernel` neighbours, so a kept key brings its
+  neighbours); per head the top budget - window prefix positions are kept, and the window. Then exact attention on
+  what was kept, new tokens appended (the cache grows by one a step).
+
+Both compute exact causal attention over the prompt (they compress after it), keep everything when the prompt fits
+the budget (then they are exact decoding; H2O until the budget fills), and change generation only: a full-sequence
+call is refused (`--mode decode`). Positions: q and k arrive post-rotary, so a kept key keeps the position it was
+encoded at (StreamingLLM re-assigns positions inside its cache, which needs the rotary step, outside attention
+here; neither H2O nor SnapKV does).
+
+b - batch, h - heads, i - query position, j - key position, d - head dim, e - value dim, s - kept slot
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from attnbench.interface import (
+    AttentionVariant,
+    Capabilities,
+    Cost,
+    DecodeState,
+    Hyperparameter,
+    Shape,
+    UnsupportedOptionError,
+    VariantError,
+    softmax_attention_flops,
+)
+from attnbench.ops import KVCache, causal_allows, default_scale, softmax_step
+from attnbench.variants.decoding import attend_over_parts
+from einops import einsum, rearrange
+from torch import Tensor
+
+SCORE_CHUNK = 256  # prompt queries whose weights H2O holds at once: (b, h, 256, n), never n x n
+BUDGET = Hyperparameter(512, "positions kept per head (the compressed cache's size)", minimum=1)
+POOLS = ("max", "avg")
+
+
+# ---- kvpress's split: a score per position, one compress for every method --------------------------------------
+
+
+def compress(k: Tensor, v: Tensor, scores: Tensor, keep: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per head, the `keep` positions with the highest scores: k (b, h, n, d), v (b, h, n, e), scores (b, h, n) ->
+    their keys (b, h, s, d), values (b, h, s, e) and positions (b, h, s), in the order of the sequence."""
+    positions = scores.topk(keep, dim=-1).indices.sort(dim=-1).values
+    return gather_positions(k, positions), gather_positions(v, positions), positions
+
+
+def gather_positions(x: Tensor, positions: Tensor) -> Tensor:
+    """x (b, h, n, d) at positions (b, h, s) -> (b, h, s, d)."""
+    return x.gather(2, positions[..., None].expand(*positions.shape, x.shape[-1]))
+
+
+def attention_mass(q: Tensor, k: Tensor, v: Tensor, chunk: int = SCORE_CHUNK) -> tuple[Tensor, Tensor]:
+    """H2O's score of the prompt: causal softmax attention, and the mass each key received, the sum over queries
+    i >= j of weight(i, j). q, k (b, h, n, d), v (b, h, n, e) -> out (b, h, n, e), mass (b, h, n) in float32 at
+    least. Taken `chunk` queries at a time: (b, h, chunk, n) weights held, never n x n."""
+    b, h, n, _ = q.shape
+    work = torch.promote_types(q.dtype, torch.float32)
+    out = v.new_empty(b, h, n, v.shape[-1])
+    mass = torch.zeros(b, h, n, dtype=work, device=q.device)
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        scores = einsum(q[:, :, start:stop].to(work), k[:, :, :stop].to(work), "b h i d, b h j d -> b h i j")
+        i, j = torch.arange(start, stop, device=q.device)[:, None], torch.arange(stop, device=q.device)[None, :]
+        weights = (scores * default_scale(q.shape[-1])).masked_fill_(~causal_allows(i, j), float("-inf")).softmax(-1)
+        mass[..., :stop] += weights.sum(dim=-2)
+        out[:, :, start:stop] = einsum(weights, v[:, :, :stop].to(work), "b h i j, b h j e -> b h i e").to(v.dtype)
+    return out, mass
+
+
+def window_votes(q: Tensor, k: Tensor, window: int) -> Tensor:
+    """SnapKV's observation: the last `window` queries' causal softmax weights (over every key) on the prefix keys,
+    summed over the window's queries: q, k (b, h, n, d) -> (b, h, n - window), in float32 at least."""
+    n = k.shape[-2]
+    work = torch.promote_types(q.dtype, torch.float32)
+    scores = einsum(q[:, :, n - window :].to(work), k.to(work), "b h i d, b h j d -> b h i j")
+    scores = scores * default_scale(q.shape[-1])
+    i, j = torch.arange(n - window, n, device=q.device)[:, None], torch.arange(n, device=q.device)[None, :]
+    weights = scores.masked_fill_(~causal_allows(i, j), float("-inf")).softmax(-1)  # (b, h, w, n)
+    return weights[..., : n - window].sum(dim=-2)
+
+
+def pooled(votes: Tensor, kernel: int, pool: str) -> Tensor:
+    """Votes (b, h, n) smoothed along the keys, stride 1, same length: the max or the average of `kernel`
+    neighbours (centred; the average counts the zero padding at the ends, as SnapKV's avg_pool1d does)."""
+    pooling = F.max_pool1d if pool == "max" else F.avg_pool1d
+    out = pooling(rearrange(votes, "b h n -> (b h) 1 n"), kernel, stride=1, padding=kernel // 2)
+    return rearrange(out[..., : votes.shape[-1]], "(b h) 1 n -> b h n", b=votes.shape[0])
+
+
+# ---- H2O's cache ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class HeavyHitterCache(DecodeState):
+    """H2O's cache, of fixed size: `heavy` slots of heavy hitters, heavy_k (b, h, H, d), heavy_v (b, h, H, e), and a
+    ring of the `recent` last positions, ring_k (b, h, R, d), ring_v (b, h, R, e) (slot p % R holds position p), with
+    the attention mass each slot's key received so far, heavy_mass (b, h, H) and ring_mass (b, h, R), float32 at
+    least (-inf: an empty heavy slot)."""
+
+    heavy_k: Tensor
+    heavy_v: Tensor
+    heavy_mass: Tensor
+    ring_k: Tensor
+    ring_v: Tensor
+    ring_mass: Tensor
+    length: int  # positions seen: the next token's position
+
+    @classmethod
+    def of_prompt(cls, k: Tensor, v: Tensor, mass: Tensor, *, budget: int, recent: int) -> "HeavyHitterCache":
+        """After the prompt k (b, h, n, d), v (b, h, n, e) with its masses (b, h, n): its last `recent` positions in
+        the ring, and of the older ones the budget - recent with the most mass (all when they fit)."""
+        (b, h, n, d), e, heavy = k.shape, v.shape[-1], budget - recent
+        ring_k, ring_v = k.new_zeros(b, h, recent, d), v.new_zeros(b, h, recent, e)
+        ring_mass = mass.new_zeros(b, h, recent)
+        last = torch.arange(max(0, n - recent), n, device=k.device)
+        if recent:
+            ring_k[..., last % recent, :], ring_v[..., last % recent, :] = k[..., last, :], v[..., last, :]
+            ring_mass[..., last % recent] = mass[..., last]
+        heavy_k, heavy_v = k.new_zeros(b, h, heavy, d), v.new_zeros(b, h, heavy, e)
+        heavy_mass = mass.new_full((b, h, heavy), float("-inf"))
+        older = max(0, n - recent)  # the positions before the ring compete for the heavy slots
+        kept = min(older, heavy)
+        if kept:
+            scores = mass[..., :older]
+            kept_k, kept_v, positions = compress(k[..., :older, :], v[..., :older, :], scores, kept)
+            heavy_k[..., :kept, :], heavy_v[..., :kept, :] = kept_k, kept_v
+            heavy_mass[..., :kept] = scores.gather(-1, positions)
+        return cls(heavy_k, heavy_v, heavy_mass, ring_k, ring_v, ring_mass, n)
+
+    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The new token (position t = length) attends to the cache and itself, q, k, v (b, h, 1, d) -> (b, h, 1, e);
+        every key's mass grows by its weight; the token takes the ring slot of position t - recent, which then
+        competes for a heavy slot (with no ring, the token itself competes)."""
+        t, recent = self.length, self.ring_k.shape[-2]
+        filled = None if t >= recent else (torch.arange(recent, device=k.device) < t)[None, None]
+        out, (to_heavy, to_ring, to_new) = attend_over_parts(q, [
+            (self.heavy_k, self.heavy_v, self.heavy_mass > float("-inf")),
+            (self.ring_k, self.ring_v, filled),
+            (k, v, None),
+        ])  # fmt: skip
+        self.heavy_mass += to_heavy[..., 0, :]  # an empty slot stays -inf
+        self.ring_mass += to_ring[..., 0, :]
+        new = (k, v, to_new[..., 0, :].to(self.ring_mass.dtype))
+        candidate: tuple[Tensor, ...] | None = new  # with no ring, the new token itself competes
+        if recent:
+            slot = slice(t % recent, t % recent + 1)
+            ring = (self.ring_k[..., slot, :], self.ring_v[..., slot, :], self.ring_mass[..., slot])
+            candidate = tuple(x.clone() for x in ring) if t >= recent else None  # position t - recent leaves
+            self.ring_k[..., slot, :], self.ring_v[..., slot, :], self.ring_mass[..., slot] = new
+        if candidate is not None and self.heavy_k.shape[-2]:
+            self.admit(*candidate)
+        self.length += 1
+        return out
+
+    def admit(self, k: Tensor, v: Tensor, mass: Tensor) -> None:
+        """A candidate, k (b, h, 1, d), v (b, h, 1, e), mass (b, h, 1), takes the heavy slot of least mass in the heads
+        where it has more; elsewhere it is dropped (H2O evicts the lowest-scored non-recent token)."""
+        weakest = self.heavy_mass.argmin(dim=-1, keepdim=True)  # (b, h, 1)
+        wins = mass > self.heavy_mass.gather(-1, weakest)  # (b, h, 1)
+        for buffer, value in ((self.heavy_k, k), (self.heavy_v, v)):
+            slot = weakest[..., None].expand(*weakest.shape, buffer.shape[-1])  # (b, h, 1, d|e)
+            buffer.scatter_(2, slot, torch.where(wins[..., None], value, buffer.gather(2, slot)))
+        self.heavy_mass.scatter_(-1, weakest, torch.where(wins, mass, self.heavy_mass.gather(-1, weakest)))
+
+    @property
+    def read_bytes(self) -> int:
+        """What the next step reads: the filled slots' keys, values and masses (it writes the masses back)."""
+        t, recent, heavy = self.length, self.ring_k.shape[-2], self.heavy_k.shape[-2]
+        b, h = self.ring_k.shape[:2]
+        slots = min(t, recent) + min(max(0, t - recent), heavy)
+        row = sum(x.shape[-1] * x.element_size() for x in (self.ring_k, self.ring_v))
+        per_slot = row + self.ring_mass.element_size()
+        return b * h * slots * per_slot
+
+
+# ---- the methods ---------------------------------------------------------------------------------------------
+
+
+class KVCompression(AttentionVariant):
+    """A KV-cache method: exact causal attention over the prompt, then generation against the part of the cache it
+    keeps. Decode only: a full-sequence call is refused."""
+
+    family = "kv-cache"
+    exact = False
+    decode_equals_forward = False  # what is kept depends on the prompt's end, not on the forward's pattern
+    supports = Capabilities(
+        key_padding_mask=False,
+        cross_attention=False,
+        backward=False,
+        notes={
+            "key_padding_mask": "generation: one sequence per batch row",
+            "cross_attention": "generation attends to its own sequence",
+            "backward": "a KV-cache method changes generation only",
+        },
+    )
+
+    def unsupported_reason(self, **options: Any) -> str | None:
+        if not options.get("decode"):
+            return f"{self.name} is a KV-cache method: it changes generation only (--mode decode)"
+        return super().unsupported_reason(**options)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        raise UnsupportedOptionError(f"{self.name} is a KV-cache method: it changes generation only (--mode decode)")
+
+    def prompt_cost(self, shape: Shape, *, attention_pairs: float, scored_pairs: float, held_scores: float) -> Cost:
+        """The prefill's cost, per head: the prompt's attention over `attention_pairs` scores, and `scored_pairs`
+        more whose weights the method's score takes besides, `held_scores` of them held at once (in float32)."""
+        s, heads = shape, shape.batch * shape.heads
+        matmul, other = softmax_attention_flops(heads * attention_pairs, s)
+        score_matmul = 2 * heads * scored_pairs * s.head_dim
+        io = heads * s.n_k * (2 * s.head_dim + 2 * s.value_dim)  # q, k, v in, the outputs out
+        output = heads * s.n_k * s.value_dim * s.dtype_bytes
+        return Cost(
+            flops=matmul + other + score_matmul + 5 * heads * scored_pairs,
+            bytes_moved=io * s.dtype_bytes,
+            working_bytes=output + 2 * heads * held_scores * max(4, s.dtype_bytes),
+            matmul_flops=matmul + score_matmul,
+        )
+
+
+class HeavyHitterOracle(KVCompression):
+    """H2O: the `recent` last positions and the heavy hitters by accumulated attention mass, `budget` per head."""
+
+    name = "h2o"
+    hyperparameters = {
+        "budget": BUDGET,
+        "recent": Hyperparameter(
+            None, "of the budget, the last positions always kept (default budget // 2: the paper's equal split of "
+            "heavy hitters and recent tokens)", minimum=0, optional=True,
+        ),
+    }  # fmt: skip
+
+    def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
+        super().__init__(seed, **hyperparams)
+        if self.recent is not None and self.recent > self.budget:
+            raise VariantError(
+                f"Invalid hyperparameters for variant 'h2o': recent: {self.recent} exceeds the budget {self.budget} "
+                "(the recent positions are part of it)"
+            )
+
+    @property
+    def recent_kept(self) -> int:
+        """The recent positions always kept: `recent`, else half the budget."""
+        return self.budget // 2 if self.recent is None else self.recent
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
+        """Exact causal attention over the prompt, whose weights give each key its mass; then the cache (`room` is
+        not needed: its size is fixed)."""
+        out, mass = attention_mass(q, k, v)
+        return out, HeavyHitterCache.of_prompt(k, v, mass, budget=self.budget, recent=self.recent_kept)
+
+    def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        if not isinstance(state, HeavyHitterCache):
+            raise UnsupportedOptionError(f"h2o cannot step from a {type(state).__name__}")
+        return state.step(q, k, v), state
+
+    def cost(self, shape: Shape) -> Cost:
+        n, chunk = shape.n_k, SCORE_CHUNK
+        computed = sum(min(chunk, n - start) * min(n, start + chunk) for start in range(0, n, chunk))  # rows x keys
+        return self.prompt_cost(shape, attention_pairs=computed, scored_pairs=0, held_scores=min(chunk, n) * n)
+
+
+class SnapKV(KVCompression):
+    """SnapKV: the prompt's last `window` queries vote for the prefix keys; the top ones and the window are kept."""
+
+    name = "snapkv"
+    hyperparameters = {
+        "budget": BUDGET,
+        "window": Hyperparameter(32, "the observation window: the prompt's last queries, which vote and are kept",
+                                 minimum=1),
+        "kernel": Hyperparameter(7, "pooling kernel along the keys (SnapKV's experiments: 7)", minimum=1),
+        "pool": Hyperparameter("max", "pooling of the votes: max (SnapKV's experiments) or avg (its code's default)",
+                               kind=str, choices=POOLS),
+    }  # fmt: skip
+
+    def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
+        super().__init__(seed, **hyperparams)
+        if self.window >= self.budget:
+            raise VariantError(
+                f"Invalid hyperparameters for variant 'snapkv': window: {self.window} must be below the budget "
+                f"{self.budget} (the window is kept, and budget - window prefix positions)"
+            )
+
+    def score(self, q: Tensor, k: Tensor) -> Tensor:
+        """(b, h, n): the prefix positions' pooled votes, the window's +inf (always kept)."""
+        votes = pooled(window_votes(q, k, self.window), self.kernel, self.pool)
+        return F.pad(votes, (0, self.window), value=float("inf"))
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
+        """Exact causal attention over the prompt, then the cache of the `budget` positions it keeps (all when the
+        prompt fits), with room for `room` steps."""
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if k.shape[-2] > self.budget:
+            k, v, _ = compress(k, v, self.score(q, k), self.budget)
+        return out, KVCache.of(k, v, room)
+
+    def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        if not isinstance(state, KVCache):
+            raise UnsupportedOptionError(f"snapkv cannot step from a {type(state).__name__}")
+        state.append(k, v)
+        return softmax_step(q, state.k, state.v), state
+
+    def cost(self, shape: Shape) -> Cost:
+        n, window = shape.n_k, min(self.window, shape.n_k)
+        causal = n * (n + 1) / 2  # the fused kernel's pairs j <= i
+        return self.prompt_cost(shape, attention_pairs=causal, scored_pairs=window * n, held_scores=window * n)
