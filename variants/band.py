@@ -102,14 +102,11 @@ class BandAttention(FlexBackend, AttentionVariant):
             raise UnsupportedOptionError(f"band cannot step from a {type(state).__name__}")
         if self.kv_cache:
             return state.step(q, k, v), state
-        # re-computation: the causal attention of every kept token and the new one, recomputed; its last row is out
-        kept_qk, kept_v = state.ordered()
-        tokens = torch.cat([kept_qk, torch.cat([q, k], dim=-1)], dim=-2)  # (b, h, kept + 1, 2d)
-        values = torch.cat([kept_v, v], dim=-2)
-        queries, keys = tokens.split(q.shape[-1], dim=-1)
-        out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True)[..., -1:, :]
+        # re-computation: the causal attention of every kept token, the new one last, recomputed; its last row is out
         state.push(torch.cat([q, k], dim=-1), v)
-        return out, state
+        tokens, values = state.ordered()  # (b, h, kept, 2d), (b, h, kept, e)
+        queries, keys = tokens.split(q.shape[-1], dim=-1)
+        return F.scaled_dot_product_attention(queries, keys, values, is_causal=True)[..., -1:, :], state
 
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor:
         i, j = all_pairs(n_q, n_k)  # (i, 1), (1, j)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from attnbench.interface import DecodeState
-from attnbench.ops import default_scale
+from attnbench.ops import default_scale, softmax_step
 from einops import einsum
 from torch import Tensor
 
@@ -43,66 +43,64 @@ def attend_over_parts(q: Tensor, parts: list[tuple[Tensor, Tensor, Tensor | None
 
 @dataclass
 class WindowState(DecodeState):
-    """StreamingLLM's cache: the first `columns` positions' keys and values (the sinks) and a ring of the last
-    `window` positions' (slot p % window holds position p), with each slot's position (-1: empty).
+    """StreamingLLM's cache in one buffer: `columns` slots for the first positions (the sinks), then a ring of
+    `window` + 1 slots for the latest positions (position p >= columns in slot columns + p % (window + 1)), each
+    slot's position beside it (-1: empty). A new token is written into its slot first; then every filled slot is
+    what it sees (the sinks, the last `window` positions and itself), so a step is one softmax over the whole buffer,
+    with no mask once every slot is filled.
 
-    sink_k (b, h, c, d), sink_v (b, h, c, e), ring_k (b, h, w, d), ring_v (b, h, w, e), ring_positions (w,)."""
+    keys (b, h, c + w + 1, d), values (b, h, c + w + 1, e), positions (c + w + 1,)."""
 
-    sink_k: Tensor
-    sink_v: Tensor
-    ring_k: Tensor
-    ring_v: Tensor
-    ring_positions: Tensor
+    keys: Tensor
+    values: Tensor
+    positions: Tensor
     length: int  # positions seen so far: the next token's position
-    columns: int  # how many first positions are sinks (more than the prompt had: later tokens join them)
+    columns: int  # slots for the first positions (a prompt shorter than them leaves later tokens to fill them)
+    filled: int  # slots holding a position
 
     @classmethod
     def of(cls, k: Tensor, v: Tensor, *, window: int, columns: int) -> "WindowState":
         """The state after the prompt k (b, h, n, d), v (b, h, n, e)."""
-        n = k.shape[-2]
-        ring_k = k.new_zeros(*k.shape[:-2], window, k.shape[-1])
-        ring_v = v.new_zeros(*v.shape[:-2], window, v.shape[-1])
-        positions = torch.full((window,), -1, dtype=torch.long, device=k.device)
-        last = torch.arange(max(0, n - window), n, device=k.device)  # the prompt's last w positions
-        if window:
-            ring_k[..., last % window, :], ring_v[..., last % window, :] = k[..., last, :], v[..., last, :]
-            positions[last % window] = last
-        kept = min(columns, n)
-        return cls(k[..., :kept, :].clone(), v[..., :kept, :].clone(), ring_k, ring_v, positions, n, columns)
+        n, slots = k.shape[-2], columns + window + 1
+        keys = k.new_zeros(*k.shape[:-2], slots, k.shape[-1])
+        values = v.new_zeros(*v.shape[:-2], slots, v.shape[-1])
+        positions = torch.full((slots,), -1, dtype=torch.long, device=k.device)
+        kept = torch.cat([
+            torch.arange(min(columns, n)), torch.arange(min(n, max(columns, n - window - 1)), n)  # sinks; the ring's
+        ]).to(k.device)  # fmt: skip
+        where = cls.slot_of(kept, columns, window)
+        keys[..., where, :], values[..., where, :], positions[where] = k[..., kept, :], v[..., kept, :], kept
+        return cls(keys, values, positions, n, columns, len(kept))
 
-    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """The new token (position `length`) sees the sinks, the ring's positions not among them, and itself;
-        then it joins the state (`push`)."""
-        out = softmax_over_parts(q, [
-            (self.sink_k, self.sink_v, None), (self.ring_k, self.ring_v, self._in_ring()[None, None]), (k, v, None),
-        ])  # fmt: skip
-        self.push(k, v)
-        return out
-
-    def _in_ring(self) -> Tensor:
-        """(w,) bool: slots filled with a position that is not a sink (a sink inside the window counts once)."""
-        return self.ring_positions >= self.sink_k.shape[-2]
-
-    def ordered(self) -> tuple[Tensor, Tensor]:
-        """Every kept position's key and value in position order, sinks first: (b, h, kept, d), (b, h, kept, e)."""
-        slots = torch.argsort(self.ring_positions.masked_fill(~self._in_ring(), -1))[int((~self._in_ring()).sum()):]
-        return torch.cat([self.sink_k, self.ring_k[..., slots, :]], -2), torch.cat([self.sink_v, self.ring_v[..., slots, :]], -2)
+    @staticmethod
+    def slot_of(position: Tensor | int, columns: int, window: int) -> Tensor | int:
+        """A sink's own slot, or its place in the ring."""
+        if isinstance(position, int):
+            return position if position < columns else columns + position % (window + 1)
+        return torch.where(position < columns, position, columns + position % (window + 1))
 
     def push(self, k: Tensor, v: Tensor) -> None:
-        """Keep the new token (b, h, 1, d|e): a sink while fewer than `columns` positions were seen, and in the ring
-        slot of the position the next token no longer sees."""
-        if self.length < self.columns:  # a prompt shorter than the sinks: this token is one
-            self.sink_k, self.sink_v = torch.cat([self.sink_k, k], -2), torch.cat([self.sink_v, v], -2)
-        window = self.ring_positions.shape[0]
-        if window:
-            slot = self.length % window
-            self.ring_k[..., slot, :], self.ring_v[..., slot, :] = k[..., 0, :], v[..., 0, :]
-            self.ring_positions[slot] = self.length
+        """Write the new token (b, h, 1, d|e) into its slot: a sink, or the ring slot of the position the new token
+        no longer sees (window + 1 positions back)."""
+        slot = self.slot_of(self.length, self.columns, self.positions.shape[0] - self.columns - 1)
+        self.filled += int(self.positions[slot] < 0)
+        self.keys[..., slot, :], self.values[..., slot, :] = k[..., 0, :], v[..., 0, :]
+        self.positions[slot] = self.length
         self.length += 1
 
-    @property
-    def read_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.sink_k, self.sink_v, self.ring_k, self.ring_v))
+    def visible(self) -> Tensor | None:
+        """(n,) bool of the filled slots, None when every slot is (no mask needed)."""
+        return None if self.filled == self.positions.shape[0] else self.positions >= 0
+
+    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The new token joins the buffer, then sees every filled slot: (b, h, 1, e)."""
+        self.push(k, v)
+        return softmax_step(q, self.keys, self.values, self.visible())
+
+    def ordered(self) -> tuple[Tensor, Tensor]:
+        """Every kept position's key and value in position order: (b, h, kept, d), (b, h, kept, e)."""
+        slots = torch.argsort(self.positions)[self.positions.shape[0] - self.filled :]
+        return self.keys[..., slots, :], self.values[..., slots, :]
 
 
 @dataclass

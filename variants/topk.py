@@ -294,7 +294,7 @@ class QuestCache(KVCache):
         work = torch.promote_types(q.dtype, torch.float32)  # ranked in float32 at least, as the forward ranks
         metadata = tuple(x[..., ranked.start : ranked.stop, :].to(work) for x in (self.high, self.low))
         bounds = score_blocks(q.to(work), metadata)  # (b, h, 1, ranked)
-        chosen = largest(bounds, self.top_k).indices[..., 0, :] + ranked.start  # (b, h, s)
+        chosen = largest(bounds, self.top_k)[1][..., 0, :] + ranked.start  # (b, h, s)
         if ranked.start:  # the kept first page, unscored
             chosen = torch.cat([chosen.new_zeros(*chosen.shape[:-1], 1), chosen], dim=-1)
         b, h, s = chosen.shape

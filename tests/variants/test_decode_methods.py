@@ -272,3 +272,14 @@ def test_kv_cache_methods_refuse_a_full_sequence_call(name: str) -> None:
 def test_kv_cache_budgets_are_checked(name: str, params: dict, word: str) -> None:
     with pytest.raises(VariantError, match=word):
         registry.create(name, **params)
+
+
+def test_quest_ranks_many_pages() -> None:
+    """Past 64 pages the ranking narrows before its top k (topk's `largest`); the steps still equal the causal
+    forward's last rows (score="minmax", the bound Quest ranks by)."""
+    n, steps = 4 * 80 + 3, 3
+    q, k, v = inputs(n, steps, batch=1, heads=2)
+    variant = registry.create("topk", block_size=4, top_k=3, score="minmax")
+    expected = variant(q, k, v, causal=True)
+    _, stepped, _ = generate(variant, q, k, v, n)
+    torch.testing.assert_close(stepped, expected[:, :, n:], rtol=0, atol=1e-12)
