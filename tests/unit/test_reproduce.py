@@ -173,6 +173,29 @@ def test_sinks_restore(error_with: float, dropped_with: float, verdict: str) -> 
     assert CHECKS["sinks_restore"](sinks(error_with, dropped_with), params).verdict == verdict
 
 
+def recomputed(ratios: list[float]) -> pd.DataFrame:
+    """band at windows 256, 512, 1024: cached steps 1 ms, re-computed ones `ratio` ms."""
+    rows = []
+    for window, ratio in zip((256, 512, 1024), ratios):
+        for cached, ms in ((True, 1.0), (False, ratio)):
+            hparams = {"window": window, "sinks": 4, "kv_cache": cached}
+            rows.append(row(f"band({window},{cached})", variant="band", hparams=hparams, time_median_s=ms / 1e3))
+    return frame(rows)
+
+
+@pytest.mark.parametrize("ratios, verdict", [([5, 20, 80], HOLDS), ([5, 4, 6], TREND), ([0.5, 2, 8], FAILS)])
+def test_ratio_rises_along_an_axis(ratios: list[float], verdict: str) -> None:
+    params = {"variant": "band", "axis": "window", "slow": {"kv_cache": False}, "fast": {"kv_cache": True}}
+    assert CHECKS["ratio_rises_along"](recomputed(ratios), params).verdict == verdict
+
+
+@pytest.mark.parametrize("mine, verdict", [(0.3, HOLDS), (0.7, TREND), (1.5, FAILS)])
+def test_beats_at_equal_budget(mine: float, verdict: str) -> None:
+    data = frame([row("h2o(budget=8)", err_vs_uniform=mine), row("band(window=7)", err_vs_uniform=1.2)])
+    params = {"method": "h2o(budget=8)", "against": "band(window=7)", "max_error": 0.5}
+    assert CHECKS["beats_at_equal_budget"](data, params).verdict == verdict
+
+
 # ---- the catalogue -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("quick", [False, True], ids=["default", "quick"])
@@ -194,6 +217,7 @@ def test_every_claim_is_well_formed(claim, quick: bool) -> None:
     assert claim.params.get("metric", "err_vs_uniform") in {f.name for f in fields(Measured)}
     named = set(claim.params.get("published", {})) | {claim.params.get("baseline")} | set(
         claim.params.get("falls_with_k", [])
-    ) | set(claim.params.get("slopes", {})) | {claim.params.get("window"), claim.params.get("sinks")}
+    ) | set(claim.params.get("slopes", {})) | {claim.params.get("window"), claim.params.get("sinks")} | {
+        claim.params.get("method"), claim.params.get("against")}
     assert named - {None} <= labels, f"{claim.id}: {sorted(named - {None} - labels)} not among {sorted(labels)}"
     assert len({c.id for c in CLAIMS}) == len(CLAIMS)
