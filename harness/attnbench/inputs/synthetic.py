@@ -148,8 +148,8 @@ DECODER_MIXES = {  # per length the decoder was measured at (attnbench.inputs.ca
                  match=(1.57, 2.32), sink_growth=0.2, **_DECODER_COMMON),
     2048: HeadMix(width=(6.0, 217.0), position=(1.51, 12.9), temperature=(0.45, 3.57), sink=(4.76, 8.28),
                   match=(3.2, 3.69), sink_growth=0.2, **_DECODER_COMMON),
-    8192: HeadMix(width=(16.0, 110.0), position=(1.7, 13.5), temperature=(0.62, 3.2), sink=(5.6, 9.7),
-                  match=(2.9, 6.5), sink_growth=0.2, **_DECODER_COMMON),
+    8192: HeadMix(width=(20.9, 104.2), position=(4.5, 10.8), temperature=(0.39, 3.2), sink=(5.04, 9.37),
+                  match=(1.73, 6.35), sink_growth=0.2, **_DECODER_COMMON),
 }  # fmt: skip
 
 
