@@ -34,6 +34,7 @@ __all__ = [
     "dense_attention_cost",
     "dense_masked_attention",
     "softmax_step",
+    "decode_exactness_error",
     "exactness_error",
     "max_abs_difference",
     "padding_mask",
@@ -223,3 +224,34 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None = None)
     if visible is not None:
         scores.masked_fill_(~visible[..., None, :], float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def decode_exactness_error(
+    variant: AttentionVariant,
+    *,
+    prompt: int,
+    steps: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int = 0,
+) -> float | None:
+    """Max abs difference between an exact variant's decoding (prefill of `prompt`, then `steps` steps) and the
+    dense masked reference of its own causal pattern; None when it has no static pattern to check against (a
+    support chosen from q and k) or does not promise that its steps equal its forward (`decode_equals_forward`)."""
+    n = prompt + steps
+    pattern = variant.support_mask(n, n, True) if variant.decode_equals_forward else None
+    if pattern is None:
+        return None
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, n, 16, generator=generator).to(device, dtype) for _ in range(3))
+    pattern = pattern.to(device)
+    if pattern.dim() == 3:  # one pattern per head, cycling
+        pattern = pattern[torch.arange(2) % pattern.shape[0]]
+    expected = dense_masked_attention(q.double(), k.double(), v.double(), pattern)
+    with torch.no_grad():
+        out, state = variant.prefill(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt], room=steps)
+        outputs = [out]
+        for t in range(prompt, n):
+            step, state = variant.step(state, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1])
+            outputs.append(step)
+    return max_abs_difference(torch.cat(outputs, dim=-2), expected)

@@ -83,3 +83,45 @@ def test_a_variant_without_a_decode_form_says_why(name: str, params: dict, why: 
     reason = variant.unsupported_reason(device="cpu", dtype="float32", causal=True, padded=False, n_q=8, n_k=8,
                                         decode=True)  # fmt: skip
     assert reason is not None and why in reason
+
+
+class ForgetfulCache(registry.load("full")):  # type: ignore[misc]
+    """Claims exactness, but its steps read only the last 8 cached positions."""
+
+    name = "forgetful"
+
+    def step(self, state, q, k, v):
+        state.append(k, v)
+        from attnbench.ops import softmax_step
+
+        return softmax_step(q, state.k[..., -8:, :], state.v[..., -8:, :]), state
+
+
+class WrongShape(registry.load("linear")):  # type: ignore[misc]
+    name = "wrong-shape"
+
+    def step(self, state, q, k, v):
+        out, state = super().step(state, q, k, v)
+        return out[:, :, 0], state  # (b, h, e): the token axis dropped
+
+
+def run_decode(registry_, variants: list[str]):
+    from attnbench.measure.dispatch import measure_group
+    from attnbench.plan.config import parse_config
+
+    config = parse_config(
+        {"variants": variants, "seq_lens": [48], "heads": 2, "head_dim": 16, "mode": "decode", "causal": True,
+         "decode_steps": 3, "min_run_time": 1e-4, "min_rounds": 2},
+        registry=registry_,
+    )  # fmt: skip
+    [group] = config.plan().groups
+    return {row.label: row for row in measure_group(group, config.settings, registry_).rows}
+
+
+def test_a_decode_run_self_checks_what_claims_to_be_exact(toy_registry) -> None:
+    """A variant that says it is exact has its decoding checked against its own pattern before it is measured: a
+    step that forgets keys is an error, not an 'exact' row the verdict could recommend; a wrong shape is named."""
+    rows = run_decode(toy_registry(ForgetfulCache, WrongShape), ["full", "forgetful", "wrong-shape"])
+    assert rows["full"].status == "ok" and rows["full"].self_check.startswith("pass")
+    assert rows["forgetful"].status == "error" and "decode self-check" in rows["forgetful"].reason
+    assert rows["wrong-shape"].status == "error" and "expected (b, h, 1, Dv)" in rows["wrong-shape"].reason

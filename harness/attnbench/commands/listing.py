@@ -25,16 +25,16 @@ def main(args: argparse.Namespace) -> int:
     broken = [e for e in entries if e.error is not None]
     print(
         f"{'name':<16} {'family':<10} {'exact':<6} {'causal':<7} {'padding':<8} {'Nq!=Nk':<7} "
-        f"{'backward':<9} {'devices':<10} package"
+        f"{'backward':<9} {'decode':<7} {'devices':<10} package"
     )
     for entry in working:
         cls = entry.variant_class
         caps = cls.supports
-        flags = [caps.causal, caps.key_padding_mask, caps.cross_attention, caps.backward]
+        flags = [caps.causal, caps.key_padding_mask, caps.cross_attention, caps.backward, cls.decodes()]
         marks = ["yes" if f else "no" for f in flags]
         print(
             f"{entry.name:<16} {cls.family:<10} {'yes' if cls.exact else 'no':<6} {marks[0]:<7} {marks[1]:<8} "
-            f"{marks[2]:<7} {marks[3]:<9} {','.join(caps.devices):<10} {entry.package}"
+            f"{marks[2]:<7} {marks[3]:<9} {marks[4]:<7} {','.join(caps.devices):<10} {entry.package}"
         )
         for key, spec in cls.hyperparameters.items():
             print(f"{'':<18}{key} = {spec.default!r}: {spec.doc}")

@@ -26,8 +26,12 @@ from attnbench.measure.memory import peak_memory
 from attnbench.measure.metrics import error_metrics
 from attnbench.measure.reference import exact_reference
 from attnbench.measure.timing import time_in_turns, timed_call
+from attnbench.ops import TOLERANCE, decode_exactness_error
 from attnbench.plan.cells import Cell
 from attnbench.stats import Spread
+
+
+DECODE_CHECK = (37, 6)  # the self-check's prompt and steps: not a multiple of any block, chunk or page
 
 
 class Generation:
@@ -52,6 +56,23 @@ class Generation:
         self.done += 1
         return out
 
+    def checked_step(self) -> torch.Tensor:
+        """`step`, its output and state checked: (b, h, 1, Dv) in the inputs' dtype, and a DecodeState."""
+        out = self.step()
+        b, h, _, _ = self.inputs.q.shape
+        expected = (b, h, 1, self.inputs.v.shape[-1])
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected or out.dtype != self.inputs.q.dtype:
+            what = f"{tuple(out.shape)} {str(out.dtype).removeprefix('torch.')}" if isinstance(out, torch.Tensor) else repr(out)
+            wanted = f"{expected} {str(self.inputs.q.dtype).removeprefix('torch.')}"
+            raise DecodeContractError(f"step gave {what}; expected (b, h, 1, Dv) = {wanted}, the inputs' dtype")
+        if not isinstance(self.state, DecodeState):
+            raise DecodeContractError(f"step must return (output, DecodeState); its state is a {type(self.state).__name__}")
+        return out
+
+
+class DecodeContractError(ValueError):
+    """A variant's prefill or step broke the decode protocol (shapes, dtype, state)."""
+
 
 class DecodeMeasurement(GroupMeasurement):
     """`GroupMeasurement` for decode cells: prefill, steps checked against float64, steps timed in turns."""
@@ -60,6 +81,7 @@ class DecodeMeasurement(GroupMeasurement):
         super().__init__(*args, **kwargs)
         self.steps = self.settings.decode_steps
         self.generations: dict[str, Generation] = {}
+        self.read_bytes: dict[str, int] = {}  # per cell: what its first step (at a context of N) read
 
     def _make_inputs(self) -> Inputs:
         from attnbench.inputs.catalogue import make_inputs
@@ -125,12 +147,18 @@ class DecodeMeasurement(GroupMeasurement):
                 return self._fail(key, {"status": "error", "reason": f"{what}; expected {expected} and a DecodeState"})
             del prompt_out
             self.fields[key].update(decode_steps=self.steps, prefill_s=prefill_s, cache_bytes=state.nbytes)
+            if variant.exact:
+                self.progress("self-check", key)
+                passed, self.fields[key]["self_check"] = self._decode_self_check(cell, variant)
+                if not passed:
+                    reason = f"decode self-check against its own support failed: {self.fields[key]['self_check']}"
+                    return self._fail(key, {"status": "error", "reason": reason})
             generation = Generation(variant, state, inputs, n, self.steps)
             self.progress("steps", key)
-            outputs = torch.cat([generation.step() for _ in range(self.steps)], dim=-2)  # (b, h, T, e)
-            if tuple(outputs.shape) != (cell.batch, cell.heads, self.steps, cell.v_dim):
-                reason = f"steps gave {tuple(outputs.shape[:2])} x {outputs.shape[-1]}, expected (b, h, 1, Dv) each"
-                return self._fail(key, {"status": "error", "reason": reason})
+            outputs = [generation.checked_step()]
+            self.read_bytes[key] = generation.state.read_bytes  # what a step at a context of N reads
+            outputs += [generation.checked_step() for _ in range(self.steps - 1)]
+            outputs = torch.cat(outputs, dim=-2)  # (b, h, T, e)
             if not torch.isfinite(outputs).all():
                 return self._fail(key, {"status": "error", "reason": "a step output has NaN or Inf"})
             if self.reference is not None:
@@ -145,6 +173,22 @@ class DecodeMeasurement(GroupMeasurement):
             self.generations[key] = generation
         except (Exception, SystemExit) as error:
             self._failed(key, error)
+
+    def _decode_self_check(self, cell: Cell, variant: AttentionVariant) -> tuple[bool, str]:
+        """An exact variant's decoding against the dense reference of its own pattern at small N, once per run
+        (as the full-sequence modes check its forward): a variant that claims exactness must earn it."""
+        check_key = (cell.variant, cell.device, cell.dtype, "decode")
+        if check_key not in self.self_checks:
+            dtype = getattr(torch, cell.dtype)
+            prompt, steps = DECODE_CHECK
+            error = decode_exactness_error(variant, prompt=prompt, steps=steps, device=self.device, dtype=dtype)
+            if error is None:
+                self.self_checks[check_key] = (True, "no static pattern to check its steps against")
+            else:
+                passed = error <= TOLERANCE[dtype]
+                verdict = "pass" if passed else "FAIL"
+                self.self_checks[check_key] = (passed, f"{verdict} (max err {error:.1e}, prompt {prompt}, {steps} steps)")
+        return self.self_checks[check_key]
 
     def _fail(self, key: str, outcome: dict[str, str]) -> None:
         super()._fail(key, outcome)
@@ -168,10 +212,9 @@ class DecodeMeasurement(GroupMeasurement):
         )
         for key, values in samples.items():
             self.fields[key].update(**timing_fields(Spread.of(values)))
-            state = self.generations[key].state
             token = self.inputs.q[:, :, :1] if self.inputs is not None else None
             io = 0 if token is None else 3 * token.numel() * token.element_size()  # q, k, v in; out is about v's
-            self.fields[key]["bytes_moved"] = state.read_bytes + io + io // 3
+            self.fields[key]["bytes_moved"] = self.read_bytes[key] + io + io // 3
         self._speedups(samples, set(samples))
         return [(key, index, seconds) for key, values in samples.items() for index, seconds in enumerate(values)]
 
