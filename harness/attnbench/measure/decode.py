@@ -23,7 +23,6 @@ from attnbench.interface import AttentionVariant, DecodeState
 from attnbench.measure.group import GROUP_STEP, GroupMeasurement, failure, timing_fields
 from attnbench.measure.machine import warm_allocator
 from attnbench.measure.memory import peak_memory
-from attnbench.measure.metrics import error_metrics
 from attnbench.measure.reference import exact_reference
 from attnbench.measure.timing import time_in_turns, timed_call
 from attnbench.ops import TOLERANCE, decode_exactness_error
@@ -83,24 +82,6 @@ class DecodeMeasurement(GroupMeasurement):
         self.generations: dict[str, Generation] = {}
         self.read_bytes: dict[str, int] = {}  # per cell: what its first step (at a context of N) read
 
-    def _make_inputs(self) -> Inputs:
-        from attnbench.inputs.catalogue import make_inputs
-
-        s = self.setting
-        return make_inputs(
-            s.input.name,
-            dict(s.input.params),
-            batch=s.batch,
-            heads=s.heads,
-            seq_len=s.seq_len + self.steps,
-            head_dim=s.head_dim,
-            value_dim=s.v_dim,
-            dtype=getattr(torch, s.dtype),
-            device=self.device,
-            seed=s.seed,
-            causal=True,
-        )
-
     def _measure(self) -> list[tuple[str, int, float]]:
         samples: list[tuple[str, int, float]] = []
         if not self.variants:
@@ -108,7 +89,7 @@ class DecodeMeasurement(GroupMeasurement):
         n = self.setting.seq_len
         try:
             self.progress("building the inputs", GROUP_STEP)
-            self.inputs = self._make_inputs()
+            self.inputs = self._make_inputs(positions=n + self.steps)
             if self.settings.error:
                 self.progress("computing the exact reference", GROUP_STEP)
                 i = self.inputs
@@ -162,13 +143,7 @@ class DecodeMeasurement(GroupMeasurement):
             if not torch.isfinite(outputs).all():
                 return self._fail(key, {"status": "error", "reason": "a step output has NaN or Inf"})
             if self.reference is not None:
-                self.fields[key].update(error_metrics(outputs, self.reference).as_row())
-                self.fields[key].update(
-                    input_entropy=self.reference.entropy,
-                    input_band_mass=self.reference.band_mass,
-                    input_sink_mass=self.reference.sink_mass,
-                    input_head_spread=self.reference.head_spread,
-                )
+                self._error_fields(key, outputs)
             generation.restart_unless_room(self.steps)
             self.generations[key] = generation
         except (Exception, SystemExit) as error:

@@ -269,15 +269,16 @@ class GroupMeasurement:
             self.variants[cell.key()] = admission.variant
             self.calls[cell.key()] = call_of(admission.variant, cell.compiled)
 
-    def _make_inputs(self) -> Inputs:
+    def _make_inputs(self, positions: int | None = None) -> Inputs:
+        """The group's inputs; `positions` overrides N for queries and keys alike (decode: the prompt and its steps)."""
         s = self.setting
         return make_inputs(
             s.input.name,
             dict(s.input.params),
             batch=s.batch,
             heads=s.heads,
-            seq_len=s.seq_len,
-            kv_len=s.n_k,
+            seq_len=positions or s.seq_len,
+            kv_len=positions or s.n_k,
             head_dim=s.head_dim,
             value_dim=s.v_dim,
             dtype=getattr(torch, s.dtype),
@@ -317,13 +318,7 @@ class GroupMeasurement:
             if not torch.isfinite(output).all():
                 return self._fail(key, {"status": "error", "reason": "output has NaN or Inf"})
             if self.reference is not None:
-                self.fields[key].update(error_metrics(output, self.reference).as_row())
-                self.fields[key].update(
-                    input_entropy=self.reference.entropy,
-                    input_band_mass=self.reference.band_mass,
-                    input_sink_mass=self.reference.sink_mass,
-                    input_head_spread=self.reference.head_spread,
-                )
+                self._error_fields(key, output)
                 if variant.exact and variant.family != "exact" and cell.seq_len == cell.n_k <= DROPPED_MASS_MAX_N:
                     # measured for every such variant of the group in one pass over the exact weights, after
                     self.supports[key] = variant.support_for(
@@ -339,6 +334,17 @@ class GroupMeasurement:
                 self.fields[key]["compiled_graphs"] = compiled_graphs() - graphs
         except (Exception, SystemExit) as error:
             self._failed(key, error)
+
+    def _error_fields(self, key: str, output: torch.Tensor) -> None:
+        """The cell's error against the reference, and what the reference says of the input's attention."""
+        assert self.reference is not None
+        self.fields[key].update(error_metrics(output, self.reference).as_row())
+        self.fields[key].update(
+            input_entropy=self.reference.entropy,
+            input_band_mass=self.reference.band_mass,
+            input_sink_mass=self.reference.sink_mass,
+            input_head_spread=self.reference.head_spread,
+        )
 
     def _dropped_masses(self) -> None:
         """The exact attention mass outside each exact-pattern variant's support, all from one pass over the exact
