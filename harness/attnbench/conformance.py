@@ -19,7 +19,15 @@ from attnbench.interface import (
     chooses_support,
 )
 from attnbench.measure.memory import peak_memory
-from attnbench.ops import TOLERANCE, dense_masked_attention, exactness_error, max_abs_difference, padding_mask
+from attnbench.ops import (
+    DECODE_CHECK,
+    TOLERANCE,
+    dense_masked_attention,
+    exactness_error,
+    generate,
+    max_abs_difference,
+    padding_mask,
+)
 
 
 @dataclass(frozen=True)
@@ -273,7 +281,7 @@ def check_subquadratic_memory(ctx: CheckContext) -> CheckResult:
     )
 
 
-DECODE_PROMPT, DECODE_STEPS = 37, 6  # awkward sizes: not a multiple of any block, chunk or page
+DECODE_PROMPT, DECODE_STEPS = DECODE_CHECK
 
 
 def check_decode(ctx: CheckContext) -> CheckResult:
@@ -295,12 +303,7 @@ def check_decode(ctx: CheckContext) -> CheckResult:
             forward = variant(q, k, v, causal=True)
         elif variant.exact and (pattern := variant.support_mask(total, total, True)) is not None:
             forward = dense_masked_attention(q, k, v, pattern)  # a decode-only setting: its pattern's reference
-        prompt, state = variant.prefill(q[:, :, :n], k[:, :, :n], v[:, :, :n], room=DECODE_STEPS)
-        steps = []
-        for t in range(n, total):
-            out, state = variant.step(state, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1])
-            steps.append(out)
-    steps_out = torch.cat(steps, dim=-2)
+    prompt, steps_out, state = generate(variant, q, k, v, n)
     if tuple(prompt.shape) != (2, 3, n, 24) or tuple(steps_out.shape) != (2, 3, DECODE_STEPS, 24):
         return CheckResult("decode", "fail", f"outputs {tuple(prompt.shape)} and steps {tuple(steps_out.shape)}")
     if not (torch.isfinite(prompt).all() and torch.isfinite(steps_out).all()):

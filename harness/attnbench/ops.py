@@ -34,7 +34,9 @@ __all__ = [
     "dense_attention_cost",
     "dense_masked_attention",
     "softmax_step",
+    "DECODE_CHECK",
     "decode_exactness_error",
+    "generate",
     "exactness_error",
     "max_abs_difference",
     "padding_mask",
@@ -226,18 +228,33 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None = None)
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
+DECODE_CHECK = (37, 6)  # prompt and steps of decode checks: not a multiple of any block, chunk or page
+
+
+def generate(variant: AttentionVariant, q: Tensor, k: Tensor, v: Tensor, prompt: int) -> tuple[Tensor, Tensor, DecodeState]:
+    """Prefill the first `prompt` positions of q, k, v (b, h, n, d|e), then step through the rest one at a time:
+    (the prompt's outputs (b, h, prompt, e), the steps' outputs (b, h, n - prompt, e), the final state)."""
+    n = q.shape[-2]
+    with torch.no_grad():
+        out, state = variant.prefill(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt], room=n - prompt)
+        steps = []
+        for t in range(prompt, n):
+            step, state = variant.step(state, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1])
+            steps.append(step)
+    return out, torch.cat(steps, dim=-2), state
+
+
 def decode_exactness_error(
     variant: AttentionVariant,
     *,
-    prompt: int,
-    steps: int,
     device: torch.device,
     dtype: torch.dtype,
     seed: int = 0,
 ) -> float | None:
-    """Max abs difference between an exact variant's decoding (prefill of `prompt`, then `steps` steps) and the
-    dense masked reference of its own causal pattern; None when it has no static pattern to check against (a
-    support chosen from q and k) or does not promise that its steps equal its forward (`decode_equals_forward`)."""
+    """Max abs difference between an exact variant's decoding (prefill, then steps: `DECODE_CHECK`) and the dense
+    masked reference of its own causal pattern; None when it has no static pattern to check against (a support
+    chosen from q and k) or does not promise that its steps equal its forward (`decode_equals_forward`)."""
+    prompt, steps = DECODE_CHECK
     n = prompt + steps
     pattern = variant.support_mask(n, n, True) if variant.decode_equals_forward else None
     if pattern is None:
@@ -248,10 +265,5 @@ def decode_exactness_error(
     if pattern.dim() == 3:  # one pattern per head, cycling
         pattern = pattern[torch.arange(2) % pattern.shape[0]]
     expected = dense_masked_attention(q.double(), k.double(), v.double(), pattern)
-    with torch.no_grad():
-        out, state = variant.prefill(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt], room=steps)
-        outputs = [out]
-        for t in range(prompt, n):
-            step, state = variant.step(state, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1])
-            outputs.append(step)
-    return max_abs_difference(torch.cat(outputs, dim=-2), expected)
+    out, stepped, _ = generate(variant, q, k, v, prompt)
+    return max_abs_difference(torch.cat([out, stepped], dim=-2), expected)

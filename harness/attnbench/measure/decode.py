@@ -25,12 +25,9 @@ from attnbench.measure.machine import warm_allocator
 from attnbench.measure.memory import peak_memory
 from attnbench.measure.reference import exact_reference
 from attnbench.measure.timing import time_in_turns, timed_call
-from attnbench.ops import TOLERANCE, decode_exactness_error
+from attnbench.ops import DECODE_CHECK, TOLERANCE, decode_exactness_error
 from attnbench.plan.cells import Cell
 from attnbench.stats import Spread
-
-
-DECODE_CHECK = (37, 6)  # the self-check's prompt and steps: not a multiple of any block, chunk or page
 
 
 class Generation:
@@ -156,7 +153,7 @@ class DecodeMeasurement(GroupMeasurement):
         if check_key not in self.self_checks:
             dtype = getattr(torch, cell.dtype)
             prompt, steps = DECODE_CHECK
-            error = decode_exactness_error(variant, prompt=prompt, steps=steps, device=self.device, dtype=dtype)
+            error = decode_exactness_error(variant, device=self.device, dtype=dtype)
             if error is None:
                 self.self_checks[check_key] = (True, "no static pattern to check its steps against")
             else:
