@@ -124,3 +124,12 @@ class FeatureState(DecodeState):
         self.state.add_(einsum(phi_k, with_ones(v, self.state.dtype), "b h i m, b h i e -> b h m e"))
         self.length += 1
         return normalized(einsum(phi_q, self.state, "b h i m, b h m e -> b h i e")).to(v.dtype)
+
+
+@dataclass
+class RecurrentState(DecodeState):
+    """A linear recurrence's state after `length` positions (gated linear attention, the delta rule): state
+    (b, h, d, e), in float32 or wider, constant in N."""
+
+    state: Tensor
+    length: int

@@ -81,6 +81,17 @@ def _supports(
     )
 
 
+def _causal_options(ctx: CheckContext, variant: AttentionVariant, **options: bool) -> list[bool]:
+    """The values of `causal` this instance accepts with these options: [False, True], [True] for a causal-only one
+    (a recurrence), [] when it accepts neither (a decode-only method, or an option it does not declare)."""
+    return [causal for causal in (False, True) if _supports(ctx, variant, causal=causal, **options)]
+
+
+def _one_causal(ctx: CheckContext, variant: AttentionVariant, **options: bool) -> bool:
+    """The `causal` a check that needs one call uses: non-causal where accepted, else causal (a causal-only one)."""
+    return (_causal_options(ctx, variant, **options) or [False])[0]
+
+
 # ---- the checks --------------------------------------------------------------------------------
 
 
@@ -91,7 +102,7 @@ def check_shapes(ctx: CheckContext) -> CheckResult:
         ok = _refuses(lambda: variant(q, k, v)) and _refuses(lambda: variant(q, k, v, causal=True))
         return CheckResult("shapes", "pass" if ok else "fail", "no full-sequence call (decode only), refused" if ok
                            else "a full-sequence call ran although the variant declares none")  # fmt: skip
-    out = variant(q, k, v)
+    out = variant(q, k, v, causal=_one_causal(ctx, variant))
     if tuple(out.shape) != (2, 3, 37, 24) or out.dtype != ctx.dtype or out.device.type != ctx.device.type:
         return CheckResult(
             "shapes", "fail", f"got {tuple(out.shape)} {out.dtype} on {out.device}, expected (2, 3, 37, 24) {ctx.dtype}"
@@ -158,8 +169,10 @@ def check_key_padding(ctx: CheckContext, n: int = 64) -> CheckResult:
     q, k, v, k2, v2 = ctx.tensors(*[(3, 2, n, 16)] * 5)
     variant = ctx.make()
     mask = padding_mask(3, n, 0.75, ctx.device)  # a quarter, a half and three quarters of the keys
-    if not _supports(ctx, variant, padded=True):
-        ok = _refuses(lambda: variant(q, k, v, key_padding_mask=mask))
+    causal_options = _causal_options(ctx, variant, padded=True)
+    if not causal_options:
+        causal = _one_causal(ctx, variant)
+        ok = _refuses(lambda: variant(q, k, v, causal=causal, key_padding_mask=mask))
         return CheckResult(
             "key_padding",
             "pass" if ok else "fail",
@@ -167,7 +180,7 @@ def check_key_padding(ctx: CheckContext, n: int = 64) -> CheckResult:
         )
     padded = mask[:, None, :, None]  # (b, 1, n, 1)
     diffs = []
-    for causal in (False, True) if _supports(ctx, variant, causal=True, padded=True) else (False,):
+    for causal in causal_options:
         before = variant(q, k, v, causal=causal, key_padding_mask=mask)
         after = ctx.make()(
             q, torch.where(padded, k2, k), torch.where(padded, v2, v), causal=causal, key_padding_mask=mask
@@ -185,11 +198,12 @@ def check_fully_padded(ctx: CheckContext, n: int = 32) -> CheckResult:
     """A query that sees no key outputs zeros: batch element 1 has every key padded, element 0 none."""
     q, k, v = ctx.tensors(*[(2, 2, n, 16)] * 3)
     variant = ctx.make()
-    if not _supports(ctx, variant, padded=True):
+    causal_options = _causal_options(ctx, variant, padded=True)
+    if not causal_options:
         return CheckResult("fully_padded", "skip", "no key padding mask declared (key_padding checks it is refused)")
     mask = torch.arange(2, device=ctx.device)[:, None].expand(2, n) == 1  # (b, n): element 1 all padding
     wrong = []
-    for causal in (False, True) if _supports(ctx, variant, causal=True, padded=True) else (False,):
+    for causal in causal_options:
         out = variant(q, k, v, causal=causal, key_padding_mask=mask)
         kind = "causal" if causal else "non-causal"
         empty, other = out[1], out[0]
@@ -211,9 +225,10 @@ def check_fully_padded(ctx: CheckContext, n: int = 32) -> CheckResult:
 
 def check_determinism(ctx: CheckContext) -> CheckResult:
     q, k, v = ctx.tensors(*[(1, 2, 80, 16)] * 3)
-    if not _supports(ctx, ctx.make()):  # a decode-only method: check_decode runs it
+    if not _causal_options(ctx, ctx.make()):  # a decode-only method: check_decode runs it
         return CheckResult("determinism", "skip", "no full-sequence call (decode only)")
-    diff = max_abs_difference(ctx.make()(q, k, v), ctx.make()(q, k, v))
+    causal = _one_causal(ctx, ctx.make())
+    diff = max_abs_difference(ctx.make()(q, k, v, causal=causal), ctx.make()(q, k, v, causal=causal))
     return CheckResult(
         "determinism", "pass" if diff == 0 else "fail", f"two instances with one seed differ by {diff:.2e}"
     )
@@ -222,14 +237,15 @@ def check_determinism(ctx: CheckContext) -> CheckResult:
 def check_gradients(ctx: CheckContext) -> CheckResult:
     q, k, v = (t.requires_grad_() for t in ctx.tensors(*[(1, 2, 48, 16)] * 3))
     variant = ctx.make()
-    if not _supports(ctx, variant, backward=True):
-        ok = _refuses(lambda: variant(q, k, v))
+    causal = _one_causal(ctx, variant)
+    if not _supports(ctx, variant, causal=causal, backward=True):
+        ok = _refuses(lambda: variant(q, k, v, causal=causal))
         return CheckResult(
             "gradients",
             "pass" if ok else "fail",
             "undeclared backward refused" if ok else "backward ran although not declared",
         )
-    grads = torch.autograd.grad(variant(q, k, v).square().sum(), (q, k, v), allow_unused=True)
+    grads = torch.autograd.grad(variant(q, k, v, causal=causal).square().sum(), (q, k, v), allow_unused=True)
     inputs = "qkv" if variant.reads_keys else "qv"  # a variant that ignores k (keys from q) owes it no gradient
     missing = [
         name
@@ -267,11 +283,12 @@ def check_subquadratic_memory(ctx: CheckContext) -> CheckResult:
         return CheckResult("subquadratic_memory", "skip", "not claimed")
     if ctx.device.type == "cpu" and not variant.cpu_memory_trackable:
         return CheckResult("subquadratic_memory", "skip", "runs in compiled kernels the CPU tracker cannot see")
+    causal = _one_causal(ctx, variant)
     peaks = []
     for n in (1024, 4096):
         q, k, v = ctx.tensors(*[(1, 2, n, 16)] * 3)  # two heads: factorized patterns split across them
         with torch.no_grad():
-            peaks.append(peak_memory(lambda: variant(q, k, v), ctx.device, inputs=(q, k, v))[0])
+            peaks.append(peak_memory(lambda: variant(q, k, v, causal=causal), ctx.device, inputs=(q, k, v))[0])
     ratio = peaks[1] / max(peaks[0], 1)
     ok = ratio < 8  # quadratic would be 16
     return CheckResult(

@@ -206,6 +206,10 @@ class AttentionVariant(ABC):
     # decode: True when each step equals the last row of the causal forward over everything so far (exact patterns,
     # recurrent forms of linear ones); False for methods that choose what to keep while generating (H2O, Quest)
     decode_equals_forward: ClassVar[bool] = True
+    # False for a different operator that is not an approximation of softmax (gated and delta-rule linear attention,
+    # a trained operator): its error columns still show its distance from softmax, but the verdict never recommends it
+    # on that error
+    approximates_softmax: ClassVar[bool] = True
 
     def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
         problems = self.validate_hyperparams(hyperparams)

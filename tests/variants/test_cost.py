@@ -46,6 +46,8 @@ EXTRA_SETTINGS = [
     ("linformer", {"k": 48, "projection": "pool", "share_kv": True}),
     ("linformer", {"k": 8, "projection": "identity"}),
     ("linformer", {"k": 20, "share_heads": False}),
+    ("gla", {"chunk_size": 24}),
+    ("gated-deltanet", {"chunk_size": 24}),
 ]
 SETTINGS = [(name, {}) for name in registry.names()] + EXTRA_SETTINGS
 SHAPES = {  # (batch, heads, n_q, n_k, head_dim, value_dim)

@@ -6,16 +6,51 @@ from __future__ import annotations
 import argparse
 
 from attnbench.exit_status import Exit
+from attnbench.interface import AttentionVariant
 from attnbench.registry import registry
+
+HEADERS = ("name", "family", "softmax", "causal", "padding", "Nq!=Nk", "backward", "decode", "devices", "package")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """The `list` verb (it takes no arguments)."""
     subparsers.add_parser(
         "list",
-        help="every variant: family, exactness, capabilities, package; broken plugins",
-        description="List every registered variant (built-in and plugins) with its capabilities and package.",
+        help="every variant: family, relation to softmax, capabilities, package; broken plugins",
+        description=(
+            "List every registered variant (built-in and plugins) with its capabilities and package. softmax: exact "
+            "(softmax on its own support), approx. (an approximation of softmax attention) or other (a different "
+            "operator, e.g. gated linear attention: never recommended on its error vs softmax). causal: only = it "
+            "refuses non-causal calls; decode = it runs in --mode decode alone (a KV-cache method)."
+        ),
     )
+
+
+def softmax_relation(cls: type[AttentionVariant]) -> str:
+    """'exact', 'approx.' or 'other': what the variant computes, relative to softmax attention."""
+    if cls.exact:
+        return "exact"
+    return "approx." if cls.approximates_softmax else "other"
+
+
+def causal_mark(cls: type[AttentionVariant]) -> str:
+    """'yes', 'no', 'only' when a default instance refuses non-causal calls, 'decode' when it runs in decode alone."""
+    if not cls.supports.causal:
+        return "no"
+    caps = cls.supports
+    try:
+        variant = cls()
+    except Exception:  # a plugin whose defaults cannot build an instance: its declaration alone
+        return "yes"
+    refused = [
+        variant.unsupported_reason(
+            device=caps.devices[0], dtype=caps.dtypes[0], causal=causal, padded=False, n_q=8, n_k=8
+        ) is not None
+        for causal in (False, True)
+    ]  # fmt: skip
+    if all(refused):  # a decode-only method, or one this machine cannot run at all (its declaration then)
+        return "decode" if cls.decodes() else "yes"
+    return "only" if refused[0] else "yes"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -23,20 +58,20 @@ def main(args: argparse.Namespace) -> int:
     entries = registry.load_all()
     working = [e for e in entries if e.variant_class is not None]
     broken = [e for e in entries if e.error is not None]
-    print(
-        f"{'name':<16} {'family':<10} {'exact':<6} {'causal':<7} {'padding':<8} {'Nq!=Nk':<7} "
-        f"{'backward':<9} {'decode':<7} {'devices':<10} package"
-    )
+    rows = []
     for entry in working:
         cls = entry.variant_class
         caps = cls.supports
-        flags = [caps.causal, caps.key_padding_mask, caps.cross_attention, caps.backward, cls.decodes()]
+        flags = [caps.key_padding_mask, caps.cross_attention, caps.backward, cls.decodes()]
         marks = ["yes" if f else "no" for f in flags]
-        print(
-            f"{entry.name:<16} {cls.family:<10} {'yes' if cls.exact else 'no':<6} {marks[0]:<7} {marks[1]:<8} "
-            f"{marks[2]:<7} {marks[3]:<9} {marks[4]:<7} {','.join(caps.devices):<10} {entry.package}"
-        )
-        for key, spec in cls.hyperparameters.items():
+        rows.append([entry.name, cls.family, softmax_relation(cls), causal_mark(cls), *marks,
+                     ",".join(caps.devices), entry.package])  # fmt: skip
+    widths = [max(len(str(r[i])) for r in [list(HEADERS), *rows]) + 1 for i in range(len(HEADERS) - 1)]
+    line = lambda values: " ".join(f"{v:<{w}}" for v, w in zip(values, widths)) + f" {values[-1]}"  # noqa: E731
+    print(line(HEADERS))
+    for entry, row in zip(working, rows):
+        print(line(row))
+        for key, spec in entry.variant_class.hyperparameters.items():
             print(f"{'':<18}{key} = {spec.default!r}: {spec.doc}")
     if broken:
         print("\nbroken plugins (every other variant still works):")

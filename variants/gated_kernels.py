@@ -1,0 +1,231 @@
+"""Gated and delta-rule linear attention kernels, each in two forms with one signature: recurrent (one position at a
+time: the decode step, and the reference) and chunkwise (parallel inside chunks of C positions, a state carried
+across chunks: the prefill and training form).
+
+The operators, with a state S (d x e) per head, gates given explicitly as log decays (<= 0):
+- gated linear (RetNet, GLA, Mamba2's scalar form): S_t = diag(exp gk_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t.
+  `gk` is (b, h, n, d), one decay per key dimension (GLA), or (b, h, n, 1), one per position and head (RetNet's
+  fixed log gamma_h, Mamba2, simple GLA).
+- gated delta rule (DeltaNet with g = None, Gated DeltaNet): S'_t = exp(g_t) S_{t-1};
+  u_t = beta_t (v_t - S'_t^T k_t); S_t = S'_t + k_t u_t^T; o_t = scale S_t^T q_t. The state's prediction of v_t
+  from k_t is corrected by a fraction beta_t (b, h, n) in (0, 1]; g (b, h, n) or None.
+
+Conventions are those of fla's reference implementations (`fla/ops/{retention,gla,delta_rule,gated_delta_rule}/
+naive.py` in the `fla-core` package) in this suite's layout: q, k (b, h, n, d), v (b, h, n, e) (fla's GLA and gated
+delta rule take (b, n, h, d): transpose 1 and 2); scale defaults to d^-1/2 and multiplies q; `initial_state`
+(b, h, d, e); each kernel returns the output (b, h, n, e) in v's dtype and, with `output_final_state`, the final
+state (float32, or float64 for float64 inputs). Everything accumulates in float32 (float64 for float64).
+
+Chunkwise, within a chunk with cumulative log decays b_i (from the chunk's start, inclusive), the pairs (i, j <= i)
+are a (C x C) matrix of q_i . k_j exp(b_i - b_j): for a scalar gate the decay matrix exp(b_i - b_j) is formed
+directly (every entry <= 1: no overflow whatever the gates); per key dimension as (q_i exp b_i) . (k_j exp -b_j),
+exact while |b| stays within STABLE_LOG_DECAY over the chunk, and pair by pair (a C x C x d tensor) in chunks where it
+does not. The delta rule's chunk is solved in the WY form (Yang et al. 2024): (I + A) U = diag(beta) (V - exp(b) K S_0)
+with A_ij = beta_i exp(b_i - b_j) k_i . k_j (j < i), one unit-triangular solve per chunk, all chunks at once.
+
+b - batch, h - heads, n - position, c - chunk, i - query in chunk, j - key in chunk, d - key dim, e - value dim
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import einsum, rearrange
+from torch import Tensor
+
+STABLE_LOG_DECAY = 40.0  # exp(40) ~ 2e17: (q e^b) . (k e^-b) stays far from float32's range; beyond it, pair by pair
+PAIRWISE_CHUNKS = 64  # chunks whose pairs are formed one by one, at most this many at a time (C x C x d floats each)
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half types and float32, float64 for float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _scale(q: Tensor, scale: float | None) -> float:
+    return q.shape[-1] ** -0.5 if scale is None else scale
+
+
+def _initial(q: Tensor, v: Tensor, initial_state: Tensor | None, work: torch.dtype) -> Tensor:
+    """The state before the first position: (b, h, d, e), zeros unless given."""
+    if initial_state is not None:
+        return initial_state.to(work)
+    return torch.zeros(*q.shape[:2], q.shape[-1], v.shape[-1], dtype=work, device=q.device)
+
+
+def _chunks(x: Tensor, chunk: int) -> Tensor:
+    """(b, h, n, z) -> (b, h, c, i, z), zero-padded to whole chunks (zero gates, keys and beta: padding neither
+    writes to the state nor decays it)."""
+    padded = torch.nn.functional.pad(x, (0, 0, 0, -x.shape[-2] % chunk))
+    return rearrange(padded, "b h (c i) z -> b h c i z", i=chunk)
+
+
+def _pair_decay(b: Tensor, strict: bool = False) -> Tensor:
+    """b (b, h, c, i, 1): a scalar gate's cumulative log decay -> exp(b_i - b_j) for j <= i (j < i when `strict`),
+    0 elsewhere: (b, h, c, i, j), every entry in [0, 1]."""
+    chunk = b.shape[-2]
+    positions = torch.arange(chunk, device=b.device)
+    later = positions[:, None] > positions[None, :] if strict else positions[:, None] >= positions[None, :]
+    difference = rearrange(b, "b h c i 1 -> b h c i 1") - rearrange(b, "b h c j 1 -> b h c 1 j")
+    return difference.masked_fill(~later, float("-inf")).exp()
+
+
+# ---- gated linear attention: RetNet, GLA, Mamba2 (scalar) -------------------------------------------------------
+
+
+def gated_linear_recurrent(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gk: Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """One position at a time: S_t = diag(exp gk_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t.
+
+    q, k (b, h, n, d), v (b, h, n, e), gk (b, h, n, d | 1) -> o (b, h, n, e), the final state (b, h, d, e) or None."""
+    work = accumulation_dtype(q.dtype)
+    q, k, v, gk = (t.to(work) for t in (q, k, v, gk))
+    q = q * _scale(q, scale)
+    state = _initial(q, v, initial_state, work)
+    outputs = []
+    for t in range(q.shape[-2]):
+        state = state * gk[:, :, t, :, None].exp() + einsum(k[:, :, t], v[:, :, t], "b h d, b h e -> b h d e")
+        outputs.append(einsum(q[:, :, t], state, "b h d, b h d e -> b h e"))
+    out = torch.stack(outputs, dim=2) if outputs else v.new_zeros(v.shape, dtype=work)
+    return out.to(v.dtype), state if output_final_state else None
+
+
+def gated_linear_chunkwise(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gk: Tensor,
+    *,
+    chunk_size: int = 64,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """`gated_linear_recurrent`, parallel inside chunks of `chunk_size` positions; the same arguments and results."""
+    work = accumulation_dtype(q.dtype)
+    n = q.shape[-2]
+    q = q.to(work) * _scale(q, scale)
+    q_c, k_c, v_c, g_c = (_chunks(t.to(work), chunk_size) for t in (q, k, v, gk))
+    decay = g_c.cumsum(dim=-2)  # (b, h, c, i, d|1): log decay from the chunk's start to position i, inclusive
+    to_end = decay[..., -1:, :]  # (b, h, c, 1, d|1): the whole chunk's
+    if gk.shape[-1] == 1:
+        scores = einsum(q_c, k_c, "b h c i d, b h c j d -> b h c i j") * _pair_decay(decay)
+    else:
+        scores = _per_dimension_scores(q_c, k_c, decay)
+    within = einsum(scores, v_c, "b h c i j, b h c j e -> b h c i e")
+    # what each chunk adds to the state, decayed to the chunk's end: (b, h, c, d, e)
+    written = einsum(k_c * (to_end - decay).exp(), v_c, "b h c j d, b h c j e -> b h c d e")
+    state, before = _initial(q, v, initial_state, work), []
+    for index in range(written.shape[2]):  # the state before each chunk
+        before.append(state)
+        state = state * rearrange(to_end[:, :, index].exp(), "b h 1 d -> b h d 1") + written[:, :, index]
+    carried = einsum(q_c * decay.exp(), torch.stack(before, dim=2), "b h c i d, b h c d e -> b h c i e")
+    out = rearrange(within + carried, "b h c i e -> b h (c i) e")[:, :, :n]
+    return out.to(v.dtype), state if output_final_state else None
+
+
+def _per_dimension_scores(q_c: Tensor, k_c: Tensor, decay: Tensor) -> Tensor:
+    """sum_d q_id k_jd exp(b_id - b_jd) for j <= i, 0 above: (b, h, c, i, j). As (q e^b) . (k e^-b) where the chunk's
+    log decays stay within STABLE_LOG_DECAY; the other chunks pair by pair, PAIRWISE_CHUNKS at a time."""
+    chunk = q_c.shape[-2]
+    positions = torch.arange(chunk, device=q_c.device)
+    causal = positions[:, None] >= positions[None, :]  # (i, j)
+    strong = decay.detach().abs().amax(dim=(-2, -1)) > STABLE_LOG_DECAY  # (b, h, c)
+    safe = torch.where(strong[..., None, None], 0.0, decay)  # strong chunks' factors are replaced below
+    scores = einsum(q_c * safe.exp(), k_c * (-safe).exp(), "b h c i d, b h c j d -> b h c i j").masked_fill(~causal, 0)
+    if not bool(strong.any()):
+        return scores
+    flat = rearrange(scores, "b h c i j -> (b h c) i j")
+    q_f, k_f, b_f = (rearrange(t, "b h c i d -> (b h c) i d") for t in (q_c, k_c, decay))
+    chosen = strong.flatten().nonzero().squeeze(-1)
+    parts = []
+    for start in range(0, len(chosen), PAIRWISE_CHUNKS):
+        pick = chosen[start : start + PAIRWISE_CHUNKS]
+        gap = (b_f[pick, :, None, :] - b_f[pick, None, :, :]).masked_fill(~causal[..., None], float("-inf"))
+        parts.append(einsum(q_f[pick, :, None, :] * k_f[pick, None, :, :] * gap.exp(), "s i j d -> s i j"))
+    flat = flat.index_copy(0, chosen, torch.cat(parts))
+    return rearrange(flat, "(b h c) i j -> b h c i j", b=q_c.shape[0], h=q_c.shape[1])
+
+
+# ---- delta rule: DeltaNet, Gated DeltaNet --------------------------------------------------------------------
+
+
+def gated_delta_recurrent(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """One position at a time: S'_t = exp(g_t) S_{t-1}, u_t = beta_t (v_t - S'_t^T k_t), S_t = S'_t + k_t u_t^T,
+    o_t = scale S_t^T q_t. q, k (b, h, n, d), v (b, h, n, e), beta (b, h, n), g (b, h, n) or None (DeltaNet)
+    -> o (b, h, n, e), the final state (b, h, d, e) or None."""
+    work = accumulation_dtype(q.dtype)
+    q, k, v, beta = (t.to(work) for t in (q, k, v, beta))
+    q = q * _scale(q, scale)
+    state = _initial(q, v, initial_state, work)
+    outputs = []
+    for t in range(q.shape[-2]):
+        if g is not None:
+            state = state * g[:, :, t, None, None].to(work).exp()
+        predicted = einsum(state, k[:, :, t], "b h d e, b h d -> b h e")
+        written = (v[:, :, t] - predicted) * beta[:, :, t, None]
+        state = state + einsum(k[:, :, t], written, "b h d, b h e -> b h d e")
+        outputs.append(einsum(q[:, :, t], state, "b h d, b h d e -> b h e"))
+    out = torch.stack(outputs, dim=2) if outputs else v.new_zeros(v.shape, dtype=work)
+    return out.to(v.dtype), state if output_final_state else None
+
+
+def gated_delta_chunkwise(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor | None = None,
+    *,
+    chunk_size: int = 64,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """`gated_delta_recurrent`, parallel inside chunks of `chunk_size` positions (the WY form); the same arguments and
+    results.
+
+    Inside a chunk starting from state S, with b the cumulative log decay: U = U~ - W S, where
+    (I + A) U~ = diag(beta) V and (I + A) W = diag(beta exp b) K; then O = (Q exp b) S + (Q K^T * Gamma) U with
+    Gamma_ij = exp(b_i - b_j) (j <= i), and the next state exp(b_C) S + (K exp(b_C - b))^T U."""
+    work = accumulation_dtype(q.dtype)
+    n, e = q.shape[-2], v.shape[-1]
+    q = q.to(work) * _scale(q, scale)
+    q_c, k_c, v_c, beta_c = (_chunks(t.to(work), chunk_size) for t in (q, k, v, beta[..., None]))
+    if g is None:
+        decay = torch.zeros_like(beta_c)
+    else:
+        decay = _chunks(g[..., None].to(work), chunk_size).cumsum(dim=-2)  # (b, h, c, i, 1)
+    keys = einsum(k_c, k_c, "b h c i d, b h c j d -> b h c i j")
+    below = beta_c * keys * _pair_decay(decay, strict=True)  # A: (b, h, c, i, j), zero on and above the diagonal
+    rhs = torch.cat([beta_c * v_c, beta_c * decay.exp() * k_c], dim=-1)  # (b, h, c, i, e + d)
+    solved = torch.linalg.solve_triangular(below, rhs, upper=False, unitriangular=True)  # reads A's strict lower part
+    pseudo_values, weights = solved.split([e, q.shape[-1]], dim=-1)  # U~ (.., i, e), W (.., i, d)
+    scores = einsum(q_c, k_c, "b h c i d, b h c j d -> b h c i j") * _pair_decay(decay)
+    decayed_q = q_c * decay.exp()
+    to_end = decay[..., -1:, :]  # (b, h, c, 1, 1)
+    keys_to_end = k_c * (to_end - decay).exp()
+    state, outputs = _initial(q, v, initial_state, work), []
+    for index in range(q_c.shape[2]):
+        written = pseudo_values[:, :, index] - weights[:, :, index] @ state  # U: (b, h, i, e)
+        outputs.append(decayed_q[:, :, index] @ state + scores[:, :, index] @ written)
+        state = state * to_end[:, :, index].exp() + keys_to_end[:, :, index].transpose(-1, -2) @ written
+    out = rearrange(torch.stack(outputs, dim=2), "b h c i e -> b h (c i) e")[:, :, :n]
+    return out.to(v.dtype), state if output_final_state else None

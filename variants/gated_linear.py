@@ -1,0 +1,226 @@
+"""The linear attentions models are trained with today: RetNet, GLA, DeltaNet and Gated DeltaNet.
+
+Each is a recurrence over a state of d x e per head (`gated_kernels.py`): chunkwise for the full-sequence call and
+the prompt, recurrent for each generated token. They are different operators from softmax attention, not
+approximations of it (`approximates_softmax = False`): their error columns show how far they are from softmax, and
+the verdict never recommends them on that error.
+
+- `retnet` (Sun et al. 2023): a fixed decay per head, gamma_h = 1 - 2^(-5-h), as the paper (and fla's
+  `naive_retention`); no normalization.
+- `gla` (Yang et al. 2024): a decay per key dimension, alpha_t = sigmoid(k_t W)^(1/tau) with tau = 16, the paper's
+  normalizer.
+- `deltanet` (Schlag et al. 2021; Yang et al. 2024): the delta rule on L2-normalised q and k, writing strength
+  beta_t = sigmoid(k_t . w).
+- `gated-deltanet` (Yang et al. 2025): the delta rule with a scalar decay alpha_t = sigmoid(k_t . w_a)^(1/tau) and
+  beta_t as DeltaNet's.
+
+The published layers compute gates and beta from the token's hidden state through trained projections. Here they
+come from the token's key through seeded random projections (W ~ N(0, 1/d)): the kernels and their cost are the
+published ones, the gate values are not a trained model's. The kernels take gates explicitly, for a plugin with its
+own. Causal only (they are recurrences). A padded position neither writes to the state nor decays it.
+
+b - batch, h - heads, n - position, d - head dim, e - value dim
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+import torch
+import torch.nn.functional as F
+from attnbench.interface import (
+    AttentionVariant,
+    Capabilities,
+    Cost,
+    DecodeState,
+    Hyperparameter,
+    Shape,
+    UnsupportedOptionError,
+)
+from attnbench.variants.decoding import RecurrentState
+from attnbench.variants.gated_kernels import (
+    accumulation_dtype,
+    gated_delta_chunkwise,
+    gated_delta_recurrent,
+    gated_linear_chunkwise,
+    gated_linear_recurrent,
+)
+from torch import Tensor
+
+CHUNK = Hyperparameter(64, "positions per chunk of the chunkwise form (parallel inside, a state carried across)", minimum=1)
+NORMALIZER = Hyperparameter(16.0, "tau: the gate is sigmoid(.)^(1/tau); larger keeps more of the past", float, minimum=1)
+CAUSAL_ONLY = Capabilities(
+    cross_attention=False,
+    subquadratic_memory=True,
+    notes={"cross_attention": "a recurrence over one sequence: Nq == Nk"},
+)
+
+
+class GatedRecurrence(AttentionVariant):
+    """What the four share: causal only; a chunkwise forward and a recurrent step over one state (b, h, d, e); the
+    gates of one call from the keys (`gates`), zeroed at padding. Subclasses give `gates` and `kernels`."""
+
+    family = "gated-linear"
+    exact = False
+    approximates_softmax = False
+    supports = CAUSAL_ONLY
+    hyperparameters: ClassVar[dict[str, Hyperparameter]] = {"chunk_size": CHUNK}
+    delta_rule: ClassVar[bool] = False  # the delta rule (beta, a scalar g) rather than gated linear (gk)
+
+    def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
+        super().__init__(seed=seed, **hyperparams)
+        self._projections: dict[tuple, Tensor] = {}
+
+    def projection(self, rows: int, columns: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """A seeded (rows, columns) matrix, entries N(0, 1 / rows): the same for every call at this size."""
+        key = (rows, columns, str(device), dtype)
+        if key not in self._projections:
+            generator = torch.Generator().manual_seed(self.seed)
+            weights = torch.randn(rows, columns, generator=generator, dtype=torch.float64) * rows**-0.5
+            self._projections[key] = weights.to(device, dtype)
+        return self._projections[key]
+
+    def unsupported_reason(self, **options: Any) -> str | None:
+        if not options.get("causal") and not options.get("decode"):
+            return f"{self.name} is causal only: a recurrence over the positions so far"
+        return super().unsupported_reason(**options)
+
+    def gates(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor | None]]:
+        """q, k as the kernel takes them (normalised for the delta rule) and its gates, in float32 or wider:
+        {"gk": (b, h, n, d | 1)} or {"beta": (b, h, n), "g": (b, h, n) or None}."""
+        raise NotImplementedError
+
+    def _inputs(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> tuple[Tensor, ...]:
+        q, k, gates = self.gates(q, k)
+        if key_padding_mask is not None:  # padding writes nothing (k, v, beta 0) and decays nothing (gates 0)
+            padded = key_padding_mask[:, None, :]  # (b, 1, n)
+            k, v = k.masked_fill(padded[..., None], 0.0), v.masked_fill(padded[..., None], 0.0)
+            gates = {
+                name: None if g is None else g.masked_fill(padded if g.dim() == 3 else padded[..., None], 0.0)
+                for name, g in gates.items()
+            }
+        return q, k, v, gates
+
+    def _run(self, chunkwise: bool, q: Tensor, k: Tensor, v: Tensor, gates: dict, **options: Any) -> tuple:
+        if self.delta_rule:
+            kernel: Callable[..., tuple] = gated_delta_chunkwise if chunkwise else gated_delta_recurrent
+            return kernel(q, k, v, gates["beta"], gates["g"], **options)
+        kernel = gated_linear_chunkwise if chunkwise else gated_linear_recurrent
+        return kernel(q, k, v, gates["gk"], **options)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
+        q, k, v, gates = self._inputs(q, k, v, key_padding_mask)
+        return self._run(True, q, k, v, gates, chunk_size=self.chunk_size)[0]
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
+        """The chunkwise forward over the prompt and its final state (b, h, d, e): constant in N."""
+        q_, k_, v_, gates = self._inputs(q, k, v, None)
+        out, state = self._run(True, q_, k_, v_, gates, chunk_size=self.chunk_size, output_final_state=True)
+        return out, RecurrentState(state, k.shape[-2])
+
+    def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        """One token through the recurrent form, from the state so far."""
+        if not isinstance(state, RecurrentState):
+            raise UnsupportedOptionError(f"{self.name} cannot step from a {type(state).__name__}")
+        q, k, v, gates = self._inputs(q, k, v, None)
+        out, state.state = self._run(False, q, k, v, gates, initial_state=state.state, output_final_state=True)
+        state.length += 1
+        return out, state
+
+    def gate_outputs(self, head_dim: int) -> int:
+        """Columns of the seeded projection of the keys that gives the gates (0: none)."""
+        return 0
+
+    def cost(self, shape: Shape) -> Cost:
+        gates = 2 * shape.n_k * shape.head_dim * self.gate_outputs(shape.head_dim)
+        return recurrence_cost(shape, self.chunk_size, delta_rule=self.delta_rule, gate_matmul=gates)
+
+
+def _decay_gate(logits: Tensor, normalizer: float) -> Tensor:
+    """log(sigmoid(x)^(1/tau)): a log decay in (-inf, 0)."""
+    return F.logsigmoid(logits) / normalizer
+
+
+class RetNet(GatedRecurrence):
+    """Retention: a fixed decay gamma_h = 1 - 2^(-5-h) per head (head h of the call)."""
+
+    name = "retnet"
+
+    def gates(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor | None]]:
+        work = accumulation_dtype(q.dtype)
+        heads = torch.arange(q.shape[1], device=q.device, dtype=work)
+        log_gamma = torch.log1p(-torch.exp2(-5.0 - heads))  # (h,)
+        return q, k, {"gk": log_gamma[None, :, None, None].expand(q.shape[0], -1, q.shape[2], 1)}
+
+
+class GLA(GatedRecurrence):
+    """Gated linear attention: a decay per key dimension from the key, sigmoid(k W)^(1/tau)."""
+
+    name = "gla"
+    hyperparameters = {"chunk_size": CHUNK, "gate_normalizer": NORMALIZER}
+
+    def gates(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor | None]]:
+        work = accumulation_dtype(q.dtype)
+        d = k.shape[-1]
+        logits = k.to(work) @ self.projection(d, d, k.device, work)  # (b, h, n, d)
+        return q, k, {"gk": _decay_gate(logits, self.gate_normalizer)}
+
+    def gate_outputs(self, head_dim: int) -> int:
+        return head_dim
+
+
+class DeltaNet(GatedRecurrence):
+    """The delta rule on L2-normalised q and k, writing strength beta = sigmoid(k . w)."""
+
+    name = "deltanet"
+    delta_rule = True
+    decayed = False
+
+    def gates(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor | None]]:
+        work = accumulation_dtype(q.dtype)
+        k_work = k.to(work)
+        logits = k_work @ self.projection(k.shape[-1], 2, k.device, work)  # (b, h, n, 2): beta's, then the decay's
+        beta = torch.sigmoid(logits[..., 0])
+        g = _decay_gate(logits[..., 1], self.gate_normalizer) if self.decayed else None
+        return F.normalize(q.to(work), dim=-1), F.normalize(k_work, dim=-1), {"beta": beta, "g": g}
+
+    def gate_outputs(self, head_dim: int) -> int:
+        return 2
+
+
+class GatedDeltaNet(DeltaNet):
+    """The delta rule with a scalar decay alpha = sigmoid(k . w_a)^(1/tau) and DeltaNet's beta."""
+
+    name = "gated-deltanet"
+    decayed = True
+    hyperparameters = {"chunk_size": CHUNK, "gate_normalizer": NORMALIZER}
+
+
+def recurrence_cost(shape: Shape, chunk: int, *, delta_rule: bool, gate_matmul: float = 0) -> Cost:
+    """The chunkwise forward's work (gated_kernels.py), over the sequence padded to whole chunks, per batch and head:
+    gated linear: the pair scores q k^T, their product with v, each chunk's write to the state and each position's
+    read of the state before its chunk; the delta rule: k k^T, the triangular solve (C^2 (d + e) per chunk), q k^T,
+    and per chunk W S, (Q e^b) S, scores U and the state's update. `gate_matmul`: the gates' projection, per batch
+    and head."""
+    s = shape
+    bh, d, e = s.batch * s.heads, s.head_dim, s.value_dim
+    padded = -(-s.n_q // chunk) * chunk
+    chunks = padded // chunk
+    accumulate = max(s.dtype_bytes, 4)
+    if delta_rule:
+        matmul = padded * (4 * chunk * d + 2 * chunk * e + 6 * d * e)  # k k^T, q k^T, scores U; W S, (Q e^b) S, K^T U
+        solve = padded * chunk * (d + e)
+        other = padded * (3 * chunk + 4 * (d + e)) + chunks * 2 * d * e  # decay matrices, scaling; state decay
+        held = padded * (2 * chunk + 3 * (d + e)) + chunks * d * e  # k k^T and scores; chunked copies; the state
+    else:
+        matmul = 2 * padded * (chunk * d + chunk * e + 2 * d * e)  # q k^T, scores v; writes, reads of the state
+        solve = 0
+        other = padded * (2 * chunk + 6 * d) + chunks * 2 * d * e  # decay pairs; e^b, e^-b scaling; state decay
+        held = padded * (chunk + 3 * d + 2 * e) + 2 * chunks * d * e  # scores; chunked q k v, decays; states
+    io = bh * (2 * s.n_q * d + s.n_k * e + s.n_q * e) * s.dtype_bytes
+    return Cost(
+        flops=bh * (gate_matmul + matmul + solve + other),
+        bytes_moved=io,
+        working_bytes=bh * held * accumulate,
+        matmul_flops=bh * (gate_matmul + matmul),
+    )
