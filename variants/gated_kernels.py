@@ -28,6 +28,8 @@ b - batch, h - heads, n - position, c - chunk, i - query in chunk, j - key in ch
 
 from __future__ import annotations
 
+import math
+
 import torch
 from einops import einsum, rearrange
 from torch import Tensor
@@ -52,21 +54,28 @@ def _initial(q: Tensor, v: Tensor, initial_state: Tensor | None, work: torch.dty
     return torch.zeros(*q.shape[:2], q.shape[-1], v.shape[-1], dtype=work, device=q.device)
 
 
-def _chunks(x: Tensor, chunk: int) -> Tensor:
-    """(b, h, n, z) -> (b, h, c, i, z), zero-padded to whole chunks (zero gates, keys and beta: padding neither
-    writes to the state nor decays it)."""
-    padded = torch.nn.functional.pad(x, (0, 0, 0, -x.shape[-2] % chunk))
-    return rearrange(padded, "b h (c i) z -> b h c i z", i=chunk)
+def _chunks(x: Tensor, chunk: int, dtype: torch.dtype) -> Tensor:
+    """(b, h, n, z) -> (c, b, h, i, z) in `dtype`, chunk-major and contiguous (each chunk one block of memory, for
+    the loop over chunks), zero-padded to whole chunks: zero gates, keys and beta, so padding neither writes to the
+    state nor decays it."""
+    pad = -x.shape[-2] % chunk
+    x = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+    return rearrange(x.to(dtype), "b h (c i) z -> c b h i z", i=chunk).contiguous()
 
 
-def _pair_decay(b: Tensor, strict: bool = False) -> Tensor:
-    """b (b, h, c, i, 1): a scalar gate's cumulative log decay -> exp(b_i - b_j) for j <= i (j < i when `strict`),
-    0 elsewhere: (b, h, c, i, j), every entry in [0, 1]."""
+def _unchunked(x: Tensor, n: int, dtype: torch.dtype) -> Tensor:
+    """(c, b, h, i, e) -> (b, h, n, e) in `dtype`, the padding dropped."""
+    return rearrange(x, "c b h i e -> b h (c i) e")[:, :, :n].to(dtype)
+
+
+def _pair_decay(b: Tensor, log_scale: float = 0.0) -> Tensor:
+    """b (c, b, h, i, 1): a scalar gate's cumulative log decay -> scale exp(b_i - b_j) for j <= i, 0 above:
+    (c, b, h, i, j), every entry in [0, scale]."""
     chunk = b.shape[-2]
     positions = torch.arange(chunk, device=b.device)
-    later = positions[:, None] > positions[None, :] if strict else positions[:, None] >= positions[None, :]
-    difference = rearrange(b, "b h c i 1 -> b h c i 1") - rearrange(b, "b h c j 1 -> b h c 1 j")
-    return difference.masked_fill(~later, float("-inf")).exp()
+    later = positions[:, None] >= positions[None, :]
+    difference = rearrange(b, "c b h i 1 -> c b h i 1") - rearrange(b, "c b h j 1 -> c b h 1 j")
+    return difference.add_(log_scale).masked_fill_(~later, float("-inf")).exp_()  # in place on a fresh tensor
 
 
 # ---- gated linear attention: RetNet, GLA, Mamba2 (scalar) -------------------------------------------------------
@@ -110,48 +119,62 @@ def gated_linear_chunkwise(
 ) -> tuple[Tensor, Tensor | None]:
     """`gated_linear_recurrent`, parallel inside chunks of `chunk_size` positions; the same arguments and results."""
     work = accumulation_dtype(q.dtype)
-    n = q.shape[-2]
-    q = q.to(work) * _scale(q, scale)
-    q_c, k_c, v_c, g_c = (_chunks(t.to(work), chunk_size) for t in (q, k, v, gk))
-    decay = g_c.cumsum(dim=-2)  # (b, h, c, i, d|1): log decay from the chunk's start to position i, inclusive
-    to_end = decay[..., -1:, :]  # (b, h, c, 1, d|1): the whole chunk's
+    n, log_scale = q.shape[-2], math.log(_scale(q, scale))
+    q_c, k_c, v_c, g_c = (_chunks(t, chunk_size, work) for t in (q, k, v, gk))  # (c, b, h, i, z)
+    decay = g_c.cumsum(dim=-2)  # (c, b, h, i, d|1): log decay from the chunk's start to position i, inclusive
+    to_end = decay[..., -1:, :]  # (c, b, h, 1, d|1): the whole chunk's
+    decayed_q = q_c * (decay + log_scale).exp()  # scale q_i e^(b_i): reads the state left by earlier chunks
     if gk.shape[-1] == 1:
-        scores = einsum(q_c, k_c, "b h c i d, b h c j d -> b h c i j") * _pair_decay(decay)
+        scores = einsum(q_c, k_c, "c b h i d, c b h j d -> c b h i j") * _pair_decay(decay, log_scale)
+        # what each chunk adds to the state, decayed to the chunk's end: (c, b, h, d, e)
+        written = einsum(k_c * (to_end - decay).exp(), v_c, "c b h j d, c b h j e -> c b h d e")
     else:
-        scores = _per_dimension_scores(q_c, k_c, decay)
-    within = einsum(scores, v_c, "b h c i j, b h c j e -> b h c i e")
-    # what each chunk adds to the state, decayed to the chunk's end: (b, h, c, d, e)
-    written = einsum(k_c * (to_end - decay).exp(), v_c, "b h c j d, b h c j e -> b h c d e")
+        scores, written = _per_dimension(decayed_q, q_c, k_c, v_c, decay, log_scale)
+    within = einsum(scores, v_c, "c b h i j, c b h j e -> c b h i e")
+    chunk_decay = rearrange(to_end.exp(), "c b h 1 d -> c b h d 1")
     state, before = _initial(q, v, initial_state, work), []
-    for index in range(written.shape[2]):  # the state before each chunk
+    for index in range(written.shape[0]):  # the state before each chunk
         before.append(state)
-        state = state * rearrange(to_end[:, :, index].exp(), "b h 1 d -> b h d 1") + written[:, :, index]
-    carried = einsum(q_c * decay.exp(), torch.stack(before, dim=2), "b h c i d, b h c d e -> b h c i e")
-    out = rearrange(within + carried, "b h c i e -> b h (c i) e")[:, :, :n]
-    return out.to(v.dtype), state if output_final_state else None
+        state = state * chunk_decay[index] + written[index]
+    carried = einsum(decayed_q, torch.stack(before), "c b h i d, c b h d e -> c b h i e")
+    return _unchunked(within + carried, n, v.dtype), state if output_final_state else None
 
 
-def _per_dimension_scores(q_c: Tensor, k_c: Tensor, decay: Tensor) -> Tensor:
-    """sum_d q_id k_jd exp(b_id - b_jd) for j <= i, 0 above: (b, h, c, i, j). As (q e^b) . (k e^-b) where the chunk's
-    log decays stay within STABLE_LOG_DECAY; the other chunks pair by pair, PAIRWISE_CHUNKS at a time."""
+def _per_dimension(
+    decayed_q: Tensor, q_c: Tensor, k_c: Tensor, v_c: Tensor, decay: Tensor, log_scale: float
+) -> tuple[Tensor, Tensor]:
+    """Decays per key dimension: the pair scores scale sum_d q_id k_jd exp(b_id - b_jd) (j <= i, 0 above)
+    (c, b, h, i, j) and each chunk's write to the state sum_j diag(exp(b_C - b_j)) k_j v_j^T (c, b, h, d, e).
+
+    As (q e^b) . (k e^-b), and the write as e^(b_C) (k e^-b)^T V, where the chunk's log decays stay within
+    STABLE_LOG_DECAY; the other chunks pair by pair, PAIRWISE_CHUNKS at a time (C x C x d floats each)."""
     chunk = q_c.shape[-2]
     positions = torch.arange(chunk, device=q_c.device)
     causal = positions[:, None] >= positions[None, :]  # (i, j)
-    strong = decay.detach().abs().amax(dim=(-2, -1)) > STABLE_LOG_DECAY  # (b, h, c)
-    safe = torch.where(strong[..., None, None], 0.0, decay)  # strong chunks' factors are replaced below
-    scores = einsum(q_c * safe.exp(), k_c * (-safe).exp(), "b h c i d, b h c j d -> b h c i j").masked_fill(~causal, 0)
-    if not bool(strong.any()):
-        return scores
-    flat = rearrange(scores, "b h c i j -> (b h c) i j")
-    q_f, k_f, b_f = (rearrange(t, "b h c i d -> (b h c) i d") for t in (q_c, k_c, decay))
+    strong = decay.detach()[..., -1, :].abs().amax(dim=-1) > STABLE_LOG_DECAY  # (c, b, h): b runs down to b_C
+    any_strong = bool(strong.any())
+    safe = torch.where(strong[..., None, None], 0.0, decay) if any_strong else decay  # strong chunks: redone below
+    grown_k = k_c * (-safe).exp()
+    scores = einsum(decayed_q, grown_k, "c b h i d, c b h j d -> c b h i j").masked_fill_(~causal, 0.0)
+    end = rearrange(safe[..., -1:, :].exp(), "c b h 1 d -> c b h d 1")
+    written = einsum(grown_k, v_c, "c b h j d, c b h j e -> c b h d e") * end
+    if not any_strong:
+        return scores, written
     chosen = strong.flatten().nonzero().squeeze(-1)
-    parts = []
+    flat = lambda t: rearrange(t, "c b h i z -> (c b h) i z")  # noqa: E731
+    q_f, k_f, v_f, b_f = flat(q_c), flat(k_c), flat(v_c), flat(decay)
+    pair_scores, writes = [], []
     for start in range(0, len(chosen), PAIRWISE_CHUNKS):
         pick = chosen[start : start + PAIRWISE_CHUNKS]
         gap = (b_f[pick, :, None, :] - b_f[pick, None, :, :]).masked_fill(~causal[..., None], float("-inf"))
-        parts.append(einsum(q_f[pick, :, None, :] * k_f[pick, None, :, :] * gap.exp(), "s i j d -> s i j"))
-    flat = flat.index_copy(0, chosen, torch.cat(parts))
-    return rearrange(flat, "(b h c) i j -> b h c i j", b=q_c.shape[0], h=q_c.shape[1])
+        pairs = q_f[pick, :, None, :] * k_f[pick, None, :, :] * (gap + log_scale).exp()  # (s, i, j, d)
+        pair_scores.append(pairs.sum(dim=-1))
+        keys_to_end = k_f[pick] * (b_f[pick, -1:, :] - b_f[pick]).exp()
+        writes.append(einsum(keys_to_end, v_f[pick], "s j d, s j e -> s d e"))
+    shape = dict(c=scores.shape[0], b=scores.shape[1])
+    scores = rearrange(flat(scores).index_copy(0, chosen, torch.cat(pair_scores)), "(c b h) i j -> c b h i j", **shape)
+    written = rearrange(flat(written).index_copy(0, chosen, torch.cat(writes)), "(c b h) d e -> c b h d e", **shape)
+    return scores, written
 
 
 # ---- delta rule: DeltaNet, Gated DeltaNet --------------------------------------------------------------------
@@ -206,26 +229,23 @@ def gated_delta_chunkwise(
     (I + A) U~ = diag(beta) V and (I + A) W = diag(beta exp b) K; then O = (Q exp b) S + (Q K^T * Gamma) U with
     Gamma_ij = exp(b_i - b_j) (j <= i), and the next state exp(b_C) S + (K exp(b_C - b))^T U."""
     work = accumulation_dtype(q.dtype)
-    n, e = q.shape[-2], v.shape[-1]
-    q = q.to(work) * _scale(q, scale)
-    q_c, k_c, v_c, beta_c = (_chunks(t.to(work), chunk_size) for t in (q, k, v, beta[..., None]))
-    if g is None:
-        decay = torch.zeros_like(beta_c)
-    else:
-        decay = _chunks(g[..., None].to(work), chunk_size).cumsum(dim=-2)  # (b, h, c, i, 1)
-    keys = einsum(k_c, k_c, "b h c i d, b h c j d -> b h c i j")
-    below = beta_c * keys * _pair_decay(decay, strict=True)  # A: (b, h, c, i, j), zero on and above the diagonal
-    rhs = torch.cat([beta_c * v_c, beta_c * decay.exp() * k_c], dim=-1)  # (b, h, c, i, e + d)
-    solved = torch.linalg.solve_triangular(below, rhs, upper=False, unitriangular=True)  # reads A's strict lower part
+    n, e, log_scale = q.shape[-2], v.shape[-1], math.log(_scale(q, scale))
+    q_c, k_c, v_c, beta_c = (_chunks(t, chunk_size, work) for t in (q, k, v, beta[..., None]))  # (c, b, h, i, z)
+    decay = torch.zeros_like(beta_c) if g is None else _chunks(g[..., None], chunk_size, work).cumsum(dim=-2)
+    pair = _pair_decay(decay)  # (c, b, h, i, j): exp(b_i - b_j), j <= i
+    keys = einsum(k_c, k_c, "c b h i d, c b h j d -> c b h i j")
+    below = keys * pair * beta_c  # A, read below its diagonal only (unitriangular)
+    rhs = torch.cat([beta_c * v_c, (beta_c * decay.exp()) * k_c], dim=-1)  # (c, b, h, i, e + d)
+    solved = torch.linalg.solve_triangular(below, rhs, upper=False, unitriangular=True)
     pseudo_values, weights = solved.split([e, q.shape[-1]], dim=-1)  # U~ (.., i, e), W (.., i, d)
-    scores = einsum(q_c, k_c, "b h c i d, b h c j d -> b h c i j") * _pair_decay(decay)
-    decayed_q = q_c * decay.exp()
-    to_end = decay[..., -1:, :]  # (b, h, c, 1, 1)
-    keys_to_end = k_c * (to_end - decay).exp()
+    scores = einsum(q_c, k_c, "c b h i d, c b h j d -> c b h i j") * pair * math.exp(log_scale)
+    decayed_q = q_c * (decay + log_scale).exp()
+    to_end = decay[..., -1:, :]  # (c, b, h, 1, 1)
+    keys_to_end = rearrange(k_c * (to_end - decay).exp(), "c b h j d -> c b h d j")
+    chunk_decay = to_end.exp()
     state, outputs = _initial(q, v, initial_state, work), []
-    for index in range(q_c.shape[2]):
-        written = pseudo_values[:, :, index] - weights[:, :, index] @ state  # U: (b, h, i, e)
-        outputs.append(decayed_q[:, :, index] @ state + scores[:, :, index] @ written)
-        state = state * to_end[:, :, index].exp() + keys_to_end[:, :, index].transpose(-1, -2) @ written
-    out = rearrange(torch.stack(outputs, dim=2), "b h c i e -> b h (c i) e")[:, :, :n]
-    return out.to(v.dtype), state if output_final_state else None
+    for index in range(q_c.shape[0]):
+        written = pseudo_values[index] - weights[index] @ state  # U: (b, h, i, e)
+        outputs.append(decayed_q[index] @ state + scores[index] @ written)
+        state = state * chunk_decay[index] + keys_to_end[index] @ written
+    return _unchunked(torch.stack(outputs), n, v.dtype), state if output_final_state else None

@@ -23,10 +23,18 @@ def test_presets_load_and_cover_every_builtin() -> None:
         refused = all(variant.unsupported_reason(**options, causal=causal) is not None for causal in (False, True))
         return refused and variant.unsupported_reason(**options, causal=True, decode=True) is None
 
-    forward = {name for name in built_in if not decode_only(name)}
+    def causal_only(name: str) -> bool:
+        variant = registry.create(name)
+        refused = [variant.unsupported_reason(**options, causal=causal) is not None for causal in (False, True)]
+        return refused == [True, False]  # (a variant this machine cannot run at all, e.g. xformers, refuses both)
+
+    forward = {name for name in built_in if not decode_only(name) and not causal_only(name)}
     assert {"h2o", "snapkv"} <= built_in - forward
-    assert {spec.name for spec in load_config("default").variants} >= forward
+    assert {spec.name for spec in load_config("default").variants} >= forward  # non-causal presets
     assert {spec.name for spec in load_config("quick").variants} == forward - {"full-math"}
+    recurrences = {name for name in built_in if causal_only(name)}  # the gated linear attentions: causal only
+    assert {"retnet", "gla", "deltanet", "gated-deltanet"} <= recurrences
+    assert {spec.name for spec in load_config("recurrent").variants} >= recurrences
     decoding = {name for name in built_in if registry.load(name).decodes()}
     assert {spec.name for spec in load_config("decode").variants} >= decoding
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 from attnbench.report.analysis import crossover
+from attnbench.plan.budget import AccuracyBudget
 from attnbench.report.verdict import (
+    DIFFERENT_OPERATOR,
     Choice,
     judge,
     pareto_set,
@@ -365,3 +367,35 @@ def test_without_the_baseline_the_fastest_named_is_the_rules_fastest() -> None:
         "full",
     )
     assert answer.sentence.startswith("Fastest of the choices: full-math (1 ms per call); full did not run")
+
+
+def test_a_different_operator_is_never_recommended_on_its_error() -> None:
+    """Gated linear attention (approximates_softmax = False) is left out however fast and however small its error
+    vs softmax, with that reason; the answer is made from the rest, and `min_speedup` ranks only the rest."""
+    other = choice("gla", "gated-linear", 9.0, 8.5, 9.5, 0.05)
+    other.approximates = False
+    answer = judge(
+        8192,
+        [choice("full", "exact", 1.0, 1.0, 1.0, 0.0), other, choice("band", "band", 3.0, 2.8, 3.2, 0.3)],
+        "full",
+        AccuracyBudget(min_speedup=2.0),
+    )
+    assert [c.label for c in answer.choices] == ["full", "band"]
+    assert [(c.label, c.left_out) for c in answer.left_out] == [("gla", DIFFERENT_OPERATOR)]
+    assert answer.use == "band" and "gla" not in answer.sentence
+    assert answer.asked.startswith("At least 2× faster than full, least error: band")
+
+
+def test_the_rows_say_whether_a_variant_approximates_softmax(tmp_path: Path) -> None:
+    """The row field the verdict reads; a row without it (a run written before it) reads as approximating."""
+    run = synthetic_run(tmp_path / "run")
+    assert read_results(run).approximates_softmax.all()
+
+    def mark(rows: list[dict]) -> list[dict]:
+        for row in rows:
+            row["approximates_softmax"] = {"full": "True", "band": "False"}.get(row["label"], "")
+        return rows
+
+    edit_rows(run, mark)
+    frame = read_results(run).drop_duplicates("label").set_index("label").approximates_softmax
+    assert frame.to_dict() == {"full": True, "band": False, "strided": True}

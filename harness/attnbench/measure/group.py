@@ -140,7 +140,9 @@ def admit(cell: Cell, settings: Settings, registry: Registry) -> Admission:
         variant = registry.create(cell.variant.name, seed=cell.seed, **dict(cell.variant.params))
     except (Exception, SystemExit) as error:  # SystemExit: a plugin's sys.exit() is its cell's error
         return Admission(None, {"status": "error", "reason": f"could not build the variant: {error}"})
-    fields: dict[str, Any] = {"family": variant.family, "exact": variant.exact}
+    fields: dict[str, Any] = {
+        "family": variant.family, "exact": variant.exact, "approximates_softmax": variant.approximates_softmax
+    }
     if cell.device.startswith("cuda") and not torch.cuda.is_available():
         return Admission(variant, {**fields, "status": "unsupported", "reason": "CUDA is not available on this machine"})
     reason = variant.unsupported_reason(

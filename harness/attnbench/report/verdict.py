@@ -64,6 +64,7 @@ class Choice:
     fastest_exact: bool = False
     left_out: str = ""  # why it is not offered as a choice ("" when it is)
     ties: list[str] = field(default_factory=list)  # more accurate choices it is not faster than beyond noise
+    approximates: bool = True  # False: a different operator from softmax (its error is no reason to use it)
 
     @property
     def speed(self) -> float:
@@ -338,6 +339,7 @@ def _candidates(
             Choice(
                 label=row.label,
                 family=str(s.family),
+                approximates=bool(s.get("approximates_softmax", True)),
                 speedup=float(s.speedup) if paired else float("nan"),
                 speedup_low=float(s.speedup_low) if paired else float("nan"),
                 speedup_high=float(s.speedup_high) if paired else float("nan"),
@@ -397,7 +399,9 @@ def judge(
                 f"exact like {fastest_exact.label}, not faster beyond noise"
             )
     for c in candidates:
-        if c.no_better_than_uniform:
+        if not c.approximates:
+            c.left_out = DIFFERENT_OPERATOR
+        elif c.no_better_than_uniform:
             c.left_out = "worse than averaging V" if c.error >= 1.05 else "no better than averaging V"
         elif over_budget(c, budget):
             c.left_out = f"{OVER_BUDGET} {budget.max_error:g}"
@@ -426,6 +430,9 @@ def judge(
 
 
 OVER_BUDGET = "over the error budget"  # a left-out reason: its error vs uniform exceeds the budget
+# a left-out reason: gated linear attention and other operators a model is trained with, not approximations of
+# softmax; their error vs softmax is shown, never a reason to use them
+DIFFERENT_OPERATOR = "a different operator, not an approximation of softmax: not recommended on its error"
 
 
 def recommended(offered: list[Choice], baseline: str) -> Choice | None:
@@ -499,7 +506,7 @@ def answer_sentence(
             f"Nothing measured within {within} beats {base} here: {lead.label} is {_speed(lead)} faster, but its "
             "error was not measured, so it cannot be checked against the budget."
         )
-    judged = [c for c in approximate + left_out if c.family != "exact" and c.error == c.error]
+    judged = [c for c in approximate + left_out if c.family != "exact" and c.approximates and c.error == c.error]
     if judged and not any(not over_budget(c, budget) and not c.no_better_than_uniform for c in judged):
         least = min(judged, key=lambda c: c.error)
         useless = f" ({least.left_out})" if least.no_better_than_uniform else ""
@@ -545,7 +552,7 @@ def asked_sentence(
     paired = [c for c in candidates if c.speedup == c.speedup and c.label != baseline]
     if not paired:
         return f"{question}: no speedup against {baseline} was measured here."
-    fast = [c for c in paired if c.trusted_interval and c.speedup_low >= ask]
+    fast = [c for c in paired if c.trusted_interval and c.speedup_low >= ask and c.approximates]  # ranked by error
     known = [c for c in fast if c.family == "exact" or c.error == c.error]
     if known:
         best = min(known, key=lambda c: (c.error_rank, -c.speed))

@@ -137,6 +137,8 @@ def read_results(run_dir: Path) -> pd.DataFrame:
     frame = frame.astype({"seq_len": int})
     # a run written before the compile axis has no `compiled` column: its cells ran eager
     frame["compiled"] = frame.compiled.map(lambda v: str(v) == "True").astype(bool)
+    # a run written before the column: every variant then approximated softmax (or was exact)
+    frame["approximates_softmax"] = frame.approximates_softmax.map(lambda v: str(v) != "False").astype(bool)
     # a cell recorded twice (a folder written by two processes before the lock, or an old duplicate plan): the
     # later row stands, so report, resume and compare see one row per cell
     return frame.drop_duplicates("cell_key", keep="last").reset_index(drop=True)

@@ -25,6 +25,8 @@ class Measured:
     reason: str = ""
     family: str = ""
     exact: bool = False
+    # False: a different operator from softmax (gated linear attention), its error shown but never a reason to use it
+    approximates_softmax: bool = True
     host: str = ""  # where it ran: host name and device name
     device_name: str = ""
     node: str = ""  # the Ray node that measured it ("" outside Ray): two nodes on one host told apart

@@ -1,0 +1,217 @@
+"""The gated and delta-rule kernels (attnbench.variants.gated_kernels): chunkwise = recurrent = a naive per-step
+reference written from the definition here, at awkward N (not a multiple of the chunk), in float32 and bfloat16,
+forward and gradients, with an initial state; and equal to fla's own naive references (fla-core), where installed.
+
+Tolerances, relative to the largest magnitude of what is compared: float32 TOLERANCE["float32"] (the forms sum in
+another order); bfloat16 TOLERANCE["bfloat16"]: inputs and outputs are bfloat16, the work float32 in every form, so
+the forms differ by the output's rounding (2^-8 relative), and gradients by their own.
+
+b - batch, h - heads, n - position, d - key dim, e - value dim
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from attnbench.variants.gated_kernels import (
+    STABLE_LOG_DECAY,
+    gated_delta_chunkwise,
+    gated_delta_recurrent,
+    gated_linear_chunkwise,
+    gated_linear_recurrent,
+)
+
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float64: 1e-10}
+B, H, D, E = 2, 3, 8, 6
+
+KERNELS = ("gla", "retention", "deltanet", "gated-deltanet")
+
+
+def inputs(kind: str, n: int, dtype: torch.dtype, seed: int = 0, strength: float = 1.0) -> dict[str, torch.Tensor]:
+    """q, k, v and the kernel's gates for `kind`, and an initial state; `strength` multiplies the log decays."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(B, H, n, D, generator=g), torch.randn(B, H, n, D, generator=g)
+    v, state = torch.randn(B, H, n, E, generator=g), torch.randn(B, H, D, E, generator=g)
+    if kind in ("deltanet", "gated-deltanet"):  # the delta rule is stable with normalised keys and beta in (0, 1)
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        gates = {"beta": torch.rand(B, H, n, generator=g)}
+        gates["g"] = F.logsigmoid(torch.randn(B, H, n, generator=g)) * strength if kind == "gated-deltanet" else None
+    else:
+        width = D if kind == "gla" else 1
+        gates = {"gk": F.logsigmoid(torch.randn(B, H, n, width, generator=g) + 2) * strength}
+    cast = {name: t if t is None else t.to(dtype) for name, t in gates.items()}
+    return {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype), **cast, "initial_state": state}
+
+
+def run(kind: str, form: str, x: dict, chunk_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel of `kind` in `form` (chunkwise | recurrent): output and final state."""
+    delta = kind in ("deltanet", "gated-deltanet")
+    if form == "chunkwise":
+        kernel: Callable = gated_delta_chunkwise if delta else gated_linear_chunkwise
+        options = {"chunk_size": chunk_size}
+    else:
+        kernel, options = (gated_delta_recurrent if delta else gated_linear_recurrent), {}
+    gates = (x["beta"], x["g"]) if delta else (x["gk"],)
+    out, state = kernel(x["q"], x["k"], x["v"], *gates, initial_state=x["initial_state"], output_final_state=True,
+                        **options)  # fmt: skip
+    return out, state
+
+
+def naive(kind: str, x: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition, one position at a time, in float64, as matrices: gated linear S_t = A_t S_{t-1} + k_t v_t^T
+    with A_t = diag(exp gk_t); the delta rule S_t = (I - beta_t k_t k_t^T) exp(g_t) S_{t-1} + beta_t k_t v_t^T;
+    o_t = S_t^T q_t / sqrt(d)."""
+    q, k, v = (x[name].double() for name in "qkv")
+    state = x["initial_state"].double()
+    eye = torch.eye(D, dtype=torch.float64)
+    outputs = []
+    for t in range(q.shape[2]):
+        k_t, v_t = k[:, :, t, :, None], v[:, :, t, None, :]  # (b, h, d, 1), (b, h, 1, e)
+        if kind in ("gla", "retention"):
+            transition = torch.diag_embed(x["gk"][:, :, t].double().exp().expand(B, H, D))
+            state = transition @ state + k_t @ v_t
+        else:
+            beta = x["beta"][:, :, t, None, None].double()
+            decay = x["g"][:, :, t, None, None].double().exp() if x["g"] is not None else 1.0
+            state = (eye - beta * k_t @ k_t.transpose(-1, -2)) @ (decay * state) + beta * k_t @ v_t
+        outputs.append((state.transpose(-1, -2) @ q[:, :, t, :, None])[..., 0] * D**-0.5)
+    return torch.stack(outputs, dim=2), state
+
+
+def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> float:
+    """max |a - b| relative to the largest magnitude of b."""
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("n, chunk", [(37, 16), (100, 64), (5, 16)])
+@pytest.mark.parametrize("kind", KERNELS)
+def test_chunkwise_equals_recurrent_equals_naive(kind: str, n: int, chunk: int, dtype: torch.dtype) -> None:
+    x = inputs(kind, n, dtype)
+    chunked, chunked_state = run(kind, "chunkwise", x, chunk)
+    stepped, stepped_state = run(kind, "recurrent", x)
+    reference, reference_state = naive(kind, x)
+    assert chunked.dtype == dtype and chunked.shape == (B, H, n, E)
+    tolerance = TOLERANCE[dtype]
+    assert close(chunked, stepped, dtype) <= tolerance
+    assert close(chunked, reference, dtype) <= tolerance
+    assert close(stepped, reference, dtype) <= tolerance
+    assert close(chunked_state, reference_state, dtype) <= TOLERANCE[torch.float32]  # states are float32 in both
+    assert close(stepped_state, reference_state, dtype) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("kind", KERNELS)
+def test_gradients_of_chunkwise_equal_recurrent(kind: str, dtype: torch.dtype) -> None:
+    """Through every input the forms take (q, k, v, gates, beta, the initial state), at N = 37 in chunks of 16."""
+    x = inputs(kind, 37, dtype, seed=1)
+    names = [name for name, t in x.items() if t is not None]
+    weights = torch.randn(B, H, 37, E, generator=torch.Generator().manual_seed(2))
+    grads = {}
+    for form in ("chunkwise", "recurrent"):
+        leaves = {name: x[name].detach().clone().requires_grad_() for name in names}
+        out, state = run(kind, form, {**x, **leaves})
+        loss = (out.double() * weights).sum() + state.double().square().sum()
+        grads[form] = torch.autograd.grad(loss, [leaves[name] for name in names])
+    for name, a, b in zip(names, grads["chunkwise"], grads["recurrent"]):
+        assert torch.isfinite(a).all(), name
+        assert close(a, b, dtype) <= TOLERANCE[dtype] * (4 if dtype == torch.bfloat16 else 10), name
+
+
+@pytest.mark.parametrize("kind", ["gla", "retention", "gated-deltanet"])
+def test_strong_gates_stay_exact(kind: str) -> None:
+    """Log decays far past STABLE_LOG_DECAY in a chunk: the per-dimension scores go pair by pair there, the scalar
+    ones never leave [0, 1]; values and gradients finite and equal to the recurrence."""
+    x = inputs(kind, 70, torch.float32, strength=30.0)
+    gate = x["gk"] if "gk" in x else x["g"]
+    assert gate[:, :, :16].sum(dim=2).min() < -STABLE_LOG_DECAY  # the chunks are really strong
+    chunked, _ = run(kind, "chunkwise", x, 32)
+    assert torch.isfinite(chunked).all()
+    assert close(chunked, run(kind, "recurrent", x)[0], torch.float32) <= TOLERANCE[torch.float32]
+    leaves = {name: t.clone().requires_grad_() for name, t in x.items() if t is not None and name != "initial_state"}
+    grads = torch.autograd.grad(run(kind, "chunkwise", {**x, **leaves}, 32)[0].sum(), list(leaves.values()))
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_a_mixed_batch_of_strong_and_mild_chunks() -> None:
+    """Only the chunks past the range go pair by pair; the others keep the fast form, and the two agree."""
+    x = inputs("gla", 64, torch.float32)
+    x["gk"] = x["gk"].clone()
+    x["gk"][0, 1, 16:32] *= 200  # one chunk of one head of one batch element
+    assert close(run("gla", "chunkwise", x, 16)[0], run("gla", "recurrent", x)[0], torch.float32) <= 2e-5
+
+
+# ---- fla's naive references ------------------------------------------------------------------------------------
+
+
+def fla_reference(family: str) -> object:
+    """fla-core's `fla/ops/<family>/naive.py`, loaded as a file (its package imports need triton)."""
+    spec = importlib.util.find_spec("fla")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("fla-core is not installed (pip install --no-deps fla-core)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "ops" / family / "naive.py"
+    module_spec = importlib.util.spec_from_file_location(f"fla_naive_{family}", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def time_major(t: torch.Tensor) -> torch.Tensor:
+    """(b, h, n, ...) -> fla's (b, n, h, ...)."""
+    return t.transpose(1, 2)
+
+
+def test_equals_fla_retention() -> None:
+    fla = fla_reference("retention")
+    x = inputs("retention", 45, torch.float32)
+    heads = torch.arange(H, dtype=torch.float32)
+    gk = torch.log1p(-torch.exp2(-5.0 - heads))[None, :, None, None].expand(B, H, 45, 1)
+    ours, _ = gated_linear_chunkwise(x["q"], x["k"], x["v"], gk, chunk_size=16)
+    assert close(ours, fla.naive_retention(x["q"], x["k"], x["v"]), torch.float32) <= TOLERANCE[torch.float32]
+
+
+def test_equals_fla_gla() -> None:
+    fla = fla_reference("gla")
+    x = inputs("gla", 45, torch.float32)
+    theirs, their_state = fla.naive_recurrent_gla(*(time_major(x[n]) for n in ("q", "k", "v", "gk")),
+                                                  initial_state=x["initial_state"], output_final_state=True)  # fmt: skip
+    ours, state = gated_linear_chunkwise(x["q"], x["k"], x["v"], x["gk"], chunk_size=16,
+                                         initial_state=x["initial_state"], output_final_state=True)  # fmt: skip
+    assert close(ours, time_major(theirs), torch.float32) <= TOLERANCE[torch.float32]
+    assert close(state, their_state, torch.float32) <= TOLERANCE[torch.float32]
+
+
+def test_equals_fla_delta_rule() -> None:
+    fla = fla_reference("delta_rule")
+    x = inputs("deltanet", 45, torch.float32)
+    theirs, their_state = fla.delta_rule_recurrence(x["q"], x["k"], x["v"], x["beta"],
+                                                    initial_state=x["initial_state"])  # fmt: skip
+    ours, state = gated_delta_chunkwise(x["q"], x["k"], x["v"], x["beta"], chunk_size=16,
+                                        initial_state=x["initial_state"], output_final_state=True)  # fmt: skip
+    assert close(ours, theirs, torch.float32) <= TOLERANCE[torch.float32]
+    assert close(state, their_state, torch.float32) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("their_form", ["naive_recurrent_gated_delta_rule", "naive_chunk_gated_delta_rule"])
+def test_equals_fla_gated_delta_rule(their_form: str) -> None:
+    fla = fla_reference("gated_delta_rule")
+    x = inputs("gated-deltanet", 45, torch.float32)
+    q, k, v, beta, g = (time_major(x[n]) for n in ("q", "k", "v", "beta", "g"))
+    if their_form == "naive_chunk_gated_delta_rule":
+        theirs, their_state = fla.naive_chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=16,
+                                                               initial_state=x["initial_state"],
+                                                               output_final_state=True)  # fmt: skip
+    else:
+        theirs, their_state = fla.naive_recurrent_gated_delta_rule(q, k, v, beta, g, initial_state=x["initial_state"],
+                                                                   output_final_state=True)  # fmt: skip
+    ours, state = gated_delta_chunkwise(x["q"], x["k"], x["v"], x["beta"], x["g"], chunk_size=16,
+                                        initial_state=x["initial_state"], output_final_state=True)  # fmt: skip
+    assert close(ours, time_major(theirs), torch.float32) <= TOLERANCE[torch.float32]
+    assert close(state, their_state, torch.float32) <= TOLERANCE[torch.float32]
