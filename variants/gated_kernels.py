@@ -63,6 +63,11 @@ def _chunks(x: Tensor, chunk: int, dtype: torch.dtype) -> Tensor:
     return rearrange(x.to(dtype), "b h (c i) z -> c b h i z", i=chunk).contiguous()
 
 
+def _times(x: Tensor, y: Tensor | float) -> Tensor:
+    """x * y, in place when no gradient is being recorded (x is then a fresh tensor of ours: one pass fewer)."""
+    return x.mul_(y) if not torch.is_grad_enabled() else x * y
+
+
 def _unchunked(x: Tensor, n: int, dtype: torch.dtype) -> Tensor:
     """(c, b, h, i, e) -> (b, h, n, e) in `dtype`, the padding dropped."""
     return rearrange(x, "c b h i e -> b h (c i) e")[:, :, :n].to(dtype)
@@ -229,23 +234,47 @@ def gated_delta_chunkwise(
     (I + A) U~ = diag(beta) V and (I + A) W = diag(beta exp b) K; then O = (Q exp b) S + (Q K^T * Gamma) U with
     Gamma_ij = exp(b_i - b_j) (j <= i), and the next state exp(b_C) S + (K exp(b_C - b))^T U."""
     work = accumulation_dtype(q.dtype)
-    n, e, log_scale = q.shape[-2], v.shape[-1], math.log(_scale(q, scale))
+    n, e = q.shape[-2], v.shape[-1]
     q_c, k_c, v_c, beta_c = (_chunks(t, chunk_size, work) for t in (q, k, v, beta[..., None]))  # (c, b, h, i, z)
-    decay = torch.zeros_like(beta_c) if g is None else _chunks(g[..., None], chunk_size, work).cumsum(dim=-2)
-    pair = _pair_decay(decay)  # (c, b, h, i, j): exp(b_i - b_j), j <= i
-    keys = einsum(k_c, k_c, "c b h i d, c b h j d -> c b h i j")
-    below = keys * pair * beta_c  # A, read below its diagonal only (unitriangular)
-    rhs = torch.cat([beta_c * v_c, (beta_c * decay.exp()) * k_c], dim=-1)  # (c, b, h, i, e + d)
-    solved = torch.linalg.solve_triangular(below, rhs, upper=False, unitriangular=True)
+    q_c = q_c * _scale(q, scale)
+    positions = torch.arange(q_c.shape[-2], device=q.device)
+    above = positions[:, None] < positions[None, :]  # (i, j)
+    decay = None if g is None else _chunks(g[..., None], chunk_size, work).cumsum(dim=-2)  # (c, b, h, i, 1)
+    if decay is None:  # DeltaNet: Gamma is the causal mask
+        decayed_q, decayed_k, grown_k = q_c, k_c, k_c
+    else:
+        shrink = decay.exp()
+        decayed_q, decayed_k = q_c * shrink, k_c * shrink
+        grown_k = k_c * (-decay).exp() if decay.detach().amin() >= -STABLE_LOG_DECAY else None
+    if grown_k is not None:  # Gamma_ij = e^(b_i) e^(-b_j), folded into the factors
+        scores = einsum(decayed_q, grown_k, "c b h i d, c b h j d -> c b h i j").masked_fill_(above, 0.0)
+        below = einsum(decayed_k, grown_k, "c b h i d, c b h j d -> c b h i j") * beta_c
+    else:  # decays past float range within a chunk: Gamma as a matrix, every entry in [0, 1]
+        pair = _pair_decay(decay)  # (c, b, h, i, j): exp(b_i - b_j), j <= i
+        scores = einsum(q_c, k_c, "c b h i d, c b h j d -> c b h i j") * pair
+        below = einsum(k_c, k_c, "c b h i d, c b h j d -> c b h i j") * pair * beta_c
+    rhs = torch.cat([v_c, decayed_k], dim=-1)
+    if decay is None:
+        keys_to_end, chunk_decay = k_c, None
+    else:
+        to_end = decay[..., -1:, :]  # (c, b, h, 1, 1)
+        keys_to_end, chunk_decay = k_c * (to_end - decay).exp(), to_end.exp()
+    # A, read below its diagonal only (unitriangular); (I + A) [U~ W] = diag(beta) [V  K e^b]
+    solved = torch.linalg.solve_triangular(below, _times(rhs, beta_c), upper=False, unitriangular=True)
     pseudo_values, weights = solved.split([e, q.shape[-1]], dim=-1)  # U~ (.., i, e), W (.., i, d)
-    scores = einsum(q_c, k_c, "c b h i d, c b h j d -> c b h i j") * pair * math.exp(log_scale)
-    decayed_q = q_c * (decay + log_scale).exp()
-    to_end = decay[..., -1:, :]  # (c, b, h, 1, 1)
-    keys_to_end = rearrange(k_c * (to_end - decay).exp(), "c b h j d -> c b h d j")
-    chunk_decay = to_end.exp()
-    state, outputs = _initial(q, v, initial_state, work), []
-    for index in range(q_c.shape[0]):
-        written = pseudo_values[index] - weights[index] @ state  # U: (b, h, i, e)
-        outputs.append(decayed_q[index] @ state + scores[index] @ written)
-        state = state * chunk_decay[index] + keys_to_end[index] @ written
-    return _unchunked(torch.stack(outputs), n, v.dtype), state if output_final_state else None
+    # the loop's operands with batch and heads as one axis, for baddbmm: (c, (b h), ...)
+    keys_to_end = rearrange(keys_to_end, "c b h j d -> c (b h) d j")
+    pseudo_values, weights = (rearrange(t, "c b h i z -> c (b h) i z") for t in (pseudo_values, weights))
+    if chunk_decay is not None:
+        chunk_decay = rearrange(chunk_decay, "c b h 1 1 -> c (b h) 1 1")
+    state, before, written = rearrange(_initial(q, v, initial_state, work), "b h d e -> (b h) d e"), [], []
+    for index in range(q_c.shape[0]):  # the state before each chunk, and what each chunk writes (U = U~ - W S)
+        before.append(state)
+        written.append(torch.baddbmm(pseudo_values[index], weights[index], state, alpha=-1))
+        decayed = state if chunk_decay is None else state * chunk_decay[index]
+        state = torch.baddbmm(decayed, keys_to_end[index], written[-1])
+    per_head = lambda parts: rearrange(torch.stack(parts), "c (b h) i e -> c b h i e", b=q.shape[0])  # noqa: E731
+    carried = einsum(decayed_q, per_head(before), "c b h i d, c b h d e -> c b h i e")
+    out = carried + einsum(scores, per_head(written), "c b h i j, c b h j e -> c b h i e")
+    final = rearrange(state, "(b h) d e -> b h d e", b=q.shape[0])
+    return _unchunked(out, n, v.dtype), final if output_final_state else None
