@@ -303,6 +303,38 @@ def not_transferable(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     return Outcome(CANNOT, "–", params["why"])
 
 
+def overtakes_at_long_n(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
+    """Each of `labels` against `baseline` by N (the paired speedup of each row, timed in turns): the crossover N is
+    the smallest N from which it is faster beyond noise (its interval above 1) at every larger N. Holds when every
+    crossover lies in the published range (low, high]: the baseline faster up to `low`, the label at `high`; in trend
+    when every label overtakes inside the sweep, only not in that range; fails when one never does, or is faster
+    already at the smallest N (the claim is that it pays off only at long N)."""
+    labels, (low, high) = params["labels"], params["published_range"]
+    if (missing := not_run(frame, [params["baseline"], *labels])) is not None:
+        return missing
+    ok = ok_rows(frame)
+    crossovers, never, from_start, figures = {}, [], [], []
+    for label in labels:
+        rows = ok[ok.label == label].groupby("seq_len")[["speedup", "speedup_low"]].median().sort_index()
+        faster = rows.speedup_low > 1
+        later_all = faster[::-1].cummin()[::-1]  # faster at this N and every larger one
+        crossover = int(later_all[later_all].index.min()) if later_all.any() else None
+        figures.append(f"{label} {_series(rows.speedup)}")
+        if crossover is None:
+            never.append(label)
+        elif crossover == rows.index.min():
+            from_start.append(label)
+        crossovers[label] = crossover
+    shown = ", ".join(f"{label} from N={n}" if n else f"{label} never" for label, n in crossovers.items())
+    detail = f"speedup over {params['baseline']}: " + "; ".join(figures)
+    if never or from_start:
+        why = [f"{', '.join(never)} never faster beyond noise in the sweep"] if never else []
+        why += [f"{', '.join(from_start)} faster already at the smallest N"] if from_start else []
+        return Outcome(FAILS, shown, "; ".join(why) + f". {detail}")
+    inside = all(low < n <= high for n in crossovers.values())
+    return Outcome(HOLDS if inside else TREND, shown, f"published crossover in ({low}, {high}]. {detail}")
+
+
 CHECKS: dict[str, Callable[[pd.DataFrame, dict[str, Any]], Outcome]] = {
     "gains_rise_with_n": gains_rise_with_n,
     "error_falls_along": error_falls_along,
@@ -312,4 +344,5 @@ CHECKS: dict[str, Callable[[pd.DataFrame, dict[str, Any]], Outcome]] = {
     "not_transferable": not_transferable,
     "ratio_rises_along": ratio_rises_along,
     "beats_at_equal_budget": beats_at_equal_budget,
+    "overtakes_at_long_n": overtakes_at_long_n,
 }

@@ -295,6 +295,27 @@ CLAIMS: list[Claim] = [
         quick={"seq_lens": [1024, 2048, 4096], "min_rounds": 3},
     ),
     Claim(
+        id="fla-crossover",
+        paper="Yang, Zhang et al., flash-linear-attention (fla)",
+        where="README, benchmarks of the chunkwise kernels against FlashAttention-2 by sequence length",
+        statement="the gated and delta-rule linear attention kernels overtake exact (flash) attention only at long "
+        "sequences",
+        published="FlashAttention-2 faster at T <= 2048, the linear kernels faster at T = 8192 (GPU)",
+        baseline="FlashAttention-2: `full`, PyTorch's fused exact attention (causal)",
+        transfers="the trend (exact faster at short N, the linear kernels at long N) and the crossover N, on this "
+        "machine's kernels: ours in PyTorch against its fused CPU kernel, not Triton against FlashAttention-2",
+        sweep={
+            "error": False, "min_run_time": 0.2, "time_budget_s": 30.0, "causal": True, "baseline": "full",
+            "seq_lens": [1024, 2048, 4096, 8192, 16384], "inputs": [{"name": "gaussian"}],
+            "variants": [{"name": "full"}, {"name": "retnet"}, {"name": "gla"}, {"name": "deltanet"},
+                         {"name": "gated-deltanet"}],
+        },  # fmt: skip
+        check="overtakes_at_long_n",
+        params={"baseline": "full", "labels": ["retnet", "gla", "deltanet", "gated-deltanet"],
+                "published_range": (2048, 8192)},  # fmt: skip
+        quick={"seq_lens": [1024, 4096, 16384], "min_rounds": 3},
+    ),
+    Claim(
         id="h2o-budget",
         paper="Zhang et al. 2023, H2O: Heavy-Hitter Oracle",
         where="§5 and Fig. 4 (quality against the KV cache budget)",
