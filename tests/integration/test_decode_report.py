@@ -140,6 +140,15 @@ def test_the_report_and_plots_of_a_decode_run(run: Path, monkeypatch: pytest.Mon
     for caption in ("Time per generated token", "Cache kept at context N", "Prefill, ms", "bandwidth roofline"):
         assert caption in text, caption
     assert "Achieved FLOP/s" not in text  # a step's roofline counts bytes
+    # linear's RNN state and band's ring stay the same at every N: each with the N from which it is smaller than
+    # full's KV cache (full's bytes per token at the largest N); full(kv_cache=False) keeps the same growing cache
+    rows = read_results(run).set_index(["label", "seq_len"]).cache_bytes
+    per_token = rows["full", 128] / 128
+    assert "Constant states against a growing KV cache" in text
+    for label in ("linear", BAND):
+        assert f"| {label} | {rows[label, 128] / 1024:,.4g} | ≈ {round(rows[label, 128] / per_token):,} |" in text
+    table = text.split("Constant states against a growing KV cache")[1].split("\n\n")[1]
+    assert table.count("\n| ") == 2 and "full(kv_cache=False)" not in table  # the two constant ones, under the header
     summary = write_summary(run)
     assert f"mode={MODE_WORDS}" in summary and "| step ms (median ± IQR) |" in summary and "cache slope" in summary
 

@@ -328,6 +328,40 @@ def _decode_blocks(cells: pd.DataFrame, baseline: str, to_base: Callable[[pd.Ser
                 lowest(lambda r: _nan(r.prefill_s)),
             ),
         ),
+    ] + _constant_state_blocks(cells, baseline)
+
+
+CONSTANT = 1.01  # a cache within 1% over every N is a constant state (an RNN's, a window's ring)
+
+
+def _constant_state_blocks(cells: pd.DataFrame, baseline: str) -> list[Block]:
+    """For each variant whose cache is the same at every N of the group (an RNN state, a window's ring): the N from
+    which it keeps less than the baseline's KV cache, from that cache's bytes per token at the largest N."""
+    ok = cells[(cells.status == "ok") & cells.cache_bytes.notna() & (cells.cache_bytes > 0)]
+    base = ok[ok.label == baseline]
+    if base.empty:
+        return []
+    largest = base.loc[base.seq_len.idxmax()]
+    per_token = largest.cache_bytes / largest.seq_len  # (the cache's room for the decode steps included)
+    rows = []
+    for label, own in ok[ok.label != baseline].groupby("label", sort=False):
+        if own.seq_len.nunique() < 2 or own.cache_bytes.max() > own.cache_bytes.min() * CONSTANT:
+            continue
+        state = float(own.cache_bytes.max())
+        rows.append([label, f"{state / 1024:,.4g}", f"≈ {max(1, round(state / per_token)):,}"])
+    if not rows:
+        return []
+    return [
+        Block(
+            "table",
+            headers=["variant", "state, KiB (the same at every N)", f"smaller than {baseline}'s KV cache from N"],
+            rows=rows,
+            caption=(
+                f"Constant states against a growing KV cache: {baseline}'s cache keeps "
+                f"{per_token / 1024:.3g} KiB per token (at N={int(largest.seq_len):,}); a variant whose cache is the "
+                "same at every N here keeps less than it from the N given (state / bytes per token)."
+            ),
+        )
     ]
 
 

@@ -306,14 +306,14 @@ CLAIMS: list[Claim] = [
         "machine's kernels: ours in PyTorch against its fused CPU kernel, not Triton against FlashAttention-2",
         sweep={
             "error": False, "min_run_time": 0.2, "time_budget_s": 30.0, "causal": True, "baseline": "full",
-            "seq_lens": [1024, 2048, 4096, 8192, 16384], "inputs": [{"name": "gaussian"}],
+            "seq_lens": [256, 512, 1024, 2048, 4096, 8192, 16384], "inputs": [{"name": "gaussian"}],
             "variants": [{"name": "full"}, {"name": "retnet"}, {"name": "gla"}, {"name": "deltanet"},
                          {"name": "gated-deltanet"}],
         },  # fmt: skip
         check="overtakes_at_long_n",
         params={"baseline": "full", "labels": ["retnet", "gla", "deltanet", "gated-deltanet"],
                 "published_range": (2048, 8192)},  # fmt: skip
-        quick={"seq_lens": [1024, 4096, 16384], "min_rounds": 3},
+        quick={"seq_lens": [256, 1024, 4096], "min_rounds": 3},
     ),
     Claim(
         id="h2o-budget",
