@@ -236,43 +236,47 @@ def gated_delta_chunkwise(
     work = accumulation_dtype(q.dtype)
     n, e = q.shape[-2], v.shape[-1]
     q_c, k_c, v_c, beta_c = (_chunks(t, chunk_size, work) for t in (q, k, v, beta[..., None]))  # (c, b, h, i, z)
-    q_c = q_c * _scale(q, scale)
+    scale = _scale(q, scale)
     positions = torch.arange(q_c.shape[-2], device=q.device)
     above = positions[:, None] < positions[None, :]  # (i, j)
     decay = None if g is None else _chunks(g[..., None], chunk_size, work).cumsum(dim=-2)  # (c, b, h, i, 1)
+    # the state's update per chunk: S' = (S * before + K_hat^T U) * after, with K_hat the keys decayed to the end
+    before_update = after_update = None
     if decay is None:  # DeltaNet: Gamma is the causal mask
-        decayed_q, decayed_k, grown_k = q_c, k_c, k_c
+        decayed_q, written_k, grown_k, keys_to_end = q_c * scale, k_c * beta_c, k_c, k_c
     else:
-        shrink = decay.exp()
-        decayed_q, decayed_k = q_c * shrink, k_c * shrink
-        grown_k = k_c * (-decay).exp() if decay.detach().amin() >= -STABLE_LOG_DECAY else None
-    if grown_k is not None:  # Gamma_ij = e^(b_i) e^(-b_j), folded into the factors
+        shrink, to_end = decay.exp(), decay[..., -1:, :]  # (c, b, h, i, 1), (c, b, h, 1, 1)
+        decayed_q, written_k = q_c * (shrink * scale), k_c * (shrink * beta_c)  # scale q e^b; beta k e^b
+        if decay.detach().amin() >= -STABLE_LOG_DECAY:  # Gamma_ij = e^(b_i) e^(-b_j): folded into the factors
+            grown_k = keys_to_end = k_c * (-decay).exp()  # k e^(-b); to the end: e^(b_C) applied to the update
+            after_update = to_end.exp()
+        else:  # decays past float range within a chunk: Gamma as a matrix, every entry in [0, 1]
+            grown_k, keys_to_end, before_update = None, k_c * (to_end - decay).exp(), to_end.exp()
+    if grown_k is not None:
         scores = einsum(decayed_q, grown_k, "c b h i d, c b h j d -> c b h i j").masked_fill_(above, 0.0)
-        below = einsum(decayed_k, grown_k, "c b h i d, c b h j d -> c b h i j") * beta_c
-    else:  # decays past float range within a chunk: Gamma as a matrix, every entry in [0, 1]
-        pair = _pair_decay(decay)  # (c, b, h, i, j): exp(b_i - b_j), j <= i
-        scores = einsum(q_c, k_c, "c b h i d, c b h j d -> c b h i j") * pair
-        below = einsum(k_c, k_c, "c b h i d, c b h j d -> c b h i j") * pair * beta_c
-    rhs = torch.cat([v_c, decayed_k], dim=-1)
-    if decay is None:
-        keys_to_end, chunk_decay = k_c, None
+        # A in column-major order (built as its transpose), as LAPACK's triangular solve reads it: no copy there
+        below = einsum(grown_k, written_k, "c b h j d, c b h i d -> c b h j i").mT
     else:
-        to_end = decay[..., -1:, :]  # (c, b, h, 1, 1)
-        keys_to_end, chunk_decay = k_c * (to_end - decay).exp(), to_end.exp()
-    # A, read below its diagonal only (unitriangular); (I + A) [U~ W] = diag(beta) [V  K e^b]
-    solved = torch.linalg.solve_triangular(below, _times(rhs, beta_c), upper=False, unitriangular=True)
+        pair = _pair_decay(decay)  # (c, b, h, i, j): exp(b_i - b_j), j <= i
+        scores = einsum(q_c, k_c, "c b h i d, c b h j d -> c b h i j") * (pair * scale)
+        below = einsum(k_c, k_c, "c b h i d, c b h j d -> c b h i j") * pair * beta_c
+    # A, read below its diagonal only (unitriangular); (I + A) [U~ W] = [diag(beta) V  diag(beta e^b) K]
+    rhs = torch.cat([(v_c * beta_c).mT, written_k.mT], dim=-2).mT  # (c, b, h, i, e + d), column-major as A
+    solved = torch.linalg.solve_triangular(below, rhs, upper=False, unitriangular=True)
     pseudo_values, weights = solved.split([e, q.shape[-1]], dim=-1)  # U~ (.., i, e), W (.., i, d)
     # the loop's operands with batch and heads as one axis, for baddbmm: (c, (b h), ...)
     keys_to_end = rearrange(keys_to_end, "c b h j d -> c (b h) d j")
     pseudo_values, weights = (rearrange(t, "c b h i z -> c (b h) i z") for t in (pseudo_values, weights))
-    if chunk_decay is not None:
-        chunk_decay = rearrange(chunk_decay, "c b h 1 1 -> c (b h) 1 1")
+    before_update, after_update = (
+        None if t is None else rearrange(t, "c b h 1 1 -> c (b h) 1 1") for t in (before_update, after_update)
+    )
     state, before, written = rearrange(_initial(q, v, initial_state, work), "b h d e -> (b h) d e"), [], []
     for index in range(q_c.shape[0]):  # the state before each chunk, and what each chunk writes (U = U~ - W S)
         before.append(state)
         written.append(torch.baddbmm(pseudo_values[index], weights[index], state, alpha=-1))
-        decayed = state if chunk_decay is None else state * chunk_decay[index]
-        state = torch.baddbmm(decayed, keys_to_end[index], written[-1])
+        kept = state if before_update is None else state * before_update[index]
+        state = torch.baddbmm(kept, keys_to_end[index], written[-1])
+        state = state if after_update is None else state * after_update[index]
     per_head = lambda parts: rearrange(torch.stack(parts), "c (b h) i e -> c b h i e", b=q.shape[0])  # noqa: E731
     carried = einsum(decayed_q, per_head(before), "c b h i d, c b h d e -> c b h i e")
     out = carried + einsum(scores, per_head(written), "c b h i j, c b h j e -> c b h i e")

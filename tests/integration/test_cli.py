@@ -12,6 +12,15 @@ def test_list_shows_builtins_with_capabilities_and_package(capsys: pytest.Captur
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "full-xformers" in out and "cuda" in out and "attnbench 0.1.0" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line and not line.startswith(" ")}
+    assert rows["name"][:4] == ["name", "family", "softmax", "causal"]
+    # softmax: exact on its support, an approximation, or another operator; causal: only = refuses non-causal calls,
+    # decode = a KV-cache method that runs in decode alone
+    assert rows["band"][1:4] == ["band", "exact", "yes"] and rows["performer"][1:4] == ["linear", "approx.", "yes"]
+    for name in ("retnet", "gla", "deltanet", "gated-deltanet"):
+        assert rows[name][1:4] == ["gated-linear", "other", "only"], rows[name]
+        assert rows[name][7] == "yes"  # decode: a recurrent step
+    assert rows["h2o"][3] == "decode"
 
 
 @pytest.mark.slow

@@ -432,7 +432,7 @@ def judge(
 OVER_BUDGET = "over the error budget"  # a left-out reason: its error vs uniform exceeds the budget
 # a left-out reason: gated linear attention and other operators a model is trained with, not approximations of
 # softmax; their error vs softmax is shown, never a reason to use them
-DIFFERENT_OPERATOR = "a different operator, not an approximation of softmax: not recommended on its error"
+DIFFERENT_OPERATOR = "a different operator from softmax: not judged on its error"
 
 
 def recommended(offered: list[Choice], baseline: str) -> Choice | None:
