@@ -254,15 +254,16 @@ def gated_delta_chunkwise(
             grown_k, keys_to_end, before_update = None, k_c * (to_end - decay).exp(), to_end.exp()
     if grown_k is not None:
         scores = einsum(decayed_q, grown_k, "c b h i d, c b h j d -> c b h i j").masked_fill_(above, 0.0)
-        # A in column-major order (built as its transpose), as LAPACK's triangular solve reads it: no copy there
-        below = einsum(grown_k, written_k, "c b h j d, c b h i d -> c b h j i").mT
+        below = einsum(written_k, grown_k, "c b h i d, c b h j d -> c b h i j")
     else:
         pair = _pair_decay(decay)  # (c, b, h, i, j): exp(b_i - b_j), j <= i
         scores = einsum(q_c, k_c, "c b h i d, c b h j d -> c b h i j") * (pair * scale)
         below = einsum(k_c, k_c, "c b h i d, c b h j d -> c b h i j") * pair * beta_c
-    # A, read below its diagonal only (unitriangular); (I + A) [U~ W] = [diag(beta) V  diag(beta e^b) K]
-    rhs = torch.cat([(v_c * beta_c).mT, written_k.mT], dim=-2).mT  # (c, b, h, i, e + d), column-major as A
-    solved = torch.linalg.solve_triangular(below, rhs, upper=False, unitriangular=True)
+    # A, read below its diagonal only (unitriangular); (I + A) [U~ W] = [diag(beta) V  diag(beta e^b) K], solved
+    # transposed, [U~ W]^T (I + A)^T = rhs^T: LAPACK reads the row-major A and rhs as they lie and writes a row-major
+    # solution (solved as written, it would copy both into column-major order first)
+    rhs = torch.cat([v_c * beta_c, written_k], dim=-1)  # (c, b, h, i, e + d)
+    solved = torch.linalg.solve_triangular(below.mT, rhs.mT, upper=True, left=False, unitriangular=True).mT
     pseudo_values, weights = solved.split([e, q.shape[-1]], dim=-1)  # U~ (.., i, e), W (.., i, d)
     # the loop's operands with batch and heads as one axis, for baddbmm: (c, (b h), ...)
     keys_to_end = rearrange(keys_to_end, "c b h j d -> c (b h) d j")
@@ -273,11 +274,11 @@ def gated_delta_chunkwise(
     state, before, written = rearrange(_initial(q, v, initial_state, work), "b h d e -> (b h) d e"), [], []
     for index in range(q_c.shape[0]):  # the state before each chunk, and what each chunk writes (U = U~ - W S)
         before.append(state)
-        written.append(torch.baddbmm(pseudo_values[index], weights[index], state, alpha=-1))
+        written.append(torch.baddbmm(pseudo_values[index], weights[index], state, alpha=-1))  # (bh, i, e)
         kept = state if before_update is None else state * before_update[index]
         state = torch.baddbmm(kept, keys_to_end[index], written[-1])
         state = state if after_update is None else state * after_update[index]
-    per_head = lambda parts: rearrange(torch.stack(parts), "c (b h) i e -> c b h i e", b=q.shape[0])  # noqa: E731
+    per_head = lambda parts: rearrange(torch.stack(parts), "c (b h) x y -> c b h x y", b=q.shape[0])  # noqa: E731
     carried = einsum(decayed_q, per_head(before), "c b h i d, c b h d e -> c b h i e")
     out = carried + einsum(scores, per_head(written), "c b h i j, c b h j e -> c b h i e")
     final = rearrange(state, "(b h) d e -> b h d e", b=q.shape[0])
