@@ -54,32 +54,31 @@ def _initial(q: Tensor, v: Tensor, initial_state: Tensor | None, work: torch.dty
     return torch.zeros(*q.shape[:2], q.shape[-1], v.shape[-1], dtype=work, device=q.device)
 
 
-def _chunks(x: Tensor, chunk: int, dtype: torch.dtype) -> Tensor:
-    """(b, h, n, z) -> (c, b, h, i, z) in `dtype`, chunk-major and contiguous (each chunk one block of memory, for
-    the loop over chunks), zero-padded to whole chunks: zero gates, keys and beta, so padding neither writes to the
-    state nor decays it."""
+CHUNK_MAJOR, IN_PLACE = "c b h i z", "b h c i z"  # the two layouts of a chunked tensor
+
+
+def _chunks(x: Tensor, chunk: int, dtype: torch.dtype, layout: str = CHUNK_MAJOR) -> Tensor:
+    """(b, h, n, z) -> `layout` in `dtype`, zero-padded to whole chunks (zero gates, keys and beta: padding neither
+    writes to the state nor decays it). CHUNK_MAJOR (c, b, h, i, z) is a contiguous copy, each chunk one block of
+    memory, for a loop of matrix products over chunks; IN_PLACE (b, h, c, i, z) is a view where nothing is padded."""
     pad = -x.shape[-2] % chunk
     x = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
-    return rearrange(x.to(dtype), "b h (c i) z -> c b h i z", i=chunk).contiguous()
+    chunked = rearrange(x.to(dtype), f"b h (c i) z -> {layout}", i=chunk)
+    return chunked.contiguous() if layout == CHUNK_MAJOR else chunked
 
 
-def _times(x: Tensor, y: Tensor | float) -> Tensor:
-    """x * y, in place when no gradient is being recorded (x is then a fresh tensor of ours: one pass fewer)."""
-    return x.mul_(y) if not torch.is_grad_enabled() else x * y
-
-
-def _unchunked(x: Tensor, n: int, dtype: torch.dtype) -> Tensor:
-    """(c, b, h, i, e) -> (b, h, n, e) in `dtype`, the padding dropped."""
-    return rearrange(x, "c b h i e -> b h (c i) e")[:, :, :n].to(dtype)
+def _unchunked(x: Tensor, n: int, dtype: torch.dtype, layout: str = CHUNK_MAJOR) -> Tensor:
+    """`layout` (e for z) -> (b, h, n, e) in `dtype`, the padding dropped (a view where nothing needs copying)."""
+    return rearrange(x, f"{layout} -> b h (c i) z")[:, :, :n].to(dtype)
 
 
 def _pair_decay(b: Tensor, log_scale: float = 0.0) -> Tensor:
-    """b (c, b, h, i, 1): a scalar gate's cumulative log decay -> scale exp(b_i - b_j) for j <= i, 0 above:
-    (c, b, h, i, j), every entry in [0, scale]."""
+    """b (..., i, 1): a scalar gate's cumulative log decay in each chunk -> scale exp(b_i - b_j) for j <= i, 0 above:
+    (..., i, j), every entry in [0, scale]."""
     chunk = b.shape[-2]
     positions = torch.arange(chunk, device=b.device)
     later = positions[:, None] >= positions[None, :]
-    difference = rearrange(b, "c b h i 1 -> c b h i 1") - rearrange(b, "c b h j 1 -> c b h 1 j")
+    difference = b - b.mT  # (..., i, j): b_i - b_j
     return difference.add_(log_scale).masked_fill_(~later, float("-inf")).exp_()  # in place on a fresh tensor
 
 
@@ -125,48 +124,49 @@ def gated_linear_chunkwise(
     """`gated_linear_recurrent`, parallel inside chunks of `chunk_size` positions; the same arguments and results."""
     work = accumulation_dtype(q.dtype)
     n, log_scale = q.shape[-2], math.log(_scale(q, scale))
-    q_c, k_c, v_c, g_c = (_chunks(t, chunk_size, work) for t in (q, k, v, gk))  # (c, b, h, i, z)
-    decay = g_c.cumsum(dim=-2)  # (c, b, h, i, d|1): log decay from the chunk's start to position i, inclusive
-    to_end = decay[..., -1:, :]  # (c, b, h, 1, d|1): the whole chunk's
+    # (b, h, c, i, z): views where nothing is padded; the loop over chunks only adds states, no matrix products
+    q_c, k_c, v_c, g_c = (_chunks(t, chunk_size, work, IN_PLACE) for t in (q, k, v, gk))
+    decay = g_c.cumsum(dim=-2)  # (b, h, c, i, d|1): log decay from the chunk's start to position i, inclusive
+    to_end = decay[..., -1:, :]  # (b, h, c, 1, d|1): the whole chunk's
     decayed_q = q_c * (decay + log_scale).exp()  # scale q_i e^(b_i): reads the state left by earlier chunks
     if gk.shape[-1] == 1:
-        scores = einsum(q_c, k_c, "c b h i d, c b h j d -> c b h i j") * _pair_decay(decay, log_scale)
-        # what each chunk adds to the state, decayed to the chunk's end: (c, b, h, d, e)
-        written = einsum(k_c * (to_end - decay).exp(), v_c, "c b h j d, c b h j e -> c b h d e")
+        scores = einsum(q_c, k_c, "b h c i d, b h c j d -> b h c i j") * _pair_decay(decay, log_scale)
+        # what each chunk adds to the state, decayed to the chunk's end: (b, h, c, d, e)
+        written = einsum(k_c * (to_end - decay).exp(), v_c, "b h c j d, b h c j e -> b h c d e")
     else:
         scores, written = _per_dimension(decayed_q, q_c, k_c, v_c, decay, log_scale)
-    within = einsum(scores, v_c, "c b h i j, c b h j e -> c b h i e")
-    chunk_decay = rearrange(to_end.exp(), "c b h 1 d -> c b h d 1")
+    within = einsum(scores, v_c, "b h c i j, b h c j e -> b h c i e")
+    chunk_decay = rearrange(to_end.exp(), "b h c 1 d -> b h c d 1")
     state, before = _initial(q, v, initial_state, work), []
-    for index in range(written.shape[0]):  # the state before each chunk
+    for index in range(written.shape[2]):  # the state before each chunk
         before.append(state)
-        state = state * chunk_decay[index] + written[index]
-    carried = einsum(decayed_q, torch.stack(before), "c b h i d, c b h d e -> c b h i e")
-    return _unchunked(within + carried, n, v.dtype), state if output_final_state else None
+        state = torch.addcmul(written[:, :, index], state, chunk_decay[:, :, index])
+    carried = einsum(decayed_q, torch.stack(before, dim=2), "b h c i d, b h c d e -> b h c i e")
+    return _unchunked(within.add_(carried), n, v.dtype, IN_PLACE), state if output_final_state else None
 
 
 def _per_dimension(
     decayed_q: Tensor, q_c: Tensor, k_c: Tensor, v_c: Tensor, decay: Tensor, log_scale: float
 ) -> tuple[Tensor, Tensor]:
     """Decays per key dimension: the pair scores scale sum_d q_id k_jd exp(b_id - b_jd) (j <= i, 0 above)
-    (c, b, h, i, j) and each chunk's write to the state sum_j diag(exp(b_C - b_j)) k_j v_j^T (c, b, h, d, e).
+    (b, h, c, i, j) and each chunk's write to the state sum_j diag(exp(b_C - b_j)) k_j v_j^T (b, h, c, d, e).
 
     As (q e^b) . (k e^-b), and the write as e^(b_C) (k e^-b)^T V, where the chunk's log decays stay within
     STABLE_LOG_DECAY; the other chunks pair by pair, PAIRWISE_CHUNKS at a time (C x C x d floats each)."""
     chunk = q_c.shape[-2]
     positions = torch.arange(chunk, device=q_c.device)
     causal = positions[:, None] >= positions[None, :]  # (i, j)
-    strong = decay.detach()[..., -1, :].abs().amax(dim=-1) > STABLE_LOG_DECAY  # (c, b, h): b runs down to b_C
+    strong = decay.detach()[..., -1, :].abs().amax(dim=-1) > STABLE_LOG_DECAY  # (b, h, c): b runs down to b_C
     any_strong = bool(strong.any())
     safe = torch.where(strong[..., None, None], 0.0, decay) if any_strong else decay  # strong chunks: redone below
     grown_k = k_c * (-safe).exp()
-    scores = einsum(decayed_q, grown_k, "c b h i d, c b h j d -> c b h i j").masked_fill_(~causal, 0.0)
-    end = rearrange(safe[..., -1:, :].exp(), "c b h 1 d -> c b h d 1")
-    written = einsum(grown_k, v_c, "c b h j d, c b h j e -> c b h d e") * end
+    scores = einsum(decayed_q, grown_k, "b h c i d, b h c j d -> b h c i j").masked_fill_(~causal, 0.0)
+    end = rearrange(safe[..., -1:, :].exp(), "b h c 1 d -> b h c d 1")
+    written = einsum(grown_k, v_c, "b h c j d, b h c j e -> b h c d e") * end
     if not any_strong:
         return scores, written
     chosen = strong.flatten().nonzero().squeeze(-1)
-    flat = lambda t: rearrange(t, "c b h i z -> (c b h) i z")  # noqa: E731
+    flat = lambda t: rearrange(t, "b h c i z -> (b h c) i z")  # noqa: E731
     q_f, k_f, v_f, b_f = flat(q_c), flat(k_c), flat(v_c), flat(decay)
     pair_scores, writes = [], []
     for start in range(0, len(chosen), PAIRWISE_CHUNKS):
@@ -176,9 +176,9 @@ def _per_dimension(
         pair_scores.append(pairs.sum(dim=-1))
         keys_to_end = k_f[pick] * (b_f[pick, -1:, :] - b_f[pick]).exp()
         writes.append(einsum(keys_to_end, v_f[pick], "s j d, s j e -> s d e"))
-    shape = dict(c=scores.shape[0], b=scores.shape[1])
-    scores = rearrange(flat(scores).index_copy(0, chosen, torch.cat(pair_scores)), "(c b h) i j -> c b h i j", **shape)
-    written = rearrange(flat(written).index_copy(0, chosen, torch.cat(writes)), "(c b h) d e -> c b h d e", **shape)
+    shape = dict(b=scores.shape[0], h=scores.shape[1])
+    scores = rearrange(flat(scores).index_copy(0, chosen, torch.cat(pair_scores)), "(b h c) i j -> b h c i j", **shape)
+    written = rearrange(flat(written).index_copy(0, chosen, torch.cat(writes)), "(b h c) d e -> b h c d e", **shape)
     return scores, written
 
 

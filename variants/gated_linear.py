@@ -71,11 +71,12 @@ class GatedRecurrence(AttentionVariant):
         super().__init__(seed=seed, **hyperparams)
         self._projections: dict[tuple, Tensor] = {}
 
-    def projection(self, rows: int, columns: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """A seeded (rows, columns) matrix, entries N(0, 1 / rows): the same for every call at this size."""
-        key = (rows, columns, str(device), dtype)
+    def projection(self, rows: int, columns: int, device: torch.device, dtype: torch.dtype, stream: int = 0) -> Tensor:
+        """A seeded (rows, columns) matrix, entries N(0, 1 / rows): the same for every call at this size; `stream`
+        tells apart two matrices of one variant (drawn from seed + stream)."""
+        key = (rows, columns, str(device), dtype, stream)
         if key not in self._projections:
-            generator = torch.Generator().manual_seed(self.seed)
+            generator = torch.Generator().manual_seed(self.seed + stream)
             weights = torch.randn(rows, columns, generator=generator, dtype=torch.float64) * rows**-0.5
             self._projections[key] = weights.to(device, dtype)
         return self._projections[key]
@@ -127,18 +128,18 @@ class GatedRecurrence(AttentionVariant):
         state.length += 1
         return out, state
 
-    def gate_outputs(self, head_dim: int) -> int:
-        """Columns of the seeded projection of the keys that gives the gates (0: none)."""
+    def gate_matmul_flops(self, n: int, head_dim: int) -> float:
+        """The matmul FLOPs of the gates' seeded projection of n keys, per batch and head (0: none)."""
         return 0
 
     def cost(self, shape: Shape) -> Cost:
-        gates = 2 * shape.n_k * shape.head_dim * self.gate_outputs(shape.head_dim)
+        gates = self.gate_matmul_flops(shape.n_k, shape.head_dim)
         return recurrence_cost(shape, self.chunk_size, delta_rule=self.delta_rule, gate_matmul=gates)
 
 
 def _decay_gate(logits: Tensor, normalizer: float) -> Tensor:
     """log(sigmoid(x)^(1/tau)): a log decay in (-inf, 0)."""
-    return F.logsigmoid(logits) / normalizer
+    return F.logsigmoid(logits).div_(normalizer)  # in place: a fresh tensor, and division saves nothing
 
 
 class RetNet(GatedRecurrence):
@@ -153,8 +154,12 @@ class RetNet(GatedRecurrence):
         return q, k, {"gk": log_gamma[None, :, None, None].expand(q.shape[0], -1, q.shape[2], 1)}
 
 
+GATE_RANK = 16  # GLA's gate projection is low-rank: d -> 16 -> d (the paper's)
+
+
 class GLA(GatedRecurrence):
-    """Gated linear attention: a decay per key dimension from the key, sigmoid(k W)^(1/tau)."""
+    """Gated linear attention: a decay per key dimension from the key, sigmoid(k W1 W2)^(1/tau), W1 (d, 16) and
+    W2 (16, d) as the paper's low-rank gate."""
 
     name = "gla"
     hyperparameters = {"chunk_size": CHUNK, "gate_normalizer": NORMALIZER}
@@ -162,11 +167,12 @@ class GLA(GatedRecurrence):
     def gates(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor | None]]:
         work = accumulation_dtype(q.dtype)
         d = k.shape[-1]
-        logits = k.to(work) @ self.projection(d, d, k.device, work)  # (b, h, n, d)
+        low = k.to(work) @ self.projection(d, GATE_RANK, k.device, work)  # (b, h, n, 16)
+        logits = low @ self.projection(GATE_RANK, d, k.device, work, stream=1)  # (b, h, n, d)
         return q, k, {"gk": _decay_gate(logits, self.gate_normalizer)}
 
-    def gate_outputs(self, head_dim: int) -> int:
-        return head_dim
+    def gate_matmul_flops(self, n: int, head_dim: int) -> float:
+        return 2 * n * GATE_RANK * 2 * head_dim
 
 
 class DeltaNet(GatedRecurrence):
@@ -184,8 +190,8 @@ class DeltaNet(GatedRecurrence):
         g = _decay_gate(logits[..., 1], self.gate_normalizer) if self.decayed else None
         return F.normalize(q.to(work), dim=-1), F.normalize(k_work, dim=-1), {"beta": beta, "g": g}
 
-    def gate_outputs(self, head_dim: int) -> int:
-        return 2
+    def gate_matmul_flops(self, n: int, head_dim: int) -> float:
+        return 2 * n * head_dim * 2  # beta's and the decay's columns
 
 
 class GatedDeltaNet(DeltaNet):
