@@ -262,9 +262,10 @@ def gated_delta_chunkwise(
     # A, read below its diagonal only (unitriangular); (I + A) [U~ W] = [diag(beta) V  diag(beta e^b) K], solved
     # transposed, [U~ W]^T (I + A)^T = rhs^T: LAPACK reads the row-major A and rhs as they lie and writes a row-major
     # solution (solved as written, it would copy both into column-major order first)
-    rhs = torch.cat([v_c * beta_c, written_k], dim=-1)  # (c, b, h, i, e + d)
-    solved = torch.linalg.solve_triangular(below.mT, rhs.mT, upper=True, left=False, unitriangular=True).mT
-    pseudo_values, weights = solved.split([e, q.shape[-1]], dim=-1)  # U~ (.., i, e), W (.., i, d)
+    solve = lambda rhs: torch.linalg.solve_triangular(  # noqa: E731
+        below.mT, rhs.mT, upper=True, left=False, unitriangular=True
+    ).mT
+    pseudo_values, weights = solve(v_c * beta_c), solve(written_k)  # U~ (.., i, e), W (.., i, d)
     # the loop's operands with batch and heads as one axis, for baddbmm: (c, (b h), ...)
     keys_to_end = rearrange(keys_to_end, "c b h j d -> c (b h) d j")
     pseudo_values, weights = (rearrange(t, "c b h i z -> c (b h) i z") for t in (pseudo_values, weights))
@@ -272,9 +273,11 @@ def gated_delta_chunkwise(
         None if t is None else rearrange(t, "c b h 1 1 -> c (b h) 1 1") for t in (before_update, after_update)
     )
     state, before, written = rearrange(_initial(q, v, initial_state, work), "b h d e -> (b h) d e"), [], []
+    recording = torch.is_grad_enabled()  # else U is written over U~, a fresh tensor of ours: no copy per chunk
     for index in range(q_c.shape[0]):  # the state before each chunk, and what each chunk writes (U = U~ - W S)
         before.append(state)
-        written.append(torch.baddbmm(pseudo_values[index], weights[index], state, alpha=-1))  # (bh, i, e)
+        update = torch.baddbmm if recording else torch.Tensor.baddbmm_
+        written.append(update(pseudo_values[index], weights[index], state, alpha=-1))  # (bh, i, e)
         kept = state if before_update is None else state * before_update[index]
         state = torch.baddbmm(kept, keys_to_end[index], written[-1])
         state = state if after_update is None else state * after_update[index]
