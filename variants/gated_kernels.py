@@ -31,9 +31,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor
 
+NORM_EPS = 1e-12  # F.normalize's: a zero vector (a padded key) stays zero
 STABLE_LOG_DECAY = 40.0  # exp(40) ~ 2e17: (q e^b) . (k e^-b) stays far from float32's range; beyond it, pair by pair
 PAIRWISE_CHUNKS = 64  # chunks whose pairs are formed one by one, at most this many at a time (C x C x d floats each)
 
@@ -62,7 +64,7 @@ def _chunks(x: Tensor, chunk: int, dtype: torch.dtype, layout: str = CHUNK_MAJOR
     writes to the state nor decays it). CHUNK_MAJOR (c, b, h, i, z) is a contiguous copy, each chunk one block of
     memory, for a loop of matrix products over chunks; IN_PLACE (b, h, c, i, z) is a view where nothing is padded."""
     pad = -x.shape[-2] % chunk
-    x = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+    x = F.pad(x, (0, 0, 0, pad)) if pad else x
     chunked = rearrange(x.to(dtype), f"b h (c i) z -> {layout}", i=chunk)
     return chunked.contiguous() if layout == CHUNK_MAJOR else chunked
 
@@ -195,12 +197,16 @@ def gated_delta_recurrent(
     scale: float | None = None,
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
+    l2_normalize_qk: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """One position at a time: S'_t = exp(g_t) S_{t-1}, u_t = beta_t (v_t - S'_t^T k_t), S_t = S'_t + k_t u_t^T,
     o_t = scale S_t^T q_t. q, k (b, h, n, d), v (b, h, n, e), beta (b, h, n), g (b, h, n) or None (DeltaNet)
-    -> o (b, h, n, e), the final state (b, h, d, e) or None."""
+    -> o (b, h, n, e), the final state (b, h, d, e) or None. `l2_normalize_qk`: q and k divided by their L2 norms
+    first, inside the kernel (fla's `use_qk_l2norm_in_kernel`; DeltaNet's layers normalise them)."""
     work = accumulation_dtype(q.dtype)
     q, k, v, beta = (t.to(work) for t in (q, k, v, beta))
+    if l2_normalize_qk:
+        q, k = F.normalize(q, dim=-1, eps=NORM_EPS), F.normalize(k, dim=-1, eps=NORM_EPS)
     q = q * _scale(q, scale)
     state = _initial(q, v, initial_state, work)
     outputs = []
@@ -226,9 +232,10 @@ def gated_delta_chunkwise(
     scale: float | None = None,
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
+    l2_normalize_qk: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """`gated_delta_recurrent`, parallel inside chunks of `chunk_size` positions (the WY form); the same arguments and
-    results.
+    results. The normalisation of q and k (`l2_normalize_qk`) is folded into the passes that scale them anyway.
 
     Inside a chunk starting from state S, with b the cumulative log decay: U = U~ - W S, where
     (I + A) U~ = diag(beta) V and (I + A) W = diag(beta exp b) K; then O = (Q exp b) S + (Q K^T * Gamma) U with
@@ -240,17 +247,24 @@ def gated_delta_chunkwise(
     positions = torch.arange(q_c.shape[-2], device=q.device)
     above = positions[:, None] < positions[None, :]  # (i, j)
     decay = None if g is None else _chunks(g[..., None], chunk_size, work).cumsum(dim=-2)  # (c, b, h, i, 1)
+    strong = decay is not None and bool(decay.detach().amin() < -STABLE_LOG_DECAY)  # past float range in a chunk
+    unit_q = unit_k = 1.0  # what normalises q and k: (c, b, h, i, 1) factors folded into the passes below
+    if l2_normalize_qk:
+        unit_q, unit_k = (t.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS).reciprocal() for t in (q_c, k_c))
+        if strong:
+            q_c, k_c, unit_q, unit_k = q_c * unit_q, k_c * unit_k, 1.0, 1.0
     # the state's update per chunk: S' = (S * before + K_hat^T U) * after, with K_hat the keys decayed to the end
     before_update = after_update = None
     if decay is None:  # DeltaNet: Gamma is the causal mask
-        decayed_q, written_k, grown_k, keys_to_end = q_c * scale, k_c * beta_c, k_c, k_c
+        decayed_q, written_k = q_c * (unit_q * scale), k_c * (unit_k * beta_c)
+        grown_k = keys_to_end = k_c * unit_k if l2_normalize_qk else k_c
     else:
         shrink, to_end = decay.exp(), decay[..., -1:, :]  # (c, b, h, i, 1), (c, b, h, 1, 1)
-        decayed_q, written_k = q_c * (shrink * scale), k_c * (shrink * beta_c)  # scale q e^b; beta k e^b
-        if decay.detach().amin() >= -STABLE_LOG_DECAY:  # Gamma_ij = e^(b_i) e^(-b_j): folded into the factors
-            grown_k = keys_to_end = k_c * (-decay).exp()  # k e^(-b); to the end: e^(b_C) applied to the update
+        decayed_q, written_k = q_c * (shrink * scale * unit_q), k_c * (shrink * beta_c * unit_k)  # q e^b; beta k e^b
+        if not strong:  # Gamma_ij = e^(b_i) e^(-b_j): folded into the factors
+            grown_k = keys_to_end = k_c * ((-decay).exp() * unit_k)  # k e^(-b); e^(b_C) applied to the update
             after_update = to_end.exp()
-        else:  # decays past float range within a chunk: Gamma as a matrix, every entry in [0, 1]
+        else:  # Gamma as a matrix, every entry in [0, 1]
             grown_k, keys_to_end, before_update = None, k_c * (to_end - decay).exp(), to_end.exp()
     if grown_k is not None:
         scores = einsum(decayed_q, grown_k, "c b h i d, c b h j d -> c b h i j").masked_fill_(above, 0.0)

@@ -87,7 +87,7 @@ class GatedRecurrence(AttentionVariant):
         return super().unsupported_reason(**options)
 
     def gates(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor | None]]:
-        """q, k as the kernel takes them (normalised for the delta rule) and its gates, in float32 or wider:
+        """q, k as the kernel takes them and its gates, in float32 or wider:
         {"gk": (b, h, n, d | 1)} or {"beta": (b, h, n), "g": (b, h, n) or None}."""
         raise NotImplementedError
 
@@ -105,7 +105,7 @@ class GatedRecurrence(AttentionVariant):
     def _run(self, chunkwise: bool, q: Tensor, k: Tensor, v: Tensor, gates: dict, **options: Any) -> tuple:
         if self.delta_rule:
             kernel: Callable[..., tuple] = gated_delta_chunkwise if chunkwise else gated_delta_recurrent
-            return kernel(q, k, v, gates["beta"], gates["g"], **options)
+            return kernel(q, k, v, gates["beta"], gates["g"], l2_normalize_qk=True, **options)
         kernel = gated_linear_chunkwise if chunkwise else gated_linear_recurrent
         return kernel(q, k, v, gates["gk"], **options)
 
@@ -188,7 +188,7 @@ class DeltaNet(GatedRecurrence):
         logits = k_work @ self.projection(k.shape[-1], 2, k.device, work)  # (b, h, n, 2): beta's, then the decay's
         beta = torch.sigmoid(logits[..., 0])
         g = _decay_gate(logits[..., 1], self.gate_normalizer) if self.decayed else None
-        return F.normalize(q.to(work), dim=-1), F.normalize(k_work, dim=-1), {"beta": beta, "g": g}
+        return q, k, {"beta": beta, "g": g}  # q and k are L2-normalised in the kernel
 
     def gate_matmul_flops(self, n: int, head_dim: int) -> float:
         return 2 * n * head_dim * 2  # beta's and the decay's columns

@@ -217,3 +217,28 @@ def test_equals_fla_gated_delta_rule(their_form: str) -> None:
                                         initial_state=x["initial_state"], output_final_state=True)  # fmt: skip
     assert close(ours, time_major(theirs), torch.float32) <= TOLERANCE[torch.float32]
     assert close(state, their_state, torch.float32) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("strength", [1.0, 30.0], ids=["mild", "strong"])
+@pytest.mark.parametrize("kind", ["deltanet", "gated-deltanet"])
+def test_normalising_q_and_k_in_the_kernel(kind: str, strength: float) -> None:
+    """`l2_normalize_qk` (fla's `use_qk_l2norm_in_kernel`) on raw q and k equals the kernel on normalised ones, in both
+    forms, with and without autograd, a zero key (padding) staying zero; its gradients reach the raw q and k."""
+    x = inputs(kind, 45, torch.float32, strength=strength)
+    raw = {**x, "q": x["q"] * torch.rand(B, H, 45, 1) * 5, "k": x["k"] * torch.rand(B, H, 45, 1) * 5}
+    raw["k"][:, :, 7] = 0.0
+    x["k"] = x["k"].clone()
+    x["k"][:, :, 7] = 0.0
+    expected = run(kind, "chunkwise", x)[0]
+    gates = (raw["beta"], raw["g"])
+    for kernel in (gated_delta_chunkwise, gated_delta_recurrent):
+        got = kernel(raw["q"], raw["k"], raw["v"], *gates, initial_state=raw["initial_state"], l2_normalize_qk=True)[0]
+        assert close(got, expected, torch.float32) <= TOLERANCE[torch.float32], kernel.__name__
+    with torch.no_grad():
+        got = gated_delta_chunkwise(raw["q"], raw["k"], raw["v"], *gates, initial_state=raw["initial_state"],
+                                    l2_normalize_qk=True)[0]  # fmt: skip
+    assert close(got, expected, torch.float32) <= TOLERANCE[torch.float32]
+    q, k = raw["q"].clone().requires_grad_(), raw["k"].clone().requires_grad_()
+    out = gated_delta_chunkwise(q, k, raw["v"], *gates, chunk_size=16, l2_normalize_qk=True)[0]
+    grads = torch.autograd.grad(out.square().sum(), (q, k))
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)

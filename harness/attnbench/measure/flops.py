@@ -2,7 +2,8 @@
 
 torch's FlopCounterMode counts matmul-like operators only (mm, bmm, the fused attention kernels), two FLOPs
 per multiply-add; softmax and elementwise work are not counted. It has no formula for PyTorch's fused CPU
-attention kernel (what SDPA and our blocks' `partial_attention` run on the CPU), so one is registered here.
+attention kernel (what SDPA and our blocks' `partial_attention` run on the CPU), nor for the in-place `baddbmm_`, so
+formulas are registered here.
 A causal fused call counts the pairs key j <= query i, as `dense_attention_cost` does (its kernel skips the
 masked ones, tiles on the diagonal aside); torch counts the full square.
 """
@@ -56,9 +57,19 @@ def _fused_attention_formulas() -> dict[Any, Callable[..., int]]:
     return {op: _fused_attention_formula(op) for op in ops if op is not None}
 
 
+def _in_place_baddbmm_flops(self_shape: Any, batch1_shape: Any, batch2_shape: Any, *args: Any, **kwargs: Any) -> int:
+    """`x.baddbmm_(a, b)` (torch counts only the out-of-place baddbmm): two FLOPs per multiply-add of a @ b."""
+    batch, rows, inner = batch1_shape
+    return 2 * batch * rows * inner * batch2_shape[-1]
+
+
+def _formulas() -> dict[Any, Callable[..., int]]:
+    return {**_fused_attention_formulas(), torch.ops.aten.baddbmm_: _in_place_baddbmm_flops}
+
+
 def count_matmul_flops(fn: Callable[[], Any]) -> int:
     """Matmul FLOPs of one call of `fn` (run it under torch.no_grad() to count a forward alone)."""
-    counter = FlopCounterMode(display=False, custom_mapping=_fused_attention_formulas())
+    counter = FlopCounterMode(display=False, custom_mapping=_formulas())
     with counter:
         fn()
     return counter.get_total_flops()
