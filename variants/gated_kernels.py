@@ -29,6 +29,7 @@ b - batch, h - heads, n - position, c - chunk, i - query in chunk, j - key in ch
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +85,21 @@ def _pair_decay(b: Tensor, log_scale: float = 0.0) -> Tensor:
     return difference.add_(log_scale).masked_fill_(~later, float("-inf")).exp_()  # in place on a fresh tensor
 
 
+def _recurrence(
+    q: Tensor, v: Tensor, state: Tensor, write: Callable[[int, Tensor], Tensor], output_final_state: bool,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor | None]:
+    """The recurrent form of either operator: per position t the state after `write(t, state)`, read by the (scaled)
+    query: o_t = S_t^T q_t. q (b, h, n, d) and v (b, h, n, e) in the work dtype -> o in `dtype` (the inputs'), the
+    final state."""
+    outputs = []
+    for t in range(q.shape[-2]):
+        state = write(t, state)
+        outputs.append(einsum(q[:, :, t], state, "b h d, b h d e -> b h e"))
+    out = torch.stack(outputs, dim=2) if outputs else torch.zeros_like(v)
+    return out.to(dtype), state if output_final_state else None
+
+
 # ---- gated linear attention: RetNet, GLA, Mamba2 (scalar) -------------------------------------------------------
 
 
@@ -100,16 +116,14 @@ def gated_linear_recurrent(
     """One position at a time: S_t = diag(exp gk_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t.
 
     q, k (b, h, n, d), v (b, h, n, e), gk (b, h, n, d | 1) -> o (b, h, n, e), the final state (b, h, d, e) or None."""
-    work = accumulation_dtype(q.dtype)
+    work, dtype = accumulation_dtype(q.dtype), v.dtype
     q, k, v, gk = (t.to(work) for t in (q, k, v, gk))
     q = q * _scale(q, scale)
-    state = _initial(q, v, initial_state, work)
-    outputs = []
-    for t in range(q.shape[-2]):
-        state = state * gk[:, :, t, :, None].exp() + einsum(k[:, :, t], v[:, :, t], "b h d, b h e -> b h d e")
-        outputs.append(einsum(q[:, :, t], state, "b h d, b h d e -> b h e"))
-    out = torch.stack(outputs, dim=2) if outputs else v.new_zeros(v.shape, dtype=work)
-    return out.to(v.dtype), state if output_final_state else None
+
+    def write(t: int, state: Tensor) -> Tensor:
+        return state * gk[:, :, t, :, None].exp() + einsum(k[:, :, t], v[:, :, t], "b h d, b h e -> b h d e")
+
+    return _recurrence(q, v, _initial(q, v, initial_state, work), write, output_final_state, dtype)
 
 
 def gated_linear_chunkwise(
@@ -203,22 +217,20 @@ def gated_delta_recurrent(
     o_t = scale S_t^T q_t. q, k (b, h, n, d), v (b, h, n, e), beta (b, h, n), g (b, h, n) or None (DeltaNet)
     -> o (b, h, n, e), the final state (b, h, d, e) or None. `l2_normalize_qk`: q and k divided by their L2 norms
     first, inside the kernel (fla's `use_qk_l2norm_in_kernel`; DeltaNet's layers normalise them)."""
-    work = accumulation_dtype(q.dtype)
+    work, dtype = accumulation_dtype(q.dtype), v.dtype
     q, k, v, beta = (t.to(work) for t in (q, k, v, beta))
     if l2_normalize_qk:
         q, k = F.normalize(q, dim=-1, eps=NORM_EPS), F.normalize(k, dim=-1, eps=NORM_EPS)
     q = q * _scale(q, scale)
-    state = _initial(q, v, initial_state, work)
-    outputs = []
-    for t in range(q.shape[-2]):
+
+    def write(t: int, state: Tensor) -> Tensor:
         if g is not None:
             state = state * g[:, :, t, None, None].to(work).exp()
         predicted = einsum(state, k[:, :, t], "b h d e, b h d -> b h e")
         written = (v[:, :, t] - predicted) * beta[:, :, t, None]
-        state = state + einsum(k[:, :, t], written, "b h d, b h e -> b h d e")
-        outputs.append(einsum(q[:, :, t], state, "b h d, b h d e -> b h e"))
-    out = torch.stack(outputs, dim=2) if outputs else v.new_zeros(v.shape, dtype=work)
-    return out.to(v.dtype), state if output_final_state else None
+        return state + einsum(k[:, :, t], written, "b h d, b h e -> b h d e")
+
+    return _recurrence(q, v, _initial(q, v, initial_state, work), write, output_final_state, dtype)
 
 
 def gated_delta_chunkwise(

@@ -97,7 +97,7 @@ def test_chunkwise_equals_recurrent_equals_naive(kind: str, n: int, chunk: int, 
     chunked, chunked_state = run(kind, "chunkwise", x, chunk)
     stepped, stepped_state = run(kind, "recurrent", x)
     reference, reference_state = naive(kind, x)
-    assert chunked.dtype == dtype and chunked.shape == (B, H, n, E)
+    assert chunked.dtype == stepped.dtype == dtype and chunked.shape == stepped.shape == (B, H, n, E)
     with torch.no_grad():  # the form without autograd writes over its own buffers: the same values
         assert torch.equal(run(kind, "chunkwise", x, chunk)[0], chunked)
     tolerance = TOLERANCE[dtype]
@@ -242,3 +242,22 @@ def test_normalising_q_and_k_in_the_kernel(kind: str, strength: float) -> None:
     out = gated_delta_chunkwise(q, k, raw["v"], *gates, chunk_size=16, l2_normalize_qk=True)[0]
     grads = torch.autograd.grad(out.square().sum(), (q, k))
     assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64], ids=str)
+@pytest.mark.parametrize("name", ["retnet", "gla", "deltanet", "gated-deltanet"])
+def test_the_variants_decode_in_their_inputs_dtype(name: str, dtype: torch.dtype) -> None:
+    """prefill then step: outputs in the inputs' dtype (the work in float32 or wider), equal to the causal forward to
+    that dtype's tolerance; the state the same size after each step."""
+    from attnbench.ops import generate
+    from attnbench.registry import registry
+
+    variant = registry.create(name, chunk_size=16)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=g).to(dtype) for _ in range(3))
+    forward = variant(q, k, v, causal=True)
+    prompt, steps, state = generate(variant, q, k, v, 33)
+    assert prompt.dtype == steps.dtype == forward.dtype == dtype
+    assert state.nbytes == 2 * 16 * 16 * max(torch.finfo(dtype).bits // 8, 4)
+    tolerance = TOLERANCE.get(dtype, TOLERANCE[torch.bfloat16])
+    assert close(torch.cat([prompt, steps], dim=2), forward, dtype) <= tolerance
