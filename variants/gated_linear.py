@@ -58,7 +58,8 @@ CAUSAL_ONLY = Capabilities(
 
 class GatedRecurrence(AttentionVariant):
     """What the four share: causal only; a chunkwise forward and a recurrent step over one state (b, h, d, e); the
-    gates of one call from the keys (`gates`), zeroed at padding. Subclasses give `gates` and `kernels`."""
+    gates of one call from the keys (`gates`), zeroed at padding. Subclasses give `gates` and say which operator
+    (`delta_rule`)."""
 
     family = "gated-linear"
     exact = False
@@ -86,13 +87,13 @@ class GatedRecurrence(AttentionVariant):
             return f"{self.name} is causal only: a recurrence over the positions so far"
         return super().unsupported_reason(**options)
 
-    def gates(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor | None]]:
-        """q, k as the kernel takes them and its gates, in float32 or wider:
-        {"gk": (b, h, n, d | 1)} or {"beta": (b, h, n), "g": (b, h, n) or None}."""
+    def gates(self, k: Tensor) -> dict[str, Tensor | None]:
+        """The kernel's gates for keys k (b, h, n, d), in float32 or wider: {"gk": (b, h, n, d | 1)} (gated linear)
+        or {"beta": (b, h, n), "g": (b, h, n) or None} (the delta rule)."""
         raise NotImplementedError
 
     def _inputs(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> tuple[Tensor, ...]:
-        q, k, gates = self.gates(q, k)
+        gates = self.gates(k)
         if key_padding_mask is not None:  # padding writes nothing (k, v, beta 0) and decays nothing (gates 0)
             padded = key_padding_mask[:, None, :]  # (b, 1, n)
             k, v = k.masked_fill(padded[..., None], 0.0), v.masked_fill(padded[..., None], 0.0)
@@ -147,11 +148,10 @@ class RetNet(GatedRecurrence):
 
     name = "retnet"
 
-    def gates(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor | None]]:
-        work = accumulation_dtype(q.dtype)
-        heads = torch.arange(q.shape[1], device=q.device, dtype=work)
+    def gates(self, k: Tensor) -> dict[str, Tensor | None]:
+        heads = torch.arange(k.shape[1], device=k.device, dtype=accumulation_dtype(k.dtype))
         log_gamma = torch.log1p(-torch.exp2(-5.0 - heads))  # (h,)
-        return q, k, {"gk": log_gamma[None, :, None, None].expand(q.shape[0], -1, q.shape[2], 1)}
+        return {"gk": log_gamma[None, :, None, None].expand(k.shape[0], -1, k.shape[2], 1)}
 
 
 GATE_RANK = 16  # GLA's gate projection is low-rank: d -> 16 -> d (the paper's)
@@ -164,12 +164,12 @@ class GLA(GatedRecurrence):
     name = "gla"
     hyperparameters = {"chunk_size": CHUNK, "gate_normalizer": NORMALIZER}
 
-    def gates(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor | None]]:
-        work = accumulation_dtype(q.dtype)
+    def gates(self, k: Tensor) -> dict[str, Tensor | None]:
+        work = accumulation_dtype(k.dtype)
         d = k.shape[-1]
         low = k.to(work) @ self.projection(d, GATE_RANK, k.device, work)  # (b, h, n, 16)
         logits = low @ self.projection(GATE_RANK, d, k.device, work, stream=1)  # (b, h, n, d)
-        return q, k, {"gk": _decay_gate(logits, self.gate_normalizer)}
+        return {"gk": _decay_gate(logits, self.gate_normalizer)}
 
     def gate_matmul_flops(self, n: int, head_dim: int) -> float:
         return 2 * n * GATE_RANK * 2 * head_dim
@@ -180,15 +180,14 @@ class DeltaNet(GatedRecurrence):
 
     name = "deltanet"
     delta_rule = True
-    decayed = False
+    decayed: ClassVar[bool] = False  # a scalar decay of the state each step (Gated DeltaNet)
 
-    def gates(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor | None]]:
-        work = accumulation_dtype(q.dtype)
-        k_work = k.to(work)
-        logits = k_work @ self.projection(k.shape[-1], 2, k.device, work)  # (b, h, n, 2): beta's, then the decay's
+    def gates(self, k: Tensor) -> dict[str, Tensor | None]:
+        work = accumulation_dtype(k.dtype)
+        logits = k.to(work) @ self.projection(k.shape[-1], 2, k.device, work)  # (b, h, n, 2): beta's, the decay's
         beta = torch.sigmoid(logits[..., 0])
         g = _decay_gate(logits[..., 1], self.gate_normalizer) if self.decayed else None
-        return q, k, {"beta": beta, "g": g}  # q and k are L2-normalised in the kernel
+        return {"beta": beta, "g": g}  # q and k are L2-normalised in the kernel
 
     def gate_matmul_flops(self, n: int, head_dim: int) -> float:
         return 2 * n * head_dim * 2  # beta's and the decay's columns
