@@ -7,16 +7,18 @@ the verdict never recommends them on that error.
 
 - `retnet` (Sun et al. 2023): a fixed decay per head, gamma_h = 1 - 2^(-5-h), as the paper (and fla's
   `naive_retention`); no normalization.
-- `gla` (Yang et al. 2024): a decay per key dimension, alpha_t = sigmoid(k_t W)^(1/tau) with tau = 16, the paper's
-  normalizer.
+- `gla` (Yang et al. 2024): a decay per key dimension, alpha_t = sigmoid(k_t W1 W2)^(1/tau), low-rank (d -> 16 -> d)
+  with tau = 16, as the paper's gate.
 - `deltanet` (Schlag et al. 2021; Yang et al. 2024): the delta rule on L2-normalised q and k, writing strength
   beta_t = sigmoid(k_t . w).
 - `gated-deltanet` (Yang et al. 2025): the delta rule with a scalar decay alpha_t = sigmoid(k_t . w_a)^(1/tau) and
-  beta_t as DeltaNet's.
+  beta_t as DeltaNet's. The decay's form is GLA's (tau = 16), not the paper's Mamba2-style exp(-A softplus(.)): what
+  matters to the kernel is a scalar log decay per position and head, which either gives.
 
 The published layers compute gates and beta from the token's hidden state through trained projections. Here they
-come from the token's key through seeded random projections (W ~ N(0, 1/d)): the kernels and their cost are the
-published ones, the gate values are not a trained model's. The kernels take gates explicitly, for a plugin with its
+come from the token's key through seeded random projections (each matrix's entries N(0, 1 / its rows), drawn in turn
+from the variant's seed): the kernels and their cost are the published ones, the gate values are not a trained
+model's. The kernels take gates explicitly, for a plugin with its
 own. Causal only (they are recurrences). A padded position neither writes to the state nor decays it.
 
 b - batch, h - heads, n - position, d - head dim, e - value dim
@@ -39,12 +41,12 @@ from attnbench.interface import (
 )
 from attnbench.variants.decoding import RecurrentState
 from attnbench.variants.gated_kernels import (
-    accumulation_dtype,
     gated_delta_chunkwise,
     gated_delta_recurrent,
     gated_linear_chunkwise,
     gated_linear_recurrent,
 )
+from attnbench.variants.recurrent_forms import accumulation_dtype
 from torch import Tensor
 
 CHUNK = Hyperparameter(64, "positions per chunk of the chunkwise form (parallel inside, a state carried across)", minimum=1)
@@ -70,16 +72,16 @@ class GatedRecurrence(AttentionVariant):
 
     def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
         super().__init__(seed=seed, **hyperparams)
-        self._projections: dict[tuple, Tensor] = {}
+        self._projections: dict[tuple, list[Tensor]] = {}
 
-    def projection(self, rows: int, columns: int, device: torch.device, dtype: torch.dtype, stream: int = 0) -> Tensor:
-        """A seeded (rows, columns) matrix, entries N(0, 1 / rows): the same for every call at this size; `stream`
-        tells apart two matrices of one variant (drawn from seed + stream)."""
-        key = (rows, columns, str(device), dtype, stream)
+    def projections(self, shapes: tuple[tuple[int, int], ...], device: torch.device, dtype: torch.dtype) -> list[Tensor]:
+        """Seeded matrices of these (rows, columns), entries N(0, 1 / rows), drawn in turn from one generator seeded
+        with the variant's seed: the same for every call at these sizes."""
+        key = (shapes, str(device), dtype)
         if key not in self._projections:
-            generator = torch.Generator().manual_seed(self.seed + stream)
-            weights = torch.randn(rows, columns, generator=generator, dtype=torch.float64) * rows**-0.5
-            self._projections[key] = weights.to(device, dtype)
+            generator = torch.Generator().manual_seed(self.seed)
+            drawn = [torch.randn(r, c, generator=generator, dtype=torch.float64) * r**-0.5 for r, c in shapes]
+            self._projections[key] = [weights.to(device, dtype) for weights in drawn]
         return self._projections[key]
 
     def unsupported_reason(self, **options: Any) -> str | None:
@@ -126,7 +128,7 @@ class GatedRecurrence(AttentionVariant):
             raise UnsupportedOptionError(f"{self.name} cannot step from a {type(state).__name__}")
         q, k, v, gates = self._inputs(q, k, v, None)
         out, state.state = self._run(False, q, k, v, gates, initial_state=state.state, output_final_state=True)
-        state.length += 1
+        state.length += k.shape[-2]  # one token, as the protocol steps; several work too
         return out, state
 
     def gate_matmul_flops(self, n: int, head_dim: int) -> float:
@@ -167,8 +169,8 @@ class GLA(GatedRecurrence):
     def gates(self, k: Tensor) -> dict[str, Tensor | None]:
         work = accumulation_dtype(k.dtype)
         d = k.shape[-1]
-        low = k.to(work) @ self.projection(d, GATE_RANK, k.device, work)  # (b, h, n, 16)
-        logits = low @ self.projection(GATE_RANK, d, k.device, work, stream=1)  # (b, h, n, d)
+        down, up = self.projections(((d, GATE_RANK), (GATE_RANK, d)), k.device, work)
+        logits = (k.to(work) @ down) @ up  # (b, h, n, 16), then (b, h, n, d)
         return {"gk": _decay_gate(logits, self.gate_normalizer)}
 
     def gate_matmul_flops(self, n: int, head_dim: int) -> float:
@@ -184,7 +186,8 @@ class DeltaNet(GatedRecurrence):
 
     def gates(self, k: Tensor) -> dict[str, Tensor | None]:
         work = accumulation_dtype(k.dtype)
-        logits = k.to(work) @ self.projection(k.shape[-1], 2, k.device, work)  # (b, h, n, 2): beta's, the decay's
+        (weights,) = self.projections(((k.shape[-1], 2),), k.device, work)
+        logits = k.to(work) @ weights  # (b, h, n, 2): beta's, then the decay's
         beta = torch.sigmoid(logits[..., 0])
         g = _decay_gate(logits[..., 1], self.gate_normalizer) if self.decayed else None
         return {"beta": beta, "g": g}  # q and k are L2-normalised in the kernel
@@ -209,6 +212,7 @@ def recurrence_cost(shape: Shape, chunk: int, *, delta_rule: bool, gate_matmul: 
     and head."""
     s = shape
     bh, d, e = s.batch * s.heads, s.head_dim, s.value_dim
+    chunk = max(1, min(chunk, s.n_q))  # the kernels cut a chunk longer than the sequence to its length
     padded = -(-s.n_q // chunk) * chunk
     chunks = padded // chunk
     accumulate = max(s.dtype_bytes, 4)

@@ -222,10 +222,11 @@ def test_equals_fla_gated_delta_rule(their_form: str) -> None:
 @pytest.mark.parametrize("strength", [1.0, 30.0], ids=["mild", "strong"])
 @pytest.mark.parametrize("kind", ["deltanet", "gated-deltanet"])
 def test_normalising_q_and_k_in_the_kernel(kind: str, strength: float) -> None:
-    """`l2_normalize_qk` (fla's `use_qk_l2norm_in_kernel`) on raw q and k equals the kernel on normalised ones, in both
+    """`l2_normalize_qk` (fla's `use_qk_l2norm_in_kernel`) on raw q and k equals the kernel on unit ones, in both
     forms, with and without autograd, a zero key (padding) staying zero; its gradients reach the raw q and k."""
     x = inputs(kind, 45, torch.float32, strength=strength)
-    raw = {**x, "q": x["q"] * torch.rand(B, H, 45, 1) * 5, "k": x["k"] * torch.rand(B, H, 45, 1) * 5}
+    lengths = lambda: 0.5 + 4.5 * torch.rand(B, H, 45, 1)  # noqa: E731  # (fla's eps 1e-6 is negligible at >= 0.5)
+    raw = {**x, "q": x["q"] * lengths(), "k": x["k"] * lengths()}
     raw["k"][:, :, 7] = 0.0
     x["k"] = x["k"].clone()
     x["k"][:, :, 7] = 0.0
@@ -261,3 +262,94 @@ def test_the_variants_decode_in_their_inputs_dtype(name: str, dtype: torch.dtype
     assert state.nbytes == 2 * 16 * 16 * max(torch.finfo(dtype).bits // 8, 4)
     tolerance = TOLERANCE.get(dtype, TOLERANCE[torch.bfloat16])
     assert close(torch.cat([prompt, steps], dim=2), forward, dtype) <= tolerance
+
+
+# ---- arguments, edges and the review's cases -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gate_batch", [(1, H), (1, 1)], ids=["per-head", "shared"])
+@pytest.mark.parametrize("strength", [1.0, 60.0], ids=["mild", "strong"])
+def test_a_gate_shared_across_the_batch_broadcasts_in_every_path(gate_batch: tuple, strength: float) -> None:
+    """gk (1, h|1, n, d): every batch row decays by it, also where its chunks run past float range."""
+    x = inputs("gla", 40, torch.float32)
+    x["gk"] = x["gk"][: gate_batch[0], : gate_batch[1]] * strength
+    assert close(run("gla", "chunkwise", x, 16)[0], run("gla", "recurrent", x)[0], torch.float32) <= 2e-5
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"v": torch.zeros(B, H, 40, E)}, "same b, h, n"),
+        ({"k": torch.zeros(B, H, 60, D)}, "same b, h, n"),
+        ({"gk": torch.zeros(B, H, 40, 3)}, "gk must be (b|1, h|1, n, d|1)"),
+        ({"gk": torch.zeros(B, H, 40, D)}, "gk must be"),
+        ({"initial_state": torch.zeros(B, H, D, D)}, "initial_state must be (b, h, d, e)"),
+        ({"chunk_size": 0}, "chunk_size must be a positive int"),
+        ({"chunk_size": 2.5}, "chunk_size must be a positive int"),
+        ({"scale": 0.0}, "scale must be a positive number"),
+        ({"scale": float("nan")}, "scale must be a positive number"),
+    ],
+)
+def test_bad_arguments_are_named_before_any_work(change: dict, says: str) -> None:
+    x = inputs("gla", 50, torch.float32)
+    arguments = {"q": x["q"], "k": x["k"], "v": x["v"], "gk": x["gk"], "initial_state": None, **change}
+    with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)").replace("|", r"\|")):
+        gated_linear_chunkwise(**arguments)
+
+
+def test_a_reset_gate_of_minus_infinity_forgets_everything_before_it() -> None:
+    """-inf (a decay of 0) in every form: finite, the forms agree, and what follows the reset is what the sequence
+    from the reset on gives alone."""
+    for kind in ("gla", "retention", "gated-deltanet"):
+        x = inputs(kind, 40, torch.float32)
+        gate = "g" if kind == "gated-deltanet" else "gk"
+        x[gate] = x[gate].clone()
+        x[gate][:, :, 21] = float("-inf")
+        chunked, stepped = run(kind, "chunkwise", x, 16)[0], run(kind, "recurrent", x)[0]
+        assert torch.isfinite(chunked).all() and close(chunked, stepped, torch.float32) <= 2e-5, kind
+        alone = {name: t if t is None or name == "initial_state" else t[:, :, 21:] for name, t in x.items()}
+        alone["initial_state"] = torch.zeros_like(x["initial_state"])
+        assert close(chunked[:, :, 21:], run(kind, "chunkwise", alone, 16)[0], torch.float32) <= 2e-5, kind
+
+
+def test_a_chunk_longer_than_the_sequence_is_the_sequence() -> None:
+    """chunk_size past N works as chunk_size = N (no padding to a chunk of 4096 for 37 positions)."""
+    for kind in KERNELS:
+        x = inputs(kind, 37, torch.float32)
+        assert torch.equal(run(kind, "chunkwise", x, 4096)[0], run(kind, "chunkwise", x, 37)[0]), kind
+
+
+def test_no_positions_give_no_outputs_and_the_initial_state() -> None:
+    for kind in KERNELS:
+        x = inputs(kind, 0, torch.float32)
+        for form in ("chunkwise", "recurrent"):
+            out, state = run(kind, form, x)
+            assert out.shape == (B, H, 0, E) and torch.equal(state, x["initial_state"]), (kind, form)
+            assert state is not x["initial_state"]
+
+
+def test_strong_per_dimension_gates_stay_within_their_memory() -> None:
+    """Chunks past float range go through sub-blocks (about C^2 d / 16 per chunk, a few chunks at a time): a call whose
+    every chunk of 256 is strong holds at most 3x what the same call with mild gates holds, and equals the recurrence."""
+    from attnbench.measure.memory import peak_memory
+
+    x = inputs("gla", 512, torch.float32)
+    peaks = {}
+    for strength in (1.0, 40.0):
+        gk = x["gk"] * strength
+        with torch.no_grad():
+            call = lambda: gated_linear_chunkwise(x["q"], x["k"], x["v"], gk, chunk_size=256)  # noqa: E731
+            peaks[strength] = peak_memory(call, torch.device("cpu"), inputs=(x["q"], x["k"], x["v"], gk))[0]
+    assert peaks[40.0] <= 3 * peaks[1.0], peaks
+    strong = {**x, "gk": x["gk"] * 40.0}
+    assert close(run("gla", "chunkwise", strong, 100)[0], run("gla", "recurrent", strong)[0], torch.float32) <= 2e-5
+
+
+def test_gla_gate_matrices_are_independent_across_seeds() -> None:
+    """One variant's matrices are drawn in turn from its seed: seed s's second is not seed s + 1's first."""
+    from attnbench.registry import registry
+
+    shapes = ((D, 16), (16, D))
+    second = registry.create("gla", seed=0).projections(shapes, torch.device("cpu"), torch.float64)[1]
+    first = registry.create("gla", seed=1).projections(shapes, torch.device("cpu"), torch.float64)[0]
+    assert not torch.allclose(second.flatten() * 16**0.5, first.flatten() * D**0.5)
