@@ -101,6 +101,8 @@ class Hyperparameter:
             value = float(value)
         if not isinstance(value, self.kind) or (self.kind is not bool and isinstance(value, bool)):
             return f"{name}: expected {self.kind.__name__}, got {type(value).__name__} {value!r}"
+        if self.kind is float and not math.isfinite(value):
+            return f"{name}: must be a finite number, got {value!r}"
         if self.choices is not None and value not in self.choices:
             hint = did_you_mean(value, [str(c) for c in self.choices]) if isinstance(value, str) else ""
             return f"{name}: {value!r} is not one of {', '.join(map(repr, self.choices))}.{hint}".rstrip(".")

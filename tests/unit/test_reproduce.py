@@ -228,12 +228,13 @@ def test_every_claim_is_well_formed(claim, quick: bool) -> None:
 CROSSOVER = {"baseline": "full", "labels": ["gla", "retnet"], "published_range": (2048, 8192)}
 
 
-def crossing(gla: list[float], retnet: list[float]) -> pd.DataFrame:
-    """Speedups over full at N = 1024 .. 16384, each with an interval of ±5%."""
+def crossing(gla: list[float], retnet: list[float], coverage: float = 0.96) -> pd.DataFrame:
+    """Speedups over full at N = 1024 .. 16384, each with an interval of ±5% of the given coverage."""
     ns = [1024, 2048, 4096, 8192, 16384]
-    rows = [row("full", n, speedup=1.0, speedup_low=1.0) for n in ns]
+    rows = [row("full", n, speedup=1.0, speedup_low=1.0, speedup_high=1.0, speedup_coverage=coverage) for n in ns]
     for label, speedups in (("gla", gla), ("retnet", retnet)):
-        rows += [row(label, n, speedup=s, speedup_low=s * 0.95) for n, s in zip(ns, speedups)]
+        rows += [row(label, n, speedup=s, speedup_low=s * 0.95, speedup_high=s * 1.05, speedup_coverage=coverage)
+                 for n, s in zip(ns, speedups)]  # fmt: skip
     return frame(rows)
 
 
@@ -244,10 +245,18 @@ def crossing(gla: list[float], retnet: list[float]) -> pd.DataFrame:
         ([0.3, 0.6, 0.9, 2.0, 4.0], [0.2, 0.5, 0.8, 0.98, 1.5], TREND, "gla from N=8192, retnet from N=16384"),
         ([0.3, 0.6, 1.2, 0.9, 4.0], [0.4, 0.9, 1.5, 3.0, 5.0], TREND, "gla from N=16384"),  # a dip: from 16K on
         ([0.3, 0.5, 0.6, 0.7, 0.9], [0.4, 0.9, 1.5, 3.0, 5.0], FAILS, "gla never"),
-        ([1.2, 1.5, 2.0, 3.0, 4.0], [0.4, 0.9, 1.5, 3.0, 5.0], FAILS, "faster already at the smallest N"),
+        ([1.2, 1.5, 2.0, 3.0, 4.0], [0.4, 0.9, 1.5, 3.0, 5.0], FAILS, "gla not slower beyond noise at the smallest N"),
+        ([0.98, 1.5, 2.0, 3.0, 4.0], [0.4, 0.9, 1.5, 3.0, 5.0], FAILS, "gla not slower beyond noise"),  # a tie
     ],
 )
 def test_overtakes_at_long_n(gla: list[float], retnet: list[float], verdict: str, says: str) -> None:
     outcome = CHECKS["overtakes_at_long_n"](crossing(gla, retnet), CROSSOVER)
     assert outcome.verdict == verdict, outcome
     assert says in outcome.ours + outcome.detail
+
+
+def test_an_interval_of_too_few_rounds_overtakes_nothing() -> None:
+    """3 rounds give a min–max interval of 75% coverage: no N counts as faster beyond noise."""
+    outcome = CHECKS["overtakes_at_long_n"](crossing([0.3, 0.6, 1.2, 2.0, 4.0], [0.4, 0.9, 1.5, 3.0, 5.0], 0.75),
+                                            CROSSOVER)  # fmt: skip
+    assert outcome.verdict == FAILS and "never faster beyond noise" in outcome.detail

@@ -399,3 +399,14 @@ def test_the_rows_say_whether_a_variant_approximates_softmax(tmp_path: Path) -> 
     edit_rows(run, mark)
     frame = read_results(run).drop_duplicates("label").set_index("label").approximates_softmax
     assert frame.to_dict() == {"full": True, "band": False, "strided": True}
+
+
+def test_nothing_beats_the_baseline_still_names_a_faster_different_operator() -> None:
+    other = choice("retnet", "gated-linear", 2.44, 2.3, 2.6, 265.0)
+    other.approximates = False
+    answer = judge(2048, [choice("full", "exact", 1.0, 1.0, 1.0, 0.0), other], "full")
+    assert answer.use == ""
+    assert answer.sentence == (
+        "Nothing beats full here. Faster, but different operators from softmax (not judged on error): "
+        "retnet (2.44× [2.3–2.6])."
+    )

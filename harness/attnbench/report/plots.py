@@ -49,8 +49,12 @@ BUILT_IN_COLOURS = {  # one colour per variant name, the same in every report
     "topk": "#e6ab02",
     "h2o": "#e7298a",  # KV-cache compression (decode)
     "snapkv": "#6a3d9a",
+    "retnet": "#393b79",  # gated and delta-rule linear attention: dark, apart from the approximations' colours
+    "gla": "#637939",
+    "deltanet": "#843c39",
+    "gated-deltanet": "#e377c2",
 }
-PLUGIN_COLOURS = ["#e377c2", "#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d"]
+PLUGIN_COLOURS = ["#bcbd22", "#8c6d31", "#7b4173", "#3182bd", "#e6550d", "#b5cf6b", "#9c9ede", "#e7969c", "#636363"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
 DASHES: list[tuple[float, ...]] = [(), (4, 1.5), (1, 1), (3, 1.25, 1.5, 1.25)]  # solid, dashed, dotted, dash-dot
 

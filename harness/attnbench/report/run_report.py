@@ -216,12 +216,12 @@ def detail_blocks(
             )
     else:
         blocks.append(Block("text", "Error only: time and memory of this setting were measured on its first input."))
-    approximate = cells.family != "exact"
+    approximate = (cells.family != "exact") & cells.approximates_softmax  # a different operator is never "most accurate"
     blocks.append(
         _table(
             "Error against exact softmax attention (float64): vs-uniform / relative Frobenius / mean row cosine. "
             "vs-uniform is ‖O−O*‖/‖U−O*‖: 0 exact, 1 no better than averaging V (most accurate approximation "
-            "per N in bold).",
+            "per N in bold; a different operator from softmax, such as gated linear attention, is shown, not ranked).",
             _pivot(
                 cells,
                 lambda r: " / ".join(

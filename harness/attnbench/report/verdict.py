@@ -419,11 +419,16 @@ def judge(
     offered = ([fastest_exact] if fastest_exact else []) + chosen
     left_out = sorted((c for c in candidates if c.left_out), key=lambda c: -c.speed)
     use = recommended(offered, baseline)
+    sentence = answer_sentence(offered, left_out, baseline, budget, on, mode)
+    operators = [c for c in left_out if not c.approximates and c.clearly_faster]
+    if use is None and operators:  # "nothing beats the baseline" must not hide a faster operator of another kind
+        listed = ", ".join(f"{c.label} ({_speed(c)})" for c in operators)
+        sentence += f" Faster, but different operators from softmax (not judged on error): {listed}."
     return Answer(
         n,
         offered,
         left_out,
-        answer_sentence(offered, left_out, baseline, budget, on, mode),
+        sentence,
         use=use.label if use else "",
         asked=asked_sentence(candidates, baseline, budget, on, mode),
     )
