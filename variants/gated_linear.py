@@ -74,6 +74,7 @@ class GatedRecurrence(AttentionVariant):
         super().__init__(seed=seed, **hyperparams)
         self._projections: dict[tuple, list[Tensor]] = {}
 
+    @torch.compiler.disable  # read as in eager under torch.compile: no guard on the cache, no recompile per call
     def projections(self, shapes: tuple[tuple[int, int], ...], device: torch.device, dtype: torch.dtype) -> list[Tensor]:
         """Seeded matrices of these (rows, columns), entries N(0, 1 / rows), drawn in turn from one generator seeded
         with the variant's seed: the same for every call at these sizes."""
