@@ -88,7 +88,8 @@ def gated_delta_chunkwise(
     beta_c = chunks(x.gates["beta"][..., None], chunk)  # type: ignore[index]
     g = x.gates["g"]
     decay = None if g is None else chunks(g[..., None], chunk).cumsum(dim=-2)  # (c, b, h, i, 1)
-    strong = decay is not None and bool(decay.detach().amin() < -STABLE_LOG_DECAY)
+    # past float range in some chunk (a NaN gate counts: the matrix form keeps it inside its own sequence and head)
+    strong = decay is not None and not bool(decay.detach().amin() >= -STABLE_LOG_DECAY)
     unit_q = unit_k = 1.0  # what normalises q and k: (c, b, h, i, 1) factors folded into the passes below
     if l2_normalize_qk:
         unit_q, unit_k = unit_norm_factor(q_c), unit_norm_factor(k_c)

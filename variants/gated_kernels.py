@@ -38,7 +38,10 @@ from attnbench.variants.recurrent_forms import IN_PLACE, Inputs, checked, chunks
 from einops import einsum, rearrange
 from torch import Tensor
 
-__all__ = ["gated_delta_chunkwise", "gated_delta_recurrent", "gated_linear_chunkwise", "gated_linear_recurrent"]
+__all__ = [
+    "gated_delta_chunkwise", "gated_delta_recurrent", "gated_linear_chunkwise", "gated_linear_recurrent",
+    "strong_chunk_bytes",
+]  # fmt: skip
 
 STABLE_LOG_DECAY = 40.0  # exp(40) ~ 2e17: (q e^b) . (k e^-b) stays far from float32's range; beyond it, sub-blocks
 SUB = 16  # positions per sub-block of a chunk past that range
@@ -129,9 +132,7 @@ def _per_dimension(
     chosen = strong.flatten().nonzero().squeeze(-1)
     flat = lambda t: rearrange(t, "b h c i z -> (b h c) i z")  # noqa: E731
     q_f, k_f, v_f, b_f = flat(q_c), flat(k_c), flat(v_c), flat(decay)
-    sub = min(SUB, chunk)
-    per_chunk = 3 * (-(-chunk // sub) + sub) * chunk * q_c.shape[-1] * q_c.element_size()  # _strong_scores' parts
-    group = max(1, STRONG_BYTES // per_chunk)
+    group = max(1, STRONG_BYTES // strong_chunk_bytes(chunk, q_c.shape[-1], q_c.element_size(), group=1))
     pair_scores, writes = [], []
     for start in range(0, len(chosen), group):
         pick = chosen[start : start + group]
@@ -142,6 +143,14 @@ def _per_dimension(
     scores = rearrange(flat(scores).index_copy(0, chosen, torch.cat(pair_scores)), "(b h c) i j -> b h c i j", **shape)
     written = rearrange(flat(written).index_copy(0, chosen, torch.cat(writes)), "(b h c) d e -> b h c d e", **shape)
     return scores, written
+
+
+def strong_chunk_bytes(chunk: int, head_dim: int, element_bytes: int, group: int | None = None) -> int:
+    """What `_strong_scores` holds for `group` chunks at once (its largest parts: about three tensors of
+    C d (C / SUB + SUB) each); by default the most a call holds, a group filling STRONG_BYTES or one chunk past it."""
+    sub = min(SUB, chunk)
+    one = 3 * (-(-chunk // sub) + sub) * chunk * head_dim * element_bytes
+    return one * group if group is not None else max(one, STRONG_BYTES)
 
 
 def _strong_scores(q: Tensor, k: Tensor, b: Tensor, log_scale: float) -> Tensor:

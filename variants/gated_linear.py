@@ -26,6 +26,7 @@ b - batch, h - heads, n - position, d - head dim, e - value dim
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -41,6 +42,7 @@ from attnbench.interface import (
 )
 from attnbench.variants.decoding import RecurrentState
 from attnbench.variants.gated_kernels import (
+    strong_chunk_bytes,
     gated_delta_chunkwise,
     gated_delta_recurrent,
     gated_linear_chunkwise,
@@ -176,6 +178,14 @@ class GLA(GatedRecurrence):
 
     def gate_matmul_flops(self, n: int, head_dim: int) -> float:
         return 2 * n * GATE_RANK * 2 * head_dim
+
+    def cost(self, shape: Shape) -> Cost:
+        """Gated linear attention's, and room for chunks whose decays run past float range (gates strong enough:
+        `gate_normalizer` near 1, long chunks), worked a few at a time: what the guard must allow for, whether or not
+        a call's gates take that path."""
+        base = super().cost(shape)
+        strong = strong_chunk_bytes(min(self.chunk_size, max(shape.n_q, 1)), shape.head_dim, max(shape.dtype_bytes, 4))
+        return replace(base, working_bytes=base.working_bytes + strong)
 
 
 class DeltaNet(GatedRecurrence):

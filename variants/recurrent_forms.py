@@ -7,6 +7,7 @@ b - batch, h - heads, n - position, c - chunk, i - query in chunk, j - key in ch
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -71,13 +72,16 @@ def checked(
 ) -> Inputs:
     """Every argument checked before any work (a clear ValueError naming it), then brought to the work dtype. `gates`
     by name: "gk" (b|1, h|1, n, d|1) log decays; "g" (b|1, h|1, n) log decays or None; "beta" (b|1, h|1, n)."""
+    if not all(t.is_floating_point() for t in (q, k, v)):
+        raise ValueError(f"q, k and v must be floating point; got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
         raise ValueError(
             f"q, k must be (b, h, n, d) and v (b, h, n, e) with the same b, h, n; got q {tuple(q.shape)}, "
             f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     b, h, n, d = q.shape
-    work = accumulation_dtype(torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype))
+    floats = [t.dtype for t in (q, k, v, initial_state, *gates.values()) if t is not None and t.is_floating_point()]
+    work = accumulation_dtype(functools.reduce(torch.promote_types, floats))  # float64 when any input is
     ready: dict[str, Tensor | None] = {}
     for name, gate in gates.items():
         if gate is None:
@@ -96,7 +100,7 @@ def checked(
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
     scale = d**-0.5 if scale is None else scale
-    if not (math.isfinite(scale) and scale > 0):
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive number; got {scale!r}")
     return Inputs(q.to(work), k.to(work), v.to(work), ready, initial_state, scale, v.dtype, work)
 

@@ -410,3 +410,13 @@ def test_nothing_beats_the_baseline_still_names_a_faster_different_operator() ->
         "Nothing beats full here. Faster, but different operators from softmax (not judged on error): "
         "retnet (2.44× [2.3–2.6])."
     )
+
+
+def test_min_speedup_never_answers_with_a_different_operator() -> None:
+    other = choice("retnet", "gated-linear", 9.0, 8.5, 9.5, 265.0)
+    other.approximates = False
+    candidates = [choice("full", "exact", 1.0, 1.0, 1.0, 0.0), other, choice("band", "band", 1.2, 1.1, 1.3, 0.3)]
+    answer = judge(2048, candidates, "full", AccuracyBudget(min_speedup=2.0))
+    assert answer.asked == "At least 2× faster than full: none is, beyond noise; the fastest is band at 1.2× [1.1–1.3], error 0.3."
+    alone = judge(2048, candidates[:2], "full", AccuracyBudget(min_speedup=2.0))
+    assert alone.asked == "At least 2× faster than full: no speedup against full was measured here but of other operators."

@@ -353,3 +353,26 @@ def test_gla_gate_matrices_are_independent_across_seeds() -> None:
     second = registry.create("gla", seed=0).projections(shapes, torch.device("cpu"), torch.float64)[1]
     first = registry.create("gla", seed=1).projections(shapes, torch.device("cpu"), torch.float64)[0]
     assert not torch.allclose(second.flatten() * 16**0.5, first.flatten() * D**0.5)
+
+
+def test_a_nan_gate_stays_in_its_own_sequence() -> None:
+    """A NaN log decay spoils its own sequence and head from its chunk on (as the recurrence does), never another
+    sequence, and never the chunks before it."""
+    for kind in ("gated-deltanet", "gla"):
+        x = inputs(kind, 64, torch.float32, strength=10.0 if kind == "gla" else 1.0)
+        gate = "g" if kind == "gated-deltanet" else "gk"
+        x[gate] = x[gate].clone()
+        x[gate][1, 0, 60] = float("nan")
+        out = run(kind, "chunkwise", x, 16)[0]
+        assert torch.isfinite(out[0]).all() and torch.isfinite(out[1, 1:]).all(), kind
+        assert torch.isfinite(out[1, 0, :48]).all() and not torch.isfinite(out[1, 0, 60:]).all(), kind
+
+
+def test_inputs_set_the_work_dtype_and_integers_are_refused() -> None:
+    x = inputs("gla", 20, torch.float32)
+    out, state = gated_linear_chunkwise(x["q"], x["k"], x["v"], x["gk"].double(), output_final_state=True)
+    assert out.dtype == torch.float32 and state.dtype == torch.float64  # worked in float64: a float64 input
+    with pytest.raises(ValueError, match="floating point"):
+        gated_linear_chunkwise(x["q"].long(), x["k"], x["v"], x["gk"])
+    with pytest.raises(ValueError, match="scale must be a positive number"):
+        gated_linear_chunkwise(x["q"], x["k"], x["v"], x["gk"], scale=True)

@@ -554,9 +554,11 @@ def asked_sentence(
     ask = budget.min_speedup
     per = " per generated token" if mode.decode else ""
     question = f"At least {ask:g}× faster{per} than {mode.against(baseline)}"
-    paired = [c for c in candidates if c.speedup == c.speedup and c.label != baseline]
+    # a different operator from softmax is no answer to "which to use" (the verdict leaves it out)
+    paired = [c for c in candidates if c.speedup == c.speedup and c.label != baseline and c.approximates]
     if not paired:
-        return f"{question}: no speedup against {baseline} was measured here."
+        others = any(not c.approximates for c in candidates)
+        return f"{question}: no speedup against {baseline} was measured here{' but of other operators' if others else ''}."
     fast = [c for c in paired if c.trusted_interval and c.speedup_low >= ask and c.approximates]  # ranked by error
     known = [c for c in fast if c.family == "exact" or c.error == c.error]
     if known:
