@@ -34,7 +34,7 @@ import math
 
 import torch
 from attnbench.variants.delta_kernels import gated_delta_chunkwise, gated_delta_recurrent
-from attnbench.variants.recurrent_forms import IN_PLACE, Inputs, checked, chunks, pair_decay, recurrence, unchunked
+from attnbench.variants.recurrent_forms import IN_PLACE, checked, chunks, pair_decay, recurrence, unchunked
 from einops import einsum, rearrange
 from torch import Tensor
 

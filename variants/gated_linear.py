@@ -42,11 +42,11 @@ from attnbench.interface import (
 )
 from attnbench.variants.decoding import RecurrentState
 from attnbench.variants.gated_kernels import (
-    strong_chunk_bytes,
     gated_delta_chunkwise,
     gated_delta_recurrent,
     gated_linear_chunkwise,
     gated_linear_recurrent,
+    strong_chunk_bytes,
 )
 from attnbench.variants.recurrent_forms import accumulation_dtype
 from torch import Tensor
