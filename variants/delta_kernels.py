@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 from attnbench.variants.recurrent_forms import (
+    STABLE_LOG_DECAY,
     Inputs,
     checked,
     chunks,
@@ -31,7 +32,6 @@ from attnbench.variants.recurrent_forms import (
 from einops import einsum, rearrange
 from torch import Tensor
 
-STABLE_LOG_DECAY = 40.0  # exp(40) ~ 2e17: e^b and e^-b factors stay far from float32's range; beyond it, a matrix
 
 
 def gated_delta_recurrent(

@@ -34,7 +34,15 @@ import math
 
 import torch
 from attnbench.variants.delta_kernels import gated_delta_chunkwise, gated_delta_recurrent
-from attnbench.variants.recurrent_forms import IN_PLACE, checked, chunks, pair_decay, recurrence, unchunked
+from attnbench.variants.recurrent_forms import (
+    IN_PLACE,
+    STABLE_LOG_DECAY,
+    checked,
+    chunks,
+    pair_decay,
+    recurrence,
+    unchunked,
+)
 from einops import einsum, rearrange
 from torch import Tensor
 
@@ -43,7 +51,6 @@ __all__ = [
     "strong_chunk_bytes",
 ]  # fmt: skip
 
-STABLE_LOG_DECAY = 40.0  # exp(40) ~ 2e17: (q e^b) . (k e^-b) stays far from float32's range; beyond it, sub-blocks
 SUB = 16  # positions per sub-block of a chunk past that range
 STRONG_BYTES = 32 * 2**20  # chunks past the range are worked through a few at a time, in about this much memory
 

@@ -20,6 +20,9 @@ from torch import Tensor
 # A log decay below this is a reset to float precision (e^-100 ~ 4e-44): gates are clamped there, so -inf (a full
 # reset) works in every form, and a chunk's cumulative decays stay small enough to subtract in float32
 MIN_LOG_DECAY = -100.0
+# exp(40) ~ 2e17: factors e^b and e^-b of a chunk's log decays b stay far from float32's range while |b| is within it;
+# past it the kernels form the decays pair by pair (the delta rule a matrix, GLA sub-blocks)
+STABLE_LOG_DECAY = 40.0
 NORM_EPS = 1e-6  # fla's l2norm: x / sqrt(|x|^2 + eps), so a zero vector (a padded key) stays zero
 CHUNK_MAJOR, IN_PLACE = "c b h i z", "b h c i z"  # the two layouts of a chunked tensor
 

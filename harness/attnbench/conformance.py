@@ -82,9 +82,8 @@ def _supports(
 
 
 def _causal_options(ctx: CheckContext, variant: AttentionVariant, **options: bool) -> list[bool]:
-    """The values of `causal` this instance accepts with these options: [False, True], [True] for a causal-only one
-    (a recurrence), [] when it accepts neither (a decode-only method, or an option it does not declare)."""
-    return [causal for causal in (False, True) if _supports(ctx, variant, causal=causal, **options)]
+    """`AttentionVariant.causal_options` on the context's device and dtype."""
+    return variant.causal_options(device=ctx.device.type, dtype=ctx.dtype, **options)
 
 
 def _one_causal(ctx: CheckContext, variant: AttentionVariant, **options: bool) -> bool:

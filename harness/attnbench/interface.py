@@ -274,6 +274,14 @@ class AttentionVariant(ABC):
             return f"causal attention needs Nq == Nk (got {n_q} and {n_k})"
         return None
 
+    def causal_options(
+        self, *, device: str, dtype: torch.dtype | str, padded: bool = False, n: int = 8, backward: bool = False
+    ) -> list[bool]:
+        """The values of `causal` a full-sequence call with these options may take (Nq = Nk = n): [False, True],
+        [True] for a causal-only variant (a recurrence), [] when neither (decode only, or an option it refuses)."""
+        options = dict(device=device, dtype=dtype, padded=padded, n_q=n, n_k=n, backward=backward)
+        return [causal for causal in (False, True) if self.unsupported_reason(causal=causal, **options) is None]
+
     # ---- the call -----------------------------------------------------------------------------
 
     def __call__(

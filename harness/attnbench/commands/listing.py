@@ -42,15 +42,10 @@ def causal_mark(cls: type[AttentionVariant]) -> str:
         variant = cls()
     except Exception:  # a plugin whose defaults cannot build an instance: its declaration alone
         return "yes"
-    refused = [
-        variant.unsupported_reason(
-            device=caps.devices[0], dtype=caps.dtypes[0], causal=causal, padded=False, n_q=8, n_k=8
-        ) is not None
-        for causal in (False, True)
-    ]  # fmt: skip
-    if all(refused):  # a decode-only method, or one this machine cannot run at all (its declaration then)
+    accepted = variant.causal_options(device=caps.devices[0], dtype=caps.dtypes[0])
+    if not accepted:  # a decode-only method, or one this machine cannot run at all (its declaration then)
         return "decode" if cls.decodes() else "yes"
-    return "only" if refused[0] else "yes"
+    return "only" if accepted == [True] else "yes"
 
 
 def main(args: argparse.Namespace) -> int:

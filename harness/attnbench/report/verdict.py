@@ -559,7 +559,7 @@ def asked_sentence(
     if not paired:
         others = any(not c.approximates for c in candidates)
         return f"{question}: no speedup against {baseline} was measured here{' but of other operators' if others else ''}."
-    fast = [c for c in paired if c.trusted_interval and c.speedup_low >= ask and c.approximates]  # ranked by error
+    fast = [c for c in paired if c.trusted_interval and c.speedup_low >= ask]
     known = [c for c in fast if c.family == "exact" or c.error == c.error]
     if known:
         best = min(known, key=lambda c: (c.error_rank, -c.speed))
