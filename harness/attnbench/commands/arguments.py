@@ -52,7 +52,8 @@ def true_false_both(text: str) -> list[bool]:
 
 
 def add_budget_flags(command: argparse.ArgumentParser, default: str) -> None:
-    """--max-error and --min-speedup: the verdict's accuracy budget and the speedup asked (attnbench.plan.budget)."""
+    """--max-error, --min-speedup and --min-recall: the verdict's accuracy budget, the speedup asked and the needle
+    recall required (attnbench.plan.budget)."""
     from attnbench.plan.budget import DEFAULT_MAX_ERROR
 
     command.add_argument(
@@ -69,6 +70,13 @@ def add_budget_flags(command: argparse.ArgumentParser, default: str) -> None:
         metavar="S",
         help="also answer: of the variants at least S× faster than the baseline (whole 95%% interval), which has "
         "the least error? (S > 1)",
+    )
+    command.add_argument(
+        "--min-recall",
+        type=float,
+        metavar="R",
+        help="recommend only variants that retrieve at least this share of the planted needles at that N (input "
+        "`needles`; 0 < R <= 1, e.g. 0.9)",
     )
 
 

@@ -31,7 +31,9 @@ def main(args: argparse.Namespace) -> int:
     from attnbench.report.view import RunView
     from attnbench.runfolder.results import read_results
 
-    problems = budget_problems(args.max_error, args.min_speedup, lambda key: "--" + key.replace("_", "-"))
+    problems = budget_problems(
+        args.max_error, args.min_speedup, lambda key: "--" + key.replace("_", "-"), args.min_recall
+    )
     if problems:  # before the folder is read
         print("\n".join(f"attnbench: {problem}" for problem in problems), file=sys.stderr)
         return Exit.USAGE
@@ -46,7 +48,11 @@ def main(args: argparse.Namespace) -> int:
         )
         return Exit.NOTHING_RAN
     try:
-        view = RunView.read(args.run_dir, frame, args.max_error, args.min_speedup)
+        if args.min_recall is not None and frame["needle_accuracy"].isna().all():
+            print(f"attnbench: --min-recall: {args.run_dir} measured no recall (it has no `needles` input): run "
+                  "one with [[inputs]] name = \"needles\"", file=sys.stderr)  # fmt: skip
+            return Exit.USAGE
+        view = RunView.read(args.run_dir, frame, args.max_error, args.min_speedup, args.min_recall)
         write_summary(args.run_dir, view)  # the tables too: a run whose disk filled up before them gets them here
         report = write_report(args.run_dir, view)
     except OSError as error:

@@ -147,6 +147,7 @@ def main(args: argparse.Namespace) -> int:
             "processes": args.processes,
             "max_error": args.max_error,
             "min_speedup": args.min_speedup,
+            "min_recall": args.min_recall,
             "decode_steps": args.decode_steps,
         }.items()
         if value is not None

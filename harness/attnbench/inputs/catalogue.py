@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from attnbench.inputs.captured import captured, captured_layout_problems, layer_problem, read_tensors
+from attnbench.inputs.needles import NEEDLE_DEFAULTS, Needles, plant_needles
 from attnbench.inputs.statistics import LOCALITY_WINDOW  # noqa: F401  (the report names it from here)
 from attnbench.inputs.synthetic import clustered, gaussian, local, lowrank, realistic
 from attnbench.interface import did_you_mean
@@ -29,6 +30,7 @@ class Inputs:
     k: Tensor  # (b, h, n, d)
     v: Tensor  # (b, h, n, d)
     key_padding_mask: Tensor | None  # (b, n) bool, True = padding
+    needles: Needles | None = None  # input `needles`: where its key -> value pairs and their queries are
 
 
 # ---- captured Q/K/V from a file ------------------------------------------------------------------
@@ -57,6 +59,18 @@ DISTRIBUTIONS: dict[str, Distribution] = {
     "realistic": Distribution(realistic, {"temperature": 1.0}, ("temperature",), by_mask=True),
     "captured": Distribution(captured, {"path": "", "layer": 0, "beyond": "error"}, ()),
 }
+BACKGROUNDS = tuple(name for name in DISTRIBUTIONS if name != "captured")  # what needles may be planted in
+
+
+def needle_background(
+    generator: torch.Generator, shape: tuple[int, int, int, int], *, background: str, causal: bool = False, **_: Any
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The context needles are planted in (`make_inputs` plants them): a synthetic distribution at its defaults."""
+    spec = DISTRIBUTIONS[background]
+    return spec.make(generator, shape, **spec.defaults, **({"causal": causal} if spec.by_mask else {}))
+
+
+DISTRIBUTIONS["needles"] = Distribution(needle_background, NEEDLE_DEFAULTS, ("pairs", "margin"), by_mask=True)
 
 
 def validate_input(name: str, params: dict[str, Any]) -> list[str]:
@@ -77,6 +91,19 @@ def validate_input(name: str, params: dict[str, Any]) -> list[str]:
     ]
     if name == "captured":
         problems += _captured_problems(params)
+    if name == "needles":
+        problems += _needle_problems(params)
+    return problems
+
+
+def _needle_problems(params: dict[str, Any]) -> list[str]:
+    pairs, background = params.get("pairs", 1), params.get("background", "realistic")
+    problems = []
+    if not isinstance(pairs, int) or isinstance(pairs, bool):
+        problems.append(f"input 'needles': pairs must be a whole number of key -> value pairs, got {pairs!r}")
+    if background not in BACKGROUNDS:
+        known = ", ".join(BACKGROUNDS)
+        problems.append(f"input 'needles': background must be one of {known}, got {background!r}{_hint(background, BACKGROUNDS)}")
     return problems
 
 
@@ -116,12 +143,14 @@ def make_inputs(
     kv_len: int | None = None,
     value_dim: int | None = None,
     causal: bool = False,
+    queries_from: int = 0,
 ) -> Inputs:
     """Q, K, V for one cell: drawn on the CPU in float32 from `seed`, then cast and moved (same on every device).
 
     Cross-attention (kv_len != seq_len) takes the first seq_len queries and the first kv_len keys of a
     sequence drawn at the longer length; a value_dim other than head_dim draws V as iid N(0, 1) of that width.
     `causal` reaches the distributions calibrated per mask (`realistic`: a decoder's heads when causal).
+    `needles` are planted last (in V as drawn), their queries at positions >= `queries_from` (decode: the steps).
     """
     generator = torch.Generator().manual_seed(seed)
     spec = DISTRIBUTIONS[name]
@@ -133,10 +162,21 @@ def make_inputs(
         v = torch.randn(batch, heads, length, value_dim, generator=generator)
     q, k, v = q[:, :, :seq_len], k[:, :, :n_k], v[:, :, :n_k]
     mask = padding_mask(batch, n_k, padding)
+    needles = None
+    if name == "needles":
+        if seq_len != n_k:
+            raise ValueError(f"needles: queries ask for keys of the same sequence: kv_len must equal N, got {n_k} vs {seq_len}")
+        lengths = None if mask is None else (~mask).sum(dim=1).tolist()
+        settings = {**spec.defaults, **params}
+        q, k, v, needles = plant_needles(
+            q, k, v, generator, pairs=settings["pairs"], margin=settings["margin"], causal=causal,
+            lengths=lengths, queries_from=queries_from,
+        )  # fmt: skip
     return Inputs(
         q=q.to(device=device, dtype=dtype).contiguous(),
         k=k.to(device=device, dtype=dtype).contiguous(),
         v=v.to(device=device, dtype=dtype).contiguous(),
         key_padding_mask=None if mask is None else mask.to(device),
+        needles=needles,
     )
 

@@ -23,6 +23,7 @@ from attnbench.interface import AttentionVariant, DecodeState
 from attnbench.measure.group import GROUP_STEP, GroupMeasurement, failure, timing_fields
 from attnbench.measure.machine import warm_allocator
 from attnbench.measure.memory import peak_memory
+from attnbench.measure.metrics import needle_fields
 from attnbench.measure.reference import exact_reference
 from attnbench.measure.timing import time_in_turns, timed_call
 from attnbench.ops import DECODE_CHECK, TOLERANCE, decode_exactness_error
@@ -86,7 +87,7 @@ class DecodeMeasurement(GroupMeasurement):
         n = self.setting.seq_len
         try:
             self.progress("building the inputs", GROUP_STEP)
-            self.inputs = self._make_inputs(positions=n + self.steps)
+            self.inputs = self._make_inputs(positions=n + self.steps, queries_from=n)
             if self.settings.error:
                 self.progress("computing the exact reference", GROUP_STEP)
                 i = self.inputs
@@ -139,6 +140,7 @@ class DecodeMeasurement(GroupMeasurement):
             outputs = torch.cat(outputs, dim=-2)  # (b, h, T, e)
             if not torch.isfinite(outputs).all():
                 return self._fail(key, {"status": "error", "reason": "a step output has NaN or Inf"})
+            self.fields[key].update(needle_fields(outputs, inputs, causal=True, first_position=n))
             if self.reference is not None:
                 self._error_fields(key, outputs)
             generation.restart_unless_room(self.steps)

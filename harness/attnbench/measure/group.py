@@ -45,7 +45,7 @@ from attnbench.measure.estimate import (
 )
 from attnbench.measure.machine import available_memory_bytes, device_description, peaks_for, warm_allocator
 from attnbench.measure.memory import call_memory
-from attnbench.measure.metrics import error_metrics
+from attnbench.measure.metrics import error_metrics, needle_fields
 from attnbench.measure.noise import LoadWatch, cpu_mhz, load_average, noise_reason
 from attnbench.measure.reference import Reference, dropped_masses, exact_reference
 from attnbench.measure.timing import time_in_turns, timed_call
@@ -271,8 +271,9 @@ class GroupMeasurement:
             self.variants[cell.key()] = admission.variant
             self.calls[cell.key()] = call_of(admission.variant, cell.compiled)
 
-    def _make_inputs(self, positions: int | None = None) -> Inputs:
-        """The group's inputs; `positions` overrides N for queries and keys alike (decode: the prompt and its steps)."""
+    def _make_inputs(self, positions: int | None = None, queries_from: int = 0) -> Inputs:
+        """The group's inputs; `positions` overrides N for queries and keys alike (decode: the prompt and its steps),
+        and needles' queries come at positions >= `queries_from` (decode: the steps)."""
         s = self.setting
         return make_inputs(
             s.input.name,
@@ -288,6 +289,7 @@ class GroupMeasurement:
             seed=s.seed,
             padding=s.padding,
             causal=s.causal,
+            queries_from=queries_from,
         )
 
     def _check_and_error(self, cell: Cell) -> None:
@@ -319,6 +321,7 @@ class GroupMeasurement:
                 return self._fail(key, {"status": "error", "reason": reason})
             if not torch.isfinite(output).all():
                 return self._fail(key, {"status": "error", "reason": "output has NaN or Inf"})
+            self.fields[key].update(needle_fields(output, inputs, causal=cell.causal))
             if self.reference is not None:
                 self._error_fields(key, output)
                 if variant.exact and variant.family != "exact" and cell.seq_len == cell.n_k <= DROPPED_MASS_MAX_N:

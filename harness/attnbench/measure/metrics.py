@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
+from attnbench.inputs.catalogue import Inputs
+from attnbench.inputs.needles import needle_hits
 from attnbench.measure.reference import Reference
 
 
@@ -46,3 +48,23 @@ def error_metrics(output: Tensor, reference: Reference) -> ErrorMetrics:
         row_cosine=cosine.mean().item(),
         vs_uniform=diff_norm / max(torch.linalg.vector_norm(reference.uniform - exact).item(), 1e-300),
     )
+
+
+def needle_fields(output: Tensor, inputs: Inputs, *, causal: bool, first_position: int = 0) -> dict[str, float | int]:
+    """A row's recall columns on a `needles` input: the pairs planted, the probes (b * h * pairs: each head's query
+    of each pair) and the share whose output is nearest, by cosine, to its planted value. {} for other inputs."""
+    if inputs.needles is None:
+        return {}
+    hits = needle_hits(
+        output.detach(),
+        inputs.v,
+        inputs.needles,
+        causal=causal,
+        key_padding_mask=inputs.key_padding_mask,
+        first_position=first_position,
+    )  # (b, h, p)
+    return {
+        "needle_pairs": inputs.needles.pairs,
+        "needle_probes": hits.numel(),
+        "needle_accuracy": hits.double().mean().item(),
+    }

@@ -5,6 +5,8 @@ of V over the visible keys: 0 is exact, 1 no better than averaging V. The verdic
 whose error on the input it judges is at most `max_error` (attnbench.report.verdict applies the rule). Both values
 are config settings (`max_error`, `min_speedup`; flags `--max-error`, `--min-speedup`), so a run records them in its
 resolved config and meta.json; `attnbench report RUN --max-error X` judges a finished run again with another.
+`min_recall` (`--min-recall R`) also leaves out a variant whose needle recall (the `needles` input: the share of
+planted key -> value pairs its output retrieves, the least over the run's needle inputs at that N) is below R.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class AccuracyBudget:
     max_error: float = DEFAULT_MAX_ERROR
     min_speedup: float | None = None
     source: str = "the default"
+    min_recall: float | None = None  # None: recall shown, not required
 
     @classmethod
     def of_config(cls, config: dict[str, Any]) -> AccuracyBudget:
@@ -39,23 +42,32 @@ class AccuracyBudget:
             return cls(source="the default (the run recorded none)")
         max_error, min_speedup = config.get("max_error"), config.get("min_speedup")
         default = max_error == DEFAULT_MAX_ERROR
-        return cls(max_error, min_speedup, "the default" if default else "the run's settings (`max_error`: its config or `--max-error`)")
+        source = "the default" if default else "the run's settings (`max_error`: its config or `--max-error`)"
+        return cls(max_error, min_speedup, source, config.get("min_recall"))
 
-    def with_flags(self, max_error: float | None, min_speedup: float | None) -> AccuracyBudget:
+    def with_flags(
+        self, max_error: float | None, min_speedup: float | None, min_recall: float | None = None
+    ) -> AccuracyBudget:
         """This budget with `attnbench report`'s flags applied (None: not given); the source says what a new
         `--max-error` replaced."""
+        asked = dict(
+            min_speedup=self.min_speedup if min_speedup is None else min_speedup,
+            min_recall=self.min_recall if min_recall is None else min_recall,
+        )
         if max_error is None:
-            return replace(self, min_speedup=self.min_speedup if min_speedup is None else min_speedup)
+            return replace(self, **asked)
         source = f"`attnbench report --max-error {max_error:g}` (the run recorded {_text(self.max_error)})"
-        return AccuracyBudget(max_error, self.min_speedup if min_speedup is None else min_speedup, source)
+        return AccuracyBudget(max_error, source=source, **asked)
 
     def problems(self, at: Callable[[str], str] = lambda key: key) -> list[str]:
         """Why these values cannot judge a verdict ([] when they can); `at` names a key as the user set it."""
-        return budget_problems(self.max_error, self.min_speedup, at)
+        return budget_problems(self.max_error, self.min_speedup, at, self.min_recall)
 
 
-def budget_problems(max_error: Any, min_speedup: Any, at: Callable[[str], str] = lambda key: key) -> list[str]:
-    """The one check of both values, for a config (`parse_config`) and for `attnbench report`'s flags alike (None:
+def budget_problems(
+    max_error: Any, min_speedup: Any, at: Callable[[str], str] = lambda key: key, min_recall: Any = None
+) -> list[str]:
+    """The one check of the values, for a config (`parse_config`) and for `attnbench report`'s flags alike (None:
     not given)."""
     problems = []
     if max_error is not None and (not _number(max_error) or not 0 < max_error < UNIFORM_EQUIVALENT):
@@ -68,6 +80,11 @@ def budget_problems(max_error: Any, min_speedup: Any, at: Callable[[str], str] =
         problems.append(
             f"{at('min_speedup')}: must be a finite number > 1 (a speedup against the baseline: 2 asks for at least "
             f"twice as fast; at 1 or below the baseline itself answers), got {min_speedup!r}"
+        )
+    if min_recall is not None and (not _number(min_recall) or not 0 < min_recall <= 1):
+        problems.append(
+            f"{at('min_recall')}: must be a share in (0, 1] (0.9: a recommended variant retrieves at least 90% of the "
+            f"planted needles), got {min_recall!r}"
         )
     return problems
 

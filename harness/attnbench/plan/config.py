@@ -20,6 +20,7 @@ import tomllib
 
 from attnbench.inputs.captured import captured_fit_problems
 from attnbench.inputs.catalogue import validate_input
+from attnbench.inputs.needles import NEEDLE_DEFAULTS, needle_problems
 from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
 from attnbench.plan.budget import DEFAULT_MAX_ERROR, budget_problems
 from attnbench.plan.cells import AXES, InputSpec, Plan, VariantSpec, compiled_label, expand, groups_of
@@ -74,6 +75,7 @@ class Settings:
     processes: int = 1  # each group measured in this many fresh worker processes, merged (attnbench.run.processes)
     max_error: float = DEFAULT_MAX_ERROR  # the verdict's accuracy budget on error vs uniform (attnbench.plan.budget)
     min_speedup: float | None = None  # the verdict also answers: the least error among variants at least this × faster
+    min_recall: float | None = None  # the verdict leaves out variants retrieving fewer of the needles (input `needles`)
     decode_steps: int = 16  # mode decode: tokens generated after each prompt of N (the steps timed and checked)
 
 
@@ -282,6 +284,9 @@ def parse_config(
         problems.append("inputs: an empty list gives no cell; give at least one [[inputs]] table")
     if config.axes["input"] and config.axes["seq_len"] and config.axes["kv_len"]:
         problems += _machine_problems(config.axes, cluster, at)  # with the others: every problem is listed at once
+        problems += _needle_fit_problems(config.axes, config.settings)
+    if config.settings.min_recall is not None and not any(s.name == "needles" for s in config.axes["input"]):
+        problems.append(f"{at('min_recall')}: recall is measured on the input `needles`: add [[inputs]] name = \"needles\"")
     if problems:
         raise ConfigError(source, problems)
     return config
@@ -354,7 +359,7 @@ def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
         problems.append(f"{at('processes')}: must be between 1 and {MAX_PROCESSES}, got {s.processes}")
     if s.self_check_len < 2:
         problems.append(f"{at('self_check_len')}: must be >= 2 (the self-check needs a sequence), got {s.self_check_len}")
-    return problems + budget_problems(s.max_error, s.min_speedup, at)
+    return problems + budget_problems(s.max_error, s.min_speedup, at, s.min_recall)
 
 
 def _parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tuple[list[VariantSpec], list[str]]:
@@ -413,6 +418,21 @@ def _parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tu
             if not point_problems:
                 specs.append(VariantSpec(name, point))
     return list(dict.fromkeys(specs)), problems
+
+
+def _needle_fit_problems(axes: dict[str, list[Any]], settings: Settings) -> list[str]:
+    """Needles that do not fit the cells: too many pairs for the shortest N (or, in decode, for the steps that
+    hold their queries), or cross-attention (a needle's query asks for a key of its own sequence)."""
+    problems = []
+    for spec in axes["input"]:
+        pairs = dict(spec.params).get("pairs", NEEDLE_DEFAULTS["pairs"])
+        if spec.name != "needles" or validate_input(spec.name, dict(spec.params)):
+            continue  # listed already
+        decode = settings.decode_steps if "decode" in axes["mode"] else None
+        problems += [f"inputs: {spec.label()}: {p}" for p in needle_problems(pairs, min(axes["seq_len"]), query_room=decode)]
+        if any(axes["kv_len"]):
+            problems.append(f"inputs: {spec.label()}: a needle's query asks for a key of its own sequence: leave kv_lens at 0")
+    return problems
 
 
 def _machine_problems(axes: dict[str, list[Any]], cluster: bool, at: Callable[[str], str]) -> list[str]:

@@ -141,3 +141,17 @@ def error_title(headline: Headline | None) -> str:
         f"At N={headline.n} on {headline.input}, {choice.label} (the verdict's choice) has error {choice.error:.2f} "
         f"vs uniform, within the budget {headline.max_error:g}"
     )
+
+
+def recall_title(recalls: pd.DataFrame) -> str:
+    """The recall plot's headline: at the largest N and number of pairs, which non-exact variant retrieves the most
+    planted needles, and how many (`recalls`: ok rows with a needle recall)."""
+    n, pairs = recalls.seq_len.max(), recalls[recalls.seq_len == recalls.seq_len.max()].needle_pairs.max()
+    at = recalls[(recalls.seq_len == n) & (recalls.needle_pairs == pairs) & (recalls.family != "exact")]
+    if at.empty:
+        return "Needle recall by N"
+    best = at.loc[at.needle_accuracy.idxmax()]
+    return (
+        f"At N={n} with {pairs:.0f} needles, {best.label} retrieves the most of the non-exact variants: "
+        f"{100 * best.needle_accuracy:.0f}%"
+    )

@@ -423,6 +423,37 @@ def plot_error(
     return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
 
 
+def plot_recall(
+    cells: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style], xlabel: str = N_LABEL
+) -> Path:
+    """Needle recall against N, one panel per number of planted pairs: the share of needles each variant's output
+    retrieves (exact attention at 100%, chance near 0)."""
+    data = cells[(cells.status == "ok") & cells.needle_accuracy.notna()].astype({"needle_pairs": int})
+    labels = _present(data, style)
+    grid = sns.relplot(
+        data=data.assign(recall=100 * data.needle_accuracy),
+        kind="line",
+        x="seq_len",
+        y="recall",
+        row="needle_pairs",
+        **_by_label(style, labels),
+        markersize=7,
+        legend=False,
+        height=PANEL_HEIGHT,
+        aspect=FIGURE_WIDTH / PANEL_HEIGHT,
+        facet_kws={"sharey": True, "sharex": True, "despine": False},
+    )
+    grid.set_titles(row_template="{row_name} pairs planted")
+    for ax in grid.axes.flat:
+        _n_axis(ax, list(data.seq_len))
+        ax.set_ylim(-3, 103)
+        ax.set_ylabel("needles retrieved, % (↑ better)")
+        ax.set_xlabel(xlabel)
+    fig = grid.figure
+    fig.set_size_inches(FIGURE_WIDTH, PANEL_HEIGHT * len(grid.axes.flat))
+    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+
+
 def _place_labels(ax: plt.Axes, points: list[tuple[float, float, str, str]]) -> None:
     """Direct labels beside their points, each on the first spot (right of its point, then left, nudged up or
     down) inside the axes that covers no point, no other label and no text already drawn. A label with no free

@@ -23,6 +23,7 @@ from attnbench.report.analysis import compile_sentence, crossover_table, efficie
 from attnbench.report.document import Block, _slug, render_html, render_markdown
 from attnbench.report.headlines import (
     error_title,
+    recall_title,
     headline_of,
     memory_lower_bound,
     memory_title,
@@ -31,7 +32,15 @@ from attnbench.report.headlines import (
     time_title,
 )
 from attnbench.report.modes import mib_text, mode_of_rows, ms_text, ratio_text
-from attnbench.report.plots import plot_error, plot_pareto, plot_roofline, plot_speedup, plot_versus_n, styles
+from attnbench.report.plots import (
+    plot_error,
+    plot_pareto,
+    plot_recall,
+    plot_roofline,
+    plot_speedup,
+    plot_versus_n,
+    styles,
+)
 from attnbench.report.summary import interval_words, noise_line
 from attnbench.report.text import (
     GROUP_COLUMNS,
@@ -81,6 +90,16 @@ def lowest(score: Callable[[pd.Series], float]) -> Callable[[pd.DataFrame], list
     def best(at_n: pd.DataFrame) -> list[str]:
         scores = at_n.apply(score, axis=1).dropna()
         return [at_n.loc[scores.idxmin()].label] if len(scores) else []
+
+    return best
+
+
+def highest(score: Callable[[pd.Series], float]) -> Callable[[pd.DataFrame], list[str]]:
+    """The labels with the highest `score` at one N, ties all (recall: several variants retrieve everything)."""
+
+    def best(at_n: pd.DataFrame) -> list[str]:
+        scores = at_n.apply(score, axis=1).dropna()
+        return list(at_n.loc[scores[scores == scores.max()].index].label) if len(scores) else []
 
     return best
 
@@ -258,6 +277,16 @@ def detail_blocks(
                 caption="The input, seen through exact attention: normalized entropy (mean over rows of H(p) / "
                 f"log(visible keys); 1 uniform, 0 one key), the share of mass within |i − j| ≤ {LOCALITY_WINDOW}, "
                 "the share on the first token, and the spread of entropy across heads. Read the errors against these.",
+            )
+        )
+    needles = cells[cells.needle_accuracy.notna() | (cells.status != "ok")] if cells.needle_accuracy.notna().any() else []
+    if len(needles):
+        blocks.append(
+            _table(
+                f"Needle recall: the share of the {needles.needle_probes.max():.0f} planted key → value needles (each "
+                "head's query of each pair) whose output is nearest, by cosine, to its planted value among the visible "
+                "values (exact attention: 100% by construction; chance ≈ 1 / N). Best per N in bold.",
+                _pivot(needles, lambda r: format_percent(r.needle_accuracy), highest(lambda r: _nan(r.needle_accuracy))),
             )
         )
     exact_patterns = cells[cells.dropped_mass.notna()]
@@ -573,6 +602,16 @@ def plot_blocks(
                 path,
                 f"Error of {whose} relative to uniform averaging by N, one panel per input: below the dashed line "
                 f"a variant beats averaging V{over}.",
+            )
+        )
+    recalls = cells[(cells.status == "ok") & cells.needle_accuracy.notna()]
+    if len(recalls):
+        path = plot_recall(cells, recall_title(recalls), subtitle, plots_dir / f"{slug}-recall.png", style, mode.n_axis)
+        images.append(
+            (
+                path,
+                "Needle recall by N, one panel per number of planted key → value pairs: the share of needles whose "
+                "query's output is nearest to the planted value (exact attention retrieves them all).",
             )
         )
     return [Block("image", str(path.relative_to(plots_dir.parent)), caption=caption) for path, caption in images]

@@ -65,6 +65,7 @@ class Choice:
     left_out: str = ""  # why it is not offered as a choice ("" when it is)
     ties: list[str] = field(default_factory=list)  # more accurate choices it is not faster than beyond noise
     approximates: bool = True  # False: a different operator from softmax (its error is no reason to use it)
+    recall: float = float("nan")  # needle recall at this N: the least over the setting's `needles` inputs (NaN: none)
 
     @property
     def speed(self) -> float:
@@ -245,6 +246,7 @@ def verdicts(
             timed = timed[timed[column] == value] if value == value else timed[timed[column].isna()]
         words = setting_words(rows.iloc[0], varying)
         mode = mode_of(rows.iloc[0]["mode"])
+        recalls = needle_recalls(rows)
         for source, on_input in rows.groupby("input", sort=False):
             timed_on = timed_input(timed, source)
             own = timed[timed["input"] == timed_on]
@@ -258,11 +260,21 @@ def verdicts(
             )
             for n, at_n in on_input[on_input.status == "ok"].groupby("seq_len"):
                 candidates = _candidates(at_n, own[own.seq_len == n], baseline, pays_off, samples, mode.memory)
+                for c in candidates:
+                    c.recall = recalls.get((c.label, int(n)), float("nan"))
                 answer = judge(int(n), candidates, baseline, budget, str(source), mode)
                 if answer is not None:
                     verdict.answers.append(answer)
             out.append(verdict)
     return out
+
+
+def needle_recalls(rows: pd.DataFrame) -> dict[tuple[str, int], float]:
+    """(label, N) -> the variant's needle recall in one setting's rows: the least over its `needles` inputs (a user
+    asking "recall >= 90% at my N" means at every number of pairs tried)."""
+    measured = rows[(rows.status == "ok") & rows.needle_accuracy.notna()]
+    least = measured.groupby(["label", "seq_len"]).needle_accuracy.min()
+    return {(str(label), int(n)): float(value) for (label, n), value in least.items()}
 
 
 MIN_PAIRED_ROUNDS = 6  # rounds two variants need in common: from 6 the order-statistic interval covers >= 95%
@@ -405,6 +417,8 @@ def judge(
             c.left_out = "worse than averaging V" if c.error >= 1.05 else "no better than averaging V"
         elif over_budget(c, budget):
             c.left_out = f"{OVER_BUDGET} {budget.max_error:g}"
+        elif below_recall(c, budget):
+            c.left_out = f"{BELOW_RECALL} {format_percent(budget.min_recall)}"
     contenders = [c for c in candidates if not c.left_out]
     front = pareto_set(contenders)
     for c in contenders:
@@ -435,6 +449,12 @@ def judge(
 
 
 OVER_BUDGET = "over the error budget"  # a left-out reason: its error vs uniform exceeds the budget
+BELOW_RECALL = "needle recall below"  # a left-out reason: it retrieves fewer planted needles than `min_recall` asks
+
+
+def below_recall(c: Choice, budget: AccuracyBudget) -> bool:
+    """A variant whose measured needle recall is below the `min_recall` asked (unmeasured recall is not known to)."""
+    return c.family != "exact" and budget.min_recall is not None and c.recall == c.recall and c.recall < budget.min_recall
 # a left-out reason: gated linear attention and other operators a model is trained with, not approximations of
 # softmax; their error vs softmax is shown, never a reason to use them
 DIFFERENT_OPERATOR = "a different operator from softmax: not judged on its error"
@@ -524,6 +544,7 @@ def answer_sentence(
     slower = [c.label for c in approximate if c.speedup <= 1]
     slower += [c.label for c in left_out if c.family != "exact" and c.left_out.startswith("slower")]
     useless = [c.label for c in left_out if "averaging V" in c.left_out]
+    forgetful = [c.label for c in left_out if c.left_out.startswith(BELOW_RECALL)]
     reasons = []
     if slower:
         reasons.append(f"slower ({', '.join(slower)})")
@@ -531,6 +552,8 @@ def answer_sentence(
         reasons.append(f"over {within}{_on(on)} ({', '.join(c.label for c in over)})")
     if useless:
         reasons.append(f"no better than averaging V{_on(on)} ({', '.join(useless)})")
+    if forgetful:
+        reasons.append(f"below the needle recall asked, {format_percent(budget.min_recall)} ({', '.join(forgetful)})")
     if maybe:
         perhaps = ", ".join(f"{c.label} ({_speed(c)})" for c in maybe)
         others = "; the other approximate variants are " + " or ".join(reasons) if reasons else ""
@@ -648,7 +671,14 @@ def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list
             memory = f"{format_number(choice.memory_bytes / MIB, '.1f')} ({format_number(choice.memory_ratio, '.2f')}×)"
             prefill = []
         rows.append([name, speed, error, memory, *prefill, format_percent(choice.of_roofline), choice.pays_off])
+    if any(c.recall == c.recall for c in answer.choices):  # the run planted needles: each choice's recall beside
+        headers.insert(3, RECALL_HEADER)
+        for row, choice in zip(rows, answer.choices):
+            row.insert(3, format_percent(choice.recall))
     return headers, rows
+
+
+RECALL_HEADER = "needle recall"  # the least share of planted needles retrieved over the run's `needles` inputs
 
 
 def left_out_text(answer: Answer) -> str:
@@ -659,6 +689,7 @@ def left_out_text(answer: Answer) -> str:
     for c in answer.left_out:
         figures = [speedup_text(pd.Series(vars(c))) if c.speedup == c.speedup else ""]
         figures.append("" if c.family == "exact" or c.error != c.error else f"error {format_number(c.error, '.3g')}")
+        figures.append("" if c.recall != c.recall else f"recall {format_percent(c.recall)}")
         shown = ", ".join(f for f in figures if f and f != "–")
         parts.append(f"{c.label} ({c.left_out}" + (f"; {shown})" if shown else ")"))
     return "Left out: " + "; ".join(parts) + "."
@@ -721,6 +752,12 @@ def budget_line(budget: AccuracyBudget, baseline: str) -> str:
         text += (
             f" **Asked (`--min-speedup {budget.min_speedup:g}`):** the least error among the variants at least "
             f"{budget.min_speedup:g}× faster than `{baseline}` (their whole 95% interval at or above it)."
+        )
+    if budget.min_recall is not None:
+        text += (
+            f" **Recall required (`--min-recall {budget.min_recall:g}`):** an approximation that retrieves fewer than "
+            f"{format_percent(budget.min_recall)} of the planted needles at that N (the least over the run's `needles` "
+            "inputs) is left out."
         )
     return text
 

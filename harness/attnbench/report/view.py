@@ -34,13 +34,14 @@ class RunView:
         frame: pd.DataFrame | None = None,
         max_error: float | None = None,
         min_speedup: float | None = None,
+        min_recall: float | None = None,
     ) -> RunView:
         """The view of `run_dir` (`frame`: its results.csv where the caller has read it already), each row with its
         share of the roofline (`of_roofline`) at the run's peaks, judged with the accuracy budget the run recorded
         (`max_error`, `min_speedup`: `attnbench report`'s flags in its place, already checked)."""
         frame = read_results(run_dir) if frame is None else frame
         meta = RunMeta.read(run_dir)
-        budget = AccuracyBudget.of_config(meta.config).with_flags(max_error, min_speedup)
+        budget = AccuracyBudget.of_config(meta.config).with_flags(max_error, min_speedup, min_recall)
         if problems := budget.problems():  # a hand edit: the flags checked theirs before any work
             raise RunFolderUnreadable(f"{run_dir / 'meta.json'}: its config's budget is not one a run writes "
                                       f"({'; '.join(problems)}): restore it, or give --max-error")  # fmt: skip

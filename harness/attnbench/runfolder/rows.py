@@ -64,6 +64,9 @@ class Measured:
     err_vs_uniform: float | None = None
     self_check: str = ""  # exact variants: "pass (max err ...)" against their own support_mask
     dropped_mass: float | None = None  # exact-pattern variants: exact attention mass outside their support
+    needle_pairs: int | None = None  # input `needles`: key -> value pairs planted, each queried later
+    needle_probes: int | None = None  # queries scored: batch * heads * pairs
+    needle_accuracy: float | None = None  # share of them whose output is nearest (cosine) to the planted value
     input_entropy: float | None = None  # of exact attention on this cell's inputs: 1 uniform, 0 one-hot
     input_band_mass: float | None = None  # share of exact attention within |i - j| <= 64
     input_sink_mass: float | None = None  # share of exact attention on the first key

@@ -1,0 +1,150 @@
+"""The needle input: pairs planted where they should be, exact attention retrieving every one, the metric's limits
+(uniform averaging retrieves none, a variant that only sees its window retrieves exactly the needles within it), and
+bad plans refused before any work."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+
+import pytest
+import torch
+from attnbench.inputs.catalogue import make_inputs, validate_input
+from attnbench.inputs.needles import needle_hits, plant_needles
+from attnbench.measure.metrics import needle_fields
+from attnbench.ops import padding_mask
+from attnbench.plan.config import ConfigError, parse_config
+from attnbench.registry import registry
+
+
+def needles(n: int = 256, pairs: int = 8, *, causal: bool = True, background: str = "realistic", **more):
+    params = {"pairs": pairs, "background": background}
+    options = dict(batch=2, heads=4, seq_len=n, head_dim=32, dtype=torch.float32, device=torch.device("cpu"), seed=3)
+    return make_inputs("needles", params, **{**options, "causal": causal, **more})
+
+
+def exact(inputs, causal: bool) -> torch.Tensor:
+    return registry.create("full")(inputs.q, inputs.k, inputs.v, causal=causal, key_padding_mask=inputs.key_padding_mask)
+
+
+@pytest.mark.parametrize("n, pairs", [(37, 9), (256, 8), (1000, 64)])  # awkward N; pairs > head_dim (32) too
+@pytest.mark.parametrize("causal", [True, False])
+def test_pairs_are_distinct_keys_before_their_queries_and_reproducible(n: int, pairs: int, causal: bool) -> None:
+    inputs = needles(n, pairs, causal=causal)
+    placed = inputs.needles
+    assert placed.key_positions.shape == placed.query_positions.shape == (2, pairs)
+    assert (placed.key_positions >= 1).all() and (placed.query_positions < n).all()  # position 0 keeps its sink
+    assert (placed.key_positions < placed.query_positions).all()
+    for b in range(2):
+        used = torch.cat([placed.key_positions[b], placed.query_positions[b]])
+        assert len(set(used.tolist())) == 2 * pairs
+    again = needles(n, pairs, causal=causal)
+    assert torch.equal(again.q, inputs.q) and torch.equal(again.needles.key_positions, placed.key_positions)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("background", ["realistic", "gaussian", "clustered"])
+def test_exact_attention_retrieves_every_needle_with_the_margin_it_was_planted_with(causal, background) -> None:
+    inputs = needles(512, 16, causal=causal, background=background)
+    assert needle_fields(exact(inputs, causal), inputs, causal=causal)["needle_accuracy"] == 1.0
+    # the margin holds: the planted key takes 1 / (1 + e^-8) of its query's mass, within the float32 rounding
+    q, k = inputs.q, inputs.k
+    b, p = 1, 5
+    t, key = int(inputs.needles.query_positions[b, p]), int(inputs.needles.key_positions[b, p])
+    logits = torch.einsum("hd,hnd->hn", q[b, :, t], k[b]) / math.sqrt(q.shape[-1])
+    if causal:
+        logits[:, t + 1 :] = -math.inf
+    mass = logits.softmax(-1)[:, key]
+    assert torch.allclose(mass, torch.full_like(mass, 1 / (1 + math.exp(-8))), atol=1e-3)
+
+
+def test_averaging_v_retrieves_nothing_and_a_window_exactly_the_needles_within_it() -> None:
+    inputs = needles(1024, 32)
+    counts = torch.arange(1, 1025, dtype=torch.float32)[:, None]
+    uniform = inputs.v.cumsum(dim=2) / counts  # causal averaging over the visible values
+    assert needle_fields(uniform, inputs, causal=True)["needle_accuracy"] < 0.05
+    window = 128
+    band = registry.create("band", window=window)(inputs.q, inputs.k, inputs.v, causal=True)
+    hits = needle_hits(band, inputs.v, inputs.needles, causal=True)  # (b, h, p)
+    within = (inputs.needles.query_positions - inputs.needles.key_positions) <= window  # (b, p)
+    assert torch.equal(hits, within[:, None, :].expand_as(hits))
+
+
+def test_padding_is_never_planted_on_and_never_a_candidate() -> None:
+    inputs = needles(256, 8, causal=False, padding=0.4)
+    real = (~padding_mask(2, 256, 0.4)).sum(dim=1)  # (b,)
+    assert (inputs.needles.query_positions < real[:, None]).all()
+    assert needle_fields(exact(inputs, False), inputs, causal=False)["needle_accuracy"] == 1.0
+
+
+def test_decode_places_every_query_among_the_steps() -> None:
+    inputs = needles(512 + 16, 16, queries_from=512)
+    assert (inputs.needles.query_positions >= 512).all()
+    steps = exact(inputs, True)[:, :, 512:]
+    assert needle_fields(steps, inputs, causal=True, first_position=512)["needle_accuracy"] == 1.0
+
+
+def test_a_value_width_of_its_own_keeps_the_planted_values() -> None:
+    inputs = needles(256, 8, value_dim=48)
+    assert inputs.v.shape[-1] == 48
+    assert needle_fields(exact(inputs, True), inputs, causal=True)["needle_accuracy"] == 1.0
+
+
+def test_other_inputs_have_no_recall_columns() -> None:
+    inputs = make_inputs("gaussian", {}, batch=1, heads=1, seq_len=8, head_dim=4, dtype=torch.float32,
+                         device=torch.device("cpu"), seed=0)  # fmt: skip
+    assert inputs.needles is None and needle_fields(inputs.v, inputs, causal=False) == {}
+
+
+def test_planting_leaves_the_callers_tensors_alone() -> None:
+    q, k, v = (torch.randn(1, 2, 64, 8) for _ in range(3))
+    before = [t.clone() for t in (q, k, v)]
+    plant_needles(q, k, v, torch.Generator().manual_seed(0), pairs=4, margin=8.0, causal=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))
+
+
+@pytest.mark.parametrize(
+    "params, said",
+    [
+        ({"pairs": 2.5}, "pairs must be a whole number"),
+        ({"pairs": 0}, "pairs must be a finite positive number"),
+        ({"margin": -1}, "margin must be a finite positive number"),
+        ({"background": "realistc"}, "Did you mean: realistic"),
+        ({"background": "captured"}, "background must be one of"),
+        ({"pair": 4}, "unknown parameter 'pair'"),
+    ],
+)
+def test_bad_needle_parameters_are_named(params: dict, said: str) -> None:
+    assert any(said in problem for problem in validate_input("needles", params))
+
+
+def config_text(extra: str, pairs: int = 16) -> str:
+    return (
+        'variants = ["full"]\nseq_lens = [32, 256]\ncausal = true\n'
+        f'{extra}\n[[inputs]]\nname = "needles"\npairs = {pairs}\n'
+    )
+
+
+@pytest.mark.parametrize(
+    "extra, pairs, said",
+    [
+        ("", 16, "pairs=16 needs N >= 64 (4 positions a pair), got N=32"),
+        ('mode = "decode"\ndecode_steps = 8', 4, "queries need as many decode steps (decode_steps=8)"),
+        ("kv_lens = [64]", 4, "leave kv_lens at 0"),
+    ],
+)
+def test_needles_that_do_not_fit_the_cells_are_refused_before_any_work(extra: str, pairs: int, said: str) -> None:
+    text = config_text(extra, pairs).replace("[32, 256]", "[32, 256]" if pairs == 16 else "[64, 256]")
+    if "decode" in extra:
+        text = text.replace("pairs = 4", "pairs = 12")
+    with pytest.raises(ConfigError) as raised:
+        parse_config(tomllib.loads(text))
+    assert any(said in problem for problem in raised.value.problems)
+
+
+def test_min_recall_needs_a_needles_input() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config(tomllib.loads('variants = ["full"]\nseq_lens = [64]\nmin_recall = 0.9\n'))
+    assert any("add [[inputs]] name = \"needles\"" in p for p in raised.value.problems)
+    fitting = config_text("min_recall = 0.9", 4).replace("[32, 256]", "[64]")
+    assert parse_config(tomllib.loads(fitting)).settings.min_recall == 0.9
