@@ -17,6 +17,7 @@ from attnbench.commands import (
     listing,
     model,
     presets,
+    recall,
     report,
     reproduce,
     run,
@@ -37,6 +38,7 @@ VERBS: dict[str, ModuleType] = {
     "calibrate": calibrate,
     "model": model,
     "reproduce": reproduce,
+    "recall": recall,
 }
 
 

@@ -20,7 +20,8 @@ MEANING: dict[Exit, tuple[str, ...]] = {  # what each status means, per command:
         "success",
     ),
     Exit.REGRESSION: (
-        "compare --fail-above: a regression; check: a check failed; reproduce: a claim does not hold here",
+        "compare --fail-above: a regression; check: a check failed; reproduce: a claim does not hold here;",
+        "recall: a training failed or a sanity check does not hold (the report says which)",
     ),
     Exit.USAGE: (
         "usage: a bad argument or config (every problem listed before any work), a file or folder that cannot",
@@ -32,7 +33,7 @@ MEANING: dict[Exit, tuple[str, ...]] = {  # what each status means, per command:
         "run, report: no cell ran ok (every cell failed, was unsupported or skipped; report: or"
         " none finished;",
         "run --dry-run: no cell would run);",
-        "model: no variant ran ok",
+        "model: no variant ran ok; recall: no training ran ok",
     ),
     Exit.INCONCLUSIVE: (
         "compare --fail-above: no regression found, but some cells were inconclusive (their"
@@ -42,7 +43,8 @@ MEANING: dict[Exit, tuple[str, ...]] = {  # what each status means, per command:
     Exit.INTERRUPTED: (
         "run: interrupted (Ctrl-C); finished cells are kept, the message gives the --resume command;",
         "reproduce: interrupted; the claims' run folders are kept, run it again to continue;",
-        "model: interrupted, model.csv keeps the variants finished",
+        "model: interrupted, model.csv keeps the variants finished;",
+        "recall: interrupted, trainings.csv keeps the trainings finished (--resume DIR continues)",
     ),
 }
 

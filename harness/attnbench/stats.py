@@ -134,3 +134,25 @@ def seed_of(key: str) -> int:
 def ratio_of_medians(a: list[float], b: list[float], seed: int = 0) -> Interval:
     """median(b) / median(a) with an interval from resampling each run's samples (two unpaired runs)."""
     return _bootstrap(lambda x, y: statistics.median(y) / statistics.median(x), [a, b], seed)
+
+
+# Student's t at 97.5% (two-sided 95%) by degrees of freedom; beyond the table the normal's 1.96 is within 2%
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
+
+
+def t_quantile(df: int) -> float:
+    """Student's t at 97.5% for `df` degrees of freedom (the table's nearest entry at or below it; 1.96 beyond 30)."""
+    if df > 30:
+        return 1.96
+    return T_975[max(k for k in T_975 if k <= df)]
+
+
+def mean_interval(values: list[float], low: float = -math.inf, high: float = math.inf) -> Interval:
+    """The mean of a few independent values (one per seed) with its 95% Student-t interval, clipped to [low, high]
+    (an accuracy stays within [0, 1]); one value has no interval (NaN ends)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return Interval(mean, math.nan, math.nan)
+    half = t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return Interval(mean, max(low, mean - half), min(high, mean + half))

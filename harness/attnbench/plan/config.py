@@ -133,10 +133,10 @@ class SweepConfig:
             f"# {self.name}" + (f" with {overrides_text(self.overrides)}" if self.overrides else "") + ", resolved"
         ]
         tables = {key: values.pop(key) for key in ("inputs", "variants")}
-        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
+        lines += [f"{key} = {toml_value(value)}" for key, value in values.items() if value is not None]
         for key, entries in tables.items():
             for entry in entries:
-                lines += ["", f"[[{key}]]"] + [f"{k} = {_toml_value(v)}" for k, v in entry.items() if v is not None]
+                lines += ["", f"[[{key}]]"] + [f"{k} = {toml_value(v)}" for k, v in entry.items() if v is not None]
         return "\n".join(lines) + "\n"
 
 
@@ -151,17 +151,19 @@ def suggest(value: Any, known: Sequence[str], aliases: dict[str, str] | None = N
 
 def overrides_text(overrides: dict[str, Any]) -> str:
     """'seq_lens = [512], causal = [true]': what the command line changed, in the config's own words."""
-    return ", ".join(f"{key} = {_toml_value(value)}" for key, value in overrides.items())
+    return ", ".join(f"{key} = {toml_value(value)}" for key, value in overrides.items())
 
 
-def _toml_value(value: Any) -> str:
-    """A TOML literal for a value of a config (strings, numbers, booleans and lists of them)."""
+def toml_value(value: Any) -> str:
+    """A TOML literal for a value of a config (strings, numbers, booleans, lists and tables of them)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value) if value == value and abs(value) != float("inf") else ("nan" if value != value else "inf")
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return json.dumps(str(value), ensure_ascii=False)
 
 
@@ -266,7 +268,7 @@ def parse_config(
             problems += [f"inputs[{index}]: {p}" for p in validate_input(item["name"], params)]
             config.axes["input"].append(InputSpec(item["name"], tuple(sorted(params.items()))))
 
-    config.axes["variant"], variant_problems = _parse_variants(raw.get("variants"), registry, at("variants"))
+    config.axes["variant"], variant_problems = parse_variants(raw.get("variants"), registry, at("variants"))
     problems += variant_problems
     compiled = list(dict.fromkeys(config.axes["compiled"]))
     labels = [compiled_label(spec.label(), c) for spec in config.axes["variant"] for c in compiled]
@@ -362,7 +364,7 @@ def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
     return problems + budget_problems(s.max_error, s.min_speedup, at, s.min_recall)
 
 
-def _parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tuple[list[VariantSpec], list[str]]:
+def parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tuple[list[VariantSpec], list[str]]:
     """`variants` is a list of names, or a table name -> {hyperparameter: value or list of values}. `where` is
     how problems name it: `variants` (a problem then names `variants.NAME`) or the flag that set it."""
     if raw is None:

@@ -423,6 +423,7 @@ def plot_error(
     return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
 
 
+@_themed
 def plot_recall(
     cells: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style], xlabel: str = N_LABEL
 ) -> Path:

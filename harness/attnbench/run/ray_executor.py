@@ -130,6 +130,32 @@ def _import_ray():
     return ray
 
 
+def join_ray(ray: Any, address: str | None, say: Callable[[str], None]) -> tuple[bool, str | None]:
+    """Start a local Ray runtime (all this machine's cores; `address` None) or join the cluster at `address`, unless
+    this process is in one already: (whether it was started or joined here, its dashboard URL if known)."""
+    if ray.is_initialized():
+        return False, None
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    if address is None:
+        from attnbench.measure.machine import usable_cores
+
+        # "local": a runtime of our own even where RAY_ADDRESS or a `ray start` cluster could be found;
+        # a task its runtime kills for memory is retried as often as any other (Ray's default: forever)
+        os.environ.setdefault("RAY_task_oom_retries", str(RETRIES))
+        options.update(address="local", num_cpus=usable_cores())
+        say(f"starting a local Ray runtime ({options['num_cpus']} CPUs)…")
+    else:
+        reachable_or_raise(address)
+        options["address"] = address
+        say(f"joining the Ray cluster at {address}…")
+    try:
+        return True, ray.init(**options).dashboard_url
+    except Exception as error:  # an unreachable address, a refused token, a broken installation
+        text = " ".join(str(error).split())
+        hint = f"; if {AUTH_HINT}" if address is not None else ""
+        raise RayUnavailable(f"could not start or join Ray ({type(error).__name__}: {text}){hint}") from None
+
+
 class RayExecutor:
     """Groups as Ray tasks: CPU groups one per node (all its cores), CUDA groups one per GPU."""
 
@@ -143,28 +169,7 @@ class RayExecutor:
     ) -> None:
         ray = _import_ray()
         self.ray, self.settings, self.isolate, self.say = ray, settings, isolate, say
-        self.started_here = not ray.is_initialized()
-        dashboard = None  # known when this run starts or joins the runtime (ray.init's answer)
-        if self.started_here:
-            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-            if address is None:
-                from attnbench.measure.machine import usable_cores
-
-                # "local": a runtime of our own even where RAY_ADDRESS or a `ray start` cluster could be found;
-                # a task its runtime kills for memory is retried as often as any other (Ray's default: forever)
-                os.environ.setdefault("RAY_task_oom_retries", str(RETRIES))
-                options.update(address="local", num_cpus=usable_cores())
-                say(f"starting a local Ray runtime ({options['num_cpus']} CPUs)…")
-            else:
-                reachable_or_raise(address)
-                options["address"] = address
-                say(f"joining the Ray cluster at {address}…")
-            try:
-                dashboard = ray.init(**options).dashboard_url
-            except Exception as error:  # an unreachable address, a refused token, a broken installation
-                text = " ".join(str(error).split())
-                hint = f"; if {AUTH_HINT}" if address is not None else ""
-                raise RayUnavailable(f"could not start or join Ray ({type(error).__name__}: {text}){hint}") from None
+        self.started_here, dashboard = join_ray(ray, address, say)
         self.in_flight: dict[Any, tuple[Group, Any]] = {}
         try:
             self.meta = self._joined(address, dashboard)

@@ -48,25 +48,32 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, default=str))
 
 
+def take_lock(path: Path) -> Any:
+    """The folder's `.lock`, flocked and naming its holder (the open file: closing it releases the lock); RunFolderBusy
+    when another process holds it. Every writer of a folder takes it first."""
+    path.mkdir(parents=True, exist_ok=True)
+    lock = (path / ".lock").open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _lock_holder(lock)
+        lock.close()
+        raise RunFolderBusy(
+            f"{path} is being written by {holder}; one writer per run folder (wait for it, or stop it first)"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"process {os.getpid()} on {os.uname().nodename}")
+    lock.flush()
+    return lock
+
+
 class RunFolder:
     """The only writer of one run folder, while it holds the folder's lock."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.mkdir(parents=True, exist_ok=True)
-        self._lock = (path / ".lock").open("a+")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _lock_holder(self._lock)
-            self._lock.close()
-            raise RunFolderBusy(
-                f"{path} is being written by {holder}; one writer per run folder (wait for it, or stop it first)"
-            ) from None
-        self._lock.seek(0)
-        self._lock.truncate()
-        self._lock.write(f"process {os.getpid()} on {os.uname().nodename}")
-        self._lock.flush()
+        self._lock = take_lock(path)
         self._results: ResultsWriter | None = None  # both tables opened at the first append: meta.json comes first
         self._samples_file: Any = None
 

@@ -1,0 +1,218 @@
+"""`attnbench recall`: train Zoology's MQAR on tiny models with each variant as the sequence mixer, on this machine's
+CPU (or on Ray), and report accuracy by N, pairs and state with intervals over seeds.
+
+The grid is checked whole before any training; each training is appended to results/<id>/trainings.csv as it
+ends, so `--resume DIR` (after a kill, or to add seeds) trains only what has no row yet; the report is rewritten at
+the end (`--report DIR` rewrites it alone, e.g. with another `--min-recall`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from attnbench.commands.terminal import terminal_width
+from attnbench.exit_status import Exit
+
+GRID_FILE = "grid.toml"  # the grid as resolved, in its folder: what --resume trains
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """The `recall` verb: a grid (shipped or a file), overrides, where and how to train."""
+    from attnbench.recall.grid import DEFAULT_GRID, grid_names
+
+    recall = subparsers.add_parser(
+        "recall",
+        help="train multi-query associative recall (MQAR) with each variant as the mixer; accuracy by N and pairs",
+        description="Train Zoology's MQAR task on 2-layer models (a short convolution and the variant as the "
+        "sequence mixer) on CPU, for every variant × N × pairs × seed of a grid, and report test accuracy with a 95%% "
+        "interval over seeds, training time, and accuracy against the state each mixer keeps. Exit 0 when every "
+        "training ran and the sanity checks hold, 1 when a training failed or a check does not hold, 2 for a bad "
+        "grid or flag.",
+        epilog=f"grids: {', '.join(grid_names())} (configs/recall/); the default {DEFAULT_GRID} takes about 12 "
+        "minutes on 2 cores",
+    )
+    recall.add_argument("grid", nargs="?", default=None, help=f"a shipped grid or a TOML file (default: {DEFAULT_GRID})")
+    recall.add_argument("--variants", help="comma-separated mixers replacing the grid's, e.g. 'full,linear,blind'")
+    recall.add_argument("--seq-lens", help="comma-separated N replacing the grid's, e.g. 64,256")
+    recall.add_argument("--pairs", help="comma-separated numbers of key-value pairs, e.g. 4,16,64")
+    recall.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
+    recall.add_argument("--jobs", type=int, default=2, help="trainings at once on this machine, each in its own "
+                        "process of `threads` threads (default 2)")  # fmt: skip
+    recall.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="local: worker processes here; ray: each training a Ray task")  # fmt: skip
+    recall.add_argument("--address", help="with --executor ray: a cluster's address (default: a local runtime)")
+    recall.add_argument("--min-recall", type=float, default=None, metavar="R",
+                        help="the verdict's bar: mean accuracy at least R at every number of pairs (default 0.9)")  # fmt: skip
+    recall.add_argument("--out", type=Path, default=Path("results"), help="where the grid's folder goes (results/)")
+    recall.add_argument("--resume", type=Path, metavar="DIR", help="continue the grid in DIR: train what has no row")
+    recall.add_argument("--report", type=Path, metavar="DIR", help="only rewrite DIR's report (no training)")
+    recall.add_argument("--dry-run", action="store_true", help="list the trainings and stop")
+    recall.add_argument("--list", action="store_true", help="list the shipped grids")
+
+
+def _names(text: str | None, kind: type) -> list | None:
+    if text is None:
+        return None
+    try:
+        return [kind(item.strip()) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+
+def main(args: argparse.Namespace) -> int:
+    from attnbench.plan.config import ConfigError
+    from attnbench.recall.grid import DEFAULT_GRID, grid_descriptions, read_grid, training_key
+    from attnbench.report.mqar import DEFAULT_MIN_RECALL
+    from attnbench.report.text import aligned_table
+
+    if args.list:
+        rows = [[name, time_, text] for name, (text, time_) in grid_descriptions().items()]
+        print(aligned_table(["grid", "run time measured on 2 cores", "what it trains"], rows, width=terminal_width(),
+                            cuttable=(2,)))  # fmt: skip
+        return Exit.OK
+    min_recall = DEFAULT_MIN_RECALL if args.min_recall is None else args.min_recall
+    problems = [] if 0 < min_recall <= 1 else [f"--min-recall: must be a share in (0, 1], got {min_recall!r}"]
+    problems += [] if args.jobs >= 1 else [f"--jobs: must be >= 1, got {args.jobs}"]
+    if args.address and args.executor != "ray":
+        problems.append("--address names a Ray cluster: use it with --executor ray")
+    if problems:
+        print("\n".join(f"attnbench: {p}" for p in problems), file=sys.stderr)
+        return Exit.USAGE
+    if args.report is not None:
+        return _report_only(args.report, min_recall)
+    folder, grid_source = None, args.grid or DEFAULT_GRID
+    if args.resume is not None:
+        if args.grid is not None:
+            print("attnbench: --resume continues DIR's own grid (DIR/grid.toml): give no grid with it", file=sys.stderr)
+            return Exit.USAGE
+        if not (args.resume / GRID_FILE).is_file():
+            print(f"attnbench: {args.resume} is not an MQAR grid folder (no {GRID_FILE})", file=sys.stderr)
+            return Exit.USAGE
+        folder, grid_source = args.resume, str(args.resume / GRID_FILE)
+    try:
+        overrides = dict(
+            variants=_names(args.variants, str), seq_lens=_names(args.seq_lens, int), pairs=_names(args.pairs, int),
+            seeds=_names(args.seeds, int),
+        )  # fmt: skip
+        grid = read_grid(grid_source, **overrides)
+    except ValueError as error:  # ConfigError lists every problem
+        print(str(error) if isinstance(error, ConfigError) else f"attnbench: {error}", file=sys.stderr)
+        return Exit.USAGE
+    specs = grid.specs()
+    if args.dry_run:
+        for spec in specs:
+            print(f"{spec.variant}{dict(spec.params) or ''} N={spec.seq_len} pairs={spec.pairs} seed={spec.seed}")
+        for why in grid.left_out:
+            print(f"left out: {why}")
+        print(f"total: {len(specs)} trainings")
+        return Exit.OK
+    return _train(args, grid, specs, folder, min_recall, training_key)
+
+
+def _train(args: argparse.Namespace, grid, specs: list, folder: Path | None, min_recall: float, key_of) -> int:
+    from attnbench.plan.cells import spec_label
+    from attnbench.recall.execute import outcomes, row_of
+    from attnbench.run.ray_executor import RayUnavailable
+    from attnbench.report.mqar import sanity, terminal_summary, write_mqar_report
+    from attnbench.runfolder.folder import RunFolderBusy, new_run_dir
+    from attnbench.runfolder.trainings import TrainingsFolder, read_trainings
+
+    folder = folder or new_run_dir(args.out, f"mqar-{grid.name}")
+    try:
+        writer = TrainingsFolder(folder)
+    except RunFolderBusy as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return Exit.USAGE
+    with writer:
+        done = set(read_trainings(folder).query("status == 'ok'").key) if (folder / "trainings.csv").exists() else set()
+        todo = [spec for spec in specs if key_of(spec) not in done]
+        meta = _meta(args, grid, folder)
+        writer.write_meta(meta)
+        writer.write_text(GRID_FILE, _grid_toml(grid))
+        say = lambda text: print(f"attnbench: {text}", file=sys.stderr)  # noqa: E731
+        say(f"{len(todo)} trainings to run ({len(specs) - len(todo)} done already) -> {folder}/")
+        start, finished = time.monotonic(), 0
+        try:
+            for outcome in outcomes(todo, jobs=args.jobs, executor=args.executor, address=args.address, say=say):
+                writer.append(row_of(outcome))
+                finished += 1
+                spec = outcome.spec
+                what = f"{spec_label(spec.variant, spec.params)} N={spec.seq_len} P={spec.pairs} seed={spec.seed}"
+                result = f"{outcome.result.accuracy:.1%} in {outcome.result.train_seconds:.1f} s" if outcome.result else (
+                    f"FAILED: {outcome.reason}")  # fmt: skip
+                say(f"[{finished}/{len(todo)}, {time.monotonic() - start:.0f} s] {what}: {result}")
+        except KeyboardInterrupt:
+            say(f"interrupted: {finished} trainings kept in {folder}/trainings.csv; continue with: "
+                f"attnbench recall --resume {folder}")  # fmt: skip
+            return Exit.INTERRUPTED
+        except RayUnavailable as error:
+            say(str(error))
+            return Exit.USAGE
+        writer.write_meta({**meta, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                           "seconds": round(time.monotonic() - start, 1)})  # fmt: skip
+    trainings = read_trainings(folder)
+    report = write_mqar_report(folder, trainings, {**meta, "finished": True}, min_recall)
+    print(terminal_summary(trainings, min_recall, terminal_width()))
+    checks = sanity(trainings, dict(grid.training).get("vocab", 256))
+    for check in checks:
+        print(f"sanity: {check.what}: {'holds' if check.holds else 'FAILS' if check.holds is False else 'not checked'}"
+              f" ({check.figures})")  # fmt: skip
+    say(f"{len(trainings)} trainings in {folder}/ (trainings.csv, report.md, plots/); report: {report}")
+    if not (trainings.status == "ok").any():
+        return Exit.NOTHING_RAN
+    failed = (trainings.status != "ok").any() or any(check.holds is False for check in checks)
+    return Exit.REGRESSION if failed else Exit.OK
+
+
+def _meta(args: argparse.Namespace, grid, folder: Path) -> dict:
+    import platform
+    import socket
+
+    import torch
+
+    from attnbench import __version__
+
+    return {
+        "command": ["attnbench", *sys.argv[1:]] if sys.argv[0].endswith("attnbench") else ["attnbench", "recall"],
+        "grid": {"name": grid.name, **dict(grid.training)},
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "attnbench": __version__,
+        "executor": args.executor,
+        "jobs": args.jobs,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def _grid_toml(grid) -> str:
+    """The grid as resolved, as TOML: what --resume reads back (overrides applied, no shipped file needed)."""
+    from attnbench.plan.config import toml_value
+
+    values = {
+        "name": grid.name, "seq_lens": list(grid.seq_lens), "pairs": list(grid.pairs), "seeds": list(grid.seeds),
+        **dict(grid.training),
+        "variants": [{"name": v.name, **dict(v.params)} for v in grid.variants],
+    }  # fmt: skip
+    return "\n".join(f"{key} = {toml_value(value)}" for key, value in values.items()) + "\n"
+
+
+def _report_only(folder: Path, min_recall: float) -> int:
+    from attnbench.report.mqar import terminal_summary, write_mqar_report
+    from attnbench.runfolder.meta import read_meta
+    from attnbench.runfolder.results import RunFolderUnreadable
+    from attnbench.runfolder.trainings import read_trainings
+
+    try:
+        trainings = read_trainings(folder)
+    except RunFolderUnreadable as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return Exit.USAGE
+    meta = read_meta(folder) if (folder / "meta.json").is_file() else {}
+    report = write_mqar_report(folder, trainings, meta, min_recall)
+    print(terminal_summary(trainings, min_recall, terminal_width()))
+    print(f"attnbench: report: {report}", file=sys.stderr)
+    return Exit.OK

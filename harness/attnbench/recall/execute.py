@@ -1,0 +1,135 @@
+"""Run a grid's trainings and hand each one's row to the writer as it ends: in this process, in `jobs` worker
+processes on this machine, or as Ray tasks (one training each, `threads` CPUs each) on a local runtime or a cluster.
+
+A training that raises is its own `error` row and the grid goes on; a worker process that dies (a segfault, the
+OOM killer) costs the trainings it held, recorded `error` with that reason. The caller writes the rows, so a kill
+loses only the trainings in flight, and a resume trains what has no row yet.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import json
+import multiprocessing
+import socket
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from attnbench.plan.cells import spec_label
+from attnbench.recall.grid import training_key
+from attnbench.recall.train import TrainResult, TrainSpec, train_mqar
+from attnbench.runfolder.trainings import TrainingRow
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One training's end: its result, or why it has none."""
+
+    spec: TrainSpec
+    result: TrainResult | None
+    reason: str = ""
+    node: str = ""
+
+
+def train_safely(spec: TrainSpec) -> Outcome:
+    """`train_mqar`, its exception turned into the training's reason (what a worker returns)."""
+    try:
+        return Outcome(spec, train_mqar(spec))
+    except Exception as error:
+        return Outcome(spec, None, f"{type(error).__name__}: {error}")
+
+
+def row_of(outcome: Outcome) -> TrainingRow:
+    """The trainings.csv row of one outcome."""
+    spec, result = outcome.spec, outcome.result
+    base = dict(
+        key=training_key(spec),
+        label=spec_label(spec.variant, spec.params),
+        variant=spec.variant,
+        hparams=json.dumps(dict(spec.params), sort_keys=True),
+        seq_len=spec.seq_len,
+        pairs=spec.pairs,
+        seed=spec.seed,
+        d_model=spec.d_model,
+        host=socket.gethostname() if not outcome.node else "",
+        node=outcome.node,
+        threads=spec.threads,
+    )
+    if result is None:
+        return TrainingRow(**base, status="error", reason=outcome.reason)
+    return TrainingRow(
+        **base,
+        accuracy=result.accuracy,
+        queries=result.queries,
+        train_accuracy=result.train_accuracy,
+        train_seconds=result.train_seconds,
+        steps=result.steps,
+        final_loss=result.final_loss,
+        parameters=result.parameters,
+        state_bytes=result.state_bytes,
+    )
+
+
+def in_process(specs: list[TrainSpec]) -> Iterator[Outcome]:
+    for spec in specs:
+        yield train_safely(spec)
+
+
+def in_workers(specs: list[TrainSpec], jobs: int) -> Iterator[Outcome]:
+    """`jobs` worker processes (spawned: a fresh torch each), the outcomes in the order they end."""
+    context = multiprocessing.get_context("spawn")
+    pool = futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+    try:
+        pending = {pool.submit(train_safely, spec): spec for spec in specs}
+        for done in futures.as_completed(pending):
+            try:
+                yield done.result()
+            except futures.process.BrokenProcessPool as error:  # a worker died: what it held cannot be told apart
+                yield Outcome(pending[done], None, f"its worker process died ({error})")
+            except Exception as error:
+                yield Outcome(pending[done], None, f"{type(error).__name__}: {error}")
+    finally:  # stopped early (Ctrl-C, the writer failed): the trainings in flight are dropped, not waited for
+        processes = list((pool._processes or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+
+
+def train_on_node(spec: TrainSpec) -> Outcome:
+    """A Ray task: one training on the node Ray chose, naming it."""
+    import ray
+
+    outcome = train_safely(spec)
+    return Outcome(outcome.spec, outcome.result, outcome.reason, node=ray.get_runtime_context().get_node_id()[:8])
+
+
+def on_ray(specs: list[TrainSpec], address: str | None, say: Callable[[str], None]) -> Iterator[Outcome]:
+    """Each training a Ray task asking for its `threads` CPUs; a local runtime started here is stopped at the end."""
+    from attnbench.run.ray_executor import RETRIES, _import_ray, join_ray
+
+    ray = _import_ray()
+    started, _ = join_ray(ray, address, say)
+    try:
+        remote = ray.remote(max_retries=RETRIES, retry_exceptions=False)(train_on_node)
+        pending = {remote.options(num_cpus=spec.threads).remote(spec): spec for spec in specs}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            spec = pending.pop(ready[0])
+            try:
+                yield ray.get(ready[0])
+            except Exception as error:  # the task's worker died twice, its node was lost
+                yield Outcome(spec, None, f"its Ray task failed ({type(error).__name__}: {' '.join(str(error).split())[:300]})")
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def outcomes(
+    specs: list[TrainSpec], *, jobs: int, executor: str, address: str | None, say: Callable[[str], None]
+) -> Iterator[Outcome]:
+    """The trainings' outcomes as they end, from the executor asked for."""
+    if executor == "ray":
+        return on_ray(specs, address, say)
+    if jobs <= 1 or len(specs) <= 1:
+        return in_process(specs)
+    return in_workers(specs, jobs)
