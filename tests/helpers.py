@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from attnbench.plan.config import parse_config
+from attnbench.plan.config import parse_config, toml_value
 from attnbench.registry import GROUP
 from attnbench.runfolder.results import ResultsWriter
 from attnbench.runfolder.rows import row_for
@@ -108,14 +108,6 @@ def tiny(**overrides: Any) -> dict[str, Any]:
     """The smallest config that measures something (full at N=16, one head of 8), with `overrides` (the one
     tiny-config builder of the tests: as a dict for `parse_config`, as a file with `write_tiny`)."""
     return {**TINY, **overrides}
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return json.dumps(value)  # strings, numbers and booleans are written alike in JSON and TOML
 
 
 def write_tiny(path: Path, text: str = "", **overrides: Any) -> Path:

@@ -203,6 +203,14 @@ def test_beats_at_equal_budget(mine: float, verdict: str) -> None:
 def test_every_claim_is_well_formed(claim, quick: bool) -> None:
     """Its config parses, its check exists, and every label its check compares is a label its sweep makes."""
     assert claim.check in CHECKS
+    if claim.grid:  # an MQAR grid: it parses, and the labels its check compares are among its mixers
+        from attnbench.recall.grid import parse_grid
+
+        grid = parse_grid(claim.grid_config(quick), source=claim.id)
+        assert grid.specs() and not grid.left_out
+        labels = {variant.label() for variant in grid.variants}
+        assert {claim.params["baseline"], *claim.params["labels"]} <= labels
+        return
     if not claim.sweep:
         assert claim.check == "not_transferable" and claim.params["why"]
         return
@@ -260,3 +268,41 @@ def test_an_interval_of_too_few_rounds_overtakes_nothing() -> None:
     outcome = CHECKS["overtakes_at_long_n"](crossing([0.3, 0.6, 1.2, 2.0, 4.0], [0.4, 0.9, 1.5, 3.0, 5.0], 0.75),
                                             CROSSOVER)  # fmt: skip
     assert outcome.verdict == FAILS and "never faster beyond noise" in outcome.detail
+
+
+# ---- attention_recalls_others_fall_behind -----------------------------------------------------------------------------
+
+MQAR = {"baseline": "full", "labels": ["linear", "gla"], "solved": 0.99}
+
+
+def trainings(accuracies: dict[str, dict[tuple[int, int], float]]) -> pd.DataFrame:
+    """Three seeds per (label, N, pairs), each at the given accuracy."""
+    return frame([{"label": label, "seq_len": n, "pairs": p, "seed": seed, "status": "ok", "reason": "",
+                   "accuracy": accuracy} for label, table in accuracies.items() for (n, p), accuracy in table.items()
+                  for seed in range(3)])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "full, linear, verdict",
+    [
+        (1.0, (0.9, 0.3), HOLDS),
+        (0.95, (0.9, 0.3), TREND),  # every other falls behind, but attention misses the bar somewhere
+        (1.0, (0.9, 0.85), FAILS),  # linear does not fall behind
+    ],
+)
+def test_attention_recalls_where_others_fall_behind(full: float, linear: tuple, verdict: str) -> None:
+    points = [(64, 4), (64, 64), (256, 4), (256, 64)]
+    table = {
+        "full": {point: 1.0 for point in points} | {(256, 64): full},
+        "linear": {(64, 4): 1.0, (64, 64): 0.5, (256, 4): linear[0], (256, 64): linear[1]},
+        "gla": {(64, 4): 1.0, (64, 64): 0.6, (256, 4): 0.95, (256, 64): 0.2},
+    }
+    outcome = CHECKS["attention_recalls_others_fall_behind"](trainings(table), MQAR)
+    assert outcome.verdict == verdict, outcome
+    assert "at N=256, 4 → 64 pairs" in outcome.ours
+
+
+def test_a_failed_training_makes_the_mqar_claim_unrunnable() -> None:
+    rows = trainings({"full": {(64, 4): 1.0}, "linear": {(64, 4): 1.0}, "gla": {(64, 4): 1.0}})
+    rows.loc[0, ["status", "reason"]] = ["error", "boom"]
+    assert CHECKS["attention_recalls_others_fall_behind"](rows, MQAR).verdict == CANNOT

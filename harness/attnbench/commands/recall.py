@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from attnbench.commands.terminal import terminal_width
 from attnbench.exit_status import Exit
-
-GRID_FILE = "grid.toml"  # the grid as resolved, in its folder: what --resume trains
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -64,7 +61,8 @@ def _names(text: str | None, kind: type) -> list | None:
 
 def main(args: argparse.Namespace) -> int:
     from attnbench.plan.config import ConfigError
-    from attnbench.recall.grid import DEFAULT_GRID, grid_descriptions, read_grid, training_key
+    from attnbench.recall.grid import DEFAULT_GRID, grid_descriptions, read_grid
+    from attnbench.recall.run import GRID_FILE
     from attnbench.report.mqar import DEFAULT_MIN_RECALL
     from attnbench.report.text import aligned_table
 
@@ -109,95 +107,40 @@ def main(args: argparse.Namespace) -> int:
             print(f"left out: {why}")
         print(f"total: {len(specs)} trainings")
         return Exit.OK
-    return _train(args, grid, specs, folder, min_recall, training_key)
+    return _train(args, grid, folder, min_recall)
 
 
-def _train(args: argparse.Namespace, grid, specs: list, folder: Path | None, min_recall: float, key_of) -> int:
-    from attnbench.plan.cells import spec_label
-    from attnbench.recall.execute import outcomes, row_of
-    from attnbench.run.ray_executor import RayUnavailable
+def _train(args: argparse.Namespace, grid, folder: Path | None, min_recall: float) -> int:
+    from attnbench.recall.run import train_grid
     from attnbench.report.mqar import sanity, terminal_summary, write_mqar_report
+    from attnbench.run.ray_executor import RayUnavailable
     from attnbench.runfolder.folder import RunFolderBusy, new_run_dir
-    from attnbench.runfolder.trainings import TrainingsFolder, read_trainings
+    from attnbench.runfolder.trainings import read_trainings
 
     folder = folder or new_run_dir(args.out, f"mqar-{grid.name}")
     try:
-        writer = TrainingsFolder(folder)
-    except RunFolderBusy as error:
+        meta = train_grid(grid, folder, jobs=args.jobs, executor=args.executor, address=args.address,
+                          command=args.command_line)  # fmt: skip
+    except (RunFolderBusy, RayUnavailable) as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
-    with writer:
-        done = set(read_trainings(folder).query("status == 'ok'").key) if (folder / "trainings.csv").exists() else set()
-        todo = [spec for spec in specs if key_of(spec) not in done]
-        meta = _meta(args, grid, folder)
-        writer.write_meta(meta)
-        writer.write_text(GRID_FILE, _grid_toml(grid))
-        say = lambda text: print(f"attnbench: {text}", file=sys.stderr)  # noqa: E731
-        say(f"{len(todo)} trainings to run ({len(specs) - len(todo)} done already) -> {folder}/")
-        start, finished = time.monotonic(), 0
-        try:
-            for outcome in outcomes(todo, jobs=args.jobs, executor=args.executor, address=args.address, say=say):
-                writer.append(row_of(outcome))
-                finished += 1
-                spec = outcome.spec
-                what = f"{spec_label(spec.variant, spec.params)} N={spec.seq_len} P={spec.pairs} seed={spec.seed}"
-                result = f"{outcome.result.accuracy:.1%} in {outcome.result.train_seconds:.1f} s" if outcome.result else (
-                    f"FAILED: {outcome.reason}")  # fmt: skip
-                say(f"[{finished}/{len(todo)}, {time.monotonic() - start:.0f} s] {what}: {result}")
-        except KeyboardInterrupt:
-            say(f"interrupted: {finished} trainings kept in {folder}/trainings.csv; continue with: "
-                f"attnbench recall --resume {folder}")  # fmt: skip
-            return Exit.INTERRUPTED
-        except RayUnavailable as error:
-            say(str(error))
-            return Exit.USAGE
-        writer.write_meta({**meta, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                           "seconds": round(time.monotonic() - start, 1)})  # fmt: skip
+    except KeyboardInterrupt:
+        print(f"attnbench: interrupted: the finished trainings are kept in {folder}/trainings.csv; continue with: "
+              f"attnbench recall --resume {folder}", file=sys.stderr)  # fmt: skip
+        return Exit.INTERRUPTED
     trainings = read_trainings(folder)
-    report = write_mqar_report(folder, trainings, {**meta, "finished": True}, min_recall)
+    report = write_mqar_report(folder, trainings, meta, min_recall)
     print(terminal_summary(trainings, min_recall, terminal_width()))
     checks = sanity(trainings, dict(grid.training).get("vocab", 256))
     for check in checks:
-        print(f"sanity: {check.what}: {'holds' if check.holds else 'FAILS' if check.holds is False else 'not checked'}"
-              f" ({check.figures})")  # fmt: skip
-    say(f"{len(trainings)} trainings in {folder}/ (trainings.csv, report.md, plots/); report: {report}")
+        outcome = {True: "holds", False: "FAILS", None: "not checked"}[check.holds]
+        print(f"sanity: {check.what}: {outcome} ({check.figures})")
+    print(f"attnbench: {len(trainings)} trainings in {folder}/ (trainings.csv, report.md, plots/); report: {report}",
+          file=sys.stderr)  # fmt: skip
     if not (trainings.status == "ok").any():
         return Exit.NOTHING_RAN
     failed = (trainings.status != "ok").any() or any(check.holds is False for check in checks)
     return Exit.REGRESSION if failed else Exit.OK
-
-
-def _meta(args: argparse.Namespace, grid, folder: Path) -> dict:
-    import platform
-    import socket
-
-    import torch
-
-    from attnbench import __version__
-
-    return {
-        "command": ["attnbench", *sys.argv[1:]] if sys.argv[0].endswith("attnbench") else ["attnbench", "recall"],
-        "grid": {"name": grid.name, **dict(grid.training)},
-        "host": socket.gethostname(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "attnbench": __version__,
-        "executor": args.executor,
-        "jobs": args.jobs,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
-
-
-def _grid_toml(grid) -> str:
-    """The grid as resolved, as TOML: what --resume reads back (overrides applied, no shipped file needed)."""
-    from attnbench.plan.config import toml_value
-
-    values = {
-        "name": grid.name, "seq_lens": list(grid.seq_lens), "pairs": list(grid.pairs), "seeds": list(grid.seeds),
-        **dict(grid.training),
-        "variants": [{"name": v.name, **dict(v.params)} for v in grid.variants],
-    }  # fmt: skip
-    return "\n".join(f"{key} = {toml_value(value)}" for key, value in values.items()) + "\n"
 
 
 def _report_only(folder: Path, min_recall: float) -> int:

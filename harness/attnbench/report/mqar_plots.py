@@ -7,32 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-import seaborn as sns
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from attnbench.report.plots import (
-    FIGURE_WIDTH,
-    PANEL_HEIGHT,
-    Style,
-    _by_label,
-    _finish,
-    _key,
-    _present,
-    _themed,
-)
+from attnbench.report.plots import Style, themed, facets, finish_facets
 
 ACCURACY_LABEL = "MQAR accuracy, % (↑ better)"
 
 
 def _accuracy_facets(summary: pd.DataFrame, x: str, facet: str, facet_words: str, style: dict[str, Style]):
     """A panel per value of `facet`, each a line per label of mean accuracy against `x` with its interval bars."""
-    labels = _present(summary, style)
     data = summary.assign(percent=100 * summary.mean_accuracy)
-    grid = sns.relplot(
-        data=data, kind="line", x=x, y="percent", row=facet, **_by_label(style, labels), markersize=7, legend=False,
-        height=PANEL_HEIGHT, aspect=FIGURE_WIDTH / PANEL_HEIGHT, facet_kws={"sharey": True, "sharex": True, "despine": False},
-    )  # fmt: skip
-    grid.set_titles(row_template=facet_words)
+    grid, labels = facets(data, x, "percent", facet, facet_words, style)
     for (value,), ax in zip([(v,) for v in grid.row_names], grid.axes.flat):
         panel = data[data[facet] == value]
         for label in labels:
@@ -50,7 +35,7 @@ def _accuracy_facets(summary: pd.DataFrame, x: str, facet: str, facet_words: str
     return grid, labels
 
 
-@_themed
+@themed
 def plot_accuracy_versus(
     summary: pd.DataFrame, x: str, title: str, subtitle: str, path: Path, style: dict[str, Style]
 ) -> Path:
@@ -63,12 +48,10 @@ def plot_accuracy_versus(
     grid, labels = _accuracy_facets(summary, x, facet, words, style)
     for ax in grid.axes.flat:
         ax.set_xlabel(xlabel)
-    fig = grid.figure
-    fig.set_size_inches(FIGURE_WIDTH, PANEL_HEIGHT * len(grid.axes.flat))
-    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+    return finish_facets(grid, title, subtitle, path, style, labels)
 
 
-@_themed
+@themed
 def plot_accuracy_versus_state(
     summary: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]
 ) -> Path:
@@ -80,6 +63,4 @@ def plot_accuracy_versus_state(
         ax.xaxis.set_major_locator(FixedLocator(sorted({2**k for k in range(0, 40)})))
         ax.set_xlim(data.state_kib.min() / 1.5, data.state_kib.max() * 1.5)
         ax.set_xlabel("state kept to decode, KiB (log)")
-    fig = grid.figure
-    fig.set_size_inches(FIGURE_WIDTH, PANEL_HEIGHT * len(grid.axes.flat))
-    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+    return finish_facets(grid, title, subtitle, path, style, labels)

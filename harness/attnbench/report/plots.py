@@ -103,7 +103,7 @@ def styles(labels: list[str]) -> dict[str, Style]:
     return out
 
 
-def _themed(plot: Callable[..., Path]) -> Callable[..., Path]:
+def themed(plot: Callable[..., Path]) -> Callable[..., Path]:
     """Draw under the report's seaborn theme, scoped: the caller's matplotlib settings are left as they were."""
 
     @functools.wraps(plot)
@@ -286,7 +286,39 @@ def _finish(fig: plt.Figure, title: str, subtitle: str, path: Path, legend: dict
     return _save(fig, path)
 
 
-@_themed
+def facets(
+    data: pd.DataFrame, x: str, y: str, row: str, row_words: str, style: dict[str, Style]
+) -> tuple[sns.FacetGrid, list[str]]:
+    """One panel per value of `row` (one under the other, axes shared), a line per label of `y` against `x` in its
+    fixed style; titled `row_words` ("input: {row_name}"). Returns the grid and the labels drawn."""
+    labels = _present(data, style)
+    grid = sns.relplot(
+        data=data,
+        kind="line",
+        x=x,
+        y=y,
+        row=row,
+        **_by_label(style, labels),
+        markersize=7,
+        legend=False,
+        height=PANEL_HEIGHT,
+        aspect=FIGURE_WIDTH / PANEL_HEIGHT,
+        facet_kws={"sharey": True, "sharex": True, "despine": False},
+    )
+    grid.set_titles(row_template=row_words)
+    return grid, labels
+
+
+def finish_facets(
+    grid: sns.FacetGrid, title: str, subtitle: str, path: Path, style: dict[str, Style], labels: list[str]
+) -> Path:
+    """A facet grid sized FIGURE_WIDTH wide and PANEL_HEIGHT a panel, titled, its legend under it, saved."""
+    fig = grid.figure
+    fig.set_size_inches(FIGURE_WIDTH, PANEL_HEIGHT * len(grid.axes.flat))
+    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+
+
+@themed
 def plot_versus_n(
     cells: pd.DataFrame,
     column: str,
@@ -317,7 +349,7 @@ def plot_versus_n(
     return _finish(fig, title, subtitle, path, legend)
 
 
-@_themed
+@themed
 def plot_speedup(
     cells: pd.DataFrame,
     baseline: str,
@@ -356,7 +388,7 @@ def plot_speedup(
 ROOFLINE_TARGET = 1.5  # time over roofline the plot marks: within it, a speedup is mostly the method's
 
 
-@_themed
+@themed
 def plot_roofline(
     cells: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style], xlabel: str = N_LABEL
 ) -> Path:
@@ -377,7 +409,7 @@ def plot_roofline(
     return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
 
 
-@_themed
+@themed
 def plot_error(
     cells: pd.DataFrame,
     title: str,
@@ -393,21 +425,7 @@ def plot_error(
     ok = cells[(cells.status == "ok") & cells.err_vs_uniform.notna() & (cells.family != "exact")]
     floor = _exact_floor(ok.err_vs_uniform)
     data = ok.assign(err_vs_uniform=ok.err_vs_uniform.clip(lower=floor))
-    labels = _present(data, style)
-    grid = sns.relplot(
-        data=data,
-        kind="line",
-        x="seq_len",
-        y="err_vs_uniform",
-        row="input",
-        **_by_label(style, labels),
-        markersize=7,
-        legend=False,
-        height=PANEL_HEIGHT,
-        aspect=FIGURE_WIDTH / PANEL_HEIGHT,
-        facet_kws={"sharey": True, "sharex": True, "despine": False},
-    )
-    grid.set_titles(row_template="input: {row_name}")
+    grid, labels = facets(data, "seq_len", "err_vs_uniform", "input", "input: {row_name}", style)
     for ax in grid.axes.flat:
         _reference_line(ax, 1.0, "uniform averaging")
         if budget is not None:
@@ -418,41 +436,26 @@ def plot_error(
         _log_y(ax)
         ax.set_ylabel("error vs uniform (↓ better)")
         ax.set_xlabel(xlabel)
-    fig = grid.figure
-    fig.set_size_inches(FIGURE_WIDTH, PANEL_HEIGHT * len(grid.axes.flat))
-    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+    return finish_facets(grid, title, subtitle, path, style, labels)
 
 
-@_themed
+@themed
 def plot_recall(
     cells: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style], xlabel: str = N_LABEL
 ) -> Path:
     """Needle recall against N, one panel per number of planted pairs: the share of needles each variant's output
     retrieves (exact attention at 100%, chance near 0)."""
     data = cells[(cells.status == "ok") & cells.needle_accuracy.notna()].astype({"needle_pairs": int})
-    labels = _present(data, style)
-    grid = sns.relplot(
-        data=data.assign(recall=100 * data.needle_accuracy),
-        kind="line",
-        x="seq_len",
-        y="recall",
-        row="needle_pairs",
-        **_by_label(style, labels),
-        markersize=7,
-        legend=False,
-        height=PANEL_HEIGHT,
-        aspect=FIGURE_WIDTH / PANEL_HEIGHT,
-        facet_kws={"sharey": True, "sharex": True, "despine": False},
-    )
-    grid.set_titles(row_template="{row_name} pairs planted")
+    grid, labels = facets(
+        data.assign(recall=100 * data.needle_accuracy), "seq_len", "recall", "needle_pairs", "{row_name} pairs planted",
+        style,
+    )  # fmt: skip
     for ax in grid.axes.flat:
         _n_axis(ax, list(data.seq_len))
         ax.set_ylim(-3, 103)
         ax.set_ylabel("needles retrieved, % (↑ better)")
         ax.set_xlabel(xlabel)
-    fig = grid.figure
-    fig.set_size_inches(FIGURE_WIDTH, PANEL_HEIGHT * len(grid.axes.flat))
-    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+    return finish_facets(grid, title, subtitle, path, style, labels)
 
 
 def _place_labels(ax: plt.Axes, points: list[tuple[float, float, str, str]]) -> None:
@@ -491,7 +494,7 @@ def _place_labels(ax: plt.Axes, points: list[tuple[float, float, str, str]]) -> 
         label.set_in_layout(False)
 
 
-@_themed
+@themed
 def plot_pareto(
     points: pd.DataFrame,
     front: list[str],
@@ -558,7 +561,7 @@ def plot_pareto(
     return _save(fig, path)
 
 
-@_themed
+@themed
 def plot_layer_errors(rows: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]) -> Path:
     """`attnbench model`: relative error by layer, per variant, a seaborn facet per swap: left every layer swapped
     (hidden states), right one layer swapped at a time (that layer's attention output), where measured."""
@@ -593,7 +596,7 @@ def plot_layer_errors(rows: pd.DataFrame, title: str, subtitle: str, path: Path,
     return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
 
 
-@_themed
+@themed
 def plot_loss_vs_speedup(finals: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style]) -> Path:
     """`attnbench model`: each variant's end-to-end forward speedup against its change in loss."""
     fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, PANEL_HEIGHT))

@@ -336,6 +336,40 @@ def overtakes_at_long_n(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     return Outcome(HOLDS if inside else TREND, shown, f"published crossover in ({low}, {high}]. {detail}")
 
 
+def attention_recalls_others_fall_behind(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
+    """An MQAR grid's trainings (trainings.csv): `baseline`'s mean accuracy over seeds at least `solved` at every
+    (N, pairs), and each of `labels` falling behind as pairs grow at fixed d_model: at the largest N, its accuracy at
+    the most pairs at least MIN_EFFECT (absolute) below its own at the fewest and below the baseline's there. Holds
+    when both do; in trend when every label falls behind but the baseline misses `solved` somewhere."""
+    baseline, labels, solved = params["baseline"], params["labels"], params["solved"]
+    ok = frame[frame.status == "ok"]
+    missing = [label for label in [baseline, *labels] if not (ok.label == label).any()]
+    if missing or (frame.status != "ok").any():
+        failed = frame[frame.status != "ok"]
+        why = [f"{label}: no training ran ok" for label in missing]
+        why += [f"{r.label} N={r.seq_len} P={r.pairs} seed {r.seed}: {r.reason}" for r in failed.itertuples()]
+        return Outcome(CANNOT, "–", "not every training it needs ran ok: " + "; ".join(why))
+    means = ok.groupby(["label", "seq_len", "pairs"]).accuracy.mean()
+    base = means.loc[baseline]
+    n = int(ok.seq_len.max())
+    at_n = means.xs(n, level="seq_len")
+    few, most = int(at_n.index.get_level_values("pairs").min()), int(at_n.index.get_level_values("pairs").max())
+    behind, figures = [], [f"{baseline} ≥ {base.min():.0%} everywhere"]
+    for label in labels:
+        mine = at_n.loc[label]
+        falls = mine.loc[few] - mine.loc[most] >= MIN_EFFECT and mine.loc[most] < at_n.loc[(baseline, most)]
+        behind.append(falls)
+        figures.append(f"{label} {mine.loc[few]:.0%} → {mine.loc[most]:.0%}")
+    ours = f"at N={n}, {few} → {most} pairs: " + ", ".join(figures)
+    if all(behind) and (base >= solved).all():
+        return Outcome(HOLDS, ours, f"{baseline} at or above {solved:.0%} at every N and number of pairs")
+    if all(behind):
+        where = ", ".join(f"N={k[0]} P={k[1]}: {v:.0%}" for k, v in base[base < solved].items())
+        return Outcome(TREND, ours, f"{baseline} below {solved:.0%} at {where}")
+    stay = [label for label, fell in zip(labels, behind) if not fell]
+    return Outcome(FAILS, ours, f"{', '.join(stay)} do not fall behind as pairs grow")
+
+
 CHECKS: dict[str, Callable[[pd.DataFrame, dict[str, Any]], Outcome]] = {
     "gains_rise_with_n": gains_rise_with_n,
     "error_falls_along": error_falls_along,
@@ -346,4 +380,5 @@ CHECKS: dict[str, Callable[[pd.DataFrame, dict[str, Any]], Outcome]] = {
     "ratio_rises_along": ratio_rises_along,
     "beats_at_equal_budget": beats_at_equal_budget,
     "overtakes_at_long_n": overtakes_at_long_n,
+    "attention_recalls_others_fall_behind": attention_recalls_others_fall_behind,
 }

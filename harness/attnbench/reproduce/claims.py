@@ -38,7 +38,13 @@ class Claim:
     sweep: dict[str, Any]  # the run config (the keys of a TOML config); empty: nothing here can check it
     check: str  # the check's name in `attnbench.reproduce.checks.CHECKS`
     params: dict[str, Any] = field(default_factory=dict)  # what the check compares (published figures included)
-    quick: dict[str, Any] = field(default_factory=dict)  # overrides of `sweep` for --quick
+    quick: dict[str, Any] = field(default_factory=dict)  # overrides of `sweep` (or of `grid`) for --quick
+    grid: dict[str, Any] = field(default_factory=dict)  # an MQAR grid (`attnbench recall`'s keys) in place of a sweep
+
+    def grid_config(self, quick: bool = False) -> dict[str, Any]:
+        """The MQAR grid of this claim (a new dict), with the --quick overrides when asked."""
+        raw = {"name": f"reproduce-{self.id}", **self.grid}
+        return {**raw, **self.quick} if quick else raw
 
     def config(self, quick: bool = False) -> dict[str, Any]:
         """The run config of this claim (a new dict), with the --quick overrides when asked."""
@@ -48,7 +54,8 @@ class Claim:
     @property
     def variants(self) -> list[str]:
         """The variant names its sweep needs."""
-        return [item["name"] for item in self.sweep.get("variants", [])]
+        items = (self.grid or self.sweep).get("variants", [])
+        return [item if isinstance(item, str) else item["name"] for item in items if item != "blind"]
 
 
 CLAIMS: list[Claim] = [

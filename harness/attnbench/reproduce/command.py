@@ -73,6 +73,8 @@ def run_claim(claim: Claim, out: Path, *, quick: bool, progress: bool) -> Checke
     """Run (or resume, or reuse) the claim's cells, then check them."""
     from attnbench.run.sweep import run_plan
 
+    if claim.grid:
+        return run_grid_claim(claim, out, quick=quick)
     if not claim.sweep:  # listed so that it is seen: its check says why nothing here can test it
         return Checked(claim, None, CHECKS[claim.check](pd.DataFrame(), claim.params))
     if missing := missing_variants(claim):
@@ -92,6 +94,30 @@ def run_claim(claim: Claim, out: Path, *, quick: bool, progress: bool) -> Checke
     except Exception as error:  # results a check cannot read (a hand-edited folder): said, and the others go on
         why = f"the check could not read {folder}/results.csv ({type(error).__name__}: {error})"
         outcome = Outcome(CANNOT, "–", why)
+    return Checked(claim, folder, outcome)
+
+
+def run_grid_claim(claim: Claim, out: Path, *, quick: bool) -> Checked:
+    """A claim measured by an MQAR grid (`attnbench recall`): train (or resume, or reuse) it, then check it."""
+    from attnbench.recall.grid import parse_grid
+    from attnbench.recall.run import GRID_FILE, grid_toml, train_grid
+    from attnbench.runfolder.trainings import read_trainings
+
+    if missing := missing_variants(claim):
+        return Checked(claim, None, Outcome(CANNOT, "–", f"needs variant(s) not installed here: {', '.join(missing)}"))
+    grid = parse_grid(claim.grid_config(quick), source=f"claim {claim.id}")
+    folder = out / (f"{claim.id}-quick" if quick else claim.id)
+    stored = folder / GRID_FILE
+    if stored.is_file() and stored.read_text() != grid_toml(grid):
+        why = f"{folder} holds a grid of another setting of this claim (an older catalogue?): remove it to train again"
+        return Checked(claim, folder, Outcome(CANNOT, "–", why))
+    if "finished" not in stored_meta(folder):
+        command = ["attnbench", "reproduce", claim.id, *(["--quick"] if quick else []), "--out", str(out)]
+        train_grid(grid, folder, command=command)
+    try:
+        outcome = CHECKS[claim.check](read_trainings(folder), claim.params)
+    except Exception as error:  # a hand-edited folder: said, and the other claims go on
+        outcome = Outcome(CANNOT, "–", f"the check could not read {folder}/trainings.csv ({type(error).__name__}: {error})")
     return Checked(claim, folder, outcome)
 
 
