@@ -41,7 +41,7 @@ def test_a_needle_run_records_recall_and_the_report_shows_it(tmp_path: Path) -> 
     assert (needle.needle_accuracy.loc["band(window=128)"] < 1).all()  # needles beyond 128 positions are lost
     assert rows[rows["input"] == "realistic"].needle_accuracy.isna().all()
     report = (folder / "report.md").read_text()
-    assert "| needle recall |" in report and "Needle recall: the share of the 16 planted" in report
+    assert "| needle recall (least) |" in report and "Needle recall: the share of the 16 planted" in report
     assert list((folder / "plots").glob("*-recall.png"))
     assert "recall" in report.split("## Detail")[0].split("Left out: band(window=128)")[1].split("\n")[0]
 
@@ -77,3 +77,21 @@ def test_decode_scores_the_needles_its_steps_ask_for(tmp_path: Path) -> None:
     assert (needle.status == "ok").all()
     assert (needle.needle_accuracy.loc["full"] == 1.0).all()
     assert (needle.needle_accuracy.loc["band(window=128)"] < 1).all()
+
+
+def test_min_speedup_answers_only_among_variants_that_recall(tmp_path: Path) -> None:
+    folder = run(tmp_path, "", "--min-recall", "0.9", "--max-error", "0.8", "--min-speedup", "1.01")
+    verdict = (folder / "report.md").read_text().split("## Detail")[0]
+    asked = [line for line in verdict.splitlines() if "At least 1.01× faster" in line]
+    assert asked and all("leaving out band(window=128): needle recall below 90%" in line for line in asked)
+    assert not any("least error: band" in line for line in asked)
+
+
+def test_recall_asked_but_not_measured_at_an_n_leaves_the_variant_out(tmp_path: Path) -> None:
+    folder = run(tmp_path)
+    rows = (folder / "results.csv").read_text().splitlines()
+    kept = [line for line in rows if not ('needles' in line and ',256,' in line)]  # no needle rows at N=256
+    (folder / "results.csv").write_text("\n".join(kept) + "\n")
+    assert main(["report", str(folder), "--min-recall", "0.1", "--max-error", "0.8"]) == 0
+    verdict = (folder / "report.md").read_text().split("## Detail")[0]
+    assert "band(window=128) (needle recall not measured at this N" in verdict

@@ -49,8 +49,8 @@ def main(args: argparse.Namespace) -> int:
         return Exit.NOTHING_RAN
     try:
         if args.min_recall is not None and frame["needle_accuracy"].isna().all():
-            print(f"attnbench: --min-recall: {args.run_dir} measured no recall (it has no `needles` input): run "
-                  "one with [[inputs]] name = \"needles\"", file=sys.stderr)  # fmt: skip
+            print(f"attnbench: --min-recall: {args.run_dir} measured no recall (no `needles` cell ran ok): run one "
+                  "with [[inputs]] name = \"needles\"", file=sys.stderr)  # fmt: skip
             return Exit.USAGE
         view = RunView.read(args.run_dir, frame, args.max_error, args.min_speedup, args.min_recall)
         write_summary(args.run_dir, view)  # the tables too: a run whose disk filled up before them gets them here

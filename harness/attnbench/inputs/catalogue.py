@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from attnbench.inputs.captured import captured, captured_layout_problems, layer_problem, read_tensors
-from attnbench.inputs.needles import NEEDLE_DEFAULTS, Needles, plant_needles
+from attnbench.inputs.needles import MAX_MARGIN, NEEDLE_DEFAULTS, Needles, plant_needles
 from attnbench.inputs.statistics import LOCALITY_WINDOW  # noqa: F401  (the report names it from here)
 from attnbench.inputs.synthetic import clustered, gaussian, local, lowrank, realistic
 from attnbench.interface import did_you_mean
@@ -98,8 +98,12 @@ def validate_input(name: str, params: dict[str, Any]) -> list[str]:
 
 def _needle_problems(params: dict[str, Any]) -> list[str]:
     pairs, background = params.get("pairs", 1), params.get("background", "realistic")
+    margin = params.get("margin", 1.0)
     problems = []
-    if not isinstance(pairs, int) or isinstance(pairs, bool):
+    if isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin > MAX_MARGIN:
+        problems.append(f"input 'needles': margin must be at most {MAX_MARGIN:g} nats (float32 sees no difference "
+                        f"beyond; the planted keys would overflow float16), got {margin!r}")  # fmt: skip
+    if isinstance(pairs, float):  # other types: the positive check names them
         problems.append(f"input 'needles': pairs must be a whole number of key -> value pairs, got {pairs!r}")
     if background not in BACKGROUNDS:
         known = ", ".join(BACKGROUNDS)

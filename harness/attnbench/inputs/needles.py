@@ -9,8 +9,9 @@ its output at t is nearer (by cosine) to the planted value than to any other vis
 chance is about 1 / (visible keys).
 
 Distances t - p are drawn uniform over the whole context: δ ~ U[1, L - 2], then t uniform among the allowed query
-positions with t - δ >= 1 (position 0 keeps its sink). Decode places every query among the generated steps
-(`queries_from` = the prompt's length). Padded keys are never planted on.
+positions with t - δ >= 1 (position 0 keeps its sink). Decode places every query among the generated steps and every
+key in the prompt (`queries_from` = the prompt's length). Padded keys are never planted on. P <= head_dim: the
+directions are orthonormal, so a probe sees no other needle and the margin holds exactly.
 
 b - batch, h - heads, n - position, d - head dim, e - value dim, p - planted pair
 """
@@ -25,6 +26,7 @@ from einops import rearrange
 from torch import Tensor
 
 NEEDLE_DEFAULTS = {"pairs": 16, "margin": 8.0, "background": "realistic"}
+MAX_MARGIN = 30.0  # nats: beyond, nothing changes in float32 and the planted keys overflow float16
 MIN_POSITIONS_PER_PAIR = 4  # a context of N holds at most N / 4 pairs: keys and queries stay a minority
 _TRIES = 1000  # draws of one pair's positions before giving up (only a crowded context gets near it)
 
@@ -42,10 +44,17 @@ class Needles:
         return self.key_positions.shape[1]
 
 
-def needle_problems(pairs: int, length: int, *, query_room: int | None = None) -> list[str]:
-    """Why `pairs` needles cannot be planted in a context of `length` positions (queries confined to the last
-    `query_room` of them in decode), or []: a clear error before any work."""
+def needle_problems(
+    pairs: int, length: int, *, head_dim: int | None = None, query_room: int | None = None
+) -> list[str]:
+    """Why `pairs` needles cannot be planted in a context of `length` real positions with heads of `head_dim`
+    (queries confined to the last `query_room` of them in decode), or []: a clear error before any work."""
     problems = []
+    if head_dim is not None and pairs > head_dim:
+        problems.append(
+            f"needles: pairs={pairs} needs head_dim >= {pairs} (each pair its own orthogonal direction, so exact "
+            f"attention retrieves every one by the margin), got head_dim={head_dim}"
+        )
     if pairs * MIN_POSITIONS_PER_PAIR > length:
         problems.append(
             f"needles: pairs={pairs} needs N >= {MIN_POSITIONS_PER_PAIR * pairs} "
@@ -69,10 +78,12 @@ def _positions(
             if low > length - 1:
                 continue
             t = int(torch.randint(low, length, (1,), generator=generator))
-            if t not in used and t - distance not in used:
+            key_in_prompt = not queries_from or t - distance < queries_from  # decode: the steps hold queries only
+            if t not in used and t - distance not in used and key_in_prompt:
                 break
         else:
-            raise ValueError(f"needles: could not place {pairs} pairs in {length} positions; plant fewer")
+            raise ValueError(f"needles: could not place {pairs} pairs in {length} positions (queries from "
+                             f"{queries_from}); plant fewer")  # fmt: skip
         used |= {t, t - distance}
         keys.append(t - distance)
         queries.append(t)
@@ -106,7 +117,7 @@ def plant_needles(
     q, k, v = q.clone(), k.clone(), v.clone()
     b, h, n, d = q.shape
     lengths = lengths or [n] * b
-    for problem in needle_problems(pairs, min(lengths)):
+    for problem in needle_problems(pairs, min(lengths), head_dim=d):
         raise ValueError(problem)
     placed = [_positions(generator, pairs, length, queries_from) for length in lengths]
     key_at = torch.tensor([keys for keys, _ in placed], dtype=torch.long)  # (b, p)

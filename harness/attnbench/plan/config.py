@@ -426,13 +426,16 @@ def _needle_fit_problems(axes: dict[str, list[Any]], settings: Settings) -> list
     """Needles that do not fit the cells: too many pairs for the shortest N (or, in decode, for the steps that
     hold their queries), or cross-attention (a needle's query asks for a key of its own sequence)."""
     problems = []
+    shortest = min(n - min(n - 1, round(p * n)) for n in axes["seq_len"] for p in axes["padding"])  # real keys
     for spec in axes["input"]:
         pairs = dict(spec.params).get("pairs", NEEDLE_DEFAULTS["pairs"])
         if spec.name != "needles" or validate_input(spec.name, dict(spec.params)):
             continue  # listed already
         decode = settings.decode_steps if "decode" in axes["mode"] else None
-        problems += [f"inputs: {spec.label()}: {p}" for p in needle_problems(pairs, min(axes["seq_len"]), query_room=decode)]
-        if any(axes["kv_len"]):
+        found = needle_problems(pairs, shortest, head_dim=min(axes["head_dim"]), query_room=decode)
+        problems += [f"inputs: {spec.label()}: {p}" + (" (N after padding)" if max(axes["padding"]) > 0 else "")
+                     for p in found]  # fmt: skip
+        if any(k and k != n for k in axes["kv_len"] for n in axes["seq_len"]):
             problems.append(f"inputs: {spec.label()}: a needle's query asks for a key of its own sequence: leave kv_lens at 0")
     return problems
 

@@ -443,11 +443,11 @@ def plot_error(
 def plot_recall(
     cells: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style], xlabel: str = N_LABEL
 ) -> Path:
-    """Needle recall against N, one panel per number of planted pairs: the share of needles each variant's output
-    retrieves (exact attention at 100%, chance near 0)."""
-    data = cells[(cells.status == "ok") & cells.needle_accuracy.notna()].astype({"needle_pairs": int})
+    """Needle recall against N, one panel per `needles` input (its pairs, margin, background): the share of needles
+    each variant's output retrieves (exact attention at 100%, chance near 0)."""
+    data = cells[(cells.status == "ok") & cells.needle_accuracy.notna()]
     grid, labels = facets(
-        data.assign(recall=100 * data.needle_accuracy), "seq_len", "recall", "needle_pairs", "{row_name} pairs planted",
+        data.assign(recall=100 * data.needle_accuracy), "seq_len", "recall", "input", "input: {row_name}",
         style,
     )  # fmt: skip
     for ax in grid.axes.flat:

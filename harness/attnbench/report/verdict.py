@@ -417,8 +417,9 @@ def judge(
             c.left_out = "worse than averaging V" if c.error >= 1.05 else "no better than averaging V"
         elif over_budget(c, budget):
             c.left_out = f"{OVER_BUDGET} {budget.max_error:g}"
-        elif below_recall(c, budget):
-            c.left_out = f"{BELOW_RECALL} {format_percent(budget.min_recall)}"
+        elif lacks_recall(c, budget):
+            measured = c.recall == c.recall
+            c.left_out = f"{BELOW_RECALL} {recall_text(budget.min_recall)}" if measured else RECALL_UNMEASURED
     contenders = [c for c in candidates if not c.left_out]
     front = pareto_set(contenders)
     for c in contenders:
@@ -450,11 +451,22 @@ def judge(
 
 OVER_BUDGET = "over the error budget"  # a left-out reason: its error vs uniform exceeds the budget
 BELOW_RECALL = "needle recall below"  # a left-out reason: it retrieves fewer planted needles than `min_recall` asks
+RECALL_UNMEASURED = "needle recall not measured at this N (--min-recall asked for it)"
 
 
-def below_recall(c: Choice, budget: AccuracyBudget) -> bool:
-    """A variant whose measured needle recall is below the `min_recall` asked (unmeasured recall is not known to)."""
-    return c.family != "exact" and budget.min_recall is not None and c.recall == c.recall and c.recall < budget.min_recall
+def lacks_recall(c: Choice, budget: AccuracyBudget) -> bool:
+    """With `min_recall` asked, an approximation whose needle recall is below it, or was not measured at its N (the
+    user asked for recall: an unmeasured one is not offered as meeting it); exact attention recalls by definition."""
+    if c.family == "exact" or budget.min_recall is None:
+        return False
+    return c.recall != c.recall or c.recall < budget.min_recall
+
+
+def recall_text(share: float) -> str:
+    """A recall as a percent that never rounds a miss up to 100% ('99.6%'), nor a share down to 0% ('0.4%')."""
+    if share == share and 0.995 <= share < 1:
+        return f"{100 * share:.1f}%"
+    return format_percent(share)
 # a left-out reason: gated linear attention and other operators a model is trained with, not approximations of
 # softmax; their error vs softmax is shown, never a reason to use them
 DIFFERENT_OPERATOR = "a different operator from softmax: not judged on its error"
@@ -544,7 +556,7 @@ def answer_sentence(
     slower = [c.label for c in approximate if c.speedup <= 1]
     slower += [c.label for c in left_out if c.family != "exact" and c.left_out.startswith("slower")]
     useless = [c.label for c in left_out if "averaging V" in c.left_out]
-    forgetful = [c.label for c in left_out if c.left_out.startswith(BELOW_RECALL)]
+    forgetful = [c.label for c in left_out if c.left_out.startswith(BELOW_RECALL) or c.left_out == RECALL_UNMEASURED]
     reasons = []
     if slower:
         reasons.append(f"slower ({', '.join(slower)})")
@@ -553,7 +565,7 @@ def answer_sentence(
     if useless:
         reasons.append(f"no better than averaging V{_on(on)} ({', '.join(useless)})")
     if forgetful:
-        reasons.append(f"below the needle recall asked, {format_percent(budget.min_recall)} ({', '.join(forgetful)})")
+        reasons.append(f"below the needle recall asked, {recall_text(budget.min_recall)}, or unmeasured ({', '.join(forgetful)})")
     if maybe:
         perhaps = ", ".join(f"{c.label} ({_speed(c)})" for c in maybe)
         others = "; the other approximate variants are " + " or ".join(reasons) if reasons else ""
@@ -579,6 +591,10 @@ def asked_sentence(
     question = f"At least {ask:g}× faster{per} than {mode.against(baseline)}"
     # a different operator from softmax is no answer to "which to use" (the verdict leaves it out)
     paired = [c for c in candidates if c.speedup == c.speedup and c.label != baseline and c.approximates]
+    forgetful = [c.label for c in paired if lacks_recall(c, budget)]  # recall asked: below it, or not measured
+    paired = [c for c in paired if not lacks_recall(c, budget)]
+    if forgetful:
+        question += f" (leaving out {', '.join(forgetful)}: needle recall below {recall_text(budget.min_recall)})"
     if not paired:
         others = any(not c.approximates for c in candidates)
         return f"{question}: no speedup against {baseline} was measured here{' but of other operators' if others else ''}."
@@ -674,11 +690,11 @@ def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list
     if any(c.recall == c.recall for c in answer.choices):  # the run planted needles: each choice's recall beside
         headers.insert(3, RECALL_HEADER)
         for row, choice in zip(rows, answer.choices):
-            row.insert(3, format_percent(choice.recall))
+            row.insert(3, recall_text(choice.recall))
     return headers, rows
 
 
-RECALL_HEADER = "needle recall"  # the least share of planted needles retrieved over the run's `needles` inputs
+RECALL_HEADER = "needle recall (least)"  # the least share of needles retrieved over the setting's `needles` inputs
 
 
 def left_out_text(answer: Answer) -> str:
@@ -689,7 +705,7 @@ def left_out_text(answer: Answer) -> str:
     for c in answer.left_out:
         figures = [speedup_text(pd.Series(vars(c))) if c.speedup == c.speedup else ""]
         figures.append("" if c.family == "exact" or c.error != c.error else f"error {format_number(c.error, '.3g')}")
-        figures.append("" if c.recall != c.recall else f"recall {format_percent(c.recall)}")
+        figures.append("" if c.recall != c.recall else f"recall {recall_text(c.recall)}")
         shown = ", ".join(f for f in figures if f and f != "–")
         parts.append(f"{c.label} ({c.left_out}" + (f"; {shown})" if shown else ")"))
     return "Left out: " + "; ".join(parts) + "."
@@ -756,8 +772,9 @@ def budget_line(budget: AccuracyBudget, baseline: str) -> str:
     if budget.min_recall is not None:
         text += (
             f" **Recall required (`--min-recall {budget.min_recall:g}`):** an approximation that retrieves fewer than "
-            f"{format_percent(budget.min_recall)} of the planted needles at that N (the least over the run's `needles` "
-            "inputs) is left out."
+            f"{recall_text(budget.min_recall)} of the planted needles at that N (the least over the setting's `needles` "
+            "inputs), or whose recall was not measured there, is left out. The needle recall column is that least share "
+            "under every input's heading."
         )
     return text
 
