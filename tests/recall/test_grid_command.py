@@ -123,7 +123,7 @@ def test_a_failing_training_is_its_row_and_the_rest_go_on(tmp_path: Path, monkey
 def test_the_verdict_and_the_sanity_checks_read_the_trainings() -> None:
     rows = pd.DataFrame(
         [dict(key=f"{label}{n}{p}{s}", label=label, seq_len=n, pairs=p, seed=s, status="ok", accuracy=acc,
-              train_seconds=1.0, steps=10, state_bytes=state)
+              train_seconds=1.0, steps=10, state_bytes=state, chance=1 / 128)
          for label, acc, state in (("full", 1.0, 4096.0), ("linear", 0.5, 512.0), ("blind", 0.01, 0.0))
          for n in (64,) for p in (4, 16) for s in (0, 1, 2)]  # fmt: skip
     )
@@ -131,9 +131,9 @@ def test_the_verdict_and_the_sanity_checks_read_the_trainings() -> None:
     summary = summarize(rows)
     line = verdict_lines(summary, 0.9)[0]
     assert "full (state 4 KiB)" in line and "linear (50% at 16 pairs)" in line and "blind" not in line
-    assert [check.holds for check in sanity(rows, 256)] == [True, True]
+    assert [check.holds for check in sanity(rows)] == [True, True]
     rows.loc[rows.label == "blind", "accuracy"] = 0.2
-    assert [check.holds for check in sanity(rows, 256)] == [True, False]
+    assert [check.holds for check in sanity(rows)] == [True, False]
 
 
 def test_keys_tell_every_training_apart() -> None:

@@ -131,7 +131,7 @@ def _train(args: argparse.Namespace, grid, folder: Path | None, min_recall: floa
     trainings = read_trainings(folder)
     report = write_mqar_report(folder, trainings, meta, min_recall)
     print(terminal_summary(trainings, min_recall, terminal_width()))
-    checks = sanity(trainings, dict(grid.training).get("vocab", 256))
+    checks = sanity(trainings)
     for check in checks:
         outcome = {True: "holds", False: "FAILS", None: "not checked"}[check.holds]
         print(f"sanity: {check.what}: {outcome} ({check.figures})")

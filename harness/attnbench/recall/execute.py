@@ -51,6 +51,8 @@ def row_of(outcome: Outcome) -> TrainingRow:
         pairs=spec.pairs,
         seed=spec.seed,
         d_model=spec.d_model,
+        vocab=spec.task.vocab,
+        chance=1 / len(spec.task.values),
         host=socket.gethostname() if not outcome.node else "",
         node=outcome.node,
         threads=spec.threads,

@@ -86,6 +86,16 @@ def format_percent(share: float | None) -> str:
     return f"{100 * share:.0f}%" if share >= 0.095 else f"{100 * share:.2g}%"
 
 
+def recall_text(share: float) -> str:
+    """A recall as a percent that never rounds a miss up to 100% ('99.6%'), nor a share down to 0% ('0.4%')."""
+    if share == share and 0.995 <= share < 1:
+        return f"{100 * share:.1f}%"
+    return format_percent(share)
+# a left-out reason: gated linear attention and other operators a model is trained with, not approximations of
+# softmax; their error vs softmax is shown, never a reason to use them
+DIFFERENT_OPERATOR = "a different operator from softmax: not judged on its error"
+
+
 def shorten(text: str, width: int) -> str:
     """`text` cut to `width` characters with an ellipsis (for display; the CSV keeps it whole)."""
     return text if len(text) <= width else text[: width - 1] + "…"

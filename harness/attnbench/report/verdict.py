@@ -30,6 +30,7 @@ from attnbench.report.text import (
     baseline_of,
     format_number,
     format_percent,
+    recall_text,
     markdown_table,
     speedup_text,
     with_machine,
@@ -460,16 +461,6 @@ def lacks_recall(c: Choice, budget: AccuracyBudget) -> bool:
     if c.family == "exact" or budget.min_recall is None:
         return False
     return c.recall != c.recall or c.recall < budget.min_recall
-
-
-def recall_text(share: float) -> str:
-    """A recall as a percent that never rounds a miss up to 100% ('99.6%'), nor a share down to 0% ('0.4%')."""
-    if share == share and 0.995 <= share < 1:
-        return f"{100 * share:.1f}%"
-    return format_percent(share)
-# a left-out reason: gated linear attention and other operators a model is trained with, not approximations of
-# softmax; their error vs softmax is shown, never a reason to use them
-DIFFERENT_OPERATOR = "a different operator from softmax: not judged on its error"
 
 
 def recommended(offered: list[Choice], baseline: str) -> Choice | None:

@@ -35,6 +35,8 @@ class TrainingRow:
     pairs: int
     seed: int
     d_model: int
+    vocab: int | None = None  # the task's vocabulary (keys from its lower half, values from its upper)
+    chance: float | None = None  # 1 / the number of value tokens: what guessing scores
     status: str = "ok"  # ok | error
     reason: str = ""
     accuracy: float | None = None  # share of the test queries whose value is the model's top prediction
