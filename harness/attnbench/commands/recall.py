@@ -117,7 +117,7 @@ def _train(args: argparse.Namespace, grid, folder: Path | None, min_recall: floa
     from attnbench.runfolder.folder import RunFolderBusy, new_run_dir
     from attnbench.runfolder.trainings import read_trainings
 
-    folder = folder or new_run_dir(args.out, f"mqar-{grid.name}")
+    folder = folder or new_run_dir(args.out, grid.name if grid.name.startswith("mqar") else f"mqar-{grid.name}")
     try:
         meta = train_grid(grid, folder, jobs=args.jobs, executor=args.executor, address=args.address,
                           command=args.command_line)  # fmt: skip

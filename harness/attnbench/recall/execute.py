@@ -17,6 +17,8 @@ from typing import Callable, Iterator
 
 from attnbench.plan.cells import spec_label
 from attnbench.recall.grid import training_key
+from attnbench.recall.model import CONV_KERNEL
+from attnbench.recall.mqar import within_reach
 from attnbench.recall.train import TrainResult, TrainSpec, train_mqar
 from attnbench.runfolder.trainings import TrainingRow
 
@@ -39,6 +41,12 @@ def train_safely(spec: TrainSpec) -> Outcome:
         return Outcome(spec, None, f"{type(error).__name__}: {error}")
 
 
+def chance_of(spec: TrainSpec) -> float:
+    """What a model whose mixer sees nothing scores: a guess among the value tokens, plus the queries whose key its
+    two short convolutions reach (2 (kernel - 1) positions back)."""
+    return 1 / len(spec.task.values) + within_reach(spec.task, spec.layers * (CONV_KERNEL - 1))
+
+
 def row_of(outcome: Outcome) -> TrainingRow:
     """The trainings.csv row of one outcome."""
     spec, result = outcome.spec, outcome.result
@@ -52,7 +60,7 @@ def row_of(outcome: Outcome) -> TrainingRow:
         seed=spec.seed,
         d_model=spec.d_model,
         vocab=spec.task.vocab,
-        chance=1 / len(spec.task.values),
+        chance=chance_of(spec),
         host=socket.gethostname() if not outcome.node else "",
         node=outcome.node,
         threads=spec.threads,

@@ -109,3 +109,13 @@ def _distinct(examples: int, count: int, ids: range, generator: torch.Generator)
 def multiquery_ar(task: MQARTask, examples: int, seed: int) -> MQARData:
     """`examples` examples of `task`, the same for the same seed."""
     return task.sample(examples, torch.Generator().manual_seed(seed))
+
+
+def within_reach(task: MQARTask, reach: int, examples: int = 4000) -> float:
+    """The share of queries whose key lies at most `reach` positions back (a model whose mixer sees nothing still
+    recalls those through its short convolutions), measured on `examples` drawn from a fixed seed."""
+    data = multiquery_ar(task, examples, seed=123)
+    rows, positions = data.queries.nonzero(as_tuple=True)
+    keys = data.inputs[rows, positions]
+    key_positions = 2 * (data.inputs[rows, : 2 * task.pairs : 2] == keys[:, None]).int().argmax(dim=1)
+    return float((positions - key_positions <= reach).float().mean())

@@ -36,7 +36,7 @@ class TrainingRow:
     seed: int
     d_model: int
     vocab: int | None = None  # the task's vocabulary (keys from its lower half, values from its upper)
-    chance: float | None = None  # 1 / the number of value tokens: what guessing scores
+    chance: float | None = None  # what a blind mixer scores: a guess among the values + the keys the convolutions reach
     status: str = "ok"  # ok | error
     reason: str = ""
     accuracy: float | None = None  # share of the test queries whose value is the model's top prediction
