@@ -14,7 +14,7 @@ FORBIDDEN = {
     "attnbench.measure": {"attnbench.run", "attnbench.report", "attnbench.model", "attnbench.conformance",
                           "attnbench.cli", "attnbench.commands", "attnbench.variants", "attnbench.reproduce"},
     "attnbench.report": {"attnbench.measure", "attnbench.run", "attnbench.model", "attnbench.variants",
-                         "attnbench.cli", "attnbench.commands", "attnbench.reproduce"},
+                         "attnbench.cli", "attnbench.commands", "attnbench.reproduce", "attnbench.recall"},
     "attnbench.runfolder": {"attnbench.measure", "attnbench.run", "attnbench.report", "attnbench.model",
                             "attnbench.variants", "attnbench.cli", "attnbench.commands", "attnbench.reproduce"},
     "attnbench.plan": {"attnbench.measure", "attnbench.run", "attnbench.report", "attnbench.runfolder",
@@ -27,6 +27,9 @@ FORBIDDEN = {
                       "attnbench.reproduce"},
     "attnbench.model": {"attnbench.run", "attnbench.cli", "attnbench.commands", "attnbench.variants",
                         "attnbench.reproduce"},
+    # MQAR trained: the task, the model, the trainings and where they run; read and reported by report/
+    "attnbench.recall": {"attnbench.measure", "attnbench.report", "attnbench.model", "attnbench.cli",
+                         "attnbench.commands", "attnbench.reproduce"},
     # the published claims sit on the pipeline's top: they plan, run and read runs, never measure or report
     "attnbench.reproduce": {"attnbench.measure", "attnbench.report", "attnbench.model", "attnbench.variants",
                             "attnbench.cli", "attnbench.commands"},
@@ -102,7 +105,7 @@ ARROWS = imports(FOUND)
 def test_the_tree_is_what_the_layout_says() -> None:
     rooms = {room(m) for m in FOUND}
     for sub in ("plan", "inputs", "measure", "runfolder", "run", "report", "model", "reproduce", "variants",
-                "commands"):
+                "commands", "recall"):
         assert f"attnbench.{sub}" in rooms
     for top in ("interface", "ops", "registry", "conformance", "stats", "cli"):
         assert f"attnbench.{top}" in FOUND

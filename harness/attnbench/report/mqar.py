@@ -44,7 +44,12 @@ def accuracy_text(row: pd.Series) -> str:
     """'97% [93–100]' (mean over seeds, 95% interval), or '97%' from one seed."""
     if row.seeds < 2:
         return format_percent(row.mean_accuracy)
-    return f"{format_percent(row.mean_accuracy)} [{100 * row.low:.0f}–{100 * row.high:.0f}]"
+    return f"{format_percent(row.mean_accuracy)} [{_points(row.low)}–{_points(row.high)}]"
+
+
+def _points(share: float) -> str:
+    """An interval end in percent, as precise as the mean beside it (format_percent without its sign)."""
+    return format_percent(share).removesuffix("%")
 
 
 @dataclass(frozen=True)
