@@ -62,8 +62,8 @@ class TrainSpec:
     warmup_steps: int = 50
     decay_fraction: float = 0.2
     test_examples: int = 1000
-    stop_accuracy: float = 0.998
-    stop_window: int = 10
+    stop_accuracy: float = 0.995
+    stop_window: int = 20
     threads: int = 1
 
     def __post_init__(self) -> None:

@@ -91,9 +91,6 @@ def recall_text(share: float) -> str:
     if share == share and 0.995 <= share < 1:
         return f"{100 * share:.1f}%"
     return format_percent(share)
-# a left-out reason: gated linear attention and other operators a model is trained with, not approximations of
-# softmax; their error vs softmax is shown, never a reason to use them
-DIFFERENT_OPERATOR = "a different operator from softmax: not judged on its error"
 
 
 def shorten(text: str, width: int) -> str:

@@ -451,6 +451,9 @@ def judge(
 
 
 OVER_BUDGET = "over the error budget"  # a left-out reason: its error vs uniform exceeds the budget
+# a left-out reason: gated linear attention and other operators a model is trained with, not approximations of
+# softmax; their error vs softmax is shown, never a reason to use them
+DIFFERENT_OPERATOR = "a different operator from softmax: not judged on its error"
 BELOW_RECALL = "needle recall below"  # a left-out reason: it retrieves fewer planted needles than `min_recall` asks
 RECALL_UNMEASURED = "needle recall not measured at this N (--min-recall asked for it)"
 
