@@ -50,6 +50,11 @@ def test_shipped_grids_parse() -> None:
         ({"variants": [{"name": "blind", "window": 3}], "seq_lens": [64], "pairs": [4]}, "blind: takes no parameters"),
         ({"variants": ["full"], "seq_lens": [8], "pairs": [64]}, "no (N, pairs) point fits the task"),
         ({"seq_lens": [64], "pairs": [4]}, "variants: missing"),
+        ({"variants": [], "seq_lens": [64], "pairs": [4]}, "variants: empty"),
+        ({"variants": ["full"], "seq_lens": [64], "pairs": [4], "vocab": 100.5}, "vocab: expected a whole number"),
+        ({"variants": ["full"], "seq_lens": [64], "pairs": [4], "batch": 2.5}, "batch: expected a whole number"),
+        ({"variants": ["full"], "seq_lens": [64], "pairs": [4], "heads": 3}, "not a multiple of heads"),
+        ({"variants": ["full"], "seq_lens": [64], "pairs": [4], "name": "../x"}, "must be a plain file name"),
     ],
 )
 def test_a_bad_grid_names_every_problem(raw: dict, said: str) -> None:
@@ -171,3 +176,40 @@ def test_ray_trains_each_training_as_a_task(tmp_path: Path) -> None:
     assert recall(str(grid_file(tmp_path)), "--out", str(tmp_path / "out"), "--executor", "ray") in (0, 1)
     rows = read_trainings(next((tmp_path / "out").iterdir()))
     assert len(rows) == 4 and (rows.status == "ok").all() and rows.node.str.len().gt(0).all()
+
+
+def test_variants_take_settings_as_reports_label_them(tmp_path: Path, capsys) -> None:
+    assert recall(str(grid_file(tmp_path)), "--variants", "band(window=4, sinks=2),blind", "--dry-run") == 0
+    listed = capsys.readouterr().out
+    assert "band(sinks=2, window=4) N=16 pairs=2 seed=0" in listed and "total: 4 trainings" in listed
+
+
+def test_a_diverging_training_is_an_error_row_and_the_report_exits_as_the_run(tmp_path: Path) -> None:
+    path = grid_file(tmp_path, variants='["full"]')
+    path.write_text(path.read_text() + "lr = 1e6\nwarmup_steps = 1\n")
+    assert recall(str(path), "--out", str(tmp_path / "out"), "--jobs", "1") == 3  # nothing ran ok
+    folder = next((tmp_path / "out").iterdir())
+    rows = read_trainings(folder)
+    assert (rows.status == "error").all() and rows.reason.str.contains("diverged").all()
+    assert recall("--report", str(folder)) == 3
+
+
+def test_a_resume_dry_run_lists_only_what_is_missing(tmp_path: Path, capsys) -> None:
+    assert recall(str(grid_file(tmp_path)), "--out", str(tmp_path / "out"), "--jobs", "1", "--seeds", "0") in (0, 1)
+    folder = next((tmp_path / "out").iterdir())
+    capsys.readouterr()
+    assert recall("--resume", str(folder), "--seeds", "0,1", "--dry-run") == 0
+    assert "total: 2 trainings (2 done already)" in capsys.readouterr().out
+    meta = __import__("json").loads((folder / "meta.json").read_text())
+    assert meta["command"][:2] == ["attnbench", "recall"] and "--resume" not in meta["command"]
+
+
+def test_the_verdict_names_a_mixer_missing_a_setting_as_incomplete() -> None:
+    rows = pd.DataFrame(
+        [dict(key=f"{p}{s}", label="full", seq_len=16, pairs=p, seed=s, status="ok", accuracy=1.0, train_seconds=1.0,
+              steps=1, state_bytes=1.0, chance=0.1) for p in (2, 4) for s in (0, 1)]
+        + [dict(key=f"l{s}", label="linear", seq_len=16, pairs=2, seed=s, status="ok", accuracy=1.0,
+                train_seconds=1.0, steps=1, state_bytes=1.0, chance=0.1) for s in (0, 1)]
+    )  # fmt: skip
+    line = verdict_lines(summarize(rows), 0.9)[0]
+    assert "full (state" in line and "linear (not every number of pairs ran ok)" in line

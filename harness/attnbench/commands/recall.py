@@ -24,15 +24,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "recall",
         help="train multi-query associative recall (MQAR) with each variant as the mixer; accuracy by N and pairs",
         description="Train Zoology's MQAR task on 2-layer models (a short convolution and the variant as the "
-        "sequence mixer) on CPU, for every variant × N × pairs × seed of a grid, and report test accuracy with a 95%% "
+        "sequence mixer) on CPU, for every variant × N × pairs × seed of a grid, and report test accuracy with a 95% "
         "interval over seeds, training time, and accuracy against the state each mixer keeps. Exit 0 when every "
         "training ran and the sanity checks hold, 1 when a training failed or a check does not hold, 2 for a bad "
-        "grid or flag.",
-        epilog=f"grids: {', '.join(grid_names())} (configs/recall/); the default {DEFAULT_GRID} takes about 12 "
-        "minutes on 2 cores",
+        "grid or flag, 3 when no training ran ok, 130 when interrupted (the finished trainings are kept).",
+        epilog=f"grids: {', '.join(grid_names())} (configs/recall/); the default {DEFAULT_GRID} took 585 s on 2 "
+        "cores",
     )
     recall.add_argument("grid", nargs="?", default=None, help=f"a shipped grid or a TOML file (default: {DEFAULT_GRID})")
-    recall.add_argument("--variants", help="comma-separated mixers replacing the grid's, e.g. 'full,linear,blind'")
+    recall.add_argument("--variants", help="comma-separated mixers replacing the grid's, as reports label them, e.g. "
+                        "'full,band(window=16),linear,blind'")  # fmt: skip
     recall.add_argument("--seq-lens", help="comma-separated N replacing the grid's, e.g. 64,256")
     recall.add_argument("--pairs", help="comma-separated numbers of key-value pairs, e.g. 4,16,64")
     recall.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
@@ -57,6 +58,15 @@ def _names(text: str | None, kind: type) -> list | None:
         return [kind(item.strip()) for item in text.split(",") if item.strip()]
     except ValueError:
         raise ValueError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+
+def _settings(text: str | None) -> list | None:
+    """`--variants` as a grid's `variants`: settings as reports label them (`band(window=16)`), `blind` by name."""
+    if text is None:
+        return None
+    from attnbench.plan.cells import VariantSpec
+
+    return [{"name": spec.name, **dict(spec.params)} for spec in VariantSpec.parse(text)] if text.strip(",").strip() else []
 
 
 def main(args: argparse.Namespace) -> int:
@@ -92,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
         folder, grid_source = args.resume, str(args.resume / GRID_FILE)
     try:
         overrides = dict(
-            variants=_names(args.variants, str), seq_lens=_names(args.seq_lens, int), pairs=_names(args.pairs, int),
+            variants=_settings(args.variants), seq_lens=_names(args.seq_lens, int), pairs=_names(args.pairs, int),
             seeds=_names(args.seeds, int),
         )  # fmt: skip
         grid = read_grid(grid_source, **overrides)
@@ -101,22 +111,34 @@ def main(args: argparse.Namespace) -> int:
         return Exit.USAGE
     specs = grid.specs()
     if args.dry_run:
-        for spec in specs:
-            print(f"{spec.variant}{dict(spec.params) or ''} N={spec.seq_len} pairs={spec.pairs} seed={spec.seed}")
+        from attnbench.plan.cells import spec_label
+        from attnbench.recall.grid import training_key
+        from attnbench.runfolder.trainings import TRAININGS, read_trainings
+
+        done = set()
+        if folder is not None and (folder / TRAININGS).is_file():
+            done = set(read_trainings(folder).query("status == 'ok'").key)
+        todo = [spec for spec in specs if training_key(spec) not in done]
+        for spec in todo:
+            print(f"{spec_label(spec.variant, spec.params)} N={spec.seq_len} pairs={spec.pairs} seed={spec.seed}")
         for why in grid.left_out:
             print(f"left out: {why}")
-        print(f"total: {len(specs)} trainings")
+        print(f"total: {len(todo)} trainings" + (f" ({len(specs) - len(todo)} done already)" if done else ""))
         return Exit.OK
     return _train(args, grid, folder, min_recall)
 
 
 def _train(args: argparse.Namespace, grid, folder: Path | None, min_recall: float) -> int:
+    import signal
+
     from attnbench.recall.run import train_grid
-    from attnbench.report.mqar import sanity, terminal_summary, write_mqar_report
     from attnbench.run.ray_executor import RayUnavailable
     from attnbench.runfolder.folder import RunFolderBusy, new_run_dir
-    from attnbench.runfolder.trainings import read_trainings
 
+    def stop(*_: object) -> None:  # SIGTERM as Ctrl-C: the workers are stopped, the finished rows kept
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     folder = folder or new_run_dir(args.out, grid.name if grid.name.startswith("mqar") else f"mqar-{grid.name}")
     try:
         meta = train_grid(grid, folder, jobs=args.jobs, executor=args.executor, address=args.address,
@@ -125,9 +147,17 @@ def _train(args: argparse.Namespace, grid, folder: Path | None, min_recall: floa
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
     except KeyboardInterrupt:
-        print(f"attnbench: interrupted: the finished trainings are kept in {folder}/trainings.csv; continue with: "
+        print(f"attnbench: interrupted: the finished trainings are kept in {folder}/; continue with: "
               f"attnbench recall --resume {folder}", file=sys.stderr)  # fmt: skip
         return Exit.INTERRUPTED
+    return _finish(folder, meta, min_recall)
+
+
+def _finish(folder: Path, meta: dict, min_recall: float) -> int:
+    """The report written and summed up (verdict, accuracy table, sanity checks); the exit status they give."""
+    from attnbench.report.mqar import sanity, terminal_summary, write_mqar_report
+    from attnbench.runfolder.trainings import read_trainings
+
     trainings = read_trainings(folder)
     report = write_mqar_report(folder, trainings, meta, min_recall)
     print(terminal_summary(trainings, min_recall, terminal_width()))
@@ -135,7 +165,7 @@ def _train(args: argparse.Namespace, grid, folder: Path | None, min_recall: floa
     for check in checks:
         outcome = {True: "holds", False: "FAILS", None: "not checked"}[check.holds]
         print(f"sanity: {check.what}: {outcome} ({check.figures})")
-    print(f"attnbench: {len(trainings)} trainings in {folder}/ (trainings.csv, report.md, plots/); report: {report}",
+    print(f"attnbench: {len(trainings)} training(s) in {folder}/ (trainings.csv, report.md, plots/); report: {report}",
           file=sys.stderr)  # fmt: skip
     if not (trainings.status == "ok").any():
         return Exit.NOTHING_RAN
@@ -144,18 +174,14 @@ def _train(args: argparse.Namespace, grid, folder: Path | None, min_recall: floa
 
 
 def _report_only(folder: Path, min_recall: float) -> int:
-    from attnbench.report.mqar import terminal_summary, write_mqar_report
+    """--report DIR: the report again (another --min-recall), with the exit status a run would give."""
     from attnbench.runfolder.meta import read_meta
     from attnbench.runfolder.results import RunFolderUnreadable
     from attnbench.runfolder.trainings import read_trainings
 
     try:
-        trainings = read_trainings(folder)
+        read_trainings(folder)
     except RunFolderUnreadable as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
-    meta = read_meta(folder) if (folder / "meta.json").is_file() else {}
-    report = write_mqar_report(folder, trainings, meta, min_recall)
-    print(terminal_summary(trainings, min_recall, terminal_width()))
-    print(f"attnbench: report: {report}", file=sys.stderr)
-    return Exit.OK
+    return _finish(folder, read_meta(folder) if (folder / "meta.json").is_file() else {}, min_recall)

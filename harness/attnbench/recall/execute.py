@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import json
+import math
 import multiprocessing
 import socket
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from attnbench.plan.cells import spec_label
 from attnbench.recall.grid import training_key
 from attnbench.recall.model import CONV_KERNEL
 from attnbench.recall.mqar import within_reach
+from attnbench.run.ray_executor import RETRIES
 from attnbench.recall.train import TrainResult, TrainSpec, train_mqar
 from attnbench.runfolder.trainings import TrainingRow
 
@@ -67,8 +69,11 @@ def row_of(outcome: Outcome) -> TrainingRow:
     )
     if result is None:
         return TrainingRow(**base, status="error", reason=outcome.reason)
+    diverged = not math.isfinite(result.final_loss)
     return TrainingRow(
         **base,
+        status="error" if diverged else "ok",
+        reason=f"the training diverged (loss {result.final_loss}) after {result.steps} steps: lower lr" if diverged else "",
         accuracy=result.accuracy,
         queries=result.queries,
         train_accuracy=result.train_accuracy,
@@ -86,23 +91,39 @@ def in_process(specs: list[TrainSpec]) -> Iterator[Outcome]:
 
 
 def in_workers(specs: list[TrainSpec], jobs: int) -> Iterator[Outcome]:
-    """`jobs` worker processes (spawned: a fresh torch each), the outcomes in the order they end."""
+    """`jobs` worker processes (spawned: a fresh torch each), the outcomes in the order they end. A worker that dies
+    (a segfault, the OOM killer) breaks the pool: the trainings it may have held (the first `jobs` unfinished, in
+    the pool's FIFO order) are blamed, and every unfinished one is run again in a new pool; a training blamed twice
+    is recorded as an error (as a Ray task is retried once)."""
     context = multiprocessing.get_context("spawn")
-    pool = futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context)
-    try:
-        pending = {pool.submit(train_safely, spec): spec for spec in specs}
-        for done in futures.as_completed(pending):
-            try:
-                yield done.result()
-            except futures.process.BrokenProcessPool as error:  # a worker died: what it held cannot be told apart
-                yield Outcome(pending[done], None, f"its worker process died ({error})")
-            except Exception as error:
-                yield Outcome(pending[done], None, f"{type(error).__name__}: {error}")
-    finally:  # stopped early (Ctrl-C, the writer failed): the trainings in flight are dropped, not waited for
-        processes = list((pool._processes or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.terminate()
+    waiting, blamed = list(specs), {training_key(spec): 0 for spec in specs}
+    while waiting:
+        pool = futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+        try:
+            pending = {pool.submit(train_safely, spec): spec for spec in waiting}
+            finished: set[str] = set()
+            broken = None
+            for done in futures.as_completed(pending):
+                try:
+                    outcome = done.result()
+                except futures.process.BrokenProcessPool as error:
+                    broken = error
+                    break
+                except Exception as error:
+                    outcome = Outcome(pending[done], None, f"{type(error).__name__}: {error}")
+                finished.add(training_key(outcome.spec))
+                yield outcome
+            waiting = [spec for spec in waiting if training_key(spec) not in finished] if broken else []
+            for spec in waiting[:jobs]:
+                blamed[training_key(spec)] += 1
+            for spec in [spec for spec in waiting if blamed[training_key(spec)] > RETRIES]:
+                yield Outcome(spec, None, f"its worker process died twice ({broken})")
+            waiting = [spec for spec in waiting if blamed[training_key(spec)] <= RETRIES]
+        finally:  # stopped early (Ctrl-C, SIGTERM, the writer failed): no worker outlives the grid
+            processes = list((pool._processes or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                process.terminate()
 
 
 def train_on_node(spec: TrainSpec) -> Outcome:
@@ -115,7 +136,7 @@ def train_on_node(spec: TrainSpec) -> Outcome:
 
 def on_ray(specs: list[TrainSpec], address: str | None, say: Callable[[str], None]) -> Iterator[Outcome]:
     """Each training a Ray task asking for its `threads` CPUs; a local runtime started here is stopped at the end."""
-    from attnbench.run.ray_executor import RETRIES, _import_ray, join_ray
+    from attnbench.run.ray_executor import _import_ray, join_ray
 
     ray = _import_ray()
     started, _ = join_ray(ray, address, say)

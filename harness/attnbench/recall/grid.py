@@ -18,7 +18,7 @@ from typing import Any
 
 from attnbench.interface import did_you_mean
 from attnbench.plan.cells import VariantSpec
-from attnbench.plan.config import ConfigError, parse_variants
+from attnbench.plan.config import ConfigError, name_problem, parse_variants
 from attnbench.recall.model import BLIND
 from attnbench.recall.train import TrainSpec
 from attnbench.registry import Registry
@@ -137,10 +137,14 @@ def parse_grid(raw: dict[str, Any], source: str = "grid", registry: Registry = d
     problems += found
     seeds, found = _whole_numbers(raw, "seeds", 0) if "seeds" in raw else (DEFAULT_SEEDS, [])
     problems += found
-    variants, found = _variants(raw.get("variants"), registry) if "variants" in raw else ((), [])
-    problems += found
+    variants, variant_problems = _variants(raw.get("variants"), registry) if "variants" in raw else ((), [])
+    problems += variant_problems
     training = {key: raw[key] for key in TRAINING if key in raw}
     problems += _training_problems(training)
+    if "variants" in raw and not variants and not variant_problems:
+        problems.append("variants: empty; name at least one mixer (see `attnbench list`; `blind` for the chance floor)")
+    if (problem := name_problem(str(raw.get("name", "")))) is not None:
+        problems.append(f"name: {problem}")
     left_out: list[str] = []
     if not problems:
         items = tuple(sorted(training.items()))
@@ -179,10 +183,16 @@ def _training_problems(training: dict[str, Any]) -> list[str]:
     problems = []
     for key, value in training.items():
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        whole = kinds[key] == "int"
+        whole = "int" in str(kinds[key])
         if not number or (whole and not isinstance(value, int)) or not value > 0 and key != "weight_decay":
             kind = "a whole number > 0" if whole else "a number > 0"
             problems.append(f"{key}: expected {kind}, got {value!r}")
         elif key == "weight_decay" and value < 0:
             problems.append(f"{key}: expected a number >= 0, got {value!r}")
+    d_model, heads = training.get("d_model", 64), training.get("heads", 1)
+    if not problems and d_model % heads:
+        problems.append(f"d_model: {d_model} is not a multiple of heads ({heads}): each head takes d_model / heads")
+    for key in ("stop_accuracy", "decay_fraction"):
+        if not problems and key in training and training[key] > 1:
+            problems.append(f"{key}: a share in (0, 1], got {training[key]!r}")
     return problems

@@ -59,7 +59,7 @@ def make_attention(name: str, params: Mapping[str, Any], seed: int, seq_len: int
     cannot be trained as a causal mixer on CPU at this length."""
     if name == BLIND:
         if BLIND in registry.names():
-            raise VariantError(f"a registered variant is named '{BLIND}', which MQAR keeps for its blind mixer; rename it")
+            raise VariantError(f"a registered variant is named '{BLIND}', MQAR's name for its blind mixer: rename it")
         if params:
             raise VariantError(f"the blind mixer takes no parameters, got {dict(params)}")
         return blind

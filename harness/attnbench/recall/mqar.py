@@ -60,7 +60,8 @@ class MQARTask:
                 f"{2 * self.pairs + 2}"
             )
         if not self.alpha > 0:
-            raise ValueError(f"alpha must be positive (1: uniform gaps; Zoology's 0.01: about 1 / gap), got {self.alpha}")
+            why = "1: uniform gaps; Zoology's 0.01: about 1 / gap"
+            raise ValueError(f"alpha must be positive ({why}); got {self.alpha}")
 
     @property
     def keys(self) -> range:

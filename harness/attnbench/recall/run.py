@@ -47,15 +47,21 @@ def train_grid(
     with TrainingsFolder(folder) as writer:
         done = set(read_trainings(folder).query("status == 'ok'").key) if (folder / TRAININGS).exists() else set()
         todo = [spec for spec in specs if training_key(spec) not in done]
+        before = writer.read_meta() if (folder / "meta.json").is_file() else {}
         meta = {
-            "command": command or ["attnbench", "recall", grid.name],
+            "command": before.get("command") or command or ["attnbench", "recall", grid.name],
+            "resumed": before.get("resumed", []) + ([command or []] if before else []),
+            "left_out": list(grid.left_out),
             "grid": {"name": grid.name, **dict(grid.training)},
             "host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
-            "attnbench": __version__, "executor": executor, "jobs": jobs, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "attnbench": __version__, "executor": executor, "jobs": jobs,
+            "started": before.get("started") or time.strftime("%Y-%m-%dT%H:%M:%S"),
         }  # fmt: skip
         writer.write_meta(meta)
         writer.write_text(GRID_FILE, grid_toml(grid))
         say(f"{len(todo)} trainings to run ({len(specs) - len(todo)} done already) -> {folder}/")
+        for why in grid.left_out:
+            say(f"left out: {why}")
         start = time.monotonic()
         for finished, outcome in enumerate(outcomes(todo, jobs=jobs, executor=executor, address=address, say=say), 1):
             writer.append(row_of(outcome))
@@ -63,6 +69,7 @@ def train_grid(
             what = f"{spec_label(spec.variant, spec.params)} N={spec.seq_len} P={spec.pairs} seed={spec.seed}"
             how = f"{result.accuracy:.1%} in {result.train_seconds:.1f} s" if result else f"FAILED: {outcome.reason}"
             say(f"[{finished}/{len(todo)}, {time.monotonic() - start:.0f} s] {what}: {how}")
-        meta = {**meta, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.monotonic() - start, 1)}
+        seconds = before.get("seconds", 0.0) + round(time.monotonic() - start, 1)  # every session's training time
+        meta = {**meta, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(seconds, 1)}
         writer.write_meta(meta)
     return meta

@@ -43,13 +43,13 @@ def summarize(trainings: pd.DataFrame) -> pd.DataFrame:
 def accuracy_text(row: pd.Series) -> str:
     """'97% [93–100]' (mean over seeds, 95% interval), or '97%' from one seed."""
     if row.seeds < 2:
-        return format_percent(row.mean_accuracy)
-    return f"{format_percent(row.mean_accuracy)} [{_points(row.low)}–{_points(row.high)}]"
+        return recall_text(row.mean_accuracy)
+    return f"{recall_text(row.mean_accuracy)} [{_points(row.low)}–{_points(row.high)}]"
 
 
 def _points(share: float) -> str:
-    """An interval end in percent, as precise as the mean beside it (format_percent without its sign)."""
-    return format_percent(share).removesuffix("%")
+    """An interval end in percent, as precise as the mean beside it (recall_text without its sign)."""
+    return recall_text(share).removesuffix("%")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def sanity(trainings: pd.DataFrame) -> list[Sanity]:
         if easy.empty:
             out.append(Sanity(what, None, f"no {BASELINE} training at that setting"))
         else:
-            seeds = ", ".join(format_percent(a) for a in easy.accuracy)
+            seeds = ", ".join(recall_text(a) for a in easy.accuracy)
             out.append(Sanity(what, bool((easy.accuracy >= SOLVED).all()), f"seeds: {seeds}"))
     blind = ok[ok.label == BLIND]
     what = (f"{BLIND} (sees no other position) stays within {100 * CHANCE_SLACK:.0f} points of chance (a guess "
@@ -92,7 +92,10 @@ def verdict_lines(summary: pd.DataFrame, min_recall: float) -> list[str]:
     first, and the rest with their worst setting."""
     lines = []
     for n, at_n in summary.groupby("seq_len"):
+        tried = set(at_n.pairs)
+        incomplete = {label for label, rows in at_n.groupby("label") if set(rows.pairs) != tried}  # a setting failed
         worst = at_n.loc[at_n.groupby("label").mean_accuracy.idxmin()].set_index("label")
+        worst = worst.assign(mean_accuracy=[-1.0 if label in incomplete else v for label, v in worst.mean_accuracy.items()])
         passing = worst[(worst.mean_accuracy >= min_recall) & (worst.index != BLIND)]
         failing = worst[(worst.mean_accuracy < min_recall) & (worst.index != BLIND)]
         pairs = f"{at_n.pairs.min()}–{at_n.pairs.max()}" if at_n.pairs.nunique() > 1 else f"{at_n.pairs.iloc[0]}"
@@ -101,7 +104,8 @@ def verdict_lines(summary: pd.DataFrame, min_recall: float) -> list[str]:
         text = f"**N={n}** ({pairs} pairs): recall ≥ {format_percent(min_recall)} at every number of pairs: {named}."
         if len(failing):
             text += " Below: " + "; ".join(
-                f"{label} ({format_percent(row.mean_accuracy)} at {row.pairs:.0f} pairs)"
+                f"{label} (not every number of pairs ran ok)" if label in incomplete else
+                f"{label} ({recall_text(row.mean_accuracy)} at {row.pairs:.0f} pairs)"
                 for label, row in failing.sort_values("mean_accuracy", ascending=False).iterrows()
             ) + "."  # fmt: skip
         lines.append(text)
@@ -137,7 +141,12 @@ def mqar_blocks(folder: Path, trainings: pd.DataFrame, meta: dict, min_recall: f
     summary = summarize(trainings)
     blocks = [Block("heading", f"MQAR grid: {grid.get('name', folder.name)}", level=1)]
     command = " ".join(meta.get("command", []))
-    blocks.append(Block("text", f"Made by `{command}` on {meta.get('host', '?')}; {len(trainings)} trainings."))
+    settings = ", ".join(f"{k} {v}" for k, v in grid.items() if k != "name") or "the training defaults"
+    blocks.append(Block("text", f"Made by `{command}` on {meta.get('host', '?')}; {len(trainings)} trainings; "
+                                f"{settings} (the rest as `TrainSpec`'s defaults: d_model 64, vocab 4 N, up to 800 "
+                                "steps, 1000 test examples)."))  # fmt: skip
+    if meta.get("left_out"):
+        blocks.append(Block("text", "Left out (the task cannot hold them): " + "; ".join(meta["left_out"]) + "."))
     blocks.append(Block("heading", "Verdict", level=2))
     blocks.append(Block("text", (
         "Multi-query associative recall (Zoology's MQAR): each model (2 layers, a short convolution and the variant as "
