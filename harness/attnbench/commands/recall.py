@@ -113,11 +113,9 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         from attnbench.plan.cells import spec_label
         from attnbench.recall.grid import training_key
-        from attnbench.runfolder.trainings import TRAININGS, read_trainings
+        from attnbench.runfolder.trainings import trained_keys
 
-        done = set()
-        if folder is not None and (folder / TRAININGS).is_file():
-            done = set(read_trainings(folder).query("status == 'ok'").key)
+        done = trained_keys(folder) if folder is not None else set()
         todo = [spec for spec in specs if training_key(spec) not in done]
         for spec in todo:
             print(f"{spec_label(spec.variant, spec.params)} N={spec.seq_len} pairs={spec.pairs} seed={spec.seed}")

@@ -12,6 +12,7 @@ b - example, n - position, p - pair, g - gap slot
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -112,6 +113,7 @@ def multiquery_ar(task: MQARTask, examples: int, seed: int) -> MQARData:
     return task.sample(examples, torch.Generator().manual_seed(seed))
 
 
+@functools.lru_cache(maxsize=None)  # one figure per task: every training of a grid's (N, pairs) point asks for it
 def within_reach(task: MQARTask, reach: int, examples: int = 4000) -> float:
     """The share of queries whose key lies at most `reach` positions back (a model whose mixer sees nothing still
     recalls those through its short convolutions), measured on `examples` drawn from a fixed seed."""

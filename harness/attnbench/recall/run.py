@@ -15,7 +15,7 @@ from attnbench.plan.cells import spec_label
 from attnbench.plan.config import toml_value
 from attnbench.recall.execute import outcomes, row_of
 from attnbench.recall.grid import MQARGrid, training_key
-from attnbench.runfolder.trainings import TRAININGS, TrainingsFolder, read_trainings
+from attnbench.runfolder.trainings import TrainingsFolder, trained_keys
 
 GRID_FILE = "grid.toml"  # the grid as resolved, in its folder: what --resume trains
 
@@ -45,7 +45,7 @@ def train_grid(
 
     specs = grid.specs()
     with TrainingsFolder(folder) as writer:
-        done = set(read_trainings(folder).query("status == 'ok'").key) if (folder / TRAININGS).exists() else set()
+        done = trained_keys(folder)
         todo = [spec for spec in specs if training_key(spec) not in done]
         before = writer.read_meta() if (folder / "meta.json").is_file() else {}
         meta = {

@@ -115,3 +115,10 @@ def read_trainings(path: Path) -> pd.DataFrame:
     frame = pd.read_csv(io.StringIO(text), on_bad_lines="skip", dtype={name: str for name in ("key", "label", "variant", "hparams", "status", "reason", "host", "node")})
     frame = frame.reindex(columns=COLUMNS).fillna({"reason": "", "host": "", "node": ""})
     return frame.drop_duplicates("key", keep="last").reset_index(drop=True)
+
+
+def trained_keys(path: Path) -> set[str]:
+    """The keys of the trainings that ended ok in `path` (none when it has no trainings.csv yet): what a resume skips."""
+    if not (path / TRAININGS).is_file():
+        return set()
+    return set(read_trainings(path).query("status == 'ok'").key)
