@@ -75,7 +75,7 @@ def test_huge_n_ends_within_seconds_with_reasons_and_exit_3(tmp_path: Path) -> N
     assert time.monotonic() - started < 90
     assert result.returncode == 3, result.stderr
     frame = read_results(only_run(tmp_path))
-    assert len(frame) == 8 and (frame.status == "skipped").all()  # full, full-math, band and band with sinks
+    assert len(frame) == 12 and (frame.status == "skipped").all()  # full, full-math, band, band with sinks × 3 inputs
     reasons = frame.set_index(["label", "input"]).reason
     assert reasons[("full-math", "realistic")].startswith("estimated peak memory")
     assert "float64 exact reference would take at least" in reasons[("band(window=256)", "realistic")]

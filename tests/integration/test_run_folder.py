@@ -207,8 +207,8 @@ def test_reasons_are_kept_whole_in_the_csv_and_escaped_in_tables(installed_plugi
         assert not any(line.startswith("second line") for line in text.splitlines())  # the newline is gone
     assert "…" in (run / "summary.md").read_text()  # shortened for display, with an ellipsis
     assert (
-        "2 cell(s) did not run ok (error 2): reasons in summary.md" in result.stderr
-    )  # the terminal counts them, points to summary
+        "3 cell(s) did not run ok (error 3): reasons in summary.md" in result.stderr
+    )  # the terminal counts them (one an input), points to summary
 
 
 @pytest.mark.slow

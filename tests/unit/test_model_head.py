@@ -38,7 +38,8 @@ def test_the_loss_and_the_comparison_are_those_of_the_whole_logits(small_slices:
         whole = F.cross_entropy(logits[0], labels[0], ignore_index=IGNORED)
     assert sliced.loss(hidden, loss_targets(labels, causal)) == pytest.approx(whole.item(), rel=1e-6)
     rel, cosine = compare(logits, exact)
-    assert sliced.compare(hidden, reference) == pytest.approx((rel, cosine), rel=1e-6)
+    # float32 sums taken slice by slice, in another order: a relative error of ~5e-4 agrees to ~1e-6 of itself
+    assert sliced.compare(hidden, reference) == pytest.approx((rel, cosine), rel=1e-5)
     assert sliced.compare(reference, reference) == pytest.approx((0.0, 1.0), abs=1e-12)
 
 

@@ -199,6 +199,10 @@ def main(args: argparse.Namespace) -> int:
         + f"; results in {run_dir}/",
         file=sys.stderr,
     )
+    from attnbench.measure.group import unfit_input_lines
+
+    for line in unfit_input_lines(cells, config.settings):
+        print(f"attnbench: {line}", file=sys.stderr)
     from attnbench.measure.noise import NOISY_COMPETITION, competing_now
 
     competing, cores = competing_now(), os.cpu_count() or 1  # other processes' CPU now, not a lagging load average

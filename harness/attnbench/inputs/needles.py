@@ -65,6 +65,19 @@ def needle_problems(
     return problems
 
 
+def needle_cell_problems(
+    params: dict, *, seq_len: int, n_k: int, padding: float, head_dim: int, decode_steps: int | None
+) -> list[str]:
+    """Why this input's needles cannot be planted in one cell (its N, padding, head_dim, and in decode the steps
+    that hold the queries), or []. Such a cell is skipped with these reasons; the rest of the run goes on."""
+    if n_k != seq_len:
+        return ["needles: a needle's query asks for a key of its own sequence: leave kv_lens at 0"]
+    pairs = {**NEEDLE_DEFAULTS, **params}["pairs"]
+    shortest = seq_len - min(seq_len - 1, round(padding * seq_len))  # real keys of the most padded batch row
+    found = needle_problems(pairs, shortest, head_dim=head_dim, query_room=decode_steps)
+    return [f"{p} (N after padding)" if padding > 0 else p for p in found]
+
+
 def _positions(
     generator: torch.Generator, pairs: int, length: int, queries_from: int
 ) -> tuple[list[int], list[int]]:

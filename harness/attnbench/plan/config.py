@@ -20,7 +20,6 @@ import tomllib
 
 from attnbench.inputs.captured import captured_fit_problems
 from attnbench.inputs.catalogue import validate_input
-from attnbench.inputs.needles import NEEDLE_DEFAULTS, needle_problems
 from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
 from attnbench.plan.budget import DEFAULT_MAX_ERROR, budget_problems
 from attnbench.plan.cells import AXES, InputSpec, Plan, VariantSpec, compiled_label, expand, groups_of
@@ -286,7 +285,6 @@ def parse_config(
         problems.append("inputs: an empty list gives no cell; give at least one [[inputs]] table")
     if config.axes["input"] and config.axes["seq_len"] and config.axes["kv_len"]:
         problems += _machine_problems(config.axes, cluster, at)  # with the others: every problem is listed at once
-        problems += _needle_fit_problems(config.axes, config.settings)
     if config.settings.min_recall is not None and not any(s.name == "needles" for s in config.axes["input"]):
         problems.append(f"{at('min_recall')}: recall is measured on the input `needles`: add [[inputs]] name = \"needles\"")
     if problems:
@@ -420,24 +418,6 @@ def parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tup
             if not point_problems:
                 specs.append(VariantSpec(name, point))
     return list(dict.fromkeys(specs)), problems
-
-
-def _needle_fit_problems(axes: dict[str, list[Any]], settings: Settings) -> list[str]:
-    """Needles that do not fit the cells: too many pairs for the shortest N (or, in decode, for the steps that
-    hold their queries), or cross-attention (a needle's query asks for a key of its own sequence)."""
-    problems = []
-    shortest = min(n - min(n - 1, round(p * n)) for n in axes["seq_len"] for p in axes["padding"])  # real keys
-    for spec in axes["input"]:
-        pairs = dict(spec.params).get("pairs", NEEDLE_DEFAULTS["pairs"])
-        if spec.name != "needles" or validate_input(spec.name, dict(spec.params)):
-            continue  # listed already
-        decode = settings.decode_steps if "decode" in axes["mode"] else None
-        found = needle_problems(pairs, shortest, head_dim=min(axes["head_dim"]), query_room=decode)
-        problems += [f"inputs: {spec.label()}: {p}" + (" (N after padding)" if max(axes["padding"]) > 0 else "")
-                     for p in found]  # fmt: skip
-        if any(k and k != n for k in axes["kv_len"] for n in axes["seq_len"]):
-            problems.append(f"inputs: {spec.label()}: a needle's query asks for a key of its own sequence: leave kv_lens at 0")
-    return problems
 
 
 def _machine_problems(axes: dict[str, list[Any]], cluster: bool, at: Callable[[str], str]) -> list[str]:
