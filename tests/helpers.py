@@ -197,3 +197,24 @@ class LargestTensor(TorchDispatchMode):
         sizes = [t.numel() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
         self.numel = max([self.numel, *sizes])
         return result
+
+
+def needle_attention_ranks(inputs, causal: bool = True):
+    """(h, p) where each needle's key ranks among all keys by the attention the other queries pay it (each key's
+    exact-softmax column sum, over queries that see it and are no needle's probe, per query that sees it): 0 the
+    most attended, 1 the least. An ordinary key ranks anywhere, about uniformly; a heavy hitter near 0."""
+    import math
+
+    import torch
+
+    q, k = inputs.q[0].double(), inputs.k[0].double()  # (h, n, d)
+    n = q.shape[1]
+    logits = torch.einsum("hid,hjd->hij", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    probes = torch.zeros(n, dtype=torch.bool)
+    probes[inputs.needles.query_positions[0]] = True
+    paid = logits.softmax(-1)[:, ~probes].sum(1)  # (h, n)
+    seen_by = (n - torch.arange(n)) if causal else torch.full((n,), n)
+    order = (paid / seen_by).argsort(-1, descending=True).argsort(-1)  # (h, n): rank of each key
+    return order[:, inputs.needles.key_positions[0]].double() / n

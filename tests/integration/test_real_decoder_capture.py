@@ -67,3 +67,23 @@ def test_calibrate_on_the_real_decoder_reproduces_the_shipped_table_at_512(model
     mine = json.loads(out.read_text())["lengths"]["512"]["statistics"]
     for name, statistic in shipped["statistics"].items():
         assert mine[name]["mean"] == pytest.approx(statistic["mean"], abs=2e-3), name
+
+
+def test_needles_in_the_real_decoders_attention_are_retrieved_exactly_and_are_ordinary_keys(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Needles planted in SmolLM2's own post-rotary heads (background = "captured"), three layers side by side:
+    exact attention retrieves every one, and each needle gets about the attention any key gets from the other
+    queries (a heavy hitter would rank near 0), as on the synthetic `realistic` background."""
+    from helpers import needle_attention_ranks
+
+    out = tmp_path / "real.pt"
+    assert main(["capture", str(model_dir), "--text-file", str(TUTORIAL), "--seq-len", "1024", "--out", str(out)]) == 0
+    params = {"pairs": 16, "background": "captured", "path": str(out), "layer": [4, 16, 26]}
+    x = make_inputs("needles", params, batch=1, heads=27, seq_len=1024, head_dim=64, dtype=torch.float32,
+                    device=torch.device("cpu"), seed=0, causal=True)  # fmt: skip
+    from attnbench.measure.metrics import needle_fields
+
+    assert needle_fields(registry.create("full")(x.q, x.k, x.v, causal=True), x, causal=True)["needle_accuracy"] == 1.0
+    ranks = needle_attention_ranks(x)  # (h, p): uniform over [0, 1] for ordinary keys
+    assert 0.25 < ranks.median() < 0.75 and (ranks < 0.25).double().mean() < 0.45

@@ -20,7 +20,7 @@ from attnbench.registry import registry
 def needles(n: int = 256, pairs: int = 8, *, causal: bool = True, background: str = "realistic", **more):
     params = {"pairs": pairs, "background": background}
     options = dict(batch=2, heads=4, seq_len=n, head_dim=32, dtype=torch.float32, device=torch.device("cpu"), seed=3)
-    options["seed"] = more.pop("seed", 3)
+    options.update({key: more.pop(key) for key in ("seed", "heads", "batch") if key in more})
     return make_inputs("needles", params, **{**options, "causal": causal, **more})
 
 
@@ -57,6 +57,16 @@ def test_exact_attention_retrieves_every_needle_with_the_margin_it_was_planted_w
         logits[:, t + 1 :] = -math.inf
     mass = logits.softmax(-1)[:, key]
     assert torch.allclose(mass, torch.full_like(mass, 1 / (1 + math.exp(-8))), atol=1e-3)
+
+
+def test_a_needle_is_an_ordinary_key_to_every_query_but_its_probe() -> None:
+    """Planted along a direction the queries and keys use least, at an ordinary length, a needle gets about the
+    attention any key gets from the other queries (a key planted long would be a heavy hitter: kept by H2O for the
+    wrong reason). SmolLM2's own heads are checked in tests/integration/test_real_decoder_capture.py."""
+    from helpers import needle_attention_ranks
+
+    ranks = needle_attention_ranks(needles(1024, 16, heads=8, batch=1))  # (h, p), uniform over [0, 1] if ordinary
+    assert 0.25 < ranks.median() < 0.75 and 0.1 < (ranks < 0.25).double().mean() < 0.45  # long keys: 0.004, 0.9
 
 
 def test_averaging_v_retrieves_nothing_and_a_window_exactly_the_needles_within_it() -> None:
@@ -112,7 +122,10 @@ def test_planting_leaves_the_callers_tensors_alone() -> None:
         ({"pairs": 0}, "pairs must be a finite positive number"),
         ({"margin": -1}, "margin must be a finite positive number"),
         ({"background": "realistc"}, "Did you mean: realistic"),
-        ({"background": "captured"}, "background must be one of"),
+        ({"background": "needles"}, "background must be one of"),
+        ({"background": "captured"}, "input 'needles' (background captured): give path ="),
+        ({"background": "gaussian", "temprature": 2.0}, "Did you mean: temperature"),
+        ({"background": "gaussian", "temperature": -2.0}, "(background gaussian): temperature must be a finite"),
         ({"pair": 4}, "unknown parameter 'pair'"),
         ({"margin": 1e6}, "margin must be at most 30"),
     ],

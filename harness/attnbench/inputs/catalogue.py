@@ -59,15 +59,26 @@ DISTRIBUTIONS: dict[str, Distribution] = {
     "realistic": Distribution(realistic, {"temperature": 1.0}, ("temperature",), by_mask=True),
     "captured": Distribution(captured, {"path": "", "layer": 0, "beyond": "error"}, ()),
 }
-BACKGROUNDS = tuple(name for name in DISTRIBUTIONS if name != "captured")  # what needles may be planted in
+BACKGROUNDS = tuple(DISTRIBUTIONS)  # what needles may be planted in: any distribution, a captured model's too
+
+
+def split_needle_params(params: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """A needles input's parameters as (its own, the background's name, the background's): any parameter not the
+    needles' own (`pairs`, `margin`) is the background's, e.g. `path` and `layer` of a captured background."""
+    own = {key: value for key, value in params.items() if key in NEEDLE_DEFAULTS and key != "background"}
+    background = params.get("background", NEEDLE_DEFAULTS["background"])
+    rest = {key: value for key, value in params.items() if key not in NEEDLE_DEFAULTS}
+    return own, background, rest
 
 
 def needle_background(
-    generator: torch.Generator, shape: tuple[int, int, int, int], *, background: str, causal: bool = False, **_: Any
+    generator: torch.Generator, shape: tuple[int, int, int, int], *, causal: bool = False, **params: Any
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The context needles are planted in (`make_inputs` plants them): a synthetic distribution at its defaults."""
+    """The context needles are planted in (`make_inputs` plants them): the background distribution with the
+    parameters given for it (its defaults for the rest)."""
+    _, background, given = split_needle_params(params)
     spec = DISTRIBUTIONS[background]
-    return spec.make(generator, shape, **spec.defaults, **({"causal": causal} if spec.by_mask else {}))
+    return spec.make(generator, shape, **{**spec.defaults, **given}, **({"causal": causal} if spec.by_mask else {}))
 
 
 DISTRIBUTIONS["needles"] = Distribution(needle_background, NEEDLE_DEFAULTS, ("pairs", "margin"), by_mask=True)
@@ -77,6 +88,8 @@ def validate_input(name: str, params: dict[str, Any]) -> list[str]:
     """Problems with an input spec: unknown distribution or parameter, bad values, an unreadable captured file."""
     if name not in DISTRIBUTIONS:
         return [f"unknown input distribution '{name}' (known: {', '.join(DISTRIBUTIONS)}){_hint(name, DISTRIBUTIONS)}"]
+    if name == "needles":
+        return _needle_problems(params)
     spec = DISTRIBUTIONS[name]
     problems = [
         f"input '{name}': unknown parameter '{key}' (known: {', '.join(spec.defaults)}){_hint(key, spec.defaults)}"
@@ -91,23 +104,36 @@ def validate_input(name: str, params: dict[str, Any]) -> list[str]:
     ]
     if name == "captured":
         problems += _captured_problems(params)
-    if name == "needles":
-        problems += _needle_problems(params)
     return problems
 
 
 def _needle_problems(params: dict[str, Any]) -> list[str]:
-    pairs, background = params.get("pairs", 1), params.get("background", "realistic")
-    margin = params.get("margin", 1.0)
-    problems = []
+    """The needles' own parameters checked here; the others are the background's, checked as that input's."""
+    own, background, given = split_needle_params(params)
+    pairs, margin = own.get("pairs", 1), own.get("margin", 1.0)
+    problems = [
+        f"input 'needles': {key} must be a finite positive number, got {value!r}"
+        for key, value in own.items()
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf
+    ]
     if isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin > MAX_MARGIN:
         problems.append(f"input 'needles': margin must be at most {MAX_MARGIN:g} nats (float32 sees no difference "
                         f"beyond; the planted keys would overflow float16), got {margin!r}")  # fmt: skip
     if isinstance(pairs, float):  # other types: the positive check names them
         problems.append(f"input 'needles': pairs must be a whole number of key -> value pairs, got {pairs!r}")
     if background not in BACKGROUNDS:
-        known = ", ".join(BACKGROUNDS)
-        problems.append(f"input 'needles': background must be one of {known}, got {background!r}{_hint(background, BACKGROUNDS)}")
+        return problems + [f"input 'needles': background must be one of {', '.join(BACKGROUNDS)}, got "
+                           f"{background!r}{_hint(background, BACKGROUNDS)}"]  # fmt: skip
+    known = [*NEEDLE_DEFAULTS, *DISTRIBUTIONS[background].defaults]
+    problems += [
+        f"input 'needles': unknown parameter '{key}' (known with background {background}: {', '.join(known)})"
+        f"{_hint(key, known)}"
+        for key in given
+        if key not in DISTRIBUTIONS[background].defaults
+    ]
+    ours = {key: value for key, value in given.items() if key in DISTRIBUTIONS[background].defaults}
+    for problem in validate_input(background, ours):  # `input 'captured': ...` named as the needles' background
+        problems.append(problem.replace(f"input '{background}'", f"input 'needles' (background {background})", 1))
     return problems
 
 

@@ -103,12 +103,39 @@ def _positions(
     return keys, queries
 
 
-def _directions(generator: torch.Generator, heads: int, pairs: int, dim: int) -> Tensor:
-    """(h, p, d) unit directions, orthonormal per head when p <= d (a probe then sees no other needle)."""
-    draw = torch.randn(heads, dim, max(pairs, 1), generator=generator)
-    if pairs <= dim:
-        return rearrange(torch.linalg.qr(draw).Q[..., :pairs], "h d p -> h p d")
-    return rearrange(draw / torch.linalg.vector_norm(draw, dim=1, keepdim=True), "h d p -> h p d")
+def _quiet_directions(generator: torch.Generator, q: Tensor, k: Tensor, real: Tensor, pairs: int) -> Tensor:
+    """(b, h, p, d) unit directions, orthonormal per row and head, in the span the row's queries and keys use least
+    (the eigenvectors of the sum of their trace-normalized second moments with the smallest half of its eigenvalues,
+    or P of them when P > d/2). Other keys barely project on such a direction, so a needle along it stands out for
+    the probe along it; other queries barely project on it either, so to them the needle is an ordinary key."""
+    b, h, n, d = k.shape
+    moment = torch.zeros(b, h, d, d, dtype=torch.float64)
+    for x in (q, k):
+        kept = (x * real[:, None, :, None]).double()  # (b, h, n, d): padding takes no part
+        second = torch.einsum("bhnd,bhne->bhde", kept, kept)  # (b, h, d, d)
+        moment += second / torch.diagonal(second, dim1=-2, dim2=-1).sum(-1)[..., None, None].clamp(min=1e-30)
+    _, vectors = torch.linalg.eigh(moment)  # eigenvalues ascending
+    room = max(pairs, d // 2)
+    mix = torch.linalg.qr(torch.randn(b, h, room, pairs, generator=generator, dtype=torch.float64)).Q  # (b, h, r, p)
+    return rearrange(vectors[..., :room] @ mix, "b h d p -> b h p d").float()
+
+
+def _probe_lengths(planted: Tensor, others: Tensor, margin: float, scale: float) -> Tensor:
+    """(b, h, p) length λ of each probe u such that its logit on the needle, λ |k| / scale, exceeds the
+    log-sum-exp of its logits on the other visible keys, λ (u . k_j) / scale, by `margin`. The gap grows
+    monotonically in λ (the needle's key projects most on u), so bisection finds it. `planted` (b, h, p): |k| of
+    each needle; `others` (b, h, p, n): u . k_j, -inf where not visible."""
+    def gap(length: Tensor) -> Tensor:
+        return length * planted / scale - torch.logsumexp(length[..., None] * others / scale, dim=-1)
+
+    visible = torch.isfinite(others).sum(dim=-1).clamp(min=1)  # (b, h, p)
+    top = others.amax(dim=-1).clamp(min=0)
+    low, high = torch.zeros_like(planted), scale * (margin + visible.log()) / (planted - top)  # gap(high) >= margin
+    for _ in range(60):  # float64: the margin to ~1e-12 nats
+        middle = (low + high) / 2
+        short = gap(middle) < margin
+        low, high = torch.where(short, middle, low), torch.where(short, high, middle)
+    return high
 
 
 def plant_needles(
@@ -125,6 +152,12 @@ def plant_needles(
 ) -> tuple[Tensor, Tensor, Tensor, Needles]:
     """Plant `pairs` needles into float32 q, k, v (b, h, n, d|e) on the CPU (copies; the inputs are untouched).
 
+    Each needle's key is an ordinary key: the row and head's median key length, along a direction the other keys
+    barely use (`_quiet_directions`); twice its largest projection from another visible key if that is longer. Its
+    probe query is along the same direction, made long enough (`_probe_lengths`) that exact attention puts
+    1 / (1 + e^-margin) of the probe's mass on it. So the needle stands out for its own query only: a cache policy
+    that ranks keys by the attention other queries paid them has no reason to keep it.
+
     `lengths[b]`: the real (unpadded) keys of row b, default n. `queries_from`: the first position a query may take.
     """
     q, k, v = q.clone(), k.clone(), v.clone()
@@ -135,26 +168,28 @@ def plant_needles(
     placed = [_positions(generator, pairs, length, queries_from) for length in lengths]
     key_at = torch.tensor([keys for keys, _ in placed], dtype=torch.long)  # (b, p)
     query_at = torch.tensor([queries for _, queries in placed], dtype=torch.long)  # (b, p)
-    directions = _directions(generator, h, pairs, d)  # (h, p, d)
     rows = torch.arange(b)[:, None]  # (b, 1)
-    q_norm = torch.linalg.vector_norm(q, dim=-1).median()
+    position = torch.arange(n)
+    real = position[None, :] < torch.tensor(lengths)[:, None]  # (b, n)
+    directions = _quiet_directions(generator, q, k, real, pairs)  # (b, h, p, d)
     v_norm = torch.linalg.vector_norm(v, dim=-1).median()
     values = torch.randn(b, h, pairs, v.shape[-1], generator=generator)
     values = values / torch.linalg.vector_norm(values, dim=-1, keepdim=True) * v_norm  # (b, h, p, e)
 
-    probes = q_norm * directions[None]  # (b, h, p, d): every probe of a head along its pair's direction
-    q[rows, :, query_at] = rearrange(probes, "b h p d -> b p h d")
-    k[rows, :, key_at] = 0.0  # the needles' own logits are set below; other needles' are 0 (orthogonal) meanwhile
+    key_norm = torch.stack([torch.linalg.vector_norm(k[row, :, : lengths[row]], dim=-1).median(dim=-1).values
+                            for row in range(b)])  # (b, h): an ordinary key's length  # fmt: skip
     v[rows, :, key_at] = rearrange(values, "b h p e -> b p h e")
-    logits = torch.einsum("bhpd,bhnd->bhpn", probes, k) / math.sqrt(d)  # (b, h, p, n)
-    position = torch.arange(n)
-    visible = position[None, :] < torch.tensor(lengths)[:, None]  # (b, n)
-    visible = visible[:, None, :] & (position[None, None, :] <= query_at[:, :, None] if causal else True)  # (b, p, n)
-    logits = logits.masked_fill(~visible[:, None], -math.inf)
-    rest = torch.logsumexp(logits, dim=-1)  # (b, h, p): the key row is 0 now, so its logit 0 is in the sum: harmless
-    target = torch.clamp(rest + margin, min=margin)  # the planted logit
-    lengths_k = target * math.sqrt(d) / q_norm  # |k| with q.k / sqrt(d) = target
-    k[rows, :, key_at] = rearrange(lengths_k[..., None] * directions[None], "b h p d -> b p h d")
+    visible = real[:, None, :] & (position[None, None, :] <= query_at[:, :, None] if causal else True)  # (b, p, n)
+    visible = visible & (position[None, None, :] != key_at[:, :, None])  # the needle itself is not among the others
+    at = torch.einsum("bhpd,bhnd->bhpn", directions.double(), k.double())  # (b, h, p, n): u . k_j before planting
+    others = at.masked_fill(~visible[:, None], -math.inf)
+    own = torch.gather(at, -1, key_at[:, None, :, None].expand(b, h, pairs, 1))[..., 0]  # (b, h, p): u . k, the key's own
+    # the needle's key: its own key plus `added` along u, so that it projects `planted` on u
+    planted = torch.maximum(own + key_norm[..., None].double(), 2 * others.amax(dim=-1)).clamp(min=1e-3)  # (b, h, p)
+    added = planted - own
+    probe = _probe_lengths(planted, others, margin, math.sqrt(d))  # (b, h, p)
+    k[rows, :, key_at] += rearrange(added.float()[..., None] * directions, "b h p d -> b p h d")
+    q[rows, :, query_at] = rearrange(probe.float()[..., None] * directions, "b h p d -> b p h d")
     return q, k, v, Needles(key_at, query_at)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence, get_type_hints
 import tomllib
 
 from attnbench.inputs.captured import captured_fit_problems
-from attnbench.inputs.catalogue import validate_input
+from attnbench.inputs.catalogue import split_needle_params, validate_input
 from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
 from attnbench.plan.budget import DEFAULT_MAX_ERROR, budget_problems
 from attnbench.plan.cells import AXES, InputSpec, Plan, VariantSpec, compiled_label, expand, groups_of
@@ -438,11 +438,20 @@ def _machine_problems(axes: dict[str, list[Any]], cluster: bool, at: Callable[[s
                      if re.fullmatch(r"cuda:\d+", d) and int(d.split(":")[1]) >= count]  # fmt: skip
     length = max(max(axes["seq_len"]), max(axes["kv_len"]))
     for spec in axes["input"]:
-        if spec.name == "captured" and not validate_input(spec.name, dict(spec.params)):  # else listed already
+        params = dict(spec.params)
+        if validate_input(spec.name, params):
+            continue  # listed already
+        where = "captured"
+        if spec.name == "needles":  # planted in a captured model's attention, perhaps
+            _, background, params = split_needle_params(params)
+            where = f"needles (background {background})"
+        else:
+            background = spec.name
+        if background == "captured":
             problems += [
-                f"inputs: captured {dict(spec.params).get('path')}: {p}"
+                f"inputs: {where} {params.get('path')}: {p}"
                 for p in captured_fit_problems(
-                    dict(spec.params), max(axes["batch"]), max(axes["heads"]), length, set(axes["head_dim"])
+                    params, max(axes["batch"]), max(axes["heads"]), length, set(axes["head_dim"])
                 )
             ]
     return problems
