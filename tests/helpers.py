@@ -199,15 +199,18 @@ class LargestTensor(TorchDispatchMode):
         return result
 
 
-def needle_attention_ranks(inputs, causal: bool = True):
+def needle_attention_ranks(inputs, causal: bool = True, context=None):
     """(h, p) where each needle's key ranks among all keys by the attention the other queries pay it (each key's
     exact-softmax column sum, over queries that see it and are no needle's probe, per query that sees it): 0 the
-    most attended, 1 the least. An ordinary key ranks anywhere, about uniformly; a heavy hitter near 0."""
+    most attended, 1 the least. With `context` (the same inputs before planting: the background at the same seed),
+    the ranks of the keys at the needles' positions there: what the needles would rank if planting changed nothing
+    (early keys rank high in causal attention, and needles' keys lie early)."""
     import math
 
     import torch
 
-    q, k = inputs.q[0].double(), inputs.k[0].double()  # (h, n, d)
+    source = inputs if context is None else context
+    q, k = source.q[0].double(), source.k[0].double()  # (h, n, d)
     n = q.shape[1]
     logits = torch.einsum("hid,hjd->hij", q, k) / math.sqrt(q.shape[-1])
     if causal:
@@ -215,6 +218,7 @@ def needle_attention_ranks(inputs, causal: bool = True):
     probes = torch.zeros(n, dtype=torch.bool)
     probes[inputs.needles.query_positions[0]] = True
     paid = logits.softmax(-1)[:, ~probes].sum(1)  # (h, n)
-    seen_by = (n - torch.arange(n)) if causal else torch.full((n,), n)
-    order = (paid / seen_by).argsort(-1, descending=True).argsort(-1)  # (h, n): rank of each key
+    seen_by = ((n - torch.arange(n)) if causal else torch.full((n,), n)).double()
+    seen_by -= (probes.cumsum(0).flip(0) if causal else probes.sum()).double()  # probes do not count
+    order = (paid / seen_by.clamp(min=1)).argsort(-1, descending=True).argsort(-1)  # (h, n): rank of each key
     return order[:, inputs.needles.key_positions[0]].double() / n

@@ -61,7 +61,7 @@ def test_min_recall_on_a_run_without_needles_is_refused(tmp_path: Path, capsys) 
     assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
     folder = next((tmp_path / "out").iterdir())
     assert main(["report", str(folder), "--min-recall", "0.9"]) == 2
-    assert "measured no recall" in capsys.readouterr().err
+    assert "has no `needles` input" in capsys.readouterr().err
     assert main(["run", str(config), "--out", str(tmp_path / "o2"), "--no-progress", "--min-recall", "0.9"]) == 2
     assert 'add [[inputs]] name = "needles"' in capsys.readouterr().err
 
@@ -95,3 +95,14 @@ def test_recall_asked_but_not_measured_at_an_n_leaves_the_variant_out(tmp_path: 
     assert main(["report", str(folder), "--min-recall", "0.1", "--max-error", "0.8"]) == 0
     verdict = (folder / "report.md").read_text().split("## Detail")[0]
     assert "band(window=128) (needle recall not measured at this N" in verdict
+
+
+def test_min_recall_where_the_needles_were_skipped_judges_as_the_run_did(tmp_path: Path, capsys) -> None:
+    """`run --min-recall` on needles that fit no cell says 'not measured at this N' and exits 0; `report` with the
+    same flag on that run did otherwise (exit 2, 'measured no recall'): both judge alike now."""
+    config = tmp_path / "c.toml"
+    config.write_text('variants = ["full", "band"]\nseq_lens = [32]\nheads = 1\nhead_dim = 8\nmin_run_time = 0.01\n'
+                      '[[inputs]]\nname = "realistic"\n[[inputs]]\nname = "needles"\npairs = 16\n')  # fmt: skip
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--min-recall", "0.9"]) == 0
+    folder = next((tmp_path / "out").iterdir())
+    assert main(["report", str(folder), "--min-recall", "0.9"]) == 0

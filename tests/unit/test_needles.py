@@ -44,7 +44,7 @@ def test_pairs_are_distinct_keys_before_their_queries_and_reproducible(n: int, p
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("background", ["realistic", "gaussian", "clustered"])
+@pytest.mark.parametrize("background", ["realistic", "gaussian", "clustered", "local", "lowrank"])
 def test_exact_attention_retrieves_every_needle_with_the_margin_it_was_planted_with(causal, background) -> None:
     inputs = needles(512, 16, causal=causal, background=background)
     assert needle_fields(exact(inputs, causal), inputs, causal=causal)["needle_accuracy"] == 1.0
@@ -59,14 +59,21 @@ def test_exact_attention_retrieves_every_needle_with_the_margin_it_was_planted_w
     assert torch.allclose(mass, torch.full_like(mass, 1 / (1 + math.exp(-8))), atol=1e-3)
 
 
-def test_a_needle_is_an_ordinary_key_to_every_query_but_its_probe() -> None:
-    """Planted along a direction the queries and keys use least, at an ordinary length, a needle gets about the
-    attention any key gets from the other queries (a key planted long would be a heavy hitter: kept by H2O for the
-    wrong reason). SmolLM2's own heads are checked in tests/integration/test_real_decoder_capture.py."""
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("background", ["realistic", "gaussian", "local"])
+def test_a_needle_is_as_attended_by_the_other_queries_as_the_key_it_was(causal: bool, background: str) -> None:
+    """Added along a direction the other queries are blind to, a needle gets from them the attention the key at its
+    position got before planting (a needle planted long would be a heavy hitter, kept by H2O for the wrong reason).
+    Ranked among all keys by that attention (0 the most attended), the needles rank as their positions did.
+    SmolLM2's own heads are checked in tests/integration/test_real_decoder_capture.py."""
     from helpers import needle_attention_ranks
 
-    ranks = needle_attention_ranks(needles(1024, 16, heads=8, batch=1))  # (h, p), uniform over [0, 1] if ordinary
-    assert 0.25 < ranks.median() < 0.75 and 0.1 < (ranks < 0.25).double().mean() < 0.45  # long keys: 0.004, 0.9
+    planted = needles(1024, 16, heads=8, batch=1, causal=causal, background=background)
+    context = make_inputs(background, {}, batch=1, heads=8, seq_len=1024, head_dim=32, dtype=torch.float32,
+                          device=torch.device("cpu"), seed=3, **({"causal": causal} if background == "realistic" else {}))
+    ranks = needle_attention_ranks(planted, causal=causal)  # (h, p)
+    before = needle_attention_ranks(planted, causal=causal, context=context)  # the same positions, not planted
+    assert abs(ranks.median() - before.median()) < 0.1 and (ranks - before).abs().mean() < 0.2
 
 
 def test_averaging_v_retrieves_nothing_and_a_window_exactly_the_needles_within_it() -> None:
@@ -145,7 +152,8 @@ def config_text(extra: str, pairs: int = 16) -> str:
     "extra, pairs, said, skipped_at",
     [
         ("", 16, "pairs=16 needs N >= 64 (4 positions a pair), got N=32", {32}),
-        ('mode = "decode"\ndecode_steps = 8', 12, "queries need as many decode steps (decode_steps=8)", {32, 64, 256}),
+        ('mode = "decode"\ndecode_steps = 8', 12, "pairs=12 needs decode_steps >= 12", {32, 64, 256}),
+        ("value_dim = 4", 4, "values of width 4 are too narrow", {32, 64, 256}),
         ("kv_lens = [64]", 4, "leave kv_lens at 0", {32, 256}),  # at N=64 kv_len is N: self-attention
         ("head_dim = 8", 12, "pairs=12 needs head_dim >= 12", {32, 64, 256}),
         ("padding = [0.6]", 16, "pairs=16 needs N >= 64 (4 positions a pair), got N=26 (N after padding)", {32, 64}),
@@ -158,7 +166,10 @@ def test_cells_the_needles_do_not_fit_are_skipped_with_the_reason_before_any_wor
     skipped, said why, and the rest (here N=256, when only N is the reason) still run."""
     from attnbench.measure.group import admit
 
-    config = parse_config(tomllib.loads(config_text(extra, pairs).replace("[32, 256]", "[32, 64, 256]")))
+    text = config_text(extra, pairs).replace("[32, 256]", "[32, 64, 256]")
+    if "kv_lens" in extra:  # causal cross-attention is unsupported by `full` itself, said before the input's misfit
+        text = text.replace("causal = true", "causal = false")
+    config = parse_config(tomllib.loads(text))
     admissions = {cell: admit(cell, config.settings, registry) for cell in config.plan().cells}
     skipped = {cell.seq_len for cell, a in admissions.items() if a.fields.get("status") == "skipped"}
     assert all(said.split(", got")[0] in a.fields["reason"] for a in admissions.values() if not a.runs)
@@ -185,3 +196,26 @@ def test_a_placement_that_cannot_fit_says_so() -> None:
         plant_needles(q, k, v, torch.Generator().manual_seed(0), pairs=17, margin=8.0, causal=True)
     with pytest.raises(ValueError, match="needs head_dim >= 16"):
         plant_needles(*(torch.randn(1, 1, 256, 8) for _ in range(3)), torch.Generator(), pairs=16, margin=8.0, causal=True)
+
+
+def test_a_setting_is_timed_on_its_first_input_the_needles_fit() -> None:
+    """Needles listed first and skipped at N=32: the next input is timed there, so the N still has speedups."""
+    text = 'variants = ["full"]\nseq_lens = [32, 256]\n[[inputs]]\nname = "needles"\n[[inputs]]\nname = "realistic"\n'
+    groups = parse_config(tomllib.loads(text)).plan().groups
+    timed = {(g.cells[0].input.name, g.cells[0].seq_len) for g in groups if g.timed}
+    assert timed == {("realistic", 32), ("needles", 256)}
+
+
+@pytest.mark.parametrize("needled", [False, True])
+def test_a_captured_file_must_hold_the_decode_steps_too(tmp_path, needled: bool) -> None:
+    """Decode draws N + decode_steps positions: a file of exactly N is refused before any work (it once passed the
+    check and failed in every cell), as a needles background and as the captured input itself."""
+    path = tmp_path / "c.pt"
+    torch.save({name: torch.randn(1, 2, 64, 16) for name in "qkv"}, path)
+    source = f'background = "captured"\npath = "{path}"\npairs = 2' if needled else f'path = "{path}"'
+    text = (f'variants = ["full"]\nseq_lens = [SEQ]\nheads = 2\nhead_dim = 16\ncausal = true\nmode = "decode"\n'
+            f'decode_steps = 8\n[[inputs]]\nname = "{"needles" if needled else "captured"}"\n{source}\n')  # fmt: skip
+    assert parse_config(tomllib.loads(text.replace("SEQ", "56"))).plan().cells  # 56 + 8 = 64 positions: fits
+    with pytest.raises(ConfigError) as raised:
+        parse_config(tomllib.loads(text.replace("SEQ", "64")))
+    assert any("has 64 positions and N=72 is asked" in p and "N + decode_steps" in p for p in raised.value.problems)

@@ -420,3 +420,15 @@ def test_min_speedup_never_answers_with_a_different_operator() -> None:
     assert answer.asked == "At least 2× faster than full: none is, beyond noise; the fastest is band at 1.2× [1.1–1.3], error 0.3."
     alone = judge(2048, candidates[:2], "full", AccuracyBudget(min_speedup=2.0))
     assert alone.asked == "At least 2× faster than full: no speedup against full was measured here but of other operators."
+
+
+def test_a_decoded_needles_input_is_described_by_its_probes_not_as_a_context(tmp_path: Path) -> None:
+    """Decode's steps on `needles` are the probes, peaked on their needles by construction: the sentence says so
+    instead of calling the input's attention peaked (it read 'entropy 0.00 of uniform' on SmolLM2's heads)."""
+    from attnbench.report.verdict import input_sentence
+
+    run = synthetic_run(tmp_path / "run")
+    edit_rows(run, lambda rows: [{**r, "input": "needles(pairs=16)", "mode": "decode"} for r in rows])
+    assert "needles' probes" in input_sentence(read_results(run))
+    edit_rows(run, lambda rows: [{**r, "mode": "fwd"} for r in rows])
+    assert input_sentence(read_results(run)).startswith("Attention on this input is")

@@ -48,8 +48,8 @@ def main(args: argparse.Namespace) -> int:
         )
         return Exit.NOTHING_RAN
     try:
-        if args.min_recall is not None and frame["needle_accuracy"].isna().all():
-            print(f"attnbench: --min-recall: {args.run_dir} measured no recall (no `needles` cell ran ok): run one "
+        if args.min_recall is not None and not frame.input.astype(str).str.startswith("needles").any():
+            print(f"attnbench: --min-recall: {args.run_dir} has no `needles` input, so no recall to judge: run one "
                   "with [[inputs]] name = \"needles\"", file=sys.stderr)  # fmt: skip
             return Exit.USAGE
         view = RunView.read(args.run_dir, frame, args.max_error, args.min_speedup, args.min_recall)

@@ -199,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
         + f"; results in {run_dir}/",
         file=sys.stderr,
     )
-    from attnbench.measure.group import unfit_input_lines
+    from attnbench.plan.fit import unfit_input_lines
 
     for line in unfit_input_lines(cells, config.settings):
         print(f"attnbench: {line}", file=sys.stderr)

@@ -1,17 +1,19 @@
 """Needles: P key -> value pairs planted in a background context, each key queried later. A training-free recall test.
 
 Error against softmax says how far one output moves; it does not say whether the fact a query asks for survives.
-Here each of P positions p gets a key along a direction u (per head; orthonormal when P <= d) and a fresh value,
-and a later position t gets a query along the same u. The key's length is set so that the planted logit exceeds
-the log-sum-exp of the query's other visible logits by `margin` nats: exact attention puts 1 / (1 + e^-margin) of
-the query's mass on its needle (99.97% at the default 8) and so retrieves it. A variant retrieves the needle when
-its output at t is nearer (by cosine) to the planted value than to any other visible value (`needle_accuracy`);
-chance is about 1 / (visible keys).
+Here each of P positions p gets a fresh value, and its key a component along a direction u (per head, orthonormal
+when P <= d, in the span the context's queries and keys use least) so that it projects on u 1.5 times more than any
+other visible key; a later position t gets the probe query along the same u, long enough that its logit on the
+needle exceeds the log-sum-exp of its other visible logits by `margin` nats: exact attention puts
+1 / (1 + e^-margin) of the probe's mass on its needle (99.97% at the default 8) and so retrieves it, while to every
+other query the needle is about as attended as any key. A variant retrieves the needle when its output at t is
+nearer (by cosine) to the planted value than to any other visible value (`needle_accuracy`); chance is about
+1 / (visible keys).
 
 Distances t - p are drawn uniform over the whole context: δ ~ U[1, L - 2], then t uniform among the allowed query
 positions with t - δ >= 1 (position 0 keeps its sink). Decode places every query among the generated steps and every
 key in the prompt (`queries_from` = the prompt's length). Padded keys are never planted on. P <= head_dim: the
-directions are orthonormal, so a probe sees no other needle and the margin holds exactly.
+directions are orthonormal, so what one needle adds is invisible to another's probe and the margin holds exactly.
 
 b - batch, h - heads, n - position, d - head dim, e - value dim, p - planted pair
 """
@@ -27,7 +29,9 @@ from torch import Tensor
 
 NEEDLE_DEFAULTS = {"pairs": 16, "margin": 8.0, "background": "realistic"}
 MAX_MARGIN = 30.0  # nats: beyond, nothing changes in float32 and the planted keys overflow float16
+MIN_VALUE_DIM = 8  # narrower values: another value can lie nearer by cosine to the output than the planted one
 MIN_POSITIONS_PER_PAIR = 4  # a context of N holds at most N / 4 pairs: keys and queries stay a minority
+SEPARATION = 2.0  # a needle projects this many times the most any other visible key does on its direction
 _TRIES = 1000  # draws of one pair's positions before giving up (only a crowded context gets near it)
 
 
@@ -61,12 +65,13 @@ def needle_problems(
             f"({MIN_POSITIONS_PER_PAIR} positions a pair), got N={length}"
         )
     if query_room is not None and pairs > query_room:
-        problems.append(f"needles: pairs={pairs} queries need as many decode steps (decode_steps={query_room})")
+        problems.append(f"needles: pairs={pairs} needs decode_steps >= {pairs} (each needle's probe is a step), "
+                        f"got decode_steps={query_room}")  # fmt: skip
     return problems
 
 
 def needle_cell_problems(
-    params: dict, *, seq_len: int, n_k: int, padding: float, head_dim: int, decode_steps: int | None
+    params: dict, *, seq_len: int, n_k: int, padding: float, head_dim: int, value_dim: int, decode_steps: int | None
 ) -> list[str]:
     """Why this input's needles cannot be planted in one cell (its N, padding, head_dim, and in decode the steps
     that hold the queries), or []. Such a cell is skipped with these reasons; the rest of the run goes on."""
@@ -75,7 +80,11 @@ def needle_cell_problems(
     pairs = {**NEEDLE_DEFAULTS, **params}["pairs"]
     shortest = seq_len - min(seq_len - 1, round(padding * seq_len))  # real keys of the most padded batch row
     found = needle_problems(pairs, shortest, head_dim=head_dim, query_room=decode_steps)
-    return [f"{p} (N after padding)" if padding > 0 else p for p in found]
+    found = [f"{p} (N after padding)" if padding > 0 and "needs N" in p else p for p in found]
+    if (value_dim or head_dim) < MIN_VALUE_DIM:
+        found.append(f"needles: values of width {value_dim or head_dim} are too narrow to tell the planted value from "
+                     f"the others by cosine: use value_dim (or head_dim) >= {MIN_VALUE_DIM}")  # fmt: skip
+    return found
 
 
 def _positions(
@@ -152,11 +161,12 @@ def plant_needles(
 ) -> tuple[Tensor, Tensor, Tensor, Needles]:
     """Plant `pairs` needles into float32 q, k, v (b, h, n, d|e) on the CPU (copies; the inputs are untouched).
 
-    Each needle's key is an ordinary key: the row and head's median key length, along a direction the other keys
-    barely use (`_quiet_directions`); twice its largest projection from another visible key if that is longer. Its
-    probe query is along the same direction, made long enough (`_probe_lengths`) that exact attention puts
-    1 / (1 + e^-margin) of the probe's mass on it. So the needle stands out for its own query only: a cache policy
-    that ranks keys by the attention other queries paid them has no reason to keep it.
+    Each needle's key is the context's own key at its position plus a component along a direction the context's
+    queries and keys use least (`_quiet_directions`), just long enough that the key projects SEPARATION times the
+    most any other visible key does on it. Its probe query lies along that direction, made long enough
+    (`_probe_lengths`) that exact attention puts 1 / (1 + e^-margin) of the probe's mass on it. So the needle stands
+    out for its own query only: a cache policy that ranks keys by the attention other queries paid them has no
+    more reason to keep it than any key.
 
     `lengths[b]`: the real (unpadded) keys of row b, default n. `queries_from`: the first position a query may take.
     """
@@ -184,11 +194,16 @@ def plant_needles(
     at = torch.einsum("bhpd,bhnd->bhpn", directions.double(), k.double())  # (b, h, p, n): u . k_j before planting
     others = at.masked_fill(~visible[:, None], -math.inf)
     own = torch.gather(at, -1, key_at[:, None, :, None].expand(b, h, pairs, 1))[..., 0]  # (b, h, p): u . k, the key's own
-    # the needle's key: its own key plus `added` along u, so that it projects `planted` on u
-    planted = torch.maximum(own + key_norm[..., None].double(), 2 * others.amax(dim=-1)).clamp(min=1e-3)  # (b, h, p)
+    # the needle's key: its own key plus `added` along u, just enough to project SEPARATION times the most any other
+    # visible key does (a tenth of an ordinary key's length at least), so other queries barely see the addition
+    floor = 0.1 * key_norm[..., None].double()  # (b, h, 1)
+    planted = torch.maximum(torch.maximum(own, SEPARATION * others.amax(dim=-1)), floor)  # (b, h, p)
     added = planted - own
     probe = _probe_lengths(planted, others, margin, math.sqrt(d))  # (b, h, p)
     k[rows, :, key_at] += rearrange(added.float()[..., None] * directions, "b h p d -> b p h d")
+    # every other query made blind to the needles' directions: it sees a needle as the key it was (the directions
+    # are the ones the queries use least, so the context's own attention barely moves)
+    q -= torch.einsum("bhnp,bhpd->bhnd", torch.einsum("bhnd,bhpd->bhnp", q, directions), directions)
     q[rows, :, query_at] = rearrange(probe.float()[..., None] * directions, "b h p d -> b p h d")
     return q, k, v, Needles(key_at, query_at)
 

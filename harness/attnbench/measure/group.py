@@ -21,7 +21,6 @@ from typing import Any, Callable
 import torch
 
 from attnbench.inputs.catalogue import Inputs, make_inputs
-from attnbench.inputs.needles import needle_cell_problems
 from attnbench.interface import (
     CHOSEN_SUPPORT_CHECK_LEN,
     AttentionVariant,
@@ -53,6 +52,7 @@ from attnbench.measure.timing import time_in_turns, timed_call
 from attnbench.ops import TOLERANCE, exactness_error
 from attnbench.plan.cells import Cell, Group
 from attnbench.plan.config import Settings
+from attnbench.plan.fit import input_unfit
 from attnbench.registry import Registry
 from attnbench.runfolder.rows import row_for
 from attnbench.stats import Spread, paired_speedup
@@ -133,29 +133,6 @@ def memory_limit(settings: Settings, device: str) -> tuple[float, str]:
     return 0.8 * available_memory_bytes(device), "80% of the memory available now; set memory_limit_gb to change it"
 
 
-def input_unfit(cell: Cell, settings: Settings) -> str | None:
-    """Why the cell's input cannot be drawn at its shape (needles that do not fit its N, head_dim or decode
-    steps), or None. The cell is skipped with this reason, before any work; the rest of the run goes on."""
-    if cell.input.name != "needles":
-        return None
-    unfit = needle_cell_problems(
-        dict(cell.input.params), seq_len=cell.seq_len, n_k=cell.n_k, padding=cell.padding, head_dim=cell.head_dim,
-        decode_steps=settings.decode_steps if cell.mode == "decode" else None,
-    )  # fmt: skip
-    return "; ".join(unfit) or None
-
-
-def unfit_input_lines(cells: list[Cell], settings: Settings) -> list[str]:
-    """One line per input and reason its cells are skipped for (`input_unfit`), with the N it holds at: said
-    as a run starts, so a preset run at a small N knows why its needles are missing."""
-    found: dict[tuple[str, str], set[int]] = {}
-    for cell in cells:
-        if why := input_unfit(cell, settings):
-            found.setdefault((cell.input.label(), why), set()).add(cell.seq_len)
-    return [f"input {label} is not drawn at N={', '.join(map(str, sorted(ns)))} (those cells are skipped): {why}"
-            for (label, why), ns in found.items()]  # fmt: skip
-
-
 def admit(cell: Cell, settings: Settings, registry: Registry) -> Admission:
     """Build the cell's variant and apply the guard: unsupported options, CUDA missing, and the estimates of
     memory (inputs, float64 reference, the variant's working set) and time (the roofline of a call, the
@@ -167,8 +144,6 @@ def admit(cell: Cell, settings: Settings, registry: Registry) -> Admission:
     fields: dict[str, Any] = {
         "family": variant.family, "exact": variant.exact, "approximates_softmax": variant.approximates_softmax
     }
-    if unfit := input_unfit(cell, settings):
-        return Admission(variant, {**fields, "status": "skipped", "reason": unfit})
     if cell.device.startswith("cuda") and not torch.cuda.is_available():
         return Admission(variant, {**fields, "status": "unsupported", "reason": "CUDA is not available on this machine"})
     reason = variant.unsupported_reason(
@@ -183,6 +158,8 @@ def admit(cell: Cell, settings: Settings, registry: Registry) -> Admission:
     )
     if reason is not None:
         return Admission(variant, {**fields, "status": "unsupported", "reason": reason})
+    if unfit := input_unfit(cell, settings):
+        return Admission(variant, {**fields, "status": "skipped", "reason": unfit})
     peaks = peaks_for(cell.device, (cell.dtype, "float64"))
     estimate = cell_estimate(cell, variant, error=settings.error, peaks=peaks, decode_steps=settings.decode_steps)
     limit, source = memory_limit(settings, cell.device)

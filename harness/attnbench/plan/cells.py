@@ -219,17 +219,22 @@ def expand(values: dict[str, list[Any]]) -> list[Cell]:
     return list(dict.fromkeys(cells))
 
 
-def groups_of(cells: list[Cell], *, time_every_input: bool = True) -> list[Group]:
+def groups_of(
+    cells: list[Cell], *, time_every_input: bool = True, drawable: set[Cell] | None = None
+) -> list[Group]:
     """Cells gathered into comparison groups, in the order their first cell appears. Unless `time_every_input`,
-    only the first input of each setting is timed; the groups of the other inputs measure error alone."""
+    only the first input of each setting is timed, the first whose cells' input can be drawn (`drawable`, default
+    all: needles that do not fit a cell are skipped there); the groups of the other inputs measure error alone."""
     gathered: dict[str, list[Cell]] = {}
     for cell in cells:
         gathered.setdefault(cell.group_key(), []).append(cell)
     groups, timed_settings = [], set()
     for members in gathered.values():
         setting = members[0].timing_key()
-        groups.append(Group(tuple(members), time_every_input or setting not in timed_settings))
-        timed_settings.add(setting)
+        drawn = drawable is None or any(cell in drawable for cell in members)
+        groups.append(Group(tuple(members), time_every_input or (drawn and setting not in timed_settings)))
+        if drawn:
+            timed_settings.add(setting)
     return groups
 
 

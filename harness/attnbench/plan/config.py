@@ -109,7 +109,11 @@ class SweepConfig:
             listed *= len(values)
         cells = expand(self.axes)
         every = self.settings.time_every_input or not self.settings.error  # without error, every input is timed
-        return Plan(cells, groups_of(cells, time_every_input=every), duplicates=listed - len(cells))
+        from attnbench.plan.fit import input_unfit  # fit reads Settings: imported once this module is
+
+        drawable = [cell for cell in cells if input_unfit(cell, self.settings) is None]
+        groups = groups_of(cells, time_every_input=every, drawable=set(drawable))
+        return Plan(cells, groups, duplicates=listed - len(cells))
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a TOML-like dict that `parse_config` reads back to the same config."""
@@ -284,7 +288,7 @@ def parse_config(
     if "inputs" in raw and not config.axes["input"]:
         problems.append("inputs: an empty list gives no cell; give at least one [[inputs]] table")
     if config.axes["input"] and config.axes["seq_len"] and config.axes["kv_len"]:
-        problems += _machine_problems(config.axes, cluster, at)  # with the others: every problem is listed at once
+        problems += _machine_problems(config.axes, cluster, at, config.settings.decode_steps)  # every problem at once
     if config.settings.min_recall is not None and not any(s.name == "needles" for s in config.axes["input"]):
         problems.append(f"{at('min_recall')}: recall is measured on the input `needles`: add [[inputs]] name = \"needles\"")
     if problems:
@@ -420,7 +424,9 @@ def parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tup
     return list(dict.fromkeys(specs)), problems
 
 
-def _machine_problems(axes: dict[str, list[Any]], cluster: bool, at: Callable[[str], str]) -> list[str]:
+def _machine_problems(
+    axes: dict[str, list[Any]], cluster: bool, at: Callable[[str], str], decode_steps: int
+) -> list[str]:
     """What this machine cannot run: CUDA devices without CUDA, captured inputs smaller than the cells. On a
     cluster the devices are the workers': only `cuda:N` is refused (each task sees the one GPU Ray gives it)."""
     import torch
@@ -437,6 +443,8 @@ def _machine_problems(axes: dict[str, list[Any]], cluster: bool, at: Callable[[s
         problems += [f"{at('device')}: {d} does not exist (this machine has {count} CUDA devices)" for d in cuda
                      if re.fullmatch(r"cuda:\d+", d) and int(d.split(":")[1]) >= count]  # fmt: skip
     length = max(max(axes["seq_len"]), max(axes["kv_len"]))
+    if "decode" in axes["mode"]:
+        length = max(length, max(axes["seq_len"]) + decode_steps)  # a decode cell draws its prompt and its steps
     for spec in axes["input"]:
         params = dict(spec.params)
         if validate_input(spec.name, params):
@@ -448,8 +456,9 @@ def _machine_problems(axes: dict[str, list[Any]], cluster: bool, at: Callable[[s
         else:
             background = spec.name
         if background == "captured":
+            decoding = " (a decode cell draws N + decode_steps positions)" if "decode" in axes["mode"] else ""
             problems += [
-                f"inputs: {where} {params.get('path')}: {p}"
+                f"inputs: {where} {params.get('path')}: {p}{decoding}"
                 for p in captured_fit_problems(
                     params, max(axes["batch"]), max(axes["heads"]), length, set(axes["head_dim"])
                 )

@@ -157,6 +157,12 @@ def input_sentence(rows: pd.DataFrame) -> str:
     stats = rows.dropna(subset=["input_entropy"])
     if stats.empty:
         return "Error was not measured on this input."
+    if str(rows.input.iloc[0]).startswith("needles") and (rows["mode"] == "decode").all():
+        return (
+            "This input's decode steps are its needles' probes (all of them when pairs = decode_steps), each attending "
+            "its needle by construction: error and attention statistics here describe them more than the context; "
+            "read this input's needle recall."
+        )
     entropy = stats.input_entropy.mean()
 
     def figures_of(at: pd.DataFrame) -> str:
