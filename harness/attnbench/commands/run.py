@@ -201,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
     )
     from attnbench.plan.fit import unfit_input_lines
 
-    for line in unfit_input_lines(cells, config.settings):
+    for line in unfit_input_lines(cells, config.settings.decode_steps):
         print(f"attnbench: {line}", file=sys.stderr)
     from attnbench.measure.noise import NOISY_COMPETITION, competing_now
 

@@ -158,7 +158,7 @@ def admit(cell: Cell, settings: Settings, registry: Registry) -> Admission:
     )
     if reason is not None:
         return Admission(variant, {**fields, "status": "unsupported", "reason": reason})
-    if unfit := input_unfit(cell, settings):
+    if unfit := input_unfit(cell, settings.decode_steps):
         return Admission(variant, {**fields, "status": "skipped", "reason": unfit})
     peaks = peaks_for(cell.device, (cell.dtype, "float64"))
     estimate = cell_estimate(cell, variant, error=settings.error, peaks=peaks, decode_steps=settings.decode_steps)

@@ -23,6 +23,7 @@ from attnbench.inputs.catalogue import split_needle_params, validate_input
 from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
 from attnbench.plan.budget import DEFAULT_MAX_ERROR, budget_problems
 from attnbench.plan.cells import AXES, InputSpec, Plan, VariantSpec, compiled_label, expand, groups_of
+from attnbench.plan.fit import input_unfit
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
 
@@ -109,9 +110,7 @@ class SweepConfig:
             listed *= len(values)
         cells = expand(self.axes)
         every = self.settings.time_every_input or not self.settings.error  # without error, every input is timed
-        from attnbench.plan.fit import input_unfit  # fit reads Settings: imported once this module is
-
-        drawable = [cell for cell in cells if input_unfit(cell, self.settings) is None]
+        drawable = [cell for cell in cells if input_unfit(cell, self.settings.decode_steps) is None]
         groups = groups_of(cells, time_every_input=every, drawable=set(drawable))
         return Plan(cells, groups, duplicates=listed - len(cells))
 

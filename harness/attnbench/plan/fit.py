@@ -6,26 +6,25 @@ from __future__ import annotations
 
 from attnbench.inputs.needles import needle_cell_problems
 from attnbench.plan.cells import Cell
-from attnbench.plan.config import Settings
 
 
-def input_unfit(cell: Cell, settings: Settings) -> str | None:
-    """Why the cell's input cannot be drawn at its shape, or None."""
+def input_unfit(cell: Cell, decode_steps: int) -> str | None:
+    """Why the cell's input cannot be drawn at its shape (decode cells generating `decode_steps`), or None."""
     if cell.input.name != "needles":
         return None
     unfit = needle_cell_problems(
         dict(cell.input.params), seq_len=cell.seq_len, n_k=cell.n_k, padding=cell.padding, head_dim=cell.head_dim,
-        value_dim=cell.value_dim, decode_steps=settings.decode_steps if cell.mode == "decode" else None,
+        value_dim=cell.value_dim, decode_steps=decode_steps if cell.mode == "decode" else None,
     )  # fmt: skip
     return "; ".join(unfit) or None
 
 
-def unfit_input_lines(cells: list[Cell], settings: Settings) -> list[str]:
+def unfit_input_lines(cells: list[Cell], decode_steps: int) -> list[str]:
     """One line per input and reason its cells are skipped for, with the cells' shapes: said as a run starts, so a
     preset run at a small N knows why its needles are missing."""
     found: dict[tuple[str, str], list[str]] = {}
     for cell in cells:
-        if why := input_unfit(cell, settings):
+        if why := input_unfit(cell, decode_steps):
             where = f"N={cell.seq_len}" + (f" padding={cell.padding:g}" if cell.padding else "")
             where += f" kv_len={cell.kv_len}" if cell.kv_len else ""
             where += f" head_dim={cell.head_dim}" if "head_dim" in why else ""
