@@ -219,6 +219,6 @@ def needle_attention_ranks(inputs, causal: bool = True, context=None):
     probes[inputs.needles.query_positions[0]] = True
     paid = logits.softmax(-1)[:, ~probes].sum(1)  # (h, n)
     seen_by = ((n - torch.arange(n)) if causal else torch.full((n,), n)).double()
-    seen_by -= (probes.cumsum(0).flip(0) if causal else probes.sum()).double()  # probes do not count
+    seen_by -= (probes.flip(0).cumsum(0).flip(0) if causal else probes.sum()).double()  # probes at i >= j do not count
     order = (paid / seen_by.clamp(min=1)).argsort(-1, descending=True).argsort(-1)  # (h, n): rank of each key
     return order[:, inputs.needles.key_positions[0]].double() / n

@@ -74,7 +74,8 @@ def test_needles_in_the_real_decoders_attention_are_retrieved_exactly_and_attend
 ) -> None:
     """Needles planted in SmolLM2's own post-rotary heads (background = "captured"), three layers side by side:
     exact attention retrieves every one, and the other queries attend each needle as they did the key at its
-    position (ranked among all keys by that attention, needles rank as their positions did before planting)."""
+    position (ranked among all keys by that attention, needles rank as their positions did before planting).
+    27 query heads share 9 key/value heads here: each query head gets needles of its own (see the README)."""
     from helpers import needle_attention_ranks
 
     out = tmp_path / "real.pt"
@@ -88,4 +89,4 @@ def test_needles_in_the_real_decoders_attention_are_retrieved_exactly_and_attend
     context = make_inputs("captured", {"path": str(out), "layer": [4, 16, 26]}, batch=1, heads=27, seq_len=1024,
                           head_dim=64, dtype=torch.float32, device=torch.device("cpu"), seed=0)  # fmt: skip
     ranks, before = needle_attention_ranks(x), needle_attention_ranks(x, context=context)  # (h, p) each
-    assert abs(ranks.median() - before.median()) < 0.1 and (ranks - before).abs().mean() < 0.2
+    assert abs(ranks.median() - before.median()) < 0.05 and (ranks - before).abs().mean() < 0.1

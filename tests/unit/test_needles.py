@@ -59,21 +59,37 @@ def test_exact_attention_retrieves_every_needle_with_the_margin_it_was_planted_w
     assert torch.allclose(mass, torch.full_like(mass, 1 / (1 + math.exp(-8))), atol=1e-3)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("background", ["realistic", "gaussian", "local"])
-def test_a_needle_is_as_attended_by_the_other_queries_as_the_key_it_was(causal: bool, background: str) -> None:
-    """Added along a direction the other queries are blind to, a needle gets from them the attention the key at its
-    position got before planting (a needle planted long would be a heavy hitter, kept by H2O for the wrong reason).
-    Ranked among all keys by that attention (0 the most attended), the needles rank as their positions did.
-    SmolLM2's own heads are checked in tests/integration/test_real_decoder_capture.py."""
+@pytest.mark.parametrize("background", ["realistic", "local", "clustered"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_needle_is_as_attended_by_the_other_queries_as_the_key_it_was(background: str, seed: int) -> None:
+    """Causal, where cache policies live: a needle adds to its key only a short component along a direction the
+    context's queries and keys use least, so the other queries pay it the attention the key at its position got
+    before planting (a needle planted long would be a heavy hitter, kept by H2O for the wrong reason). Ranked among
+    all keys by that attention (0 the most attended), the needles rank as their positions did. SmolLM2's own heads:
+    tests/integration/test_real_decoder_capture.py. Non-causal and isotropic (gaussian) contexts do not hold it
+    (the README says so)."""
     from helpers import needle_attention_ranks
 
-    planted = needles(1024, 16, heads=8, batch=1, causal=causal, background=background)
+    planted = needles(1024, 16, heads=8, batch=1, seed=seed, background=background)
     context = make_inputs(background, {}, batch=1, heads=8, seq_len=1024, head_dim=32, dtype=torch.float32,
-                          device=torch.device("cpu"), seed=3, **({"causal": causal} if background == "realistic" else {}))
-    ranks = needle_attention_ranks(planted, causal=causal)  # (h, p)
-    before = needle_attention_ranks(planted, causal=causal, context=context)  # the same positions, not planted
-    assert abs(ranks.median() - before.median()) < 0.1 and (ranks - before).abs().mean() < 0.2
+                          device=torch.device("cpu"), seed=seed, **({"causal": True} if background == "realistic" else {}))
+    ranks = needle_attention_ranks(planted)  # (h, p)
+    before = needle_attention_ranks(planted, context=context)  # the same positions, not planted
+    assert abs(ranks.median() - before.median()) < 0.05 and (ranks - before).abs().mean() < 0.1
+
+
+def test_planting_leaves_the_context_as_it_was_but_the_needles_and_their_probes() -> None:
+    """No other query or key moves: the context's own attention is the background's."""
+    planted = needles(512, 8, batch=1)
+    context = make_inputs("realistic", {}, batch=1, heads=4, seq_len=512, head_dim=32, dtype=torch.float32,
+                          device=torch.device("cpu"), seed=3, causal=True)  # fmt: skip
+    touched = torch.zeros(512, dtype=torch.bool)
+    touched[planted.needles.key_positions[0]] = True
+    untouched_q = ~touched.clone()
+    untouched_q[planted.needles.query_positions[0]] = False
+    assert torch.equal(planted.k[:, :, ~touched], context.k[:, :, ~touched])
+    assert torch.equal(planted.v[:, :, ~touched], context.v[:, :, ~touched])
+    assert torch.equal(planted.q[:, :, untouched_q | touched], context.q[:, :, untouched_q | touched])
 
 
 def test_averaging_v_retrieves_nothing_and_a_window_exactly_the_needles_within_it() -> None:
@@ -219,3 +235,11 @@ def test_a_captured_file_must_hold_the_decode_steps_too(tmp_path, needled: bool)
     with pytest.raises(ConfigError) as raised:
         parse_config(tomllib.loads(text.replace("SEQ", "64")))
     assert any("has 64 positions and N=72 is asked" in p and "N + decode_steps" in p for p in raised.value.problems)
+
+
+def test_a_probe_beyond_the_dtypes_range_is_a_clear_error_not_an_infinite_query() -> None:
+    """Tiny background keys need long probes: in float16 past 65504 that is an error naming the way out (it once
+    gave inf probes and 6% recall for exact attention)."""
+    with pytest.raises(ValueError, match="beyond torch.float16's range"):
+        make_inputs("needles", {"pairs": 8, "background": "gaussian", "scale": 1e-4}, batch=1, heads=2, seq_len=256,
+                    head_dim=32, dtype=torch.float16, device=torch.device("cpu"), seed=0, causal=True)  # fmt: skip

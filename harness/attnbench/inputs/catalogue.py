@@ -118,7 +118,7 @@ def _needle_problems(params: dict[str, Any]) -> list[str]:
     ]
     if isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin > MAX_MARGIN:
         problems.append(f"input 'needles': margin must be at most {MAX_MARGIN:g} nats (float32 sees no difference "
-                        f"beyond; the planted keys would overflow float16), got {margin!r}")  # fmt: skip
+                        f"beyond, and the probes only grow), got {margin!r}")  # fmt: skip
     if isinstance(pairs, float):  # other types: the positive check names them
         problems.append(f"input 'needles': pairs must be a whole number of key -> value pairs, got {pairs!r}")
     if background not in BACKGROUNDS:
@@ -202,6 +202,9 @@ def make_inputs(
             q, k, v, generator, pairs=settings["pairs"], margin=settings["margin"], causal=causal,
             lengths=lengths, queries_from=queries_from,
         )  # fmt: skip
+    if needles is not None and not torch.isfinite(q.to(dtype)).all():
+        raise ValueError(f"needles: a probe query needs entries beyond {dtype}'s range (the background's keys are "
+                         "tiny against the margin): use a wider dtype, a smaller margin or a larger background scale")
     return Inputs(
         q=q.to(device=device, dtype=dtype).contiguous(),
         k=k.to(device=device, dtype=dtype).contiguous(),
