@@ -91,3 +91,36 @@ def test_builtin_variants_follow_the_rule(name: str, params: dict, kept: int | N
         assert memory.state_bytes > 0
     output = q.numel() * ITEM
     assert memory.peak_bytes >= output  # the output itself is per-call memory
+
+
+SCRATCH = 3 * 2**20  # bytes a kernel allocates inside itself and frees before it returns
+
+
+@torch.library.custom_op("attnbench_test::scratchy", mutates_args=())
+def scratchy(x: torch.Tensor, scratch: int) -> torch.Tensor:
+    """A kernel with private scratch of a known size, invisible to a dispatch mode (as SDPA's flash kernel's is)."""
+    buffer = torch.ones(scratch, dtype=torch.uint8)
+    return x * buffer[0]
+
+
+def test_the_cpu_figure_counts_a_kernels_private_scratch_the_tensor_figure_only_its_output() -> None:
+    """Issue 39, item 1: `full`'s CPU peak was a lower bound (SDPA's scratch unseen). The allocator's figure sees a
+    kernel's scratch of known size; the live-tensor figure, kept beside it, sees only the output."""
+    from attnbench.measure.memory import peak_memory
+
+    x = torch.randn(1024, 256)  # 1 MiB
+    peak, method, tensors = peak_memory(lambda: scratchy(x, SCRATCH), torch.device("cpu"), (x,))
+    assert method == "cpu-allocator-peak" and tensors == x.nbytes
+    assert SCRATCH + x.nbytes <= peak <= SCRATCH + x.nbytes + 4096  # + a few bytes of the op's own temporaries
+
+
+def test_fused_attention_shows_scratch_beyond_its_output_and_the_math_path_its_n_by_n() -> None:
+    """SDPA's flash kernel on CPU: the allocator's figure exceeds the live tensors' (its per-thread blocks); the
+    math path's figure holds the N x N scores and their softmax (2 x 4 B x h N^2), as its code says."""
+    from attnbench.measure.memory import peak_memory
+
+    q, k, v = (torch.randn(1, 4, 1024, 64) for _ in range(3))
+    peak, _, tensors = peak_memory(lambda: registry.create("full")(q, k, v, causal=False), torch.device("cpu"), (q, k, v))
+    assert peak > tensors >= q.nbytes  # the output at least, and the kernel's scratch on top
+    math, _, _ = peak_memory(lambda: (q @ k.transpose(-1, -2) / 8).softmax(-1) @ v, torch.device("cpu"), (q, k, v))
+    assert math >= 2 * 4 * 4 * 1024 * 1024

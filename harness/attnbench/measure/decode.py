@@ -199,7 +199,7 @@ class DecodeMeasurement(GroupMeasurement):
             self.progress("memory", key)
             generation.restart_unless_room(1)
             held = tuple(generation.state.tensors()) + self._held()
-            peak, method = peak_memory(generation.step, self.device, inputs=held)
-            self.fields[key].update(peak_mem_bytes=peak, mem_method=method)
+            peak, method, tensors = peak_memory(generation.step, self.device, inputs=held)
+            self.fields[key].update(peak_mem_bytes=peak, mem_method=method, tensor_mem_bytes=tensors)
         except (Exception, SystemExit) as error:
             self._failed(key, error)

@@ -501,7 +501,8 @@ class GroupMeasurement:
             calls = self._call(cell, self.calls[key]), self._call(cell, call_of(fresh, cell.compiled))
             memory = call_memory(*calls, self.device, inputs=self._held())
             self.fields[key].update(
-                peak_mem_bytes=memory.peak_bytes, state_mem_bytes=memory.state_bytes, mem_method=memory.method
+                peak_mem_bytes=memory.peak_bytes, state_mem_bytes=memory.state_bytes, mem_method=memory.method,
+                tensor_mem_bytes=memory.tensor_peak_bytes,
             )
         except (Exception, SystemExit) as error:
             self._failed(key, error)

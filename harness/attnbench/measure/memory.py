@@ -7,15 +7,19 @@
   `attnbench.interface.kept_between_calls`) creates in its first call and still holds after it returns, its
   output dropped. Reported in a column of its own.
 
-CUDA: the caching allocator's figures. CPU: bytes of tensor storages, tracked with a TorchDispatchMode that
-sees every tensor an operator returns and a weak reference that sees its storage freed. It cannot see
-memory a kernel allocates privately and frees before returning (e.g. a fused attention kernel's scratch
-buffers, oneDNN workspaces), nor Python objects: a lower bound on the process's growth, exact for code
-made of ordinary tensor operations.
+CUDA: the caching allocator's figures. CPU: two figures of one call.
+- `peak_mem_bytes` (method `cpu-allocator-peak`): every byte the CPU allocator hands out during the call, a fused
+  kernel's private scratch included (SDPA's flash kernel's per-thread blocks, a custom op's buffers), from the
+  profiler's memory events (c10's allocator reports each allocation and free to it), summed in order: the peak.
+- `tensor_mem_bytes` (`live-tensor-peak`): bytes of the tensor storages operators return, tracked with a
+  TorchDispatchMode that sees every tensor an operator returns and a weak reference that sees its storage freed:
+  what the variant's own code holds, without the kernels' scratch. Where the two differ, the difference is scratch.
+Neither sees memory taken outside torch's allocator (a BLAS library's own workspace) nor Python objects.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -69,13 +73,41 @@ class LiveTensorPeak(TorchDispatchMode):
         self.current -= self.live.pop(key, 0)
 
 
+# the profiler logs each start and stop to stderr (kineto's STAGE and USDT lines): silent unless the user set a level
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+
+class AllocatorPeak:
+    """The CPU allocator's peak during a `with` block, beyond what it held when the block began: the profiler's
+    memory events (every allocation and free through c10's CPU allocator, kernels' private scratch included) summed
+    in the order they happened."""
+
+    def __enter__(self) -> "AllocatorPeak":
+        from torch.profiler import ProfilerActivity, profile
+
+        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profile.__enter__()
+        self.peak = 0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._profile.__exit__(*exc)
+        events = [e for e in self._profile.profiler.kineto_results.events() if e.name() == "[memory]"]
+        current = 0
+        for event in sorted(events, key=lambda e: e.start_ns()):
+            current += event.nbytes()  # negative for a free
+            self.peak = max(self.peak, current)
+
+
 @dataclass(frozen=True)
 class CallMemory:
-    """Per-call peak bytes (kept state excluded), the bytes of state kept between calls, and how measured."""
+    """Per-call peak bytes (kept state excluded), the bytes of state kept between calls, and how measured; on CPU
+    also the peak of live tensors alone (`tensor_peak_bytes`: without the kernels' scratch)."""
 
     peak_bytes: int
     state_bytes: int | None
     method: str
+    tensor_peak_bytes: int | None = None
 
 
 def _held_after(fn: Callable[[], Any], device: torch.device, inputs: tuple[torch.Tensor, ...]) -> int:
@@ -91,21 +123,21 @@ def _held_after(fn: Callable[[], Any], device: torch.device, inputs: tuple[torch
     return tracker.current
 
 
-def peak_memory(fn: Callable[[], Any], device: torch.device, inputs: tuple[torch.Tensor, ...]) -> tuple[int, str]:
-    """Run `fn` once and return (peak bytes beyond `inputs` and beyond what existed before, the method used).
-
-    The result of `fn` is dropped inside, so its memory counts at its peak and is then freed.
-    """
+def peak_memory(
+    fn: Callable[[], Any], device: torch.device, inputs: tuple[torch.Tensor, ...]
+) -> tuple[int, str, int | None]:
+    """Run `fn` once and return (peak bytes beyond `inputs` and beyond what existed before, the method used, on
+    CPU the live tensors' peak alone). The result of `fn` is dropped inside, so its memory counts at its peak."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         baseline = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         fn()
         torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - baseline, CUDA_METHOD
-    with LiveTensorPeak(exclude=inputs) as tracker:
+        return torch.cuda.max_memory_allocated(device) - baseline, CUDA_METHOD, None
+    with AllocatorPeak() as allocator, LiveTensorPeak(exclude=inputs) as tracker:
         fn()
-    return tracker.peak, CPU_METHOD
+    return max(allocator.peak, tracker.peak), CPU_METHOD, tracker.peak
 
 
 def call_memory(
@@ -120,5 +152,5 @@ def call_memory(
     if first_call is not None:
         clear_kept_state()
         state = _held_after(first_call, device, inputs)
-    peak, method = peak_memory(warm_call, device, inputs)
-    return CallMemory(peak_bytes=peak, state_bytes=state, method=method)
+    peak, method, tensors = peak_memory(warm_call, device, inputs)
+    return CallMemory(peak_bytes=peak, state_bytes=state, method=method, tensor_peak_bytes=tensors)

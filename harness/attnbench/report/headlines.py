@@ -11,11 +11,11 @@ import pandas as pd
 
 from attnbench.report.modes import FORWARD, Mode, mib_text
 from attnbench.report.verdict import Choice, InputVerdict
-from attnbench.runfolder.rows import CPU_METHOD
+from attnbench.runfolder.rows import TENSOR_METHOD
 
 MIB = 2**20
-# Variants whose call is one fused kernel (SDPA's, for `full`): on the CPU the live-tensor tracker sees their output
-# but none of the kernel's private scratch (attnbench.measure.memory), so their CPU peak is a lower bound.
+# Variants whose call is one fused kernel (SDPA's, for `full`): in runs whose CPU memory is the live-tensor tracker's
+# (before the allocator's figure, attnbench.measure.memory) their peak misses the kernel's scratch: a lower bound.
 ONE_FUSED_KERNEL = frozenset({"full"})
 
 
@@ -84,7 +84,7 @@ def roofline_title(headline: Headline | None, mode: Mode = FORWARD) -> str:
 
 def memory_lower_bound(rows: pd.DataFrame) -> pd.Series:
     """Per row: is its peak memory a lower bound? (taken by the CPU tracker on a variant run as one fused kernel)"""
-    return (rows.mem_method == CPU_METHOD) & rows.variant.isin(ONE_FUSED_KERNEL)
+    return (rows.mem_method == TENSOR_METHOD) & rows.variant.isin(ONE_FUSED_KERNEL)
 
 
 def memory_title(rows: pd.DataFrame, headline: Headline | None, mode: Mode = FORWARD) -> str:

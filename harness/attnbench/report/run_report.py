@@ -67,7 +67,6 @@ from attnbench.report.verdict import (
 )
 from attnbench.report.view import RunView
 from attnbench.runfolder.meta import RunMeta
-from attnbench.runfolder.rows import CPU_METHOD
 
 MIB = 2**20
 
@@ -657,10 +656,10 @@ def about_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Bloc
     ]
     notes = (
         "Time: median and IQR of warmed-up, device-synchronized calls, each group's variants timed in interleaved "
-        "rounds (speedups paired per round). Memory on CPU: peak bytes of live tensors created during the call (a "
-        "TorchDispatchMode); it cannot see scratch that a fused kernel allocates inside itself (SDPA's flash "
-        "kernel), so `full` is a lower bound there. On CUDA: the allocator's peak minus the baseline. Error: "
-        "against exact attention in float64 on the same inputs."
+        "rounds (speedups paired per round). Memory on CPU: the peak of every byte the CPU allocator hands out during "
+        "the call, a fused kernel's scratch included (the profiler's memory events); results.csv keeps the live "
+        "tensors' peak alone beside it (`tensor_mem_bytes`: without the kernels' scratch). On CUDA: the "
+        "allocator's peak minus the baseline. Error: against exact attention in float64 on the same inputs."
     )
     blocks = [
         Block("heading", "How these numbers were taken", level=2),

@@ -8,7 +8,8 @@ from typing import Any
 
 from attnbench.plan.cells import CELL_COLUMNS, Cell
 
-CPU_METHOD = "live-tensor-peak"
+CPU_METHOD = "cpu-allocator-peak"  # every allocation, kernels' scratch included (attnbench.measure.memory)
+TENSOR_METHOD = "live-tensor-peak"  # tensor storages alone: the method of CPU figures before 2026-11-26
 
 
 CUDA_METHOD = "cuda-allocator-peak"
@@ -58,6 +59,7 @@ class Measured:
     peak_mem_bytes: int | None = None  # per call, state kept between calls excluded (attnbench.measure.memory)
     state_mem_bytes: int | None = None  # kept between calls: what a fresh instance's first call leaves behind
     mem_method: str = ""
+    tensor_mem_bytes: int | None = None  # CPU: the live tensors' peak alone, without kernels' scratch
     err_rel_fro: float | None = None
     err_max_abs: float | None = None
     err_row_cosine: float | None = None
