@@ -20,6 +20,7 @@ Neither sees memory taken outside torch's allocator (a BLAS library's own worksp
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -97,6 +98,20 @@ class AllocatorPeak:
         for event in sorted(events, key=lambda e: e.start_ns()):
             current += event.nbytes()  # negative for a free
             self.peak = max(self.peak, current)
+
+
+def ready_profiler() -> None:
+    """Start and stop the profiler once on the main thread (once per process): kineto registers its client on the
+    first profile and prints an ERROR line when that first profile runs on another thread, as a run's measuring
+    thread does. Harmless elsewhere."""
+    global _PROFILER_READY
+    if not _PROFILER_READY and threading.current_thread() is threading.main_thread():
+        with AllocatorPeak():
+            pass
+        _PROFILER_READY = True
+
+
+_PROFILER_READY = False
 
 
 @dataclass(frozen=True)

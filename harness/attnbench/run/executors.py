@@ -88,6 +88,9 @@ def interruptible(work: Callable[[], T]) -> T:
         finally:
             finished.set()
 
+    from attnbench.measure.memory import ready_profiler
+
+    ready_profiler()  # the memory measure's profiler registered here, on the main thread, not on the measuring one
     threading.Thread(target=target, name="attnbench-measure", daemon=True).start()
     try:
         while not finished.wait(0.1):
