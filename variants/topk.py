@@ -24,7 +24,9 @@ Computed without an N x N tensor: the block scores are taken 16 query blocks at 
 the chosen (query, block) pairs are grouped by key block, each group cut into chunks of `queries_per_chunk` queries,
 and every chunk attends to its block's keys through the fused SDPA kernel (queries gathered, keys one block each);
 the kept first block is one more chosen block, read by every query outside it; the parts are merged by their
-log-sum-exp, with the own block's part computed block-diagonally.
+log-sum-exp, with the own block's part computed block-diagonally. Without autograd the chunks go in batches of
+half the queries' slots, each merged into a running sum (`OnlineMerge`) and dropped: the memory of a batch, not of
+all (top_k + 1) N gathered queries and outputs at once (28x band's at N=8192 before, about band's now).
 
 Decode (`prefill` / `step`) is Quest's, whatever `score`: the cache is cut in pages of `block_size` and keeps each
 page's elementwise key max and min (2 d values a page, the metadata); a step ranks the pages before its own by the
@@ -207,6 +209,12 @@ class Chunks:
     rows: Tensor  # (t r,) long
     used: Tensor  # (t r,) bool
     group: Tensor  # (t,) long
+
+
+    def part(self, start: int, stop: int) -> "Chunks":
+        """Chunks start..stop-1 (their slots with them): a batch the forward pass attends to at once."""
+        r = len(self.rows) // max(1, len(self.group))
+        return Chunks(self.rows[start * r : stop * r], self.used[start * r : stop * r], self.group[start:stop])
 
 
 def chunk_pairs(selection: Selection, blocks: int, per_chunk: int) -> Chunks:
@@ -394,8 +402,16 @@ class BlockTopKAttention(AttentionVariant):
         if not bool(selection.chosen.any()):
             return rearrange(own[0], "(b h) i e -> b h i e", b=b)
         chunks = chunk_pairs(selection, blocks, self.queries_per_chunk)
-        out, lse = self.chosen_blocks(q, k, v, real, chunks)  # ((t r), e), ((t r),)
-        return rearrange(merge_chunks(own, out, lse, chunks), "(b h) i e -> b h i e", b=b)
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if needs_grad:  # autograd keeps every chunk's output for the backward pass anyway: one merge
+            out, lse = self.chosen_blocks(q, k, v, real, chunks)  # ((t r), e), ((t r),)
+            return rearrange(merge_chunks(own, out, lse, chunks), "(b h) i e -> b h i e", b=b)
+        merged = OnlineMerge(*own)
+        per_batch = max(1, b * h * n // (2 * self.queries_per_chunk))  # chunks at once: half the queries' slots
+        for start in range(0, len(chunks.group), per_batch):
+            part = chunks.part(start, start + per_batch)
+            merged.add(*self.chosen_blocks(q, k, v, real, part), part)
+        return rearrange(merged.result(), "(b h) i e -> b h i e", b=b)
 
     def own_block(self, q: Tensor, k: Tensor, v: Tensor, real: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
         """Each query against its own key block (block-diagonal), causal inside it: ((b h) i e), ((b h) i)."""
@@ -441,11 +457,14 @@ class BlockTopKAttention(AttentionVariant):
         gathered = chunk_slots * s.head_dim + chunk_slots / r * size * (s.head_dim + s.value_dim)
         io = heads * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim) + gathered
         scores_held = heads * min(s.n_q, score_chunk(size)) * blocks
-        parts = (chunk_slots + heads * s.n_q) * (s.value_dim + 1)  # the chunks' and the own block's outputs
+        at_once = min(chunk_slots, max(r, heads * s.n_q // 2)) / max(chunk_slots, 1)  # the share of one batch
+        # a batch's gathered queries, keys and outputs, and the merge's running sum, total and maximum
+        parts = chunk_slots * at_once * (s.value_dim + 1) + heads * s.n_q * (s.value_dim + 2)
+        gathered_held = gathered * at_once
         return Cost(
             flops=matmul + other + select + heads * s.n_k * s.head_dim * summary_dims,
             bytes_moved=io * s.dtype_bytes,
-            working_bytes=(gathered + parts + scores_held) * s.dtype_bytes,
+            working_bytes=(gathered_held + parts + scores_held) * s.dtype_bytes,
             matmul_flops=matmul + select,
         )
 
@@ -470,6 +489,37 @@ def expected_choosers(n: int, size: int, slots: int, causal: bool, keep_first: b
     if keep_first:
         choosers[0] = n - sizes[0]  # read by every query outside it, never scored
     return choosers
+
+
+class OnlineMerge:
+    """One softmax over each query's own block and its chosen blocks, merged batch by batch of chunks (without
+    autograd): a running maximum of the log-sum-exps, the weighted sum of outputs and of weights per query row,
+    rescaled when the maximum rises, so no batch's outputs outlive it. own: ((b h) i e), ((b h) i)."""
+
+    def __init__(self, own_out: Tensor, own_lse: Tensor) -> None:
+        x, n, e = own_out.shape
+        self.shape = (x, n, e)
+        self.top = own_lse.reshape(x * n).clone()  # ((b h i),) the running maximum, -inf where nothing yet
+        self.total = torch.isfinite(self.top).to(self.top.dtype)  # the weights' sum relative to exp(top)
+        self.summed = own_out.reshape(x * n, e)  # ((b h i), e) the own part, weight 1 relative to exp(top)
+
+    def add(self, out: Tensor, lse: Tensor, chunks: Chunks) -> None:
+        """A batch of chunks: outputs ((t r), e) and log-sum-exps ((t r),); unused slots weigh nothing."""
+        lse = lse.masked_fill(~chunks.used, float("-inf"))
+        top = self.top.scatter_reduce(0, chunks.rows, lse, reduce="amax")  # ((b h i),)
+        base = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        rescale = torch.exp(self.top - base)  # 0 where the old maximum was -inf
+        self.summed.mul_(rescale[:, None].to(self.summed.dtype))
+        self.total.mul_(rescale)
+        weight = torch.exp(lse - base[chunks.rows])  # ((t r),)
+        self.summed.index_add_(0, chunks.rows, out.mul_(weight[:, None].to(out.dtype)))
+        self.total.index_add_(0, chunks.rows, weight)
+        self.top = top
+
+    def result(self) -> Tensor:
+        """((b h) i e): the merged output; a query with no key gets zeros."""
+        total = torch.where(self.total > 0, self.total, torch.ones_like(self.total))
+        return self.summed.div_(total[:, None].to(self.summed.dtype)).view(self.shape)
 
 
 def merge_chunks(own: tuple[Tensor, Tensor], out: Tensor, lse: Tensor, chunks: Chunks) -> Tensor:
