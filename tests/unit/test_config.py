@@ -101,3 +101,15 @@ def test_malformed_toml_and_missing_files_say_what_to_do(tmp_path: Path) -> None
         load_config(str(path))
     with pytest.raises(ConfigError, match="Did you mean: quick"):
         read_config_text("quik")
+
+
+def test_a_run_without_its_baseline_is_warned_before_any_work() -> None:
+    """Issue 39, item 4: `--variants band,topk` ran and showed an empty speedup table; it now says why up front."""
+    from attnbench.commands.run import missing_baseline
+    from attnbench.plan.config import load_config
+
+    without = load_config("quick", {"variants": "band,topk", "seq_lens": [256]})
+    assert "the baseline `full` is not among this run's variant settings (band(sinks=4, window=256), band(window=256), topk)" in missing_baseline(without)
+    assert missing_baseline(load_config("quick", {"variants": "full,band", "seq_lens": [256]})) is None
+    compiled = load_config("quick", {"variants": "full", "seq_lens": [256], "compile": True})
+    assert missing_baseline(compiled) is None  # compiled alone: the baseline is `full compiled`

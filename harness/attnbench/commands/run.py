@@ -13,7 +13,7 @@ from pathlib import Path
 from attnbench.commands.arguments import EXAMPLES, add_budget_flags, comma_separated, true_false_both
 from attnbench.commands.terminal import terminal_width
 from attnbench.exit_status import Exit
-from attnbench.plan.cells import Plan
+from attnbench.plan.cells import Plan, compiled_label
 from attnbench.plan.config import ConfigError, SweepConfig, load_config, preset_names
 from attnbench.registry import registry
 
@@ -201,6 +201,8 @@ def main(args: argparse.Namespace) -> int:
     )
     from attnbench.plan.fit import unfit_input_lines
 
+    if missing := missing_baseline(config):
+        print(f"attnbench: {missing}", file=sys.stderr)
     for line in unfit_input_lines(cells, config.settings.decode_steps):
         print(f"attnbench: {line}", file=sys.stderr)
     from attnbench.measure.noise import NOISY_COMPETITION, competing_now
@@ -296,11 +298,26 @@ def main(args: argparse.Namespace) -> int:
     return Exit.NOTHING_RAN if nothing_ran else Exit.OK
 
 
+def missing_baseline(config: SweepConfig) -> str | None:
+    """The warning for a run whose variants leave out the baseline (`--variants band,topk`): it runs, but with no
+    speedup to report. None when the baseline is there."""
+    labels = sorted({compiled_label(spec.label(), c) for spec in config.axes["variant"] for c in config.axes["compiled"]})
+    if config.settings.baseline in labels:
+        return None
+    return (
+        f"the baseline `{config.settings.baseline}` is not among this run's variant settings ({', '.join(labels)}): "
+        f"no speedup will be measured. Add it (--variants {config.settings.baseline},…) or name one of them as "
+        "`baseline` in a config"
+    )
+
+
 def dry_run(config: SweepConfig, plan: Plan) -> int:
     """`run --dry-run`: the plan with its estimates; nothing is measured but the machine's peaks."""
     from attnbench.measure.machine import peaks_for
     from attnbench.run.preview import preview, preview_text
 
+    if missing := missing_baseline(config):
+        print(f"attnbench: {missing}", file=sys.stderr)
     print("attnbench: measuring this machine's peaks for the estimates…", file=sys.stderr, flush=True)
     for device in config.axes["device"]:
         peaks_for(device, (*config.axes["dtype"], "float64"))
