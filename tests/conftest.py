@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,20 @@ from typing import Callable
 import pytest
 from attnbench.registry import Registry
 from helpers import TESTS, write_plugin
+
+
+SIGNAL_HANDLERS = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}  # at start
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_as_the_session_found_them():
+    """In-process Ray (the Ray executor's tests) installs a SIGTERM handler of its own and leaves it after
+    `ray.shutdown()`: `timeout`'s SIGTERM then failed one test and the suite ran on. Each test ends with the
+    handlers the session started with, so a SIGTERM or Ctrl-C stops the suite."""
+    yield
+    for number, handler in SIGNAL_HANDLERS.items():
+        if signal.getsignal(number) is not handler:
+            signal.signal(number, handler)
 
 
 @pytest.fixture
