@@ -256,13 +256,20 @@ def check_gradients(ctx: CheckContext) -> CheckResult:
     return CheckResult("gradients", "pass", f"finite, non-zero gradients reach {', '.join(inputs)}")
 
 
-def check_exact_pattern(ctx: CheckContext, n: int = 75) -> CheckResult:
+EXACT_CHECK_LENGTHS = (75, 300, 1100)  # across block and chunk sizes (64, 128, 256, 512, 1024), none a multiple
+
+
+def check_exact_pattern(ctx: CheckContext, lengths: tuple[int, ...] = EXACT_CHECK_LENGTHS) -> CheckResult:
+    """An exact-pattern variant against the dense masked reference of its own support, at several N: one below any
+    default block, others crossing block and chunk boundaries with a ragged last one (a plugin's chunk of 256 once
+    went unchecked at N=75 alone), causal and not, padded and not, where supported."""
     variant = ctx.make()
     if not variant.exact:
         what = "approximate variant" if variant.approximates_softmax else "a different operator from softmax"
         return CheckResult("exact_pattern", "skip", f"{what}: no exact pattern to check")
     options = [(c, p) for c in (False, True) for p in (False, True) if _supports(ctx, variant, causal=c, padded=p)]
-    lengths = (n, CHOSEN_SUPPORT_CHECK_LEN) if chooses_support(type(variant)) else (n,)
+    if chooses_support(type(variant)):
+        lengths = tuple(sorted({*lengths, CHOSEN_SUPPORT_CHECK_LEN}))
     worst = max(
         exactness_error(variant, n=length, causal=c, padded=p, device=ctx.device, dtype=ctx.dtype)
         for c, p in options
