@@ -113,3 +113,18 @@ def test_a_run_without_its_baseline_is_warned_before_any_work() -> None:
     assert missing_baseline(load_config("quick", {"variants": "full,band", "seq_lens": [256]})) is None
     compiled = load_config("quick", {"variants": "full", "seq_lens": [256], "compile": True})
     assert missing_baseline(compiled) is None  # compiled alone: the baseline is `full compiled`
+
+
+def test_a_cell_too_big_only_for_the_reference_names_it_and_the_flag_that_drops_it() -> None:
+    """Issue 39, item 4: the huge-N skip named only the memory limit though the float64 reference took most of it;
+    it names the reference and `--no-error`, and with it (error = false) the cell is admitted."""
+    from attnbench.measure.group import admit
+    from attnbench.plan.config import load_config
+    from attnbench.registry import registry
+
+    overrides = {"variants": "band", "seq_lens": [524288], "memory_limit_gb": 12, "time_budget_s": 1e6}
+    with_error = load_config("quick", overrides)
+    reason = admit(with_error.plan().cells[0], with_error.settings, registry).fields["reason"]
+    assert "float64 reference" in reason and "--no-error" in reason
+    without = load_config("quick", {**overrides, "error": False})
+    assert admit(without.plan().cells[0], without.settings, registry).runs

@@ -70,6 +70,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="mode decode: tokens generated after each prompt, checked and timed (default: the config's "
         "`decode_steps`, 16)",
     )
+    run.add_argument(
+        "--no-error",
+        action="store_true",
+        help="time and memory only: no float64 exact reference, no error or recall (`error = false`); what a cell too "
+        "big for the reference's memory still measures",
+    )
     run.add_argument("--seeds", type=comma_separated(int), help="comma-separated seeds")
     run.add_argument("--threads", type=int, help="torch threads (default: the config's `threads`, 0 = torch's default)")
     run.add_argument(
@@ -149,6 +155,7 @@ def main(args: argparse.Namespace) -> int:
             "min_speedup": args.min_speedup,
             "min_recall": args.min_recall,
             "decode_steps": args.decode_steps,
+            "error": False if args.no_error else None,
         }.items()
         if value is not None
     }

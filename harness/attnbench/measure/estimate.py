@@ -182,7 +182,11 @@ def over_limit_reason(estimate: CellEstimate, limit_bytes: float, *, limit_sourc
     if g.reference_peak_bytes:
         parts.insert(1, f"float64 reference {mib(g.reference_peak_bytes)}")
     without_reference = max(g.inputs_bytes, g.held_inputs_bytes + estimate.variant_bytes)
-    hint = "; set error = false to measure without the reference" if without_reference <= limit_bytes else ""
+    hint = (
+        "; without the reference it fits: --no-error (error = false in a config) measures time and memory only"
+        if without_reference <= limit_bytes
+        else ""
+    )
     hint += DENSE_DEFAULT_HINT if estimate.dense_default else ""
     return (
         f"estimated peak memory {mib(estimate.peak_bytes)} ({', '.join(parts)}) exceeds the limit "
@@ -200,7 +204,7 @@ def over_budget_reason(estimate: CellEstimate, time_budget_s: float) -> str | No
         return (
             f"the float64 exact reference would take at least {seconds_text(estimate.group.reference_s)} "
             f"(over {ESTIMATE_SLACK:g} × time_budget_s × {CALLS_AT_BUDGET} = {seconds_text(reference_allowance)}); "
-            "set error = false to time it without error"
+            "--no-error (error = false in a config) times it without error"
         )
     if estimate.call_s > call_allowance:
         return (
