@@ -61,7 +61,7 @@ def test_the_reference_of_a_huge_n_is_refused_even_for_a_linear_variant() -> Non
     assert estimate.call_s < 1.0
     reason = over_budget_reason(estimate, time_budget_s=10.0)
     assert reason is not None and "float64 exact reference would take at least" in reason and "days" in reason
-    assert "set error = false" in reason
+    assert "--no-error (error = false in a config)" in reason
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import pandas as pd
 import seaborn as sns
 from attnbench.report.plots import FIGURE_WIDTH, THEME, plot_error, plot_speedup, plot_versus_n, styles, variant_colour
 from attnbench.report.run_report import memory_title, write_report
-from attnbench.runfolder.rows import CPU_METHOD, CUDA_METHOD
+from attnbench.runfolder.rows import CPU_METHOD, CUDA_METHOD, TENSOR_METHOD
 from helpers import edit_rows, synthetic_run
 
 MIB = 2**20
@@ -125,7 +125,7 @@ def test_the_memory_headline_names_the_verdicts_choice_and_a_lower_bound_as_one(
     from attnbench.report.verdict import Choice
 
     peaks = {"full": 2, "linformer": 3, "linear": 1}  # linear the smallest: not the verdict's choice
-    on_cpu = memory_rows(CPU_METHOD, peaks)
+    on_cpu = memory_rows(TENSOR_METHOD, peaks)  # a run of before the allocator's figure: the tracker's alone
     linformer = Choice("linformer", "low-rank", 2.0, 1.9, 2.1, 0.3, 3 * MIB, 1.5, "–")
     headline = Headline(1024, "realistic", "full", 0.5, linformer)
     title = memory_title(on_cpu, headline)
@@ -135,6 +135,7 @@ def test_the_memory_headline_names_the_verdicts_choice_and_a_lower_bound_as_one(
         "a lower bound)"
     )
     assert memory_title(memory_rows(CUDA_METHOD, peaks), headline).endswith("needs 3 MiB per call, 1.5× full's")
+    assert memory_title(memory_rows(CPU_METHOD, peaks), headline).endswith("needs 3 MiB per call, 1.5× full's")
     none = memory_title(on_cpu, Headline(1024, "realistic", "full", 0.5, None))
     assert none == "Peak memory per call by N: at N=1024 the verdict recommends no variant over full"
 
@@ -144,7 +145,7 @@ def test_the_html_report_reads_on_a_phone_and_names_a_lower_bound(tmp_path: Path
     edit_rows(  # on the CPU, and full's figure (its output alone) the smallest
         run,
         lambda rows: [
-            {**r, "mem_method": CPU_METHOD if r["peak_mem_bytes"] else "",
+            {**r, "mem_method": TENSOR_METHOD if r["peak_mem_bytes"] else "",  # recorded before the allocator's
              "peak_mem_bytes": str(10 * int(r["seq_len"])) if r["label"] == "full" and r["peak_mem_bytes"] else
              r["peak_mem_bytes"]}
             for r in rows
