@@ -28,15 +28,12 @@ def test_after():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("conftest", ["ours", "none"])
-def test_a_test_after_in_process_ray_has_the_sessions_sigterm_handler(tmp_path: Path, conftest: str) -> None:
+def test_a_test_after_in_process_ray_has_the_sessions_sigterm_handler(tmp_path: Path) -> None:
+    """With an empty conftest instead of ours, `test_after` fails (checked by hand: Ray's handler stays)."""
     (tmp_path / "test_ray_then_after.py").write_text(SUITE)
-    (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text() if conftest == "ours" else "")
+    (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text())
     suite = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(TESTS)}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    if conftest == "ours":
-        assert suite.returncode == 0, suite.stdout
-    else:  # without the fixture the handler stays Ray's: the check is able to fail
-        assert suite.returncode == 1 and "test_after" in suite.stdout
+    assert suite.returncode == 0 and "2 passed" in suite.stdout, suite.stdout
