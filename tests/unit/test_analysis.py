@@ -57,3 +57,25 @@ def test_of_roofline_takes_the_slower_of_compute_and_memory() -> None:
     # a forward and backward call does three forward calls' work (mode_work), as the guard's estimate assumes
     backward = cells.assign(mode="fwd+bwd", time_median_s=[3.0, 6.0, 1.0, 1.0])
     assert of_roofline(backward, peaks).tolist()[:2] == [1.0, 0.5]  # no peaks measured: nothing to compare with
+
+
+def test_a_cell_slower_than_at_a_longer_n_is_called_implausible(tmp_path) -> None:
+    """Issue 39, item 4: after a resume under load one group (N=4096) was timed 3-6x slower than at N=8192 and the
+    verdict concluded from it. The noise sentence now names such a pair; a plain rising series is not named."""
+    import pandas as pd
+    from attnbench.report.summary import implausible_timings, noise_line
+
+    def rows(times: dict[int, float]) -> pd.DataFrame:
+        return pd.DataFrame([
+            {"status": "ok", "label": "band(window=256)", "device": "cpu", "dtype": "float32", "mode": "fwd",
+             "causal": False, "seed": 0, "padding": 0.0, "batch": 1, "heads": 8, "head_dim": 64, "value_dim": 0,
+             "kv_len": 0, "compiled": False, "seq_len": n, "noisy": "", "time_median_s": t,
+             "time_p10_s": 0.95 * t, "time_p90_s": 1.05 * t}
+            for n, t in times.items()
+        ])  # fmt: skip
+
+    odd = rows({2048: 0.010, 4096: 0.090, 8192: 0.040})
+    assert implausible_timings(odd) == ["band(window=256) at N=4096 (90 ms) slower than at N=8192 (40 ms)"]
+    assert "Implausible: band(window=256) at N=4096" in noise_line(odd)
+    assert implausible_timings(rows({2048: 0.010, 4096: 0.020, 8192: 0.040})) == []
+    assert implausible_timings(rows({2048: 0.0100, 4096: 0.0098})) == []  # within the spreads: not named
