@@ -134,14 +134,19 @@ def max_abs_difference(a: Tensor, b: Tensor) -> float:
     return (a.to(torch.float64) - b.to(torch.float64)).abs().max().item()
 
 
+def real_lengths(batch: int, n: int, fraction: float) -> list[int]:
+    """The real (unpadded) keys of each batch element under `padding_mask`'s rule: element b pads
+    round(fraction * n * (b + 1) / batch) keys at the end, at least one stays real; the last is the shortest."""
+    return [n - min(n - 1, round(fraction * n * (index + 1) / batch)) for index in range(batch)]
+
+
 def padding_mask(batch: int, n: int, fraction: float, device: torch.device | str = "cpu") -> Tensor | None:
-    """(b, j) bool, True = padding. Right padding as in a real batch: element b has
-    round(fraction * n * (b + 1) / batch) padded keys at the end, so each element pads a different amount, and at
-    least one key per element stays real. None when `fraction` is 0. The one padding rule of inputs and checks."""
+    """(b, j) bool, True = padding. Right padding as in a real batch (`real_lengths`): each element pads a different
+    amount, and at least one key per element stays real. None when `fraction` is 0. The one padding rule of inputs
+    and checks."""
     if fraction <= 0:
         return None
-    padded = [min(n - 1, round(fraction * n * (index + 1) / batch)) for index in range(batch)]
-    lengths = torch.tensor([n - p for p in padded], device=device)
+    lengths = torch.tensor(real_lengths(batch, n, fraction), device=device)
     return torch.arange(n, device=device)[None, :] >= lengths[:, None]
 
 

@@ -27,6 +27,8 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from attnbench.ops import real_lengths
+
 NEEDLE_DEFAULTS = {"pairs": 16, "margin": 8.0, "background": "realistic"}
 MAX_MARGIN = 30.0  # nats: beyond, float32 sees no difference (1 - 1e-13 of the mass) and the probes only grow
 MIN_VALUE_DIM = 8  # narrower values: another value can lie nearer by cosine to the output than the planted one
@@ -78,7 +80,7 @@ def needle_cell_problems(
     if n_k != seq_len:
         return ["needles: a needle's query asks for a key of its own sequence: leave kv_lens at 0"]
     pairs = {**NEEDLE_DEFAULTS, **params}["pairs"]
-    shortest = seq_len - min(seq_len - 1, round(padding * seq_len))  # real keys of the most padded batch row
+    shortest = real_lengths(1, seq_len, padding)[0]  # real keys of the most padded batch row, whatever the batch
     found = needle_problems(pairs, shortest, head_dim=head_dim, query_room=decode_steps)
     found = [f"{p} (N after padding)" if padding > 0 and "needs N" in p else p for p in found]
     if (value_dim or head_dim) < MIN_VALUE_DIM:
@@ -127,6 +129,12 @@ def _quiet_directions(generator: torch.Generator, q: Tensor, k: Tensor, real: Te
     room = max(pairs, d // 2)
     mix = torch.linalg.qr(torch.randn(b, h, room, pairs, generator=generator, dtype=torch.float64)).Q  # (b, h, r, p)
     return rearrange(vectors[..., :room] @ mix, "b h d p -> b h p d").float()
+
+
+def _ordinary_norm(x: Tensor, lengths: list[int]) -> Tensor:
+    """(b, h): the median length of each row and head's vectors among its real positions (padding left out)."""
+    return torch.stack([torch.linalg.vector_norm(x[row, :, :length], dim=-1).median(dim=-1).values
+                        for row, length in enumerate(lengths)])  # fmt: skip
 
 
 def _probe_lengths(planted: Tensor, others: Tensor, margin: float, scale: float) -> Tensor:
@@ -182,13 +190,11 @@ def plant_needles(
     position = torch.arange(n)
     real = position[None, :] < torch.tensor(lengths)[:, None]  # (b, n)
     directions = _quiet_directions(generator, q, k, real, pairs)  # (b, h, p, d)
-    v_norm = torch.stack([torch.linalg.vector_norm(v[row, :, : lengths[row]], dim=-1).median(dim=-1).values
-                          for row in range(b)])[..., None, None]  # (b, h, 1, 1): each head's ordinary value  # fmt: skip
+    v_norm = _ordinary_norm(v, lengths)[..., None, None]  # (b, h, 1, 1): each head's ordinary value
     values = torch.randn(b, h, pairs, v.shape[-1], generator=generator)
     values = values / torch.linalg.vector_norm(values, dim=-1, keepdim=True) * v_norm  # (b, h, p, e)
 
-    key_norm = torch.stack([torch.linalg.vector_norm(k[row, :, : lengths[row]], dim=-1).median(dim=-1).values
-                            for row in range(b)])  # (b, h): an ordinary key's length  # fmt: skip
+    key_norm = _ordinary_norm(k, lengths)  # (b, h): an ordinary key's length
     v[rows, :, key_at] = rearrange(values, "b h p e -> b p h e")
     visible = real[:, None, :] & (position[None, None, :] <= query_at[:, :, None] if causal else True)  # (b, p, n)
     visible = visible & (position[None, None, :] != key_at[:, :, None])  # the needle itself is not among the others
