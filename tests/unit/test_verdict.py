@@ -17,6 +17,7 @@ from attnbench.report.verdict import (
     verdict_terminal,
     verdicts,
 )
+from attnbench.report.text import aligned_table
 from attnbench.runfolder.results import read_results
 from helpers import edit_rows, synthetic_run
 
@@ -432,3 +433,24 @@ def test_a_decoded_needles_input_is_described_by_its_probes_not_as_a_context(tmp
     assert "needles' probes" in input_sentence(read_results(run))
     edit_rows(run, lambda rows: [{**r, "mode": "fwd"} for r in rows])
     assert input_sentence(read_results(run)).startswith("Attention on this input is")
+
+
+def test_a_table_too_wide_for_the_terminal_wraps_its_cells_and_never_cuts_a_figure() -> None:
+    headers = ["variant", "speedup vs full", "error (rel)", "peak memory", "notes"]
+    rows = [
+        ["band+sinks(window=256,sinks=4)", "2.31× [2.20–2.45]", "1.2e-01", "52.3 MiB (1.06×)", "noisy: spread 30%"],
+        ["full", "1.00×", "0", "17.4 MiB", "exact"],
+    ]
+    wide = aligned_table(headers, rows)
+    assert len(wide.splitlines()) == 4  # headers, rule, a line per row
+    for width in (80, 60, 50):
+        table = aligned_table(headers, rows, width=width, breakable=(0, 4))
+        lines = table.splitlines()
+        assert max(map(len, lines)) <= width and "…" not in table
+        words = table.split()
+        for figure in ("2.31×", "[2.20–2.45]", "1.2e-01", "52.3", "(1.06×)", "17.4", "30%"):
+            assert figure in words  # each figure whole on one line
+    narrow = aligned_table(headers, rows, width=40, breakable=(0, 4))
+    assert max(map(len, narrow.splitlines())) <= 40 and "…" not in narrow
+    assert "left out to fit 40 columns" in narrow and "notes" in narrow.split("left out")[1]
+    assert "[2.20–2.45]" in narrow.split()  # the kept columns' figures stay whole

@@ -4,7 +4,9 @@ plugins that failed to load."""
 from __future__ import annotations
 
 import argparse
+import textwrap
 
+from attnbench.commands.terminal import terminal_width
 from attnbench.exit_status import Exit
 from attnbench.interface import AttentionVariant
 from attnbench.registry import registry
@@ -63,11 +65,13 @@ def main(args: argparse.Namespace) -> int:
                      ",".join(caps.devices), entry.package])  # fmt: skip
     widths = [max(len(str(r[i])) for r in [list(HEADERS), *rows]) + 1 for i in range(len(HEADERS) - 1)]
     line = lambda values: " ".join(f"{v:<{w}}" for v, w in zip(values, widths)) + f" {values[-1]}"  # noqa: E731
+    width = terminal_width()
     print(line(HEADERS))
     for entry, row in zip(working, rows):
         print(line(row))
         for key, spec in entry.variant_class.hyperparameters.items():
-            print(f"{'':<18}{key} = {spec.default!r}: {spec.doc}")
+            said = f"{key} = {spec.default!r}: {spec.doc}"
+            print(textwrap.fill(said, max(width, 60), initial_indent=" " * 18, subsequent_indent=" " * 20))
     if broken:
         print("\nbroken plugins (every other variant still works):")
         for entry in broken:

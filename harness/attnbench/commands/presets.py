@@ -22,6 +22,6 @@ def main(args: argparse.Namespace) -> int:
 
     rows = [[name, time, text] for name, (text, time) in preset_descriptions().items()]
     headers = ["preset", "run time measured on 2 cores", "what it sweeps"]
-    print(aligned_table(headers, rows, width=terminal_width(), cuttable=(2,)))
+    print(aligned_table(headers, rows, width=terminal_width(), breakable=(2,)))
     print("\nrun one with `attnbench run NAME`; copy one from configs/ to start your own TOML file")
     return Exit.OK

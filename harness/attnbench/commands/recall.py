@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     if args.list:
         rows = [[name, time_, text] for name, (text, time_) in grid_descriptions().items()]
         print(aligned_table(["grid", "run time measured on 2 cores", "what it trains"], rows, width=terminal_width(),
-                            cuttable=(2,)))  # fmt: skip
+                            breakable=(2,)))  # fmt: skip
         return Exit.OK
     min_recall = DEFAULT_MIN_RECALL if args.min_recall is None else args.min_recall
     problems = [] if 0 < min_recall <= 1 else [f"--min-recall: must be a share in (0, 1], got {min_recall!r}"]

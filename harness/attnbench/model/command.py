@@ -270,7 +270,7 @@ def model_command(args: argparse.Namespace, width: int) -> int:
     from attnbench.report.text import aligned_table
 
     headers, table = summary_rows(read_model_rows(run_dir))
-    print(aligned_table(headers, table, width=width, cuttable=(len(headers) - 1, 0)))
+    print(aligned_table(headers, table, width=width, breakable=(len(headers) - 1, 0)))
     report = write_model_report(run_dir)
     print(f"attnbench: {len(specs)} variant setting(s) × {len(lengths)} length(s) in "
           f"{clock.perf_counter() - started:.0f} s -> {run_dir}/ (model.csv, meta.json, report.md, plots/)",

@@ -99,32 +99,62 @@ def shorten(text: str, width: int) -> str:
 
 
 def aligned_table(
-    headers: list[str], rows: list[list[str]], width: int | None = None, cuttable: tuple[int, ...] = ()
+    headers: list[str], rows: list[list[str]], width: int | None = None, breakable: tuple[int, ...] = ()
 ) -> str:
-    """Plain columns padded to their widest cell, for a terminal. With `width`, a line that does not fit
-    first wraps the headers onto several lines, then cuts columns with an ellipsis: the `cuttable` ones in
-    their order (notes before names), then the widest; none below 8 characters."""
+    """Plain columns padded to their widest cell, for a terminal. With `width`, a table that does not fit wraps
+    cells onto several lines within their column, never cutting a figure: the widest column narrows first, each
+    down to its longest word (the `breakable` ones, free text such as notes and names, may break inside a word,
+    down to 8 characters). When even that is too wide, the rightmost columns are left out and named below."""
     body = [[str(c) for c in row] for row in rows]
-    widths = [max([len(headers[i])] + [len(r[i]) for r in body]) for i in range(len(headers))]
-
-    def excess() -> int:
-        return sum(widths) + 2 * (len(widths) - 1) - (width or 0)
-
-    if width is not None and excess() > 0:  # headers may wrap: a column as wide as its values and longest word
-        widths = [max([len(w) for w in headers[i].split()] + [len(r[i]) for r in body]) for i in range(len(headers))]
-    for column in cuttable:  # in the order given: the last one is cut only when the others are at their least
-        if width is not None and excess() > 0:
-            widths[column] = max(8, widths[column] - excess())
-    while width is not None and excess() > 0:
-        column = max(range(len(widths)), key=lambda i: widths[i])
-        if widths[column] <= 8:
+    natural = [max([len(headers[i])] + [len(r[i]) for r in body]) for i in range(len(headers))]
+    if width is None or _line_width(natural) <= width:
+        return _render(headers, body, natural, breakable)
+    least = [
+        min(natural[i], 8) if i in breakable else max(len(word) for text in [headers[i]] + [r[i] for r in body]
+                                                     for word in text.split() or [""])
+        for i in range(len(headers))
+    ]  # fmt: skip
+    widths = list(natural)
+    while _line_width(widths) > width:  # narrow the widest column that can still narrow, one character at a time
+        narrower = [i for i in range(len(widths)) if widths[i] > least[i]]
+        if not narrower:
             break
-        widths[column] = max(8, widths[column] - excess())
-    wrapped = [textwrap.wrap(h, w, break_long_words=True) or [""] for h, w in zip(headers, widths)]
-    header_lines = [[lines[k] if k < len(lines) else "" for lines in wrapped] for k in range(max(map(len, wrapped)))]
-    lines = ["  ".join(shorten(c, w).ljust(w) for c, w in zip(row, widths)).rstrip() for row in header_lines + body]
-    lines.insert(len(header_lines), "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+        widths[max(narrower, key=lambda i: widths[i])] -= 1
+    if _line_width(widths) <= width or len(widths) == 1:
+        return _render(headers, body, widths, breakable)
+    kept = len(widths) - 1
+    while kept > 1 and _line_width(least[:kept]) > width:
+        kept -= 1
+    left = ", ".join(" ".join(h.split()) for h in headers[kept:])
+    table = aligned_table(headers[:kept], [r[:kept] for r in body], width, tuple(i for i in breakable if i < kept))
+    return table + "\n" + textwrap.fill(f"(left out to fit {width} columns: {left}; a wider terminal shows them)", width)
+
+
+def _line_width(widths: list[int]) -> int:
+    return sum(widths) + 2 * (len(widths) - 1)
+
+
+def _render(headers: list[str], body: list[list[str]], widths: list[int], breakable: tuple[int, ...]) -> str:
+    """Rows of wrapped cells: each row as many lines as its tallest cell, rows apart when any takes more than one."""
+
+    def lines_of(row: list[str]) -> list[str]:
+        cells = [
+            textwrap.wrap(text, w, break_long_words=i in breakable,
+                          break_on_hyphens=False) or [""]
+            for i, (text, w) in enumerate(zip(row, widths))
+        ]  # fmt: skip
+        return [
+            "  ".join((cell[k] if k < len(cell) else "").ljust(w) for cell, w in zip(cells, widths)).rstrip()
+            for k in range(max(map(len, cells)))
+        ]
+
+    header = lines_of(headers)
+    rows = [lines_of(row) for row in body]
+    apart = any(len(lines) > 1 for lines in rows)
+    out = header + ["  ".join("-" * w for w in widths)]
+    for index, lines in enumerate(rows):
+        out += ([""] if apart and index else []) + lines
+    return "\n".join(out)
 
 
 def label_order(frame: pd.DataFrame) -> list[str]:

@@ -847,8 +847,7 @@ def verdict_terminal(found: list[VerdictBlock], width: int) -> str:
         for answer in block.verdict.answers:
             said = f"N={answer.n}: {answer.sentence}" + (f" {answer.asked}" if answer.asked else "")
             lines = [textwrap.fill(said.replace("`", ""), width)]
-            cuttable = (0,) if block.verdict.mode.decode else (3, 0)  # decode's cache column is short and its point
-            table = aligned_table(*verdict_rows(block.verdict, answer), width=width - 2, cuttable=cuttable)
+            table = aligned_table(*verdict_rows(block.verdict, answer), width=width - 2, breakable=(0,))  # names
             lines += ["  " + line for line in table.splitlines()]
             if answer.left_out:
                 lines.append(textwrap.fill(left_out_text(answer), width, initial_indent="  ", subsequent_indent="    "))

@@ -66,7 +66,7 @@ def preview_text(groups: list[GroupPreview], width: int) -> str:
         for g in groups
     ]
     parts = [
-        aligned_table(["group", "cells run", "peak memory", "time"], rows, width=width, cuttable=(0,)),
+        aligned_table(["group", "cells run", "peak memory", "time"], rows, width=width, breakable=(0,)),
     ]
     skipped: dict[tuple[str, str], list[str]] = {}  # (label, why) -> the groups it happens in
     for g in groups:
