@@ -63,7 +63,8 @@ def test_a_cell_slower_than_at_a_longer_n_is_called_implausible(tmp_path) -> Non
     """Issue 39, item 4: after a resume under load one group (N=4096) was timed 3-6x slower than at N=8192 and the
     verdict concluded from it. The noise sentence now names such a pair; a plain rising series is not named."""
     import pandas as pd
-    from attnbench.report.summary import implausible_timings, noise_line
+    from attnbench.report.analysis import implausible_timings
+    from attnbench.report.summary import noise_line
 
     def rows(times: dict[int, float]) -> pd.DataFrame:
         return pd.DataFrame([
@@ -75,7 +76,11 @@ def test_a_cell_slower_than_at_a_longer_n_is_called_implausible(tmp_path) -> Non
         ])  # fmt: skip
 
     odd = rows({2048: 0.010, 4096: 0.090, 8192: 0.040})
-    assert implausible_timings(odd) == ["band(window=256) at N=4096 (90 ms) slower than at N=8192 (40 ms)"]
+    assert [f.phrase for f in implausible_timings(odd)] == [
+        "band(window=256) at N=4096 (90 ms) over 6× its time at N=2048 (10 ms), beyond quadratic growth",
+        "band(window=256) at N=4096 (90 ms) slower than at N=8192 (40 ms)",
+    ]
     assert "Implausible: band(window=256) at N=4096" in noise_line(odd)
     assert implausible_timings(rows({2048: 0.010, 4096: 0.020, 8192: 0.040})) == []
     assert implausible_timings(rows({2048: 0.0100, 4096: 0.0098})) == []  # within the spreads: not named
+    assert implausible_timings(rows({1024: 0.001, 2048: 0.0055})) == []  # quadratic and a little more: not named

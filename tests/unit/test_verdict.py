@@ -454,3 +454,30 @@ def test_a_table_too_wide_for_the_terminal_wraps_its_cells_and_never_cuts_a_figu
     assert max(map(len, narrow.splitlines())) <= 40 and "…" not in narrow
     assert "left out to fit 40 columns" in narrow and "notes" in narrow.split("left out")[1]
     assert "[2.20–2.45]" in narrow.split()  # the kept columns' figures stay whole
+
+
+def test_the_verdict_concludes_nothing_from_a_group_timed_on_a_changed_machine(tmp_path: Path) -> None:
+    """Issue 39: after a resume under load one group was timed 3-6x slower than the same calls minutes later, and the
+    verdict concluded from it. Timings that contradict their neighbours' now withhold that N's conclusion, say why,
+    and keep the figures; the other N are judged as before."""
+    run = synthetic_run(tmp_path / "run")
+
+    def slow_group(rows: list[dict]) -> list[dict]:
+        for row in rows:
+            if row["time_median_s"]:
+                median = float(row["time_median_s"]) * (8 if row["seq_len"] == "1024" else 1)
+                row.update(time_median_s=median, time_p10_s=0.95 * median, time_p90_s=1.05 * median)
+        return rows
+
+    before = {a.n: a for a in verdicts(read_results(run))[0].answers}
+    edit_rows(run, slow_group)
+    (verdict,) = verdicts(read_results(run))
+    after = {a.n: a for a in verdict.answers}
+    held = after[1024]
+    assert held.sentence.startswith("No conclusion at this N: its timings are implausible (") and held.use == ""
+    assert "full at N=1024" in held.sentence and "measure N=1024 again in one run" in held.sentence
+    assert [c.label for c in held.choices] == [c.label for c in before[1024].choices]  # the figures stay
+    assert after[512].sentence.startswith("No conclusion")  # its pair: nothing says which of the two changed
+    assert after[256].sentence == before[256].sentence and after[256].use == before[256].use
+    text = verdict_terminal(verdict_blocks([verdict]), 80)
+    assert "N=1024: No conclusion at this N" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -220,3 +221,45 @@ def compile_sentence(cells: pd.DataFrame) -> str:
     if not parts:
         return "Compiled: no compiled cell was timed beside its eager twin."
     return "Compiled (eager time / compiled time, per round, in turns): " + "; ".join(parts) + "."
+
+
+SERIES = ("label", "device", "dtype", "mode", "causal", "seed", "padding", "batch", "heads", "head_dim", "value_dim",
+          "kv_len", "compiled")  # a variant setting's cells that differ only in N (and input)
+IMPLAUSIBLE = 1.5  # beyond the spreads by this factor: more than a change of code path or cache explains
+STEEPEST = 2.0  # no attention costs more than quadratically in N (the exact one is quadratic; decode, linear)
+
+
+@dataclass(frozen=True)
+class Implausible:
+    """Two groups of one variant setting whose timings contradict each other: one of them ran on a changed machine
+    (a resume under load timed a whole group 3-6x slow), and nothing can say which."""
+
+    label: str
+    short: int  # the shorter N
+    long: int
+    phrase: str  # "band at N=4096 (90 ms) slower than at N=8192 (40 ms)"
+
+
+def implausible_timings(frame: pd.DataFrame) -> list[Implausible]:
+    """Neighbouring N of one variant setting timed beyond what attention can do, past both spreads: the shorter N
+    slower (its p10 over IMPLAUSIBLE x the longer's p90), or the longer slower than quadratic growth allows (its p10
+    over IMPLAUSIBLE x (N'/N)^2 x the shorter's p90): a step change of the machine between their groups."""
+    timed = frame[(frame.status == "ok") & frame.time_median_s.notna() & frame.time_p10_s.notna()]
+    keys = [column for column in SERIES if column in timed.columns]
+    found = []
+    for _, series in timed.groupby(keys, dropna=False, sort=False):
+        by_n = series.groupby("seq_len").agg(p10=("time_p10_s", "min"), p90=("time_p90_s", "max"),
+                                             mid=("time_median_s", "median")).sort_index()  # fmt: skip
+        ns = list(by_n.index)
+        label = str(series.label.iloc[0])
+        for short, long in zip(ns, ns[1:]):
+            at = {n: f"N={n} ({1e3 * by_n.mid[n]:.3g} ms)" for n in (short, long)}
+            steepest = IMPLAUSIBLE * (long / short) ** STEEPEST
+            if by_n.p10[short] > IMPLAUSIBLE * by_n.p90[long]:
+                phrase = f"{label} at {at[short]} slower than at {at[long]}"
+            elif by_n.p10[long] > steepest * by_n.p90[short]:
+                phrase = f"{label} at {at[long]} over {steepest:.3g}× its time at {at[short]}, beyond quadratic growth"
+            else:
+                continue
+            found.append(Implausible(label, int(short), int(long), phrase))
+    return found

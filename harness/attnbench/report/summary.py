@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.atomic import write_text_atomic
-from attnbench.report.analysis import compile_sentence, scaling_table
+from attnbench.report.analysis import compile_sentence, implausible_timings, scaling_table
 from attnbench.report.modes import DECODE_NOTE, has_decode, mib_text, mode_of, ms_text, ratio_text
 from attnbench.report.text import (
     GROUP_COLUMNS,
@@ -153,32 +153,6 @@ of V over the visible keys; 0 is exact, 1 is no better than ignoring Q and K.
 """
 
 
-SERIES = ("label", "device", "dtype", "mode", "causal", "seed", "padding", "batch", "heads", "head_dim", "value_dim",
-          "kv_len", "compiled")  # a variant setting's cells that differ only in N (and input)
-
-
-IMPLAUSIBLE = 1.5  # a shorter N's p10 this many times a longer N's p90: beyond what a change of code path explains
-
-
-def implausible_timings(frame: pd.DataFrame) -> list[str]:
-    """Cells timed much slower than the same setting at a longer N, beyond both spreads (the shorter N's p10 over
-    IMPLAUSIBLE x the longer N's p90): no attention variant costs that much less at a longer N, so the machine
-    changed between their groups (a resume under load timed one group 3-6x slow). One phrase per such pair."""
-    timed = frame[(frame.status == "ok") & frame.time_median_s.notna() & frame.time_p10_s.notna()]
-    keys = [column for column in SERIES if column in timed.columns]
-    found = []
-    for _, series in timed.groupby(keys, dropna=False, sort=False):
-        by_n = series.groupby("seq_len").agg(p10=("time_p10_s", "min"), p90=("time_p90_s", "max"),
-                                             mid=("time_median_s", "median")).sort_index()  # fmt: skip
-        ns = list(by_n.index)
-        for short, long in zip(ns, ns[1:]):
-            if by_n.p10[short] > IMPLAUSIBLE * by_n.p90[long]:
-                label = series.label.iloc[0]
-                found.append(f"{label} at N={short} ({1e3 * by_n.mid[short]:.3g} ms) slower than at N={long} "
-                             f"({1e3 * by_n.mid[long]:.3g} ms)")  # fmt: skip
-    return found
-
-
 def noise_line(frame: pd.DataFrame) -> str:
     """One sentence on how many timed cells are noisy and why (or that none is), and the timings that cannot be
     right (`implausible_timings`)."""
@@ -186,7 +160,7 @@ def noise_line(frame: pd.DataFrame) -> str:
     noisy = ok[ok.noisy.fillna("") != ""]
     if ok.empty:
         return "Noise: no cell was timed."
-    implausible = implausible_timings(frame)
+    implausible = [found.phrase for found in implausible_timings(frame)]
     odd = (
         f" Implausible: {'; '.join(implausible)}: the machine changed between those groups; do not read their "
         "speedups, measure those N again in one run."

@@ -15,13 +15,13 @@ error figures can tell.
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
 from attnbench.inputs.catalogue import LOCALITY_WINDOW
 from attnbench.plan.budget import UNIFORM_EQUIVALENT, AccuracyBudget
-from attnbench.report.analysis import ERROR_RESOLUTION, crossover_table
+from attnbench.report.analysis import ERROR_RESOLUTION, crossover_table, implausible_timings
 from attnbench.report.modes import DECODE_NOTE, FORWARD, Mode, mib_text, mode_of, ms_text, ratio_text
 from attnbench.report.text import (
     GROUP_COLUMNS,
@@ -262,6 +262,7 @@ def verdicts(
                 {r.label: _short_crossover(r.faster_from) for r in crossings.itertuples()} if len(crossings) else {}
             )
             sentence = input_sentence(on_input)
+            contradicted = contradicted_lengths(own)
             verdict = InputVerdict(
                 words, str(source), baseline, sentence, str(timed_on), setting_key=key, budget=budget, mode=mode
             )
@@ -270,10 +271,33 @@ def verdicts(
                 for c in candidates:
                     c.recall = recalls.get((c.label, int(n)), float("nan"))
                 answer = judge(int(n), candidates, baseline, budget, str(source), mode)
+                if answer is not None and int(n) in contradicted:
+                    answer = withheld(answer, contradicted[int(n)])
                 if answer is not None:
                     verdict.answers.append(answer)
             out.append(verdict)
     return out
+
+
+def contradicted_lengths(timed: pd.DataFrame) -> dict[int, list[str]]:
+    """N -> the phrases of the implausible timings it takes part in (report.analysis.implausible_timings), both N of
+    each pair: nothing says which of the two groups ran on the changed machine."""
+    found: dict[int, list[str]] = {}
+    for odd in implausible_timings(timed) if len(timed) else []:
+        for n in (odd.short, odd.long):
+            found.setdefault(n, []).append(odd.phrase)
+    return found
+
+
+def withheld(answer: Answer, phrases: list[str]) -> Answer:
+    """The answer at an N whose timings contradict another N's: its figures stay in the table, its sentence says
+    why nothing is concluded from them and what to do, and it recommends nothing (no plot headlines it)."""
+    named = "; ".join(dict.fromkeys(phrases))
+    sentence = (
+        f"No conclusion at this N: its timings are implausible ({named}), so the machine changed between those "
+        f"groups; measure N={answer.n} again in one run (the figures below are as timed)."
+    )
+    return replace(answer, sentence=sentence, use="", asked="")
 
 
 def needle_recalls(rows: pd.DataFrame) -> dict[tuple[str, int], float]:
