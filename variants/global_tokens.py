@@ -26,7 +26,7 @@ import torch
 from attnbench.ops import allowed_keys, band_allows, causal_allows, default_scale, dense_masked_attention
 from attnbench.variants.blocks import Partial, with_causal
 from attnbench.variants.window import band_mask, band_partial
-from einops import einsum
+from einops import einsum, rearrange
 from torch import Tensor
 
 
@@ -73,7 +73,8 @@ def with_columns(band: Partial, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor
 
     The columns are a handful of keys, so their scores are (n, c), written out; the band's output is rescaled
     once and the columns' weighted values added to it (no second (n, e) output is made and then merged)."""
-    scores = einsum(q, k, "b h n d, b h c d -> b h n c") * default_scale(q.shape[-1])
+    k_t = rearrange(k, "b h c d -> b h d c").contiguous()  # a few columns: contiguous, the matmul reads q at its speed
+    scores = torch.matmul(q, k_t).mul_(default_scale(q.shape[-1]))  # (b, h, n, c)
     scores = scores.to(band.lse.dtype).masked_fill(~allowed, float("-inf"))
     top = torch.maximum(band.lse, scores.amax(dim=-1)).detach()  # (b, h, n)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
@@ -81,8 +82,18 @@ def with_columns(band: Partial, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor
     column_weights = torch.exp(scores - top[..., None])  # (b, h, n, c); 0 where not allowed
     total = band_weight + column_weights.sum(dim=-1)
     total = torch.where(total > 0, total, torch.ones_like(total))
-    out = einsum((column_weights / total[..., None]).to(v.dtype), v, "b h n c, b h c e -> b h n e")
-    return out.addcmul_(band.out, (band_weight / total)[..., None].to(band.out.dtype))
+    column_shares = (column_weights / total[..., None]).to(v.dtype)  # (b, h, n, c)
+    band_share = (band_weight / total)[..., None].to(band.out.dtype)  # (b, h, n, 1)
+    if torch.is_grad_enabled() and band.out.requires_grad:  # the band's output is saved for its backward: a new one
+        return einsum(column_shares, v, "b h n c, b h c e -> b h n e").addcmul_(band.out, band_share)
+    out = band.out
+    try:
+        flat = out.view(-1, *out.shape[-2:])  # ((b h), n, e): a view of `out`, written in place below
+    except RuntimeError:  # strides that do not merge: written out
+        return einsum(column_shares, v, "b h n c, b h c e -> b h n e").addcmul_(out, band_share)
+    out.mul_(band_share)  # in place: one pass over the (n, e) output instead of three
+    flat.baddbmm_(column_shares.flatten(0, 1), v.flatten(0, 1))
+    return out
 
 
 def band_with_global_tokens(

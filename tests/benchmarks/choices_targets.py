@@ -33,26 +33,43 @@ def interval(baseline: list[float], variant: list[float]) -> str:
     return f"{ratio.estimate:.2f} [{ratio.low:.2f}–{ratio.high:.2f}]"
 
 
+def in_turns(n: int, min_run_time: float) -> dict[str, list[float]]:
+    """Every setting's per-call seconds at N=n, round by round, in turns (and topk's selection alone)."""
+    variants = {label: registry.create(name, **params) for label, (name, params) in SETTINGS.items()}
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, n, 64, generator=generator) for _ in range(3))
+    calls = {label: (lambda variant=variant: variant(q, k, v)) for label, variant in variants.items()}
+    calls[SELECTION] = lambda: variants["topk"].select(q, k, False, None)
+    with torch.no_grad():
+        return time_in_turns(calls, torch.device("cpu"), min_rounds=9, min_run_time=min_run_time)
+
+
+def table_rows(n: int, samples: dict[str, list[float]]) -> list[str]:
+    """Markdown rows: per setting its median, its speedup over full, a band's cost over the plain band, and the
+    selection's share of topk's time, each paired round by round with its interval."""
+    rows = []
+    for label, seconds in samples.items():
+        versus_band = interval(seconds, samples["band(window=256)"]) if label.startswith("band") else ""
+        share = interval(seconds, samples["topk"]) if label == SELECTION else ""  # selection / topk, paired
+        rows.append(f"| {n} | {label} | {Spread.of(seconds).median * 1e3:.1f} | "
+                    f"{interval(samples['full'], seconds)} | {versus_band} | {share} |")  # fmt: skip
+    return rows
+
+
+HEADER = [
+    "| N | variant | ms per call | speedup vs full [95%] | vs band(window=256) [95%] | share of topk's time |",
+    "|---|---|---|---|---|---|",
+]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-lens", default="4096,16384")
     parser.add_argument("--min-run-time", type=float, default=5.0)
     args = parser.parse_args()
-    variants = {label: registry.create(name, **params) for label, (name, params) in SETTINGS.items()}
-    print("| N | variant | ms per call | speedup vs full [95%] | vs band(window=256) [95%] | share of topk's time |")
-    print("|---|---|---|---|---|---|")
+    print("\n".join(HEADER))
     for n in (int(x) for x in args.seq_lens.split(",")):
-        generator = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(1, 8, n, 64, generator=generator) for _ in range(3))
-        calls = {label: (lambda variant=variant: variant(q, k, v)) for label, variant in variants.items()}
-        calls[SELECTION] = lambda: variants["topk"].select(q, k, False, None)
-        with torch.no_grad():
-            samples = time_in_turns(calls, torch.device("cpu"), min_rounds=9, min_run_time=args.min_run_time)
-        for label, seconds in samples.items():
-            versus_band = interval(seconds, samples["band(window=256)"]) if label.startswith("band") else ""
-            share = interval(seconds, samples["topk"]) if label == SELECTION else ""  # selection / topk, paired
-            print(f"| {n} | {label} | {Spread.of(seconds).median * 1e3:.1f} | "
-                  f"{interval(samples['full'], seconds)} | {versus_band} | {share} |")  # fmt: skip
+        print("\n".join(table_rows(n, in_turns(n, args.min_run_time))), flush=True)
 
 
 if __name__ == "__main__":

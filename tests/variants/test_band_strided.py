@@ -197,3 +197,26 @@ def test_flex_backend_matches_blocked(name: str, params: dict) -> None:
     for causal in (False, True):
         torch.testing.assert_close(flex(q, k, v, causal=causal), blocked(q, k, v, causal=causal), rtol=1e-4, atol=1e-5)
     assert flex.unsupported_reason(device="cpu", dtype="float32", causal=False, padded=True, n_q=8, n_k=8)
+
+
+def test_the_columns_fold_into_the_band_output_alike_in_place_by_autograd_and_on_unmergeable_strides() -> None:
+    """`with_columns` writes the band's output in place when nothing needs it (no autograd): the same numbers as the
+    written-out path that autograd takes, and as the fallback for an output whose (b, h) strides do not merge."""
+    from attnbench.variants.blocks import Partial
+    from attnbench.variants.global_tokens import with_columns
+
+    torch.manual_seed(0)
+    b, h, n, c, d = 2, 3, 50, 4, 8
+    q, k, v = torch.randn(b, h, n, d), torch.randn(b, h, c, d), torch.randn(b, h, c, d)
+    allowed = torch.rand(1, 1, n, c) > 0.3
+    out, lse = torch.randn(h, b, n, d).transpose(0, 1), torch.randn(b, h, n)  # (b, h, n, e), strides unmergeable
+
+    def part(o: torch.Tensor) -> Partial:
+        return Partial(out=o.clone() if o.is_contiguous() else o.transpose(0, 1).clone().transpose(0, 1), lse=lse)
+
+    with torch.no_grad():
+        in_place = with_columns(part(out.contiguous()), q, k, v, allowed)
+        unmergeable = with_columns(part(out), q, k, v, allowed)
+    written = with_columns(Partial(out=out.contiguous().requires_grad_(), lse=lse), q, k, v, allowed)  # autograd's
+    torch.testing.assert_close(in_place, written.detach())
+    torch.testing.assert_close(unmergeable, written.detach())
