@@ -288,14 +288,14 @@ def check_subquadratic_memory(ctx: CheckContext) -> CheckResult:
     variant = ctx.make()
     if not variant.supports.subquadratic_memory:
         return CheckResult("subquadratic_memory", "skip", "not claimed")
-    if ctx.device.type == "cpu" and not variant.cpu_memory_trackable:
-        return CheckResult("subquadratic_memory", "skip", "runs in compiled kernels the CPU tracker cannot see")
     causal = _one_causal(ctx, variant)
     peaks = []
     for n in (1024, 4096):
         q, k, v = ctx.tensors(*[(1, 2, n, 16)] * 3)  # two heads: factorized patterns split across them
         with torch.no_grad():
-            peaks.append(peak_memory(lambda: variant(q, k, v, causal=causal), ctx.device, inputs=(q, k, v))[0])
+            call = lambda: variant(q, k, v, causal=causal)  # noqa: E731
+            call()  # warm: what it keeps between calls (cached patterns) is state, not per-call memory
+            peaks.append(peak_memory(call, ctx.device, inputs=(q, k, v), tensors=variant.cpu_memory_trackable)[0])
     ratio = peaks[1] / max(peaks[0], 1)
     ok = ratio < 8  # quadratic would be 16
     return CheckResult(

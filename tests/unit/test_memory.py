@@ -124,3 +124,18 @@ def test_fused_attention_shows_scratch_beyond_its_output_and_the_math_path_its_n
     assert peak > tensors >= q.nbytes  # the output at least, and the kernel's scratch on top
     math, _, _ = peak_memory(lambda: (q @ k.transpose(-1, -2) / 8).softmax(-1) @ v, torch.device("cpu"), (q, k, v))
     assert math >= 2 * 4 * 4 * 1024 * 1024
+
+
+@pytest.mark.slow  # inductor's cold compile of even a small function takes seconds here
+def test_compiled_code_is_measured_by_the_allocator_peak_alone() -> None:
+    """Compiled kernels must not run under a dispatch mode and their buffers are no tensors it sees; they come from
+    the same CPU allocator, so with tensors=False the peak counts them: here a (1024, 1024) float32 intermediate
+    (4 MiB) that never leaves the compiled graph, beside a 4 KiB output."""
+    from attnbench.measure.memory import peak_memory
+
+    x = torch.randn(1024, 1024)
+    compiled = torch.compile(lambda x: (x @ x.T).softmax(dim=-1).sum(dim=0), backend="inductor")
+    compiled(x)  # compiled here, before the measurement
+    peak, method, tensors = peak_memory(lambda: compiled(x), torch.device("cpu"), inputs=(x,), tensors=False)
+    assert method == "cpu-allocator-peak" and tensors is None
+    assert 4 * 2**20 <= peak < 16 * 2**20

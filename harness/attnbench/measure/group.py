@@ -492,14 +492,15 @@ class GroupMeasurement:
         key, variant = cell.key(), self.variants[cell.key()]
         cost = variant.cost(shape_of(cell))
         self.fields[key].update(flops=cost.flops, useful_flops=cost.needed_flops, bytes_moved=cost.bytes_moved)
-        if self.device.type == "cpu" and (cell.compiled or not variant.cpu_memory_trackable):
-            self.fields[key]["mem_method"] = "not measured: compiled kernels allocate out of the CPU tracker's sight"
-            return
+        tensors = variant.cpu_memory_trackable and not cell.compiled  # compiled code: the allocator's peak alone
         try:
             self.progress("memory", key)
-            fresh = self.registry.create(cell.variant.name, seed=cell.seed, **dict(cell.variant.params))
-            calls = self._call(cell, self.calls[key]), self._call(cell, call_of(fresh, cell.compiled))
-            memory = call_memory(*calls, self.device, inputs=self._held())
+            first = None  # a fresh instance's first call: the state it keeps (counted by live tensors)
+            if tensors:
+                fresh = self.registry.create(cell.variant.name, seed=cell.seed, **dict(cell.variant.params))
+                first = self._call(cell, call_of(fresh, cell.compiled))
+            calls = self._call(cell, self.calls[key]), first
+            memory = call_memory(*calls, self.device, inputs=self._held(), tensors=tensors)
             self.fields[key].update(
                 peak_mem_bytes=memory.peak_bytes, state_mem_bytes=memory.state_bytes, mem_method=memory.method,
                 tensor_mem_bytes=memory.tensor_peak_bytes,

@@ -139,10 +139,12 @@ def _held_after(fn: Callable[[], Any], device: torch.device, inputs: tuple[torch
 
 
 def peak_memory(
-    fn: Callable[[], Any], device: torch.device, inputs: tuple[torch.Tensor, ...]
+    fn: Callable[[], Any], device: torch.device, inputs: tuple[torch.Tensor, ...], tensors: bool = True
 ) -> tuple[int, str, int | None]:
     """Run `fn` once and return (peak bytes beyond `inputs` and beyond what existed before, the method used, on
-    CPU the live tensors' peak alone). The result of `fn` is dropped inside, so its memory counts at its peak."""
+    CPU the live tensors' peak alone). The result of `fn` is dropped inside, so its memory counts at its peak.
+    `tensors=False`: the allocator's peak alone, for compiled code, which must not run under a dispatch mode (its
+    buffers go through the same allocator, so the peak sees them; the live-tensor figure is then None)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         baseline = torch.cuda.memory_allocated(device)
@@ -150,6 +152,10 @@ def peak_memory(
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - baseline, CUDA_METHOD, None
+    if not tensors:
+        with AllocatorPeak() as allocator:
+            fn()
+        return allocator.peak, CPU_METHOD, None
     with AllocatorPeak() as allocator, LiveTensorPeak(exclude=inputs) as tracker:
         fn()
     return max(allocator.peak, tracker.peak), CPU_METHOD, tracker.peak
@@ -160,12 +166,14 @@ def call_memory(
     first_call: Callable[[], Any] | None,
     device: torch.device,
     inputs: tuple[torch.Tensor, ...],
+    tensors: bool = True,
 ) -> CallMemory:
     """The memory rule above. `warm_call` calls a variant that has run before (its state exists);
-    `first_call`, when given, calls a fresh instance of it: its kept state is what that first call leaves."""
+    `first_call`, when given, calls a fresh instance of it: its kept state is what that first call leaves (on CPU
+    counted by live tensors: not measured with `tensors=False`, compiled code, see `peak_memory`)."""
     state = None
-    if first_call is not None:
+    if first_call is not None and (tensors or device.type == "cuda"):
         clear_kept_state()
         state = _held_after(first_call, device, inputs)
-    peak, method, tensors = peak_memory(warm_call, device, inputs)
-    return CallMemory(peak_bytes=peak, state_bytes=state, method=method, tensor_peak_bytes=tensors)
+    peak, method, tensor_peak = peak_memory(warm_call, device, inputs, tensors)
+    return CallMemory(peak_bytes=peak, state_bytes=state, method=method, tensor_peak_bytes=tensor_peak)
