@@ -103,16 +103,18 @@ def test_malformed_toml_and_missing_files_say_what_to_do(tmp_path: Path) -> None
         read_config_text("quik")
 
 
-def test_a_run_without_its_baseline_is_warned_before_any_work() -> None:
+def test_a_run_without_its_baseline_or_with_an_inexact_one_is_warned_before_any_work() -> None:
     """Issue 39, item 4: `--variants band,topk` ran and showed an empty speedup table; it now says why up front."""
-    from attnbench.commands.run import missing_baseline
+    from attnbench.commands.run import baseline_warning
     from attnbench.plan.config import load_config
 
     without = load_config("quick", {"variants": "band,topk", "seq_lens": [256]})
-    assert "the baseline `full` is not among this run's variant settings (band(sinks=4, window=256), band(window=256), topk)" in missing_baseline(without)
-    assert missing_baseline(load_config("quick", {"variants": "full,band", "seq_lens": [256]})) is None
+    assert "the baseline `full` is not among this run's variant settings (band(sinks=4, window=256), band(window=256), topk)" in baseline_warning(without)
+    assert baseline_warning(load_config("quick", {"variants": "full,band", "seq_lens": [256]})) is None
     compiled = load_config("quick", {"variants": "full", "seq_lens": [256], "compile": True})
-    assert missing_baseline(compiled) is None  # compiled alone: the baseline is `full compiled`
+    assert baseline_warning(compiled) is None  # compiled alone: the baseline is `full compiled`
+    other = load_config("quick", {"variants": "full,retnet", "seq_lens": [256], "causal": True, "baseline": "retnet"})
+    assert "the baseline `retnet` is not exact softmax attention: every speedup is against it" in baseline_warning(other)
 
 
 def test_a_cell_too_big_only_for_the_reference_names_it_and_the_flag_that_drops_it() -> None:

@@ -208,7 +208,7 @@ def main(args: argparse.Namespace) -> int:
     )
     from attnbench.plan.fit import unfit_input_lines
 
-    if missing := missing_baseline(config):
+    if missing := baseline_warning(config):
         print(f"attnbench: {missing}", file=sys.stderr)
     for line in unfit_input_lines(cells, config.settings.decode_steps):
         print(f"attnbench: {line}", file=sys.stderr)
@@ -305,16 +305,23 @@ def main(args: argparse.Namespace) -> int:
     return Exit.NOTHING_RAN if nothing_ran else Exit.OK
 
 
-def missing_baseline(config: SweepConfig) -> str | None:
+def baseline_warning(config: SweepConfig) -> str | None:
     """The warning for a run whose variants leave out the baseline (`--variants band,topk`): it runs, but with no
-    speedup to report. None when the baseline is there."""
+    speedup to report; or whose baseline is not exact softmax attention (`baseline = "retnet"`): its speedups are
+    against that operator while every error stays against exact softmax. None when the baseline is an exact one."""
     labels = sorted({compiled_label(spec.label(), c) for spec in config.axes["variant"] for c in config.axes["compiled"]})
-    if config.settings.baseline in labels:
+    baseline = config.settings.baseline
+    if baseline not in labels:
+        return (
+            f"the baseline `{baseline}` is not among this run's variant settings ({', '.join(labels)}): no speedup "
+            f"will be measured. Add it (--variants {baseline},…) or name one of them as `baseline` in a config"
+        )
+    spec = next(s for s in config.axes["variant"] for c in config.axes["compiled"] if compiled_label(s.label(), c) == baseline)
+    if registry.load(spec.name).exact:
         return None
     return (
-        f"the baseline `{config.settings.baseline}` is not among this run's variant settings ({', '.join(labels)}): "
-        f"no speedup will be measured. Add it (--variants {config.settings.baseline},…) or name one of them as "
-        "`baseline` in a config"
+        f"the baseline `{baseline}` is not exact softmax attention: every speedup is against it, while every error "
+        "stays against exact softmax (float64); keep `full` in the run for the exact one's time"
     )
 
 
@@ -323,7 +330,7 @@ def dry_run(config: SweepConfig, plan: Plan) -> int:
     from attnbench.measure.machine import peaks_for
     from attnbench.run.preview import preview, preview_text
 
-    if missing := missing_baseline(config):
+    if missing := baseline_warning(config):
         print(f"attnbench: {missing}", file=sys.stderr)
     print("attnbench: measuring this machine's peaks for the estimates…", file=sys.stderr, flush=True)
     for device in config.axes["device"]:
