@@ -70,6 +70,20 @@ class Interval:
         return None
 
 
+def trusted(coverage: float) -> bool:
+    """Whether an interval of this coverage can name a winner: a 95% one (NaN: a bootstrap's nominal 95%); the
+    min–max of fewer than 6 rounds covers less and names none."""
+    return not coverage < CONFIDENCE
+
+
+def beyond_noise(low: float, high: float, coverage: float) -> str:
+    """'faster' when a speedup's whole interval lies above 1, 'slower' when below, '' otherwise or when the interval
+    is not trusted: the one rule the verdict and the papers' checks (`reproduce`) call a speed difference by."""
+    if not trusted(coverage):
+        return ""
+    return "faster" if low > 1 else "slower" if high < 1 else ""
+
+
 def _percentile_interval(estimate: float, draws: list[float]) -> Interval:
     """`estimate` with the central CONFIDENCE share of its bootstrap `draws` as its interval."""
     ordered, tail = sorted(draws), (1 - CONFIDENCE) / 2

@@ -35,7 +35,7 @@ from attnbench.report.text import (
     speedup_text,
     with_machine,
 )
-from attnbench.stats import CONFIDENCE, paired_speedup
+from attnbench.stats import CONFIDENCE, beyond_noise, paired_speedup, trusted
 
 MIB = 2**20
 SETTING_COLUMNS = [c for c in GROUP_COLUMNS if c != "input"] + [MACHINE]  # what a timing is shared across inputs by
@@ -76,12 +76,12 @@ class Choice:
     @property
     def trusted_interval(self) -> bool:
         """Whether its interval is a 95% one (fewer than 6 rounds give min–max at a lower coverage)."""
-        return not self.coverage < CONFIDENCE
+        return trusted(self.coverage)
 
     @property
     def clearly_faster(self) -> bool:
         """Faster than the baseline beyond its 95% interval (an interval of lower coverage names no winner)."""
-        return self.speedup_low == self.speedup_low and self.speedup_low > 1 and self.trusted_interval
+        return beyond_noise(self.speedup_low, self.speedup_high, self.coverage) == "faster"
 
     @property
     def no_better_than_uniform(self) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.stats import CONFIDENCE
+from attnbench.stats import beyond_noise
 
 HOLDS = "holds"
 TREND = "holds in trend, not in size"
@@ -318,14 +318,13 @@ def overtakes_at_long_n(frame: pd.DataFrame, params: dict[str, Any]) -> Outcome:
     crossovers, never, not_slower, figures = {}, [], [], []
     for label in labels:
         rows = ok[ok.label == label].groupby("seq_len")[columns].median().sort_index()
-        trusted = ~(rows.speedup_coverage < CONFIDENCE)  # fewer rounds give min–max at a lower coverage: no claim
-        faster = (rows.speedup_low > 1) & trusted
+        said = [beyond_noise(r.speedup_low, r.speedup_high, r.speedup_coverage) for r in rows.itertuples()]
+        faster = pd.Series([word == "faster" for word in said], index=rows.index, dtype=bool)
         later_all = faster[::-1].cummin()[::-1]  # faster at this N and every larger one
         crossovers[label] = int(later_all[later_all].index.min()) if later_all.any() else None
         figures.append(f"{label} {_series(rows.speedup)}")
         never += [label] if crossovers[label] is None else []
-        first = rows.iloc[0]
-        not_slower += [] if first.speedup_high < 1 and trusted.iloc[0] else [label]
+        not_slower += [] if said and said[0] == "slower" else [label]
     shown = ", ".join(f"{label} from N={n}" if n else f"{label} never" for label, n in crossovers.items())
     detail = f"speedup over {params['baseline']}: " + "; ".join(figures)
     if never or not_slower:
