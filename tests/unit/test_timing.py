@@ -71,3 +71,13 @@ def test_a_call_that_fails_is_dropped_and_reported_while_the_rest_go_on(monkeypa
     with pytest.raises(RuntimeError, match="boom"):
         count[0] = 0
         timing.time_in_turns({"broken": breaks_in_round_two}, torch.device("cpu"), min_run_time=0.5)
+
+
+def test_one_rule_calls_a_speed_difference_beyond_noise() -> None:
+    """The verdict and `reproduce` both call `beyond_noise`: the whole interval on one side of 1, and a trusted one
+    (95%, or a bootstrap's NaN coverage); min–max of too few rounds names no winner."""
+    from attnbench.stats import beyond_noise
+
+    assert beyond_noise(1.02, 1.3, 0.95) == "faster" and beyond_noise(0.7, 0.98, 0.96) == "slower"
+    assert beyond_noise(0.9, 1.1, 0.95) == "" and beyond_noise(1.5, 2.0, 0.75) == ""
+    assert beyond_noise(1.1, 1.2, float("nan")) == "faster" and beyond_noise(float("nan"), float("nan"), 0.95) == ""
