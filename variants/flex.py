@@ -194,6 +194,10 @@ class FlexBackend:
     def cpu_memory_trackable(self) -> bool:
         return self.backend != FLEX_BACKEND  # a compiled kernel must not run under the tracker
 
+    @property
+    def compiles_itself(self) -> bool:
+        return self.backend == FLEX_BACKEND
+
     def unsupported_reason(self, **options: Any) -> str | None:
         reason = super().unsupported_reason(**options)  # type: ignore[misc]
         if reason is None and self.backend == FLEX_BACKEND:

@@ -39,6 +39,7 @@ from attnbench.interface import (
     Hyperparameter,
     Shape,
     UnsupportedOptionError,
+    kept_on_instance,
 )
 from attnbench.variants.decoding import RecurrentState
 from attnbench.variants.gated_kernels import (
@@ -72,20 +73,13 @@ class GatedRecurrence(AttentionVariant):
     hyperparameters: ClassVar[dict[str, Hyperparameter]] = {"chunk_size": CHUNK}
     delta_rule: ClassVar[bool] = False  # the delta rule (beta, a scalar g) rather than gated linear (gk)
 
-    def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
-        super().__init__(seed=seed, **hyperparams)
-        self._projections: dict[tuple, list[Tensor]] = {}
-
-    @torch.compiler.disable  # read as in eager under torch.compile: no guard on the cache, no recompile per call
+    @kept_on_instance
     def projections(self, shapes: tuple[tuple[int, int], ...], device: torch.device, dtype: torch.dtype) -> list[Tensor]:
         """Seeded matrices of these (rows, columns), entries N(0, 1 / rows), drawn in turn from one generator seeded
         with the variant's seed: the same for every call at these sizes."""
-        key = (shapes, str(device), dtype)
-        if key not in self._projections:
-            generator = torch.Generator().manual_seed(self.seed)
-            drawn = [torch.randn(r, c, generator=generator, dtype=torch.float64) * r**-0.5 for r, c in shapes]
-            self._projections[key] = [weights.to(device, dtype) for weights in drawn]
-        return self._projections[key]
+        generator = torch.Generator().manual_seed(self.seed)
+        drawn = [torch.randn(r, c, generator=generator, dtype=torch.float64) * r**-0.5 for r, c in shapes]
+        return [weights.to(device, dtype) for weights in drawn]
 
     def unsupported_reason(self, **options: Any) -> str | None:
         if not options.get("causal") and not options.get("decode"):

@@ -27,6 +27,7 @@ from attnbench.interface import (
     Hyperparameter,
     Shape,
     UnsupportedOptionError,
+    kept_on_instance,
 )
 from attnbench.variants.decoding import FeatureState
 from attnbench.variants.feature_attention import (
@@ -180,22 +181,15 @@ class PerformerAttention(AttentionVariant):
         ),
     }
 
-    def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
-        super().__init__(seed=seed, **hyperparams)
-        self._projections: dict[tuple, Tensor] = {}
-
+    @kept_on_instance
     def projection(self, head_dim: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         """(m, d) feature directions, with the data normalizer d^(-1/4) folded in."""
-        key = (head_dim, str(device), dtype)
-        if key not in self._projections:
-            generator = torch.Generator().manual_seed(self.seed)
-            if self.orthogonal:
-                directions = orthogonal_features(head_dim, self.features, generator)
-            else:
-                directions = torch.randn(self.features, head_dim, generator=generator, dtype=torch.float64)
-            features = directions * head_dim**-0.25
-            self._projections[key] = features.to(device, dtype)
-        return self._projections[key]
+        generator = torch.Generator().manual_seed(self.seed)
+        if self.orthogonal:
+            directions = orthogonal_features(head_dim, self.features, generator)
+        else:
+            directions = torch.randn(self.features, head_dim, generator=generator, dtype=torch.float64)
+        return (directions * head_dim**-0.25).to(device, dtype)
 
     def _projected(self, x: Tensor) -> Tensor:
         """w . x' for every feature: (b, h, n, m), as one flat matmul (a batched einsum ran 2.5x slower)."""

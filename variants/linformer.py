@@ -20,7 +20,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape, softmax_attention_flops
+from attnbench.interface import (
+    AttentionVariant,
+    Capabilities,
+    Cost,
+    Hyperparameter,
+    Shape,
+    kept_on_instance,
+    softmax_attention_flops,
+)
 from attnbench.variants.blocks import segment_means
 from einops import einsum
 from torch import Tensor
@@ -50,16 +58,13 @@ class LinformerAttention(AttentionVariant):
 
     def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
         super().__init__(seed=seed, **hyperparams)
-        self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
         # the identity projection is an N x N matrix (exact attention, for checks): not sub-quadratic
         self.supports = replace(type(self).supports, subquadratic_memory=self.projection != "identity")
 
+    @kept_on_instance
     def projections(self, n: int, heads: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """(E, F), each (h | 1, k, n), cached per sequence length."""
-        key = (n, heads, str(device), dtype)
-        if key not in self._cache:
-            self._cache[key] = tuple(t.to(device) for t in self._build(n, heads, dtype))
-        return self._cache[key]
+        """(E, F), each (h | 1, k, n), kept per sequence length."""
+        return tuple(t.to(device) for t in self._build(n, heads, dtype))
 
     def _build(self, n: int, heads: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """E and F in `dtype`, drawn in float64 one at a time (so at most one float64 copy lives at once)."""

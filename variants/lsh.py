@@ -39,6 +39,7 @@ from attnbench.interface import (
     Hyperparameter,
     Shape,
     kept_between_calls,
+    kept_on_instance,
     softmax_attention_flops,
 )
 from attnbench.variants.blocks import Pattern, merge_partials, partial_attention
@@ -276,20 +277,13 @@ class LSHAttention(AttentionVariant):
             problems.append(f"n_buckets: {buckets} must be even or 1 (the hash picks from [xR; -xR])")
         return problems
 
-    def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
-        super().__init__(seed=seed, **hyperparams)
-        self._rotations: dict[tuple, Tensor] = {}
-
+    @kept_on_instance
     def rotations(self, head_dim: int, buckets: int, device: torch.device) -> Tensor | None:
         """(d, n_hashes, buckets/2) Gaussian rotations drawn from the seed; None for a single bucket."""
         if buckets == 1:
             return None
-        key = (head_dim, buckets, str(device))
-        if key not in self._rotations:
-            generator = torch.Generator().manual_seed(self.seed)
-            rotation = torch.randn(head_dim, self.n_hashes, buckets // 2, generator=generator)
-            self._rotations[key] = rotation.to(device)
-        return self._rotations[key]
+        generator = torch.Generator().manual_seed(self.seed)
+        return torch.randn(head_dim, self.n_hashes, buckets // 2, generator=generator).to(device)
 
     @property
     def reads_keys(self) -> bool:

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape
+from attnbench.interface import AttentionVariant, Capabilities, Cost, Hyperparameter, Shape, kept_on_instance
 from attnbench.ops import default_scale
 from attnbench.variants.blocks import segment_means
 from einops import einsum, rearrange
@@ -86,20 +86,17 @@ class NystromAttention(AttentionVariant):
 
     def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
         super().__init__(seed=seed, **hyperparams)
-        self._kernels: dict[tuple, Tensor] = {}
         if self.conv_kernel:  # the skip adds a convolution of V to the output: one position per query
             notes = {**self.supports.notes, "cross_attention": "the conv_kernel skip adds V to the output: Nq == Nk"}
             self.supports = replace(self.supports, cross_attention=False, notes=notes)
 
+    @kept_on_instance
     def conv_weights(self, heads: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         """(h, 1, k): one kernel per head, as nn.Conv2d initializes it (uniform in ±1/√k), from the seed."""
-        key = (heads, str(device), dtype)
-        if key not in self._kernels:
-            generator = torch.Generator().manual_seed(self.seed)
-            bound = self.conv_kernel**-0.5
-            weights = (torch.rand(heads, 1, self.conv_kernel, generator=generator) * 2 - 1) * bound
-            self._kernels[key] = weights.to(device=device, dtype=dtype)
-        return self._kernels[key]
+        generator = torch.Generator().manual_seed(self.seed)
+        bound = self.conv_kernel**-0.5
+        weights = (torch.rand(heads, 1, self.conv_kernel, generator=generator) * 2 - 1) * bound
+        return weights.to(device=device, dtype=dtype)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
         b, h, n_q, d = q.shape

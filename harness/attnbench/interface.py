@@ -185,6 +185,23 @@ def kept_between_calls(maxsize: int = 64) -> Callable[[_F], _F]:
     return wrap
 
 
+def kept_on_instance(method: _F) -> _F:
+    """A variant's method whose result is drawn once per instance and arguments, then reused (projections, rotations,
+    kernels drawn from the seed): the memo lives on the instance (the harness measures a fresh instance's first call
+    as its state). Under torch.compile it runs as in eager, one graph break at the call: a memo that a first call
+    fills would otherwise change dynamo's guards and recompile the variant at its next call."""
+
+    @functools.wraps(method)
+    def kept(self: Any, *args: Any) -> Any:
+        memo = self.__dict__.setdefault("_kept_on_instance", {})
+        key = (method.__name__, *args)
+        if key not in memo:
+            memo[key] = method(self, *args)
+        return memo[key]
+
+    return torch.compiler.disable(kept)  # type: ignore[return-value]
+
+
 def clear_kept_state() -> None:
     """Empty every `kept_between_calls` cache."""
     for cache in _kept_caches:
@@ -352,6 +369,12 @@ class AttentionVariant(ABC):
     def reads_keys(self) -> bool:
         """False for variants that derive keys from the queries (e.g. shared-QK LSH) and ignore the k given."""
         return True
+
+    @property
+    def compiles_itself(self) -> bool:
+        """True when the variant's call is compiled code already (FlexAttention): `compile = true` would compile it
+        twice, and its guards (a new mask function each call) would recompile it every call."""
+        return False
 
     @property
     def cpu_memory_trackable(self) -> bool:

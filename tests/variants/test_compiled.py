@@ -15,7 +15,7 @@ import os
 
 import pytest
 import torch
-from attnbench.measure.compiled import compiled_graphs, fresh_compile_cache
+from attnbench.measure.compiled import compiled_graphs, fresh_compile_cache, no_recompiling
 from attnbench.registry import registry
 
 N = 75
@@ -42,11 +42,13 @@ def test_compiled_call_matches_eager(name: str) -> None:
     if not causal and (reason := variant.unsupported_reason(causal=False, **options)) is not None:
         pytest.skip(reason)  # no full-sequence call: a KV-cache method (decode only)
     with fresh_compile_cache(), torch.no_grad():
-        eager = variant(q, k, v, causal=causal, key_padding_mask=mask)
         graphs = compiled_graphs()
         compiled_call = torch.compile(variant.__call__, dynamic=False, backend=BACKEND)  # compiled_call, its backend
-        compiled = compiled_call(q, k, v, causal=causal, key_padding_mask=mask)
+        compiled = compiled_call(q, k, v, causal=causal, key_padding_mask=mask)  # first: state it fills is new
         assert compiled_graphs() > graphs  # dynamo compiled it (no silent fall-back to the eager call)
+        with no_recompiling():  # as a run times it: the state its first call filled must not change the guards
+            compiled_call(q, k, v, causal=causal, key_padding_mask=mask)
+        eager = variant(q, k, v, causal=causal, key_padding_mask=mask)
     assert compiled.shape == eager.shape and compiled.dtype == eager.dtype
     assert torch.isfinite(compiled).all()
     assert (compiled - eager).abs().max().item() <= TOLERANCE, f"{name}: compiled differs from eager"
