@@ -73,17 +73,21 @@ def with_columns(band: Partial, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor
 
     The columns are a handful of keys, so their scores are (n, c), written out; the band's output is rescaled
     once and the columns' weighted values added to it (no second (n, e) output is made and then merged)."""
-    k_t = rearrange(k, "b h c d -> b h d c").contiguous()  # a few columns: contiguous, the matmul reads q at its speed
-    scores = torch.matmul(q, k_t).mul_(default_scale(q.shape[-1]))  # (b, h, n, c)
-    scores = scores.to(band.lse.dtype).masked_fill(~allowed, float("-inf"))
+    work = band.lse.dtype  # float32 at least: bfloat16 logits would round before the softmax, the band's do not
+    k_t = rearrange(k.to(work), "b h c d -> b h d c").contiguous()  # a few columns, contiguous: q is read at speed
+    scores = torch.matmul(q.to(work), k_t).mul_(default_scale(q.shape[-1]))  # (b, h, n, c)
+    scores = scores.masked_fill(~allowed, float("-inf"))
     top = torch.maximum(band.lse, scores.amax(dim=-1)).detach()  # (b, h, n)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     band_weight = torch.exp(band.lse - top)  # (b, h, n); 0 where the band part has no key
     column_weights = torch.exp(scores - top[..., None])  # (b, h, n, c); 0 where not allowed
     total = band_weight + column_weights.sum(dim=-1)
     total = torch.where(total > 0, total, torch.ones_like(total))
-    column_shares = (column_weights / total[..., None]).to(v.dtype)  # (b, h, n, c)
-    band_share = (band_weight / total)[..., None].to(band.out.dtype)  # (b, h, n, 1)
+    column_shares = column_weights / total[..., None]  # (b, h, n, c)
+    band_share = (band_weight / total)[..., None]  # (b, h, n, 1)
+    if band.out.dtype != work:  # low precision: the two parts summed in `work`, rounded once
+        summed = einsum(column_shares, v.to(work), "b h n c, b h c e -> b h n e") + band.out.to(work) * band_share
+        return summed.to(band.out.dtype)
     if torch.is_grad_enabled() and band.out.requires_grad:  # the band's output is saved for its backward: a new one
         return einsum(column_shares, v, "b h n c, b h c e -> b h n e").addcmul_(band.out, band_share)
     out = band.out

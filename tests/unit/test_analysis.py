@@ -77,7 +77,7 @@ def test_a_cell_slower_than_at_a_longer_n_is_called_implausible(tmp_path) -> Non
 
     odd = rows({2048: 0.010, 4096: 0.090, 8192: 0.040})
     assert [f.phrase for f in implausible_timings(odd)] == [
-        "band(window=256) at N=4096 (90 ms) over 6× its time at N=2048 (10 ms), beyond quadratic growth",
+        "band(window=256) at N=4096 (90 ms) 9× its time at N=2048 (10 ms), beyond quadratic growth",
         "band(window=256) at N=4096 (90 ms) slower than at N=8192 (40 ms)",
     ]
     assert "Implausible: band(window=256) at N=4096" in noise_line(odd)

@@ -114,7 +114,11 @@ def test_a_run_without_its_baseline_or_with_an_inexact_one_is_warned_before_any_
     compiled = load_config("quick", {"variants": "full", "seq_lens": [256], "compile": True})
     assert baseline_warning(compiled) is None  # compiled alone: the baseline is `full compiled`
     other = load_config("quick", {"variants": "full,retnet", "seq_lens": [256], "causal": True, "baseline": "retnet"})
-    assert "the baseline `retnet` is not exact softmax attention: every speedup is against it" in baseline_warning(other)
+    assert "the baseline `retnet` is not softmax attention: every speedup is against it" in baseline_warning(other)
+    sparse = load_config("quick", {"variants": "full,bigbird", "seq_lens": [256], "baseline": "bigbird"})
+    assert "the baseline `bigbird` is a sparse pattern of softmax attention" in baseline_warning(sparse)
+    noncausal = load_config("quick", {"variants": "full,retnet", "seq_lens": [256], "causal": False, "baseline": "retnet"})
+    assert "cannot run this run's causal=False cells" in baseline_warning(noncausal)
 
 
 def test_a_cell_too_big_only_for_the_reference_names_it_and_the_flag_that_drops_it() -> None:

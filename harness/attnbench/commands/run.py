@@ -317,11 +317,24 @@ def baseline_warning(config: SweepConfig) -> str | None:
             f"will be measured. Add it (--variants {baseline},…) or name one of them as `baseline` in a config"
         )
     spec = next(s for s in config.axes["variant"] for c in config.axes["compiled"] if compiled_label(s.label(), c) == baseline)
-    if registry.load(spec.name).exact:
+    variant = registry.create(spec.name, **dict(spec.params))
+    refused = [
+        f"causal={causal}" for causal in dict.fromkeys(config.axes["causal"])
+        if variant.unsupported_reason(device=config.axes["device"][0], dtype=config.axes["dtype"][0], causal=causal,
+                                      padded=False, n_q=min(config.axes["seq_len"]), n_k=min(config.axes["seq_len"]),
+                                      backward=False, decode=config.axes["mode"][0] == "decode") is not None
+    ]  # fmt: skip
+    if refused:
+        return (
+            f"the baseline `{baseline}` cannot run this run's {' and '.join(refused)} cells: they get no speedup. "
+            "Name a baseline that runs them (`full` runs every setting)"
+        )
+    if variant.family == "exact":
         return None
+    kind = "a sparse pattern of softmax attention" if variant.exact else "not softmax attention"
     return (
-        f"the baseline `{baseline}` is not exact softmax attention: every speedup is against it, while every error "
-        "stays against exact softmax (float64); keep `full` in the run for the exact one's time"
+        f"the baseline `{baseline}` is {kind}: every speedup is against it, while every error stays against exact "
+        "softmax (float64); keep `full` in the run for the exact one's time"
     )
 
 

@@ -465,12 +465,13 @@ class GroupMeasurement:
         """Speedup of each timed cell against the group's baseline, round by round, with its order-statistic
         interval and that interval's coverage."""
         baseline = next((c.key() for c in self.group.cells if is_baseline(c, self.settings.baseline)), None)
+        for key in timed:  # named even where it did not run: a report then says which baseline is missing
+            self.fields[key]["baseline"] = self.settings.baseline
         if baseline is None or baseline not in timed:
             return
         for key in timed:
             interval = paired_speedup(samples[baseline], samples[key])
             self.fields[key].update(
-                baseline=self.settings.baseline,
                 speedup=interval.estimate,
                 speedup_low=interval.low,
                 speedup_high=interval.high,

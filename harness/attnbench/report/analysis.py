@@ -223,8 +223,8 @@ def compile_sentence(cells: pd.DataFrame) -> str:
     return "Compiled (eager time / compiled time, per round, in turns): " + "; ".join(parts) + "."
 
 
-SERIES = ("label", "device", "dtype", "mode", "causal", "seed", "padding", "batch", "heads", "head_dim", "value_dim",
-          "kv_len", "compiled")  # a variant setting's cells that differ only in N (and input)
+SERIES = ("label", "input", "device", "dtype", "mode", "causal", "seed", "padding", "batch", "heads", "head_dim",
+          "value_dim", "kv_len", "compiled")  # a variant setting's cells on one input that differ only in N
 IMPLAUSIBLE = 1.5  # beyond the spreads by this factor: more than a change of code path or cache explains
 STEEPEST = 2.0  # no attention costs more than quadratically in N (the exact one is quadratic; decode, linear)
 
@@ -258,7 +258,8 @@ def implausible_timings(frame: pd.DataFrame) -> list[Implausible]:
             if by_n.p10[short] > IMPLAUSIBLE * by_n.p90[long]:
                 phrase = f"{label} at {at[short]} slower than at {at[long]}"
             elif by_n.p10[long] > steepest * by_n.p90[short]:
-                phrase = f"{label} at {at[long]} over {steepest:.3g}× its time at {at[short]}, beyond quadratic growth"
+                ratio = by_n.mid[long] / by_n.mid[short]
+                phrase = f"{label} at {at[long]} {ratio:.3g}× its time at {at[short]}, beyond quadratic growth"
             else:
                 continue
             found.append(Implausible(label, int(short), int(long), phrase))

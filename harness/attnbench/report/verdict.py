@@ -280,12 +280,20 @@ def verdicts(
 
 
 def contradicted_lengths(timed: pd.DataFrame) -> dict[int, list[str]]:
-    """N -> the phrases of the implausible timings it takes part in (report.analysis.implausible_timings), both N of
-    each pair: nothing says which of the two groups ran on the changed machine."""
-    found: dict[int, list[str]] = {}
-    for odd in implausible_timings(timed) if len(timed) else []:
+    """N -> the phrases of the implausible timings that implicate it (report.analysis.implausible_timings). Of a
+    pair, the N that contradicts more of its neighbours is the odd one (a slow N=1024 between agreeing 512 and
+    2048); where both contradict as many, both: nothing says which group ran on the changed machine."""
+    pairs = implausible_timings(timed) if len(timed) else []
+    counts: dict[int, int] = {}
+    for odd in pairs:
         for n in (odd.short, odd.long):
-            found.setdefault(n, []).append(odd.phrase)
+            counts[n] = counts.get(n, 0) + 1
+    found: dict[int, list[str]] = {}
+    for odd in pairs:
+        most = max(counts[odd.short], counts[odd.long])
+        for n in (odd.short, odd.long):
+            if counts[n] == most:
+                found.setdefault(n, []).append(odd.phrase)
     return found
 
 
