@@ -28,7 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-lens", default="8192,16384")
     args = parser.parse_args()
-    print("| N | causal | variant | peak MiB (allocator) | live tensors MiB | × band |")
+    print("| N | causal | variant | peak MiB (allocator's; live tensors' where higher) | live tensors MiB | × band |")
     print("|---|---|---|---|---|---|")
     for n in map(int, args.seq_lens.split(",")):
         q, k, v = (torch.randn(1, 8, n, 64, generator=torch.Generator().manual_seed(s)) for s in range(3))

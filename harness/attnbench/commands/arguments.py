@@ -33,8 +33,11 @@ def comma_separated(kind: type) -> Callable[[str], list[Any]]:
     """argparse's type for '512,1024': a list of `kind` (a bad item is a usage error naming the type)."""
 
     def parse(text: str) -> list[Any]:
+        items = text.split(",")
+        if not all(item.strip() for item in items):
+            raise argparse.ArgumentTypeError(f"an empty item in {text!r} (two commas in a row, or one at an end?)")
         try:
-            return [kind(item) for item in text.split(",") if item.strip()]
+            return [kind(item) for item in items]
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"expected a comma-separated list of {kind.__name__}, got {text!r}"

@@ -73,8 +73,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--no-error",
         action="store_true",
-        help="time and memory only: no float64 exact reference, no error or recall (`error = false`); what a cell too "
-        "big for the reference's memory still measures",
+        help="time and memory only: no float64 exact reference and no error (`error = false`; needle recall, which "
+        "needs no reference, is still measured); every input is timed; what a cell too big for the reference's memory "
+        "still measures",
     )
     run.add_argument("--seeds", type=comma_separated(int), help="comma-separated seeds")
     run.add_argument("--threads", type=int, help="torch threads (default: the config's `threads`, 0 = torch's default)")

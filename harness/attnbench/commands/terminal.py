@@ -6,14 +6,21 @@ import os
 import sys
 
 
+MIN_WIDTH = 20  # narrower than this, nothing can be laid out: taken as this
+
+
 def terminal_width() -> int:
-    """Columns of the terminal: stdout's, or stderr's when stdout is piped (`| tee log`), else $COLUMNS or 120."""
+    """Columns to lay text out in: $COLUMNS when it is a whole number (as `shutil.get_terminal_size` reads it), else
+    the terminal's, stdout's or stderr's when stdout is piped (`| tee log`), else 120; never below MIN_WIDTH."""
+    given = os.environ.get("COLUMNS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return max(MIN_WIDTH, int(given))
     for stream in (sys.stdout, sys.stderr):
         try:
-            return os.get_terminal_size(stream.fileno()).columns
+            return max(MIN_WIDTH, os.get_terminal_size(stream.fileno()).columns)
         except (OSError, ValueError, AttributeError):
             continue
-    return int(os.environ.get("COLUMNS", "120") or 120)
+    return 120
 
 
 def plain_warnings() -> None:

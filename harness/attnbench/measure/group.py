@@ -157,7 +157,8 @@ def admit(cell: Cell, settings: Settings, registry: Registry) -> Admission:
         decode=cell.mode == "decode",
     )
     if reason is None and cell.compiled and variant.compiles_itself:
-        reason = f"{cell.variant.label()} is compiled code already: its eager cell times the compiled kernel"
+        reason = (f"{cell.variant.label()} is compiled code already (FlexAttention): its uncompiled cell times the "
+                  "compiled kernel; run it without compile")  # fmt: skip
     if reason is not None:
         return Admission(variant, {**fields, "status": "unsupported", "reason": reason})
     if unfit := input_unfit(cell, settings.decode_steps):

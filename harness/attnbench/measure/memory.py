@@ -10,7 +10,8 @@
 CUDA: the caching allocator's figures. CPU: two figures of one call.
 - `peak_mem_bytes` (method `cpu-allocator-peak`): every byte the CPU allocator hands out during the call, a fused
   kernel's private scratch included (SDPA's flash kernel's per-thread blocks, a custom op's buffers), from the
-  profiler's memory events (c10's allocator reports each allocation and free to it), summed in order: the peak.
+  profiler's memory events (c10's allocator reports each allocation and free to it), summed in order: the peak;
+  never below `tensor_mem_bytes` (the larger of the two is kept).
 - `tensor_mem_bytes` (`live-tensor-peak`): bytes of the tensor storages operators return, tracked with a
   TorchDispatchMode that sees every tensor an operator returns and a weak reference that sees its storage freed:
   what the variant's own code holds, without the kernels' scratch. Where the two differ, the difference is scratch.

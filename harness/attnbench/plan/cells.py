@@ -287,6 +287,8 @@ def _parse_specs(text: str) -> list[Spec]:
     parts = _split_top(text)
     if parts is None:
         raise ValueError(f"unbalanced parentheses or quotes in {text!r}")
+    if len(parts) > 1 and not all(part.strip() for part in parts):
+        raise ValueError(f"an empty item in {text!r} (two commas in a row, or one at an end?)")
     specs = []
     for part in filter(None, parts):
         match = re.fullmatch(r"([\w.-]+)\s*(?:\((.*)\))?", part, flags=re.DOTALL)

@@ -395,7 +395,10 @@ def parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tup
         return where if point is None else f"{where}: {VariantSpec(name, point).label()}"
 
     specs, problems = [], []
-    for name, params in entries:
+    for index, (name, params) in enumerate(entries):
+        if isinstance(raw, list) and isinstance(raw[index], dict) and not isinstance(name, str):
+            problems.append(f"{where}[{index}]: a [[variants]] table needs a `name` (the variant), got {raw[index]!r}")
+            continue
         if not isinstance(name, str) or not isinstance(params, dict):
             problems.append(f"{named(name)}: expected a table of hyperparameters, got {params!r}")
             continue

@@ -656,8 +656,9 @@ def about_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Bloc
     ]
     notes = (
         "Time: median and IQR of warmed-up, device-synchronized calls, each group's variants timed in interleaved "
-        "rounds (speedups paired per round). Memory on CPU: the peak of every byte the CPU allocator hands out during "
-        "the call, a fused kernel's scratch included (the profiler's memory events); results.csv keeps the live "
+        "rounds (speedups paired per round). Memory on CPU: the peak of the bytes the CPU allocator hands out during "
+        "the call, a fused kernel's scratch included (the profiler's memory events; never below the live tensors' "
+        "peak, taken where higher; compiled code: the allocator's alone); results.csv keeps the live "
         "tensors' peak alone beside it (`tensor_mem_bytes`: without the kernels' scratch). On CUDA: the "
         "allocator's peak minus the baseline. Error: against exact attention in float64 on the same inputs."
     )
