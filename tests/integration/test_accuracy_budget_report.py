@@ -32,7 +32,7 @@ def test_a_bad_budget_is_refused_before_any_work(flag: str, value: str, tmp_path
 
 
 @pytest.mark.slow
-def test_the_run_records_its_budget_and_a_report_says_which_it_used(tmp_path: Path) -> None:
+def test_the_run_records_its_budget_and_a_report_says_which_it_used(tmp_path: Path, capsys) -> None:
     config = tmp_path / "c.toml"
     config.write_text(BAND_AND_FULL_AT_16)
     out = tmp_path / "out"
@@ -45,7 +45,9 @@ def test_the_run_records_its_budget_and_a_report_says_which_it_used(tmp_path: Pa
     text = (run / "report.md").read_text()
     assert "**Accuracy budget: error vs uniform ≤ 0.3**" in text and "from the run's settings (`max_error`: its config or `--max-error`)" in text
     assert "**Asked (`--min-speedup 2`):**" in text
+    capsys.readouterr()
     assert main(["report", str(run), "--max-error", "0.05"]) == 0
+    assert "Accuracy budget: error vs uniform ≤ 0.05" in capsys.readouterr().out  # judged again, printed as run does
     text = (run / "report.md").read_text()
     assert "≤ 0.05**" in text and "from `attnbench report --max-error 0.05` (the run recorded 0.3)" in text
     assert json.loads((run / "meta.json").read_text())["config"]["max_error"] == 0.3  # the run's record is its own

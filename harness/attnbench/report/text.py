@@ -103,17 +103,16 @@ def aligned_table(
 ) -> str:
     """Plain columns padded to their widest cell, for a terminal. With `width`, a table that does not fit wraps
     cells onto several lines within their column, never cutting a figure: the widest column narrows first, each
-    down to its longest word (the `breakable` ones, free text such as notes and names, may break inside a word,
-    down to 8 characters). When even that is too wide, the rightmost columns are left out and named below."""
+    down to its longest word (the `breakable` ones, free text such as notes and names, may break a word longer
+    than BREAK_ABOVE characters). When even that is too wide, the rightmost columns are left out and named below."""
     body = [[str(c) for c in row] for row in rows]
     natural = [max([len(headers[i])] + [len(r[i]) for r in body]) for i in range(len(headers))]
     if width is None or _line_width(natural) <= width:
         return _render(headers, body, natural, breakable)
-    least = [
-        min(natural[i], 8) if i in breakable else max(len(word) for text in [headers[i]] + [r[i] for r in body]
-                                                     for word in text.split() or [""])
-        for i in range(len(headers))
-    ]  # fmt: skip
+    longest = [max(len(word) for text in [headers[i]] + [r[i] for r in body] for word in text.split() or [""])
+               for i in range(len(headers))]  # fmt: skip
+    least = [min(natural[i], max(8, min(BREAK_ABOVE, longest[i]))) if i in breakable else longest[i]
+             for i in range(len(headers))]  # fmt: skip
     widths = list(natural)
     while _line_width(widths) > width:  # narrow the widest column that can still narrow, one character at a time
         narrower = [i for i in range(len(widths)) if widths[i] > least[i]]
@@ -128,6 +127,9 @@ def aligned_table(
     left = ", ".join(" ".join(h.split()) for h in headers[kept:])
     table = aligned_table(headers[:kept], [r[:kept] for r in body], width, tuple(i for i in breakable if i < kept))
     return table + "\n" + textwrap.fill(f"(left out to fit {width} columns: {left}; a wider terminal shows them)", width)
+
+
+BREAK_ABOVE = 20  # a breakable column breaks only words longer than this (a long name), never a shorter one
 
 
 def _line_width(widths: list[int]) -> int:
