@@ -4,6 +4,7 @@ plugins that failed to load."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 import textwrap
 
 from attnbench.commands.terminal import terminal_width
@@ -66,12 +67,25 @@ def main(args: argparse.Namespace) -> int:
     widths = [max(len(str(r[i])) for r in [list(HEADERS), *rows]) + 1 for i in range(len(HEADERS) - 1)]
     line = lambda values: " ".join(f"{v:<{w}}" for v, w in zip(values, widths)) + f" {values[-1]}"  # noqa: E731
     width = terminal_width()
-    print(line(HEADERS))
-    for entry, row in zip(working, rows):
-        print(line(row))
+
+    def hyperparameters(entry: Any, indent: int) -> None:
         for key, spec in entry.variant_class.hyperparameters.items():
             said = f"{key} = {spec.default!r}: {spec.doc}"
-            print(textwrap.fill(said, max(width, 60), initial_indent=" " * 18, subsequent_indent=" " * 20))
+            print(textwrap.fill(said, width, initial_indent=" " * indent, subsequent_indent=" " * (indent + 2)))
+
+    if len(line(max(rows + [list(HEADERS)], key=lambda r: len(line(r))))) <= width:  # one line per variant fits
+        print(line(HEADERS))
+        for entry, row in zip(working, rows):
+            print(line(row))
+            hyperparameters(entry, 18)
+    else:  # narrower: the table wrapped to the width, then each variant's hyperparameters under its name
+        from attnbench.report.text import aligned_table
+
+        print(aligned_table(list(HEADERS), rows, width=width, breakable=(0, len(HEADERS) - 1)))
+        print("\nhyperparameters (name = default: meaning):")
+        for entry in working:
+            print(entry.name)
+            hyperparameters(entry, 2)
     if broken:
         print("\nbroken plugins (every other variant still works):")
         for entry in broken:
