@@ -9,6 +9,8 @@ measured peaks, with the calls the settings ask for); cells skipped at run time 
 
 from __future__ import annotations
 
+import textwrap
+
 from dataclasses import dataclass
 
 from attnbench.measure.estimate import mib, seconds_text
@@ -74,15 +76,19 @@ def preview_text(groups: list[GroupPreview], width: int) -> str:
             skipped.setdefault((label, why), []).append(g.setting.split()[0])
     if skipped:
         count = sum(len(where) for where in skipped.values())
-        parts.append(f"{count} cell(s) the guard would skip or that cannot run:")
-        parts += [f"  {label} at {', '.join(dict.fromkeys(where))}: {why}" for (label, why), where in skipped.items()]
+        parts.append(textwrap.fill(f"{count} cell(s) the guard would skip or that cannot run:", width))
+        parts += [textwrap.fill(f"{label} at {', '.join(dict.fromkeys(where))}: {why}", width, initial_indent="  ",
+                                subsequent_indent="    ") for (label, why), where in skipped.items()]  # fmt: skip
     total = sum(g.seconds for g in groups)
     cells = sum(g.cells for g in groups)
     runs = sum(g.runs for g in groups)
-    parts.append(
+    if runs == 0:
+        parts.append(f"total: none of {cells} cells would run (the reasons above)")
+        return "\n".join(parts)
+    parts.append(textwrap.fill(
         f"total: {runs} of {cells} cells would run in {len(groups)} group{'s' if len(groups) != 1 else ''}, at least "
         f"{seconds_text(total)} of "
         f"measurement (roofline at this machine's measured peaks; real calls are slower), peak memory "
-        f"{mib(max((g.peak_bytes for g in groups), default=0.0))}"
-    )
+        f"{mib(max((g.peak_bytes for g in groups), default=0.0))}", width, subsequent_indent="  "
+    ))  # fmt: skip
     return "\n".join(parts)
