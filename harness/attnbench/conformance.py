@@ -126,12 +126,20 @@ def check_cross_attention(ctx: CheckContext) -> CheckResult:
     return CheckResult("cross_attention", "pass" if ok else "fail", f"Nq=29, Nk=41 -> {tuple(out.shape)}")
 
 
-def leakage_lengths(variant: AttentionVariant) -> list[int]:
-    """Sequence lengths the causal check runs at: small and awkward ones, and one past twice the largest integer
-    hyperparameter the variant declares (a block, window, chunk or bucket size), so a leak that appears only
-    across blocks is reached."""
+CROSSING_CAP = 4113  # the longest N a check goes to for a large hyperparameter (its dense reference: N x N)
+
+
+def crossing_length(variant: AttentionVariant) -> int:
+    """An awkward N past twice the largest integer hyperparameter the variant declares (a block, window, chunk or
+    bucket size), so what appears only across two of them is reached (17 with none; at most CROSSING_CAP)."""
     largest = max((v for v in variant.hparams.values() if isinstance(v, int) and not isinstance(v, bool)), default=0)
-    return sorted({96, 160, min(2 * largest + 17, 1024)} - {17})
+    return min(2 * largest + 17, CROSSING_CAP)
+
+
+def leakage_lengths(variant: AttentionVariant) -> list[int]:
+    """Sequence lengths the causal check runs at: small and awkward ones, and `crossing_length`, so a leak that
+    appears only across blocks is reached."""
+    return sorted({96, 160, crossing_length(variant)} - {17})
 
 
 def check_causal_leakage(ctx: CheckContext) -> CheckResult:
@@ -270,6 +278,8 @@ def check_exact_pattern(ctx: CheckContext, lengths: tuple[int, ...] = EXACT_CHEC
     options = [(c, p) for c in (False, True) for p in (False, True) if _supports(ctx, variant, causal=c, padded=p)]
     if chooses_support(type(variant)):
         lengths = tuple(sorted({*lengths, CHOSEN_SUPPORT_CHECK_LEN}))
+    if crossing_length(variant) > max(lengths):  # a block or window larger than the defaults: cross it too
+        lengths = (*lengths, crossing_length(variant))
     worst = max(
         exactness_error(variant, n=length, causal=c, padded=p, device=ctx.device, dtype=ctx.dtype)
         for c, p in options

@@ -28,3 +28,15 @@ def test_check_crosses_a_plugins_chunk_boundary() -> None:
     result = check_exact_pattern(CheckContext(lambda: ChunkForgetting(window=32), torch.device("cpu"), torch.float64))
     assert result.status == "fail" and "N = 75, 300, 1100" in result.detail
     assert check_exact_pattern(CheckContext(lambda: BandAttention(window=32), torch.device("cpu"), torch.float64)).status == "pass"
+
+
+def test_a_block_larger_than_the_defaults_is_crossed_too() -> None:
+    """Review finding: `check topk --param block_size=1024` judged exactness at 75, 300 and 1100 and leaks up to
+    1024, inside one block or barely past it. Both checks now go past twice the largest integer hyperparameter."""
+    from attnbench.conformance import CheckContext, check_exact_pattern, leakage_lengths
+    from attnbench.registry import registry
+
+    big = registry.create("band", window=1000)
+    assert leakage_lengths(big) == [96, 160, 2017] and leakage_lengths(registry.create("band")) == [96, 160, 529]
+    result = check_exact_pattern(CheckContext(lambda: big, torch.device("cpu"), torch.float64))
+    assert result.status == "pass" and "N = 75, 300, 1100, 2017" in result.detail
