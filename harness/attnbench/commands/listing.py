@@ -4,6 +4,8 @@ plugins that failed to load."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
 import textwrap
 
@@ -73,7 +75,8 @@ def main(args: argparse.Namespace) -> int:
             said = f"{key} = {spec.default!r}: {spec.doc}"
             print(textwrap.fill(said, width, initial_indent=" " * indent, subsequent_indent=" " * (indent + 2)))
 
-    if len(line(max(rows + [list(HEADERS)], key=lambda r: len(line(r))))) <= width:  # one line per variant fits
+    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS")  # `attnbench list | grep x`: a line each
+    if piped or len(line(max(rows + [list(HEADERS)], key=lambda r: len(line(r))))) <= width:  # one line fits
         print(line(HEADERS))
         for entry, row in zip(working, rows):
             print(line(row))
