@@ -102,9 +102,9 @@ def aligned_table(
     headers: list[str], rows: list[list[str]], width: int | None = None, breakable: tuple[int, ...] = ()
 ) -> str:
     """Plain columns padded to their widest cell, for a terminal. With `width`, a table that does not fit wraps
-    cells onto several lines within their column, never cutting a figure: the widest column narrows first, each
-    down to its longest word (the `breakable` ones, free text such as notes and names, may break a word longer
-    than BREAK_ABOVE characters). When even that is too wide, the rightmost columns are left out and named below."""
+    cells onto several lines within their column, never cutting a figure: headers wrap first, then the widest column
+    narrows, each down to its longest word (the `breakable` ones, free text such as notes and names, may break a
+    word longer than BREAK_ABOVE characters). When even that is too wide, the rightmost columns are left out and named below."""
     body = [[str(c) for c in row] for row in rows]
     natural = [max([len(headers[i])] + [len(r[i]) for r in body]) for i in range(len(headers))]
     if width is None or _line_width(natural) <= width:
@@ -113,12 +113,14 @@ def aligned_table(
                for i in range(len(headers))]  # fmt: skip
     least = [min(natural[i], max(8, min(BREAK_ABOVE, longest[i]))) if i in breakable else longest[i]
              for i in range(len(headers))]  # fmt: skip
+    cells = [max([len(w) for w in headers[i].split()] + [len(r[i]) for r in body]) for i in range(len(headers))]
     widths = list(natural)
-    while _line_width(widths) > width:  # narrow the widest column that can still narrow, one character at a time
-        narrower = [i for i in range(len(widths)) if widths[i] > least[i]]
-        if not narrower:
-            break
-        widths[max(narrower, key=lambda i: widths[i])] -= 1
+    for floor in (cells, least):  # headers wrap first (their rows cost nothing), then the cells themselves
+        while _line_width(widths) > width:  # narrow the widest column that can still narrow, a character at a time
+            narrower = [i for i in range(len(widths)) if widths[i] > max(floor[i], least[i])]
+            if not narrower:
+                break
+            widths[max(narrower, key=lambda i: widths[i])] -= 1
     if _line_width(widths) <= width or len(widths) == 1:
         return _render(headers, body, widths, breakable)
     kept = len(widths) - 1
