@@ -122,14 +122,3 @@ def test_a_call_that_compiles_again_while_timed_is_unsupported(toy_registry) -> 
     assert rows["recompiles compiled"].status == "unsupported"
     assert rows["recompiles compiled"].reason.startswith("torch.compile compiled it again between timed calls")
 
-
-def test_the_flex_backend_is_not_compiled_twice(tmp_path: Path) -> None:
-    """The flex backend is compiled code already (a new mask function each call recompiled it under torch.compile
-    between timed calls): its compiled cell is refused with that reason; its eager cell runs."""
-    config = write_tiny(tmp_path / "c.toml", '[[variants]]\nname = "band"\nbackend = "flex"\nwindow = 16\n',
-                        seq_lens=[128], heads=2, head_dim=8, error=False)  # fmt: skip
-    assert main(["run", str(config), "--compile", "--out", str(tmp_path / "out"), "--no-progress"]) == 0
-    frame = read_results(only_run(tmp_path / "out")).set_index("label")
-    flex = frame.loc["band(backend=flex, window=16) compiled"]
-    assert flex.status == "unsupported" and "is compiled code already" in flex.reason
-    assert frame.loc["band(backend=flex, window=16)"].status == "ok"

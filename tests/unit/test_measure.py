@@ -265,3 +265,17 @@ def test_an_eager_cell_keeps_the_key_it_had_before_the_compile_axis() -> None:
     [compiled] = parse_config({"variants": ["full"], "seq_lens": [32], "compile": [True]}).plan().cells
     assert len(json.loads(cell.key())) == len(json.loads(compiled.key())) - 1  # eager: the old key, no new element
     assert Cell.from_key(cell.key()) == cell and Cell.from_key(compiled.key()) == compiled
+
+
+def test_the_flex_backend_is_not_compiled_twice() -> None:
+    """The flex backend is compiled code already (under torch.compile its new mask function each call recompiled it
+    between timed calls): its compiled cell is refused before any work with what to do; its eager cell runs."""
+    from attnbench.measure.group import admit
+    from attnbench.registry import registry as builtins
+
+    config = parse_config({"variants": [{"name": "band", "backend": "flex", "window": 16}], "seq_lens": [128],
+                           "compile": [False, True]})  # fmt: skip
+    admitted = {cell.compiled: admit(cell, config.settings, builtins) for cell in config.plan().cells}
+    assert admitted[True].fields["status"] == "unsupported"
+    assert "is compiled code already (FlexAttention)" in admitted[True].fields["reason"]
+    assert "status" not in admitted[False].fields or admitted[False].fields["status"] != "unsupported"

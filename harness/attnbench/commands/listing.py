@@ -75,7 +75,8 @@ def main(args: argparse.Namespace) -> int:
             said = f"{key} = {spec.default!r}: {spec.doc}"
             print(textwrap.fill(said, width, initial_indent=" " * indent, subsequent_indent=" " * (indent + 2)))
 
-    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS")  # `attnbench list | grep x`: a line each
+    terminal = sys.stdout is not None and sys.stdout.isatty()  # None: started with its output closed
+    piped = not terminal and not os.environ.get("COLUMNS")  # `attnbench list | grep x`: a line each
     if piped or len(line(max(rows + [list(HEADERS)], key=lambda r: len(line(r))))) <= width:  # one line fits
         print(line(HEADERS))
         for entry, row in zip(working, rows):
