@@ -496,10 +496,12 @@ class GroupMeasurement:
         key, variant = cell.key(), self.variants[cell.key()]
         cost = variant.cost(shape_of(cell))
         self.fields[key].update(flops=cost.flops, useful_flops=cost.needed_flops, bytes_moved=cost.bytes_moved)
-        tensors = variant.cpu_memory_trackable and not cell.compiled  # compiled code: the allocator's peak alone
+        # on CPU compiled code runs under no dispatch mode: the allocator's peak alone, and no kept state (counted
+        # by live tensors); CUDA's allocator gives both for any call
+        tensors = self.device.type != "cpu" or (variant.cpu_memory_trackable and not cell.compiled)
         try:
             self.progress("memory", key)
-            first = None  # a fresh instance's first call: the state it keeps (counted by live tensors)
+            first = None  # a fresh instance's first call: the state it keeps
             if tensors:
                 fresh = self.registry.create(cell.variant.name, seed=cell.seed, **dict(cell.variant.params))
                 first = self._call(cell, call_of(fresh, cell.compiled))

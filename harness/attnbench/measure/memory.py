@@ -171,9 +171,9 @@ def call_memory(
 ) -> CallMemory:
     """The memory rule above. `warm_call` calls a variant that has run before (its state exists);
     `first_call`, when given, calls a fresh instance of it: its kept state is what that first call leaves (on CPU
-    counted by live tensors: not measured with `tensors=False`, compiled code, see `peak_memory`)."""
+    counted by live tensors, so not given for compiled code, with `tensors=False`: see `peak_memory`)."""
     state = None
-    if first_call is not None and (tensors or device.type == "cuda"):
+    if first_call is not None:
         clear_kept_state()
         state = _held_after(first_call, device, inputs)
     peak, method, tensor_peak = peak_memory(warm_call, device, inputs, tensors)
