@@ -88,16 +88,22 @@ def with_columns(band: Partial, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor
     if band.out.dtype != work:  # low precision: the two parts summed in `work`, rounded once
         summed = einsum(column_shares, v.to(work), "b h n c, b h c e -> b h n e") + band.out.to(work) * band_share
         return summed.to(band.out.dtype)
-    if torch.is_grad_enabled() and band.out.requires_grad:  # the band's output is saved for its backward: a new one
-        return einsum(column_shares, v, "b h n c, b h c e -> b h n e").addcmul_(band.out, band_share)
     out = band.out
-    try:
-        flat = out.view(-1, *out.shape[-2:])  # ((b h), n, e): a view of `out`, written in place below
-    except RuntimeError:  # strides that do not merge: written out
+    saved = torch.is_grad_enabled() and out.requires_grad  # the band's output is saved for its backward
+    flat = None if saved else _merged_view(out)  # ((b h), n, e): a view of `out`, to be written in place
+    if flat is None:  # a new output
         return einsum(column_shares, v, "b h n c, b h c e -> b h n e").addcmul_(out, band_share)
     out.mul_(band_share)  # in place: one pass over the (n, e) output instead of three
     flat.baddbmm_(column_shares.flatten(0, 1), v.flatten(0, 1))
     return out
+
+
+def _merged_view(x: Tensor) -> Tensor | None:
+    """(b, h, n, e) -> ((b h), n, e) as a view of `x`, or None where its strides do not merge."""
+    try:
+        return x.view(-1, *x.shape[-2:])
+    except RuntimeError:
+        return None
 
 
 def band_with_global_tokens(

@@ -540,7 +540,7 @@ RESCALE_ABOVE = 30.0  # a part's log-sum-exp over its row's reference: exp(30) *
 def merge_chunks(own: tuple[Tensor, Tensor], out: Tensor, lse: Tensor, chunks: Chunks) -> Tensor:
     """One softmax over each query's own block and its chosen blocks: each part weighted by exp(its log-sum-exp),
     summed by query row. own: ((b h) i e), ((b h) i); chunk slots: ((t r) e), ((t r),), unused slots weigh nothing.
-    Returns ((b h) i e). Without autograd the chunks' outputs are scaled and summed in place."""
+    Returns ((b h) i e). The forward calls it under autograd only."""
     own_out, own_lse = own
     x, n, e = own_out.shape
     own_out, own_lse = own_out.reshape(x * n, e), own_lse.reshape(x * n)
@@ -551,12 +551,7 @@ def merge_chunks(own: tuple[Tensor, Tensor], out: Tensor, lse: Tensor, chunks: C
     weight = torch.exp(lse - top[chunks.rows])  # ((t r),), 0 for unused slots
     total = own_weight.index_add(0, chunks.rows, weight)
     total = torch.where(total > 0, total, torch.ones_like(total))  # a query with no key: zeros
-    in_place = not (torch.is_grad_enabled() and (own_out.requires_grad or out.requires_grad))
-    if in_place:
-        summed = own_out.mul_(own_weight[:, None].to(own_out.dtype))
-        summed.index_add_(0, chunks.rows, out.mul_(weight[:, None].to(out.dtype)))
-    else:
-        summed = (own_out * own_weight[:, None].to(own_out.dtype)).index_add(
-            0, chunks.rows, out * weight[:, None].to(out.dtype)
-        )
+    summed = (own_out * own_weight[:, None].to(own_out.dtype)).index_add(
+        0, chunks.rows, out * weight[:, None].to(out.dtype)
+    )  # out of place: autograd keeps the parts (without it, `OnlineMerge` merges batch by batch)
     return (summed / total[:, None].to(summed.dtype)).view(x, n, e)
