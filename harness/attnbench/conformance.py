@@ -278,8 +278,8 @@ def check_exact_pattern(ctx: CheckContext, lengths: tuple[int, ...] = EXACT_CHEC
     options = [(c, p) for c in (False, True) for p in (False, True) if _supports(ctx, variant, causal=c, padded=p)]
     if chooses_support(type(variant)):
         lengths = tuple(sorted({*lengths, CHOSEN_SUPPORT_CHECK_LEN}))
-    if crossing_length(variant) > max(lengths):  # a block or window larger than the defaults: cross it too
-        lengths = (*lengths, crossing_length(variant))
+    if (crossing := crossing_length(variant)) > max(lengths):  # a block or window larger than the defaults
+        lengths = (*lengths, crossing)
     worst = max(
         exactness_error(variant, n=length, causal=c, padded=p, device=ctx.device, dtype=ctx.dtype)
         for c, p in options

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 import textwrap
+from typing import Any
 
 from attnbench.commands.terminal import terminal_width
 from attnbench.exit_status import Exit

@@ -25,10 +25,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     """The budget checked, then the folder read once and its summary and report rewritten; Exit.NOTHING_RAN when no
     cell ran ok."""
+    from attnbench.commands.terminal import terminal_width
     from attnbench.plan.budget import budget_problems
     from attnbench.report.run_report import write_report
     from attnbench.report.summary import write_summary
-    from attnbench.commands.terminal import terminal_width
     from attnbench.report.verdict import verdict_terminal
     from attnbench.report.view import RunView
     from attnbench.runfolder.results import read_results

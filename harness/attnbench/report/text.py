@@ -104,7 +104,8 @@ def aligned_table(
     """Plain columns padded to their widest cell, for a terminal. With `width`, a table that does not fit wraps
     cells onto several lines within their column, never cutting a figure: headers wrap first, then the widest column
     narrows, each down to its longest word (the `breakable` ones, free text such as notes and names, may break a
-    word longer than BREAK_ABOVE characters). When even that is too wide, the rightmost columns are left out and named below."""
+    word longer than BREAK_ABOVE characters). When even that is too wide, the rightmost columns are left out and
+    named below."""
     body = [[str(c) for c in row] for row in rows]
     natural = [max([len(headers[i])] + [len(r[i]) for r in body]) for i in range(len(headers))]
     if width is None or _line_width(natural) <= width:
