@@ -24,6 +24,8 @@ from attnbench.interface import (
     Hyperparameter,
     Shape,
     UnsupportedOptionError,
+    expand_kv_heads,
+    query_group,
     softmax_attention_flops,
 )
 from attnbench.variants.blocks import (
@@ -46,6 +48,7 @@ class BandAttention(FlexBackend, AttentionVariant):
     supports = Capabilities(
         cross_attention=False,
         subquadratic_memory=True,
+        grouped_kv=True,
         notes={"cross_attention": "a window is defined on the positions of one sequence; use Nq == Nk"},
     )
     hyperparameters = {
@@ -93,9 +96,11 @@ class BandAttention(FlexBackend, AttentionVariant):
         them as they were encoded (StreamingLLM re-assigns positions inside its cache; that needs the rotary step,
         which here lies outside attention)."""
         columns, _ = columns_and_rows(self.sinks, self.global_tokens, 2**62)
-        kept = k if self.kv_cache else torch.cat([q, k], dim=-1)  # recomputing needs the window's queries too
-        state = WindowState.of(kept, v, window=self.window, columns=columns)
-        return self.forward(q, k, v, causal=True, key_padding_mask=None), state
+        group = query_group(q, k)
+        out = self.forward(q, expand_kv_heads(k, group), expand_kv_heads(v, group), causal=True, key_padding_mask=None)
+        if not self.kv_cache:  # recomputing needs the window's queries too: one cache per query head
+            k, v = torch.cat([q, expand_kv_heads(k, group)], dim=-1), expand_kv_heads(v, group)
+        return out, WindowState.of(k, v, window=self.window, columns=columns)
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         if not isinstance(state, WindowState):
@@ -103,7 +108,8 @@ class BandAttention(FlexBackend, AttentionVariant):
         if self.kv_cache:
             return state.step(q, k, v), state
         # re-computation: the causal attention of every kept token, the new one last, recomputed; its last row is out
-        state.push(torch.cat([q, k], dim=-1), v)
+        group = q.shape[1] // k.shape[1]
+        state.push(torch.cat([q, expand_kv_heads(k, group)], dim=-1), expand_kv_heads(v, group))
         tokens, values = state.ordered()  # (b, h, kept, 2d), (b, h, kept, e)
         queries, keys = tokens.split(q.shape[-1], dim=-1)
         return F.scaled_dot_product_attention(queries, keys, values, is_causal=True)[..., -1:, :], state

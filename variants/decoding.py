@@ -12,33 +12,36 @@ from dataclasses import dataclass
 import torch
 from attnbench.interface import DecodeState
 from attnbench.ops import default_scale, softmax_step
-from einops import einsum
+from einops import einsum, rearrange
 from torch import Tensor
 
 
 def softmax_over_parts(q: Tensor, parts: list[tuple[Tensor, Tensor, Tensor | None]]) -> Tensor:
     """One query per head against several sets of keys at once, one softmax over their union: q (b, h, 1, d), each
-    part (k (b, h, n, d), v (b, h, n, e), visible (b|1, h|1, n) bool or None = all) -> (b, h, 1, e). The parts are
-    read where they lie (a ring buffer, the sinks, the new token), never concatenated."""
+    part (k (b, g, n, d), v (b, g, n, e), visible (b|1, g|1, n) bool or None = all) -> (b, h, 1, e), h / g query heads
+    sharing each key/value head. The parts are read where they lie (a ring buffer, the sinks, the new token), never
+    concatenated."""
     return attend_over_parts(q, parts)[0]
 
 
 def attend_over_parts(q: Tensor, parts: list[tuple[Tensor, Tensor, Tensor | None]]) -> tuple[Tensor, list[Tensor]]:
-    """`softmax_over_parts`, and the weights each part's keys received, (b, h, 1, n) per part (0 where not visible):
-    what a method that scores positions by the attention they get (H2O) accumulates."""
+    """`softmax_over_parts`, and the weights each part's keys received from each query head of their group,
+    (b, g, r, n) per part (r = h / g; 0 where not visible): what a method that scores positions by the attention they
+    get (H2O) accumulates."""
     scale = default_scale(q.shape[-1])
+    grouped = rearrange(q, "b (g r) 1 d -> b g r d", g=parts[0][0].shape[1])
     scores = []
     for k, _, visible in parts:
-        part = einsum(q, k, "b h i d, b h n d -> b h i n") * scale
+        part = einsum(grouped, k, "b g r d, b g n d -> b g r n") * scale
         scores.append(part if visible is None else part.masked_fill(~visible[..., None, :], float("-inf")))
     weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # the new token is always visible: no empty row
     shares = list(weights.split([part.shape[-1] for part in scores], dim=-1))
     out = None
     for (_, v, _), share in zip(parts, shares):
-        part_out = einsum(share, v, "b h i n, b h n e -> b h i e")
+        part_out = einsum(share, v, "b g r n, b g n e -> b g r e")
         out = part_out if out is None else out + part_out
     assert out is not None
-    return out, shares
+    return rearrange(out, "b g r e -> b (g r) 1 e"), shares
 
 
 @dataclass

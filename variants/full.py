@@ -20,6 +20,8 @@ from attnbench.interface import (
     Shape,
     UnsupportedOptionError,
     dense_attention_cost,
+    expand_kv_heads,
+    query_group,
 )
 from attnbench.ops import KVCache, allowed_keys, dense_masked_attention, rows_with_visible_key, softmax_step
 from einops import rearrange
@@ -38,6 +40,7 @@ class FullAttention(AttentionVariant):
     name = "full"
     family = "exact"
     exact = True
+    supports = Capabilities(grouped_kv=True)
     hyperparameters = {
         "kv_cache": Hyperparameter(
             True, "decode against a KV cache; false: recompute the prefix's attention every step (decode only)",
@@ -51,10 +54,13 @@ class FullAttention(AttentionVariant):
         return super().unsupported_reason(**options)
 
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        """Exact causal attention over the prompt; the cache holds its keys and values, one per key/value head."""
+        group = query_group(q, k)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
         if self.kv_cache:
             return out, KVCache.of(k, v, room)
-        # no cache: the prefix itself is what is kept (its q and k side by side in the key buffer)
+        # no cache: the prefix itself is what is kept (its q and k side by side in the key buffer, one per query head)
+        k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
         return out, KVCache.of(torch.cat([q, k], dim=-1), v, room)
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
@@ -63,7 +69,8 @@ class FullAttention(AttentionVariant):
         if self.kv_cache:
             state.append(k, v)
             return softmax_step(q, state.k, state.v), state
-        state.append(torch.cat([q, k], dim=-1), v)
+        group = q.shape[1] // k.shape[1]
+        state.append(torch.cat([q, expand_kv_heads(k, group)], dim=-1), expand_kv_heads(v, group))
         prefix_q, prefix_k = state.k.split(q.shape[-1], dim=-1)
         return F.scaled_dot_product_attention(prefix_q, prefix_k, state.v, is_causal=True)[..., -1:, :], state
 

@@ -39,6 +39,8 @@ from attnbench.interface import (
     Shape,
     UnsupportedOptionError,
     VariantError,
+    expand_kv_heads,
+    query_group,
     softmax_attention_flops,
 )
 from attnbench.ops import KVCache, causal_allows, default_scale, softmax_step
@@ -49,6 +51,25 @@ from torch import Tensor
 SCORE_CHUNK = 256  # prompt queries whose weights H2O holds at once: (b, h, 256, n), never n x n
 BUDGET = Hyperparameter(512, "positions kept per head (the compressed cache's size)", minimum=1)
 POOLS = ("max", "avg")
+SELECT_PER = Hyperparameter(
+    "kv-head", "grouped-query attention: keep positions per key/value head, scored by the mean over its query heads "
+    "(kvpress's rule), or per query head (query-head: k and v repeated for every query head, a cache h / g times "
+    "larger, counted as such)", kind=str, choices=("kv-head", "query-head"),
+)  # fmt: skip
+
+
+def heads_to_keep(q: Tensor, k: Tensor, v: Tensor, select_per: str) -> tuple[Tensor, Tensor, int]:
+    """The k, v a method keeps positions of, and how many query heads share each: as given (per key/value head) or
+    repeated for every query head (`select_per="query-head"`, group 1)."""
+    group = query_group(q, k)
+    if select_per == "query-head":
+        return expand_kv_heads(k, group), expand_kv_heads(v, group), 1
+    return k, v, group
+
+
+def group_mean(x: Tensor, group: int) -> Tensor:
+    """Per-query-head scores (b, h, ...) averaged over each key/value head's `group` query heads: (b, h / group, ...)."""
+    return x if group == 1 else x.unflatten(1, (x.shape[1] // group, group)).mean(dim=2)
 
 
 # ---- kvpress's split: a score per position, one compress for every method --------------------------------------
@@ -68,8 +89,11 @@ def gather_positions(x: Tensor, positions: Tensor) -> Tensor:
 
 def attention_mass(q: Tensor, k: Tensor, v: Tensor, chunk: int = SCORE_CHUNK) -> tuple[Tensor, Tensor]:
     """H2O's score of the prompt: causal softmax attention, and the mass each key received, the sum over queries
-    i >= j of weight(i, j). q, k (b, h, n, d), v (b, h, n, e) -> out (b, h, n, e), mass (b, h, n) in float32 at
-    least. Taken `chunk` queries at a time: (b, h, chunk, n) weights held, never n x n."""
+    i >= j of weight(i, j). q (b, h, n, d), k (b, g, n, d), v (b, g, n, e) -> out (b, h, n, e), mass (b, g, n) in
+    float32 at least (averaged over each key/value head's query heads). Taken `chunk` queries at a time:
+    (b, h, chunk, n) weights held, never n x n."""
+    group = query_group(q, k)
+    k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
     b, h, n, _ = q.shape
     work = torch.promote_types(q.dtype, torch.float32)
     out = v.new_empty(b, h, n, v.shape[-1])
@@ -81,19 +105,22 @@ def attention_mass(q: Tensor, k: Tensor, v: Tensor, chunk: int = SCORE_CHUNK) ->
         weights = (scores * default_scale(q.shape[-1])).masked_fill_(~causal_allows(i, j), float("-inf")).softmax(-1)
         mass[..., :stop] += weights.sum(dim=-2)
         out[:, :, start:stop] = einsum(weights, v[:, :, :stop].to(work), "b h i j, b h j e -> b h i e").to(v.dtype)
-    return out, mass
+    return out, group_mean(mass, group)
 
 
 def window_votes(q: Tensor, k: Tensor, window: int) -> Tensor:
     """SnapKV's observation: the last `window` queries' causal softmax weights (over every key) on the prefix keys,
-    summed over the window's queries: q, k (b, h, n, d) -> (b, h, n - window), in float32 at least."""
+    summed over the window's queries: q (b, h, n, d), k (b, g, n, d) -> (b, g, n - window), in float32 at least
+    (averaged over each key/value head's query heads)."""
+    group = query_group(q, k)
+    k = expand_kv_heads(k, group)
     n = k.shape[-2]
     work = torch.promote_types(q.dtype, torch.float32)
     scores = einsum(q[:, :, n - window :].to(work), k.to(work), "b h i d, b h j d -> b h i j")
     scores = scores * default_scale(q.shape[-1])
     i, j = torch.arange(n - window, n, device=q.device)[:, None], torch.arange(n, device=q.device)[None, :]
     weights = scores.masked_fill_(~causal_allows(i, j), float("-inf")).softmax(-1)  # (b, h, w, n)
-    return weights[..., : n - window].sum(dim=-2)
+    return group_mean(weights[..., : n - window].sum(dim=-2), group)
 
 
 def pooled(votes: Tensor, kernel: int, pool: str) -> Tensor:
@@ -145,7 +172,8 @@ class HeavyHitterCache(DecodeState):
         return cls(heavy_k, heavy_v, heavy_mass, ring_k, ring_v, ring_mass, n)
 
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """The new token (position t = length) attends to the cache and itself, q, k, v (b, h, 1, d) -> (b, h, 1, e);
+        """The new token (position t = length) attends to the cache and itself, q (b, h, 1, d), k, v (b, g, 1, d|e) ->
+        (b, h, 1, e);
         every key's mass grows by its weight; the token takes the ring slot of position t - recent, which then
         competes for a heavy slot (with no ring, the token itself competes)."""
         t, recent = self.length, self.ring_k.shape[-2]
@@ -155,9 +183,9 @@ class HeavyHitterCache(DecodeState):
             (self.ring_k, self.ring_v, filled),
             (k, v, None),
         ])  # fmt: skip
-        self.heavy_mass += to_heavy[..., 0, :]  # an empty slot stays -inf
-        self.ring_mass += to_ring[..., 0, :]
-        new = (k, v, to_new[..., 0, :].to(self.ring_mass.dtype))
+        self.heavy_mass += to_heavy.mean(dim=-2)  # the group's query heads averaged; an empty slot stays -inf
+        self.ring_mass += to_ring.mean(dim=-2)
+        new = (k, v, to_new.mean(dim=-2).to(self.ring_mass.dtype))
         candidate: tuple[Tensor, ...] | None = new  # with no ring, the new token itself competes
         if recent:
             slot = slice(t % recent, t % recent + 1)
@@ -204,6 +232,7 @@ class KVCompression(AttentionVariant):
         key_padding_mask=False,
         cross_attention=False,
         backward=False,
+        grouped_kv=True,
         notes={
             "key_padding_mask": "generation: one sequence per batch row",
             "cross_attention": "generation attends to its own sequence",
@@ -241,6 +270,7 @@ class HeavyHitterOracle(KVCompression):
     name = "h2o"
     hyperparameters = {
         "budget": BUDGET,
+        "select_per": SELECT_PER,
         "recent": Hyperparameter(
             None, "of the budget, the last positions always kept (default budget // 2: the paper's equal split of "
             "heavy hitters and recent tokens)", minimum=0, optional=True,
@@ -263,12 +293,14 @@ class HeavyHitterOracle(KVCompression):
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
         """Exact causal attention over the prompt, whose weights give each key its mass; then the cache (`room` is
         not needed: its size is fixed)."""
+        k, v, _ = heads_to_keep(q, k, v, self.select_per)
         out, mass = attention_mass(q, k, v)
         return out, HeavyHitterCache.of_prompt(k, v, mass, budget=self.budget, recent=self.recent_kept)
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         if not isinstance(state, HeavyHitterCache):
             raise UnsupportedOptionError(f"h2o cannot step from a {type(state).__name__}")
+        k, v, _ = heads_to_keep(q, k, v, self.select_per)
         return state.step(q, k, v), state
 
     def cost(self, shape: Shape) -> Cost:
@@ -283,6 +315,7 @@ class SnapKV(KVCompression):
     name = "snapkv"
     hyperparameters = {
         "budget": BUDGET,
+        "select_per": SELECT_PER,
         "window": Hyperparameter(32, "the observation window: the prompt's last queries, which vote and are kept",
                                  minimum=1),
         "kernel": Hyperparameter(7, "pooling kernel along the keys (SnapKV's experiments: 7)", minimum=1),
@@ -306,7 +339,8 @@ class SnapKV(KVCompression):
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
         """Exact causal attention over the prompt, then the cache of the `budget` positions it keeps (all when the
         prompt fits), with room for `room` steps."""
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        k, v, group = heads_to_keep(q, k, v, self.select_per)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
         if k.shape[-2] > self.budget:
             k, v, _ = compress(k, v, self.score(q, k), self.budget)
         return out, KVCache.of(k, v, room)
@@ -314,6 +348,7 @@ class SnapKV(KVCompression):
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         if not isinstance(state, KVCache):
             raise UnsupportedOptionError(f"snapkv cannot step from a {type(state).__name__}")
+        k, v, _ = heads_to_keep(q, k, v, self.select_per)
         state.append(k, v)
         return softmax_step(q, state.k, state.v), state
 

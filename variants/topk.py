@@ -52,10 +52,13 @@ from attnbench.interface import (
     Hyperparameter,
     Shape,
     UnsupportedOptionError,
+    expand_kv_heads,
+    query_group,
     softmax_attention_flops,
 )
 from attnbench.ops import KVCache, causal_allows, softmax_step
 from attnbench.variants.decoding import softmax_over_parts
+from attnbench.variants.kv_compression import SELECT_PER, heads_to_keep
 from attnbench.variants.blocks import Pattern, expand_over_heads, partial_attention, query_blocks, real_key_blocks
 from attnbench.variants.window import unblocked
 from einops import einsum, rearrange
@@ -296,7 +299,8 @@ class QuestCache(KVCache):
 
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The new token (position t = length) joins the cache and attends, by exact softmax, to the pages chosen
-        for it (all of them when no more than top_k are ranked): q, k, v (b, h, 1, d) -> (b, h, 1, e)."""
+        for it (all of them when no more than top_k are ranked): q (b, h, 1, d), k, v (b, g, 1, d|e) -> (b, h, 1, e).
+        With grouped-query attention a key/value head's pages are ranked by the mean of its query heads' bounds."""
         self.append(k, v)
         t, page = self.length - 1, self.page
         ranked = ranked_pages(t, page, self.keep_first)
@@ -305,8 +309,9 @@ class QuestCache(KVCache):
         own = t // page * page  # the own page's first position
         work = torch.promote_types(q.dtype, torch.float32)  # ranked in float32 at least, as the forward ranks
         metadata = tuple(x[..., ranked.start : ranked.stop, :].to(work) for x in (self.high, self.low))
-        bounds = score_blocks(q.to(work), metadata)  # (b, h, 1, ranked)
-        chosen = largest(bounds, self.top_k)[1][..., 0, :] + ranked.start  # (b, h, s)
+        grouped = rearrange(q.to(work), "b (g r) 1 d -> b g r d", g=self.keys.shape[1])
+        bounds = score_blocks(grouped, metadata).mean(dim=-2, keepdim=True)  # (b, g, 1, ranked): the group's mean
+        chosen = largest(bounds, self.top_k)[1][..., 0, :] + ranked.start  # (b, g, s)
         if ranked.start:  # the kept first page, unscored
             chosen = torch.cat([chosen.new_zeros(*chosen.shape[:-1], 1), chosen], dim=-1)
         b, h, s = chosen.shape
@@ -345,6 +350,7 @@ class BlockTopKAttention(AttentionVariant):
     supports = Capabilities(
         cross_attention=False,
         subquadratic_memory=True,
+        grouped_kv=True,
         notes={"cross_attention": "a query's own block is the block of its position in the one sequence"},
     )
     hyperparameters = {
@@ -357,6 +363,7 @@ class BlockTopKAttention(AttentionVariant):
                                 choices=SCORES),
         "queries_per_chunk": Hyperparameter(128, "queries of one key block attended to together (speed and memory)",
                                             minimum=1),
+        "select_per": SELECT_PER,
     }
 
     def size(self, n: int) -> int:
@@ -385,14 +392,17 @@ class BlockTopKAttention(AttentionVariant):
 
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
         """The causal forward, and Quest's paged cache (page = `block_size`) with each page's key max and min."""
+        group = query_group(q, k)
+        kept_k, kept_v, _ = heads_to_keep(q, k, v, self.select_per)
         state = QuestCache.of_prompt(
-            k, v, page=self.block_size, room=room, top_k=self.top_k, keep_first=self.keep_first_block
+            kept_k, kept_v, page=self.block_size, room=room, top_k=self.top_k, keep_first=self.keep_first_block
         )
-        return self(q, k, v, causal=True), state
+        return self(q, expand_kv_heads(k, group), expand_kv_heads(v, group), causal=True), state
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         if not isinstance(state, QuestCache):
             raise UnsupportedOptionError(f"topk cannot step from a {type(state).__name__}")
+        k, v, _ = heads_to_keep(q, k, v, self.select_per)
         return state.step(q, k, v), state
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:

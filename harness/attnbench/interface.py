@@ -42,6 +42,10 @@ class Capabilities:
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[str, ...] = ALL_DTYPES
     subquadratic_memory: bool = False  # never holds an Nq x Nk matrix
+    # decode with grouped-query attention: `prefill` and `step` take k, v with g heads for q's h (h a multiple of g),
+    # keep one state per key/value head and select per key/value head; a variant without it is handed k, v repeated
+    # to h heads (`expand_kv_heads`), so its state is per query head
+    grouped_kv: bool = False
     # decode (generation against a state) is declared by implementing `prefill` and `step`; notes["decode"] says
     # why a variant has no decode form
     notes: dict[str, str] = field(default_factory=dict)  # option -> why it is unsupported
@@ -333,12 +337,14 @@ class AttentionVariant(ABC):
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
         """The prompt, causal: its outputs (b, h, n, e) and the state a `step` continues from, with room for `room`
         steps before a buffer must grow. q (b, h, n, d) is given for methods that select with the prompt's
-        queries (SnapKV). The outputs are what the method computes over the prompt (for most, its causal forward)."""
+        queries (SnapKV). The outputs are what the method computes over the prompt (for most, its causal forward).
+        With `supports.grouped_kv`, k (b, g, n, d) and v (b, g, n, e) may have g heads, h a multiple of g."""
         raise UnsupportedOptionError(f"{self.name} has no decode form")
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         """One new token: q, k, v (b, h, 1, d) -> its output (b, h, 1, e) and the state with the token in it (the
-        same object updated in place, or a new one). The token sees itself and what the state kept before it."""
+        same object updated in place, or a new one). The token sees itself and what the state kept before it.
+        With `supports.grouped_kv`, k and v have the g heads the prefill's had."""
         raise UnsupportedOptionError(f"{self.name} has no decode form")
 
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor | None:
@@ -427,6 +433,20 @@ def chooses_support(cls: type[AttentionVariant]) -> bool:
 def has_own_support(cls: type[AttentionVariant]) -> bool:
     """The class says what it attends to: a static `support_mask` or a per-input `support_for`."""
     return cls.support_mask is not AttentionVariant.support_mask or chooses_support(cls)
+
+
+def query_group(q: Tensor, k: Tensor) -> int:
+    """How many query heads share each key/value head: q (b, h, ., d), k (b, g, ., d) -> h / g (1 without GQA)."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads == 0 or heads % kv_heads:
+        raise VariantError(f"{heads} query heads cannot share {kv_heads} key/value heads (h must be a multiple of g)")
+    return heads // kv_heads
+
+
+def expand_kv_heads(x: Tensor, group: int) -> Tensor:
+    """k or v (b, g, n, d) repeated for the `group` query heads sharing each head: (b, g * group, n, d), query head
+    i reading key/value head i // group (transformers' `repeat_kv`)."""
+    return x if group == 1 else x.repeat_interleave(group, dim=1)
 
 
 def check_shapes(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:

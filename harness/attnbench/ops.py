@@ -10,7 +10,7 @@ b - batch, h - heads, i - query position, j - key position
 from __future__ import annotations
 
 import torch
-from einops import einsum
+from einops import einsum, rearrange
 from torch import Tensor
 
 from dataclasses import dataclass
@@ -223,14 +223,18 @@ class KVCache(DecodeState):
 
 
 def softmax_step(q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None = None) -> Tensor:
-    """One query per head against every key given: q (b, h, 1, d), k (b, h, n, d), v (b, h, n, e) -> (b, h, 1, e),
-    softmax attention at SDPA's scale; `visible` (b|1, h|1, n) bool leaves keys out (None: every key is visible to
-    the new token). Two matrix-vector products and a softmax over n: on the CPU this reads the cache at ~1.3x the
-    rate SDPA's one-query path does (measured at n = 8192 and 16384), and a step is bound by that read."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(default_scale(q.shape[-1]))  # (b, h, 1, n)
+    """One query per head against every key given: q (b, h, 1, d), k (b, g, n, d), v (b, g, n, e) -> (b, h, 1, e),
+    softmax attention at SDPA's scale, h / g query heads sharing each key/value head (g = h without grouped-query
+    attention); `visible` (b|1, g|1, n) bool leaves keys out (None: every key is visible to the new token). Two
+    matrix products and a softmax over n, the group's queries together, so each head's cache is read once: on the
+    CPU this reads the cache at ~1.3x the rate SDPA's one-query path does (measured at n = 8192 and 16384), and a
+    step is bound by that read."""
+    grouped = rearrange(q, "b (g r) 1 d -> b g r d", g=k.shape[1])
+    scores = torch.matmul(grouped, k.transpose(-1, -2)).mul_(default_scale(q.shape[-1]))  # (b, g, r, n)
     if visible is not None:
         scores.masked_fill_(~visible[..., None, :], float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    out = torch.matmul(torch.softmax(scores, dim=-1), v)  # (b, g, r, e)
+    return rearrange(out, "b g r e -> b (g r) 1 e")
 
 
 DECODE_CHECK = (37, 6)  # prompt and steps of decode checks: not a multiple of any block, chunk or page
