@@ -6,7 +6,9 @@ that module in a `Routing` (exact `full` where none is chosen), and records its 
 every layer, or one layer at a time, and compare attention outputs layer by layer. The mask function hands
 the attention the 2-D padding mask unchanged: causality comes from the module (`is_causal`), padding
 becomes the variant's key padding mask. Cross-attention (queries and keys of different sequences) always
-runs exact: the variants here are about self-attention.
+runs exact: the variants here are about self-attention. What a call is handed to is a `Router`: a study's
+`Routing`, or the in-model generation's per-layer states (`attnbench.generation`), which keep key/value heads as
+the model has them.
 
 b - batch, h - heads, n - query positions, m - key positions, d - head dim
 """
@@ -15,15 +17,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from einops import rearrange, repeat
+from einops import rearrange
 from torch import Tensor, nn
 
-from attnbench.interface import AttentionVariant
+from attnbench.interface import AttentionVariant, expand_kv_heads, query_group
 from attnbench.registry import registry
 
 IMPLEMENTATION = "attnbench"
+
+
+class Router(Protocol):
+    """What the registered implementation hands each attention call to: a study's `Routing`, or the in-model
+    generation's per-layer states (`attnbench.generation.layers`)."""
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
+               cross: bool) -> Tensor:
+        """query (b, h, n, d), key/value (b, g, m, d) (g divides h) -> the attention output (b, h, n, d)."""
+        ...
 
 
 @dataclass
@@ -40,8 +52,20 @@ class Routing:
             return self.exact
         return self.everywhere
 
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
+               cross: bool) -> Tensor:
+        """The variant of this call's layer (exact for cross-attention), key/value heads repeated for grouped-query
+        attention (a full-sequence call takes as many as query heads); a self-attention output is recorded."""
+        group = query_group(query, key)
+        key, value = expand_kv_heads(key, group), expand_kv_heads(value, group)
+        variant = self.exact if cross else self.variant_for(len(self.outputs))
+        output = variant(query, key, value, causal=causal, key_padding_mask=padding)  # (b, h, n, d)
+        if not cross:
+            self.outputs.append(rearrange(output, "b h n d -> b n h d").detach())
+        return output
 
-ACTIVE = Routing()  # the routing the registered implementation reads; a study sets it around each forward
+
+ACTIVE: Router = Routing()  # what the registered implementation calls; a study or a generation sets it
 
 
 def padding_passthrough_mask(
@@ -65,10 +89,6 @@ def attnbench_attention(
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """query (b, h, n, d), key/value (b, h_kv, m, d) -> ((b, n, h, d), None), as transformers expects."""
-    heads, kv_heads = query.shape[1], key.shape[1]
-    if kv_heads != heads:  # grouped-query attention: each key/value head serves heads / kv_heads query heads
-        key = repeat(key, "b g m d -> b (g r) m d", r=heads // kv_heads)
-        value = repeat(value, "b g m d -> b (g r) m d", r=heads // kv_heads)
     if scaling is not None and not math.isclose(scaling, query.shape[-1] ** -0.5):
         query = query * (scaling * query.shape[-1] ** 0.5)  # the variants scale by 1/sqrt(d)
     cross = query.shape[2] != key.shape[2] or getattr(module, "is_cross_attention", False)
@@ -78,13 +98,8 @@ def attnbench_attention(
         padding = ~attention_mask.bool()
     elif attention_mask is not None:
         raise ValueError("the attnbench attention implementation expects its own 2-D padding mask")
-    routing = ACTIVE
-    variant = routing.exact if cross else routing.variant_for(len(routing.outputs))
-    output = variant(query, key, value, causal=causal, key_padding_mask=padding)  # (b, h, n, d)
-    output = rearrange(output, "b h n d -> b n h d").contiguous()
-    if not cross:
-        routing.outputs.append(output.detach())
-    return output, None
+    output = ACTIVE.attend(query, key, value, causal=causal, padding=padding, cross=cross)  # (b, h, n, d)
+    return rearrange(output, "b h n d -> b n h d").contiguous(), None
 
 
 def register() -> None:
