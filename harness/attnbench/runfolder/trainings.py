@@ -6,19 +6,12 @@ A resumed grid reads trainings.csv and trains only what has no row yet (a failed
 
 from __future__ import annotations
 
-import csv
-import io
-import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
-from attnbench.atomic import naming, write_text_atomic
-from attnbench.runfolder.folder import take_lock, write_json_atomic
-from attnbench.runfolder.meta import read_meta
-from attnbench.runfolder.results import RunFolderUnreadable, drop_partial_last_line
+from attnbench.runfolder.keyed_rows import KeyedRowsFolder, read_keyed_rows
 
 TRAININGS = "trainings.csv"
 
@@ -55,66 +48,16 @@ class TrainingRow:
 COLUMNS = [f.name for f in fields(TrainingRow)]
 
 
-class TrainingsFolder:
+class TrainingsFolder(KeyedRowsFolder):
     """The only writer of one grid's folder, while it holds the folder's lock."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = take_lock(path)
-        self._file: Any = None
-
-    def write_meta(self, meta: dict[str, Any]) -> None:
-        write_json_atomic(self.path / "meta.json", meta)
-
-    def read_meta(self) -> dict[str, Any]:
-        return read_meta(self.path)
-
-    def write_text(self, name: str, text: str) -> None:
-        write_text_atomic(self.path / name, text)
-
-    def append(self, row: TrainingRow) -> None:
-        """One training's row, on disk before returning."""
-        path = self.path / TRAININGS
-        try:
-            if self._file is None:
-                drop_partial_last_line(path)
-                new = not path.exists() or path.stat().st_size == 0
-                self._file = path.open("a", newline="")
-                self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
-                if new:
-                    self._writer.writeheader()
-            self._writer.writerow(asdict(row))
-            self._file.flush()
-            os.fsync(self._file.fileno())
-        except OSError as error:
-            raise naming(error, path) from None
-
-    def close(self) -> None:
-        try:
-            if self._file is not None:
-                self._file.close()
-        finally:
-            self._lock.close()
-
-    def __enter__(self) -> "TrainingsFolder":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    file_name, columns = TRAININGS, COLUMNS
 
 
 def read_trainings(path: Path) -> pd.DataFrame:
     """trainings.csv as a DataFrame, the later row of a training standing (a resume tries a failed one again)."""
-    file = path / TRAININGS
-    if not file.is_file():
-        raise RunFolderUnreadable(f"{path} is not an MQAR grid folder (no {TRAININGS}); grids live in results/<id>/")
-    text = file.read_text()
-    text = text[: text.rfind("\n") + 1]  # a row cut short by a kill has no line end yet
-    if not text.strip():
-        return pd.DataFrame(columns=COLUMNS)
-    frame = pd.read_csv(io.StringIO(text), on_bad_lines="skip", dtype={name: str for name in ("key", "label", "variant", "hparams", "status", "reason", "host", "node")})
-    frame = frame.reindex(columns=COLUMNS).fillna({"reason": "", "host": "", "node": ""})
-    return frame.drop_duplicates("key", keep="last").reset_index(drop=True)
+    what = f"{path} is not an MQAR grid folder (no {TRAININGS}); grids live in results/<id>/"
+    return read_keyed_rows(path / TRAININGS, COLUMNS, ("key", "label", "variant", "hparams", "status", "reason", "host", "node"), what)
 
 
 def trained_keys(path: Path) -> set[str]:

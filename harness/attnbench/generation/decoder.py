@@ -1,0 +1,129 @@
+"""The real decoder generating with several methods at once, one per batch row, greedy.
+
+A prompt is prefilled once exactly (`ExactPrompt`) and shared by every method whose prompt is exact; the methods with
+their own prefill run one more forward pass over it, batched. Then the rows move together, one token per row per
+forward pass, at the same positions: the tokens that follow the prompt for everyone (the question, when it comes
+after the compression: kvpress's question-agnostic protocol), then either teacher-forced tokens (a continuation,
+scored by its log-likelihood) or greedy ones (an answer). Positions: every token keeps its place in the text
+(position ids 0, 1, … as the exact model): a kept key keeps the rotary position it was encoded at, as kvpress does
+(StreamingLLM instead renumbers the positions inside its cache; here a window keeps the original ones).
+
+b - batch (methods), n - tokens, v - vocabulary
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnbench.generation.layers import ExactPrompt, Method, MethodRows
+from attnbench.model import attention as hf_attention
+from attnbench.model.attention import IMPLEMENTATION
+
+
+@dataclass
+class RowResult:
+    """What one method did with one prompt."""
+
+    tokens: list[int] = field(default_factory=list)  # greedy tokens, up to and without the stop token
+    nll: list[float] = field(default_factory=list)  # teacher-forced: -log p of each forced token
+    cache_bytes: int = 0  # what its states hold after the prompt (every layer)
+    read_bytes: int = 0  # what its first step reads of them
+    prefill_s: float = 0.0  # its prompt: the shared exact pass, or its own, plus building its states
+    attention_times: list[float] = field(default_factory=list)  # per step: its time inside attention, every layer
+
+    @property
+    def attention_s(self) -> float | None:
+        """Its median time inside attention per token (every layer), None before a step."""
+        return float(torch.tensor(self.attention_times).median()) if self.attention_times else None
+
+
+class InModelDecoder:
+    """A Hugging Face causal LM whose self-attention goes through attnbench's implementation to a router."""
+
+    def __init__(self, model: nn.Module, stop_ids: set[int]) -> None:
+        hf_attention.register()
+        model.set_attn_implementation(IMPLEMENTATION)
+        self.model, self.stop_ids = model, stop_ids
+
+    def forward(self, router: ExactPrompt | MethodRows, ids: Tensor, start: int) -> Tensor:
+        """ids (b, n) at positions start.. -> the last position's logits (b, v) in float32."""
+        hf_attention.ACTIVE = router
+        if isinstance(router, MethodRows):
+            router.layer = 0
+        positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=1)
+        return out.logits[:, -1].float()
+
+    def run(
+        self,
+        methods: list[Method],
+        prompt: Tensor,
+        *,
+        follow: Tensor | None = None,
+        new_tokens: int = 0,
+        forced: Tensor | None = None,
+    ) -> list[RowResult]:
+        """Each method through the prompt (n,), then `follow` (t,) for every row, then `forced` (f,) teacher-forced or
+        `new_tokens` greedy: one RowResult per method, in order."""
+        follow = prompt.new_zeros(0) if follow is None else follow
+        forced = prompt.new_zeros(0) if forced is None else forced
+        room = len(follow) + len(forced) + new_tokens
+        order = sorted(range(len(methods)), key=lambda i: not methods[i].shares_exact_prompt)  # shared rows first
+        shared = [methods[i] for i in order if methods[i].shares_exact_prompt]
+        own = [methods[i] for i in order if not methods[i].shares_exact_prompt]
+        rows, logits, prefill_s = MethodRows(shared, room), [], []
+        if shared:
+            started, exact = time.perf_counter(), ExactPrompt()
+            exact_logits = self.forward(exact, prompt[None], 0)
+            rows.from_exact(exact)
+            del exact
+            logits.append(exact_logits.expand(len(shared), -1))
+            prefill_s += [time.perf_counter() - started] * len(shared)
+        if own:
+            started, own_rows = time.perf_counter(), MethodRows(own, room)
+            logits.append(self.forward(own_rows, prompt[None].expand(len(own), -1), 0))
+            prefill_s += [time.perf_counter() - started] * len(own)
+            rows = rows.join(own_rows)
+        next_logits = torch.cat(logits)
+        results = [RowResult(prefill_s=s) for s in prefill_s]
+        for row, result in enumerate(results):
+            result.cache_bytes, result.read_bytes = rows.row_bytes(row)
+        position = len(prompt)
+        for token in follow:
+            next_logits = self.forward(rows, token.expand(len(order), 1), position)
+            position += 1
+        for token in forced:
+            losses = F.cross_entropy(next_logits, token.expand(len(order)), reduction="none")
+            for result, loss in zip(results, losses.tolist()):
+                result.nll.append(loss)
+            next_logits = self.step(rows, token.expand(len(order), 1), position, results)
+            position += 1
+        stopped = [False] * len(order)
+        for index in range(new_tokens):
+            chosen = next_logits.argmax(dim=-1)  # (b,) greedy
+            for row, token in enumerate(chosen.tolist()):
+                stopped[row] = stopped[row] or token in self.stop_ids
+                if not stopped[row]:
+                    results[row].tokens.append(token)
+            if all(stopped) or index == new_tokens - 1:
+                break
+            next_logits = self.step(rows, chosen[:, None], position, results)
+            position += 1
+        in_order: list[RowResult] = [RowResult()] * len(methods)
+        for row, index in enumerate(order):
+            in_order[index] = results[row]
+        return in_order
+
+    def step(self, rows: MethodRows, tokens: Tensor, position: int, results: list[RowResult]) -> Tensor:
+        """One token per row (b, 1) at `position`; each row's attention time noted."""
+        rows.reset_clock()
+        logits = self.forward(rows, tokens, position)
+        for result, seconds in zip(results, rows.attention_s):
+            result.attention_times.append(seconds)
+        return logits

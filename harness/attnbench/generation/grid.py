@@ -1,0 +1,299 @@
+"""A generation grid: tasks × N × samples × protocols, and the methods with their shares of the cache kept, from a TOML
+file or a shipped grid (configs/generation/), checked whole before any work (every problem listed at once).
+
+Keys: `tasks` (built-in names, `jsonl:PATH` for a user's file), `seq_lens`, `samples` (per task and N), `protocols`
+("question-agnostic": the context compressed, then the question, kvpress's default; "question-aware": the question
+inside the prompt, so a method that reads the prompt's last queries sees it), `keep` (shares of the prompt's cache),
+`methods` (the variants grammar of a sweep, each table also taking `prefill` = "dense" | "own" and `dense_layers`),
+`block` (samples per unit of work: one Ray task or one in-process step), `continuation_tokens`, `seed`.
+
+The unit of work is (task, N, protocol, a block of samples): every method runs inside it, batched, on prompts built
+once; each finished unit appends its rows, so a resume runs only units with a missing row.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from attnbench.generation.budgets import KNOBS, at_share
+from attnbench.generation.layers import PREFILLS
+from attnbench.generation.tasks import TASKS, TaskError, read_jsonl
+from attnbench.interface import did_you_mean
+from attnbench.plan.cells import VariantSpec, spec_label
+from attnbench.plan.config import ConfigError, name_problem, parse_variants
+from attnbench.registry import Registry
+from attnbench.registry import registry as default_registry
+
+GRIDS = "generation"  # the folder of shipped grids inside attnbench.configs
+DEFAULT_GRID = "generation"
+PROTOCOLS = ("question-agnostic", "question-aware")
+JSONL = "jsonl:"
+DESCRIPTIVE = ("name", "description", "measured_run_time")
+KEYS = DESCRIPTIVE + ("tasks", "seq_lens", "samples", "protocols", "keep", "methods", "block", "continuation_tokens",
+                      "seed", "answer_tokens")  # fmt: skip
+METHOD_KEYS = ("prefill", "dense_layers")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method of the grid: the variant setting (its knob left to the share where it has one and it is not set),
+    how it meets the prompt, and the first layers kept exact."""
+
+    variant: VariantSpec
+    prefill: str
+    dense_layers: int = 0
+
+    @property
+    def swept(self) -> bool:
+        """Its cache follows the grid's shares (a knob the table does not set)."""
+        knob = KNOBS.get(self.variant.name)
+        return knob is not None and knob.parameter not in dict(self.variant.params)
+
+    def label(self) -> str:
+        extra = ([] if self.prefill == default_prefill(self.variant.name) else [f"prefill={self.prefill}"]) + (
+            [f"dense_layers={self.dense_layers}"] if self.dense_layers else [])
+        return spec_label(self.variant.name, self.variant.params + tuple(e.split("=", 1) for e in extra))  # type: ignore[arg-type]
+
+
+def default_prefill(name: str) -> str:
+    """A KV-cache method (a knob on its cache) and full meet an exact prompt; any other its own prefill."""
+    return "dense" if name in KNOBS or name == "full" else "own"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row's method: a MethodSpec at one share (None: not swept), its hyperparameters resolved."""
+
+    method: MethodSpec
+    share: float | None
+    hparams: tuple[tuple[str, Any], ...]
+
+    def label(self) -> str:
+        return self.method.label() if self.share is None else f"{self.method.label()} @ {self.share:g}"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What one worker runs: every method on a block of samples of one task at one N, under one protocol."""
+
+    task: str
+    seq_len: int
+    protocol: str
+    samples: tuple[int, ...]
+
+    def name(self) -> str:
+        return f"{self.task} N={self.seq_len} {self.protocol} samples {self.samples[0]}-{self.samples[-1]}"
+
+
+@dataclass(frozen=True)
+class GenerationGrid:
+    name: str
+    tasks: tuple[str, ...]
+    seq_lens: tuple[int, ...]
+    samples: int
+    protocols: tuple[str, ...]
+    keep: tuple[float, ...]
+    methods: tuple[MethodSpec, ...]
+    block: int = 5
+    continuation_tokens: int = 64
+    answer_tokens: int = 12
+    seed: int = 0
+    jsonl_rows: dict[str, int] = field(default_factory=dict, compare=False)  # a user's task -> its rows
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def units(self) -> list[Unit]:
+        """Every unit, by N, task, protocol, then sample block (a continuation has no question: one protocol)."""
+        out = []
+        for n in self.seq_lens:
+            for task in self.tasks:
+                count = self.jsonl_rows.get(task, self.samples)
+                protocols = self.protocols if task != "continuation" else self.protocols[:1]
+                for protocol in protocols:
+                    for start in range(0, count, self.block):
+                        out.append(Unit(task, n, protocol, tuple(range(start, min(count, start + self.block)))))
+        if any(task.startswith(JSONL) for task in self.tasks):  # a user's rows have their own lengths: one N
+            out = [u for u in out if not u.task.startswith(JSONL) or u.seq_len == self.seq_lens[0]]
+        return out
+
+    def settings(self, n: int, registry: Registry = default_registry) -> list[Setting]:
+        """Every method at every share for a prompt of n tokens (a method without a knob once)."""
+        out = []
+        for method in self.methods:
+            hparams = registry.create(method.variant.name, **dict(method.variant.params)).hparams
+            if not method.swept:
+                out.append(Setting(method, None, tuple(sorted(hparams.items()))))
+                continue
+            for share in self.keep:
+                out.append(Setting(method, share, tuple(sorted(at_share(method.variant.name, hparams, share, n).items()))))
+        return out
+
+
+def row_key(unit: Unit, sample: int, setting: Setting) -> str:
+    """A stable key of one row: resume matches rows by it."""
+    method = setting.method
+    return json.dumps([unit.task, unit.seq_len, unit.protocol, sample, method.variant.name,
+                       dict(method.variant.params), method.prefill, method.dense_layers, setting.share])  # fmt: skip
+
+
+# ---- reading a grid ----------------------------------------------------------------------------------------------
+
+
+def _grid_files() -> dict[str, Any]:
+    folder = resources.files("attnbench.configs") / GRIDS
+    return {entry.name.removesuffix(".toml"): entry for entry in folder.iterdir() if entry.name.endswith(".toml")}
+
+
+def grid_descriptions() -> dict[str, tuple[str, str]]:
+    """Shipped grid name -> (its description, its measured run time)."""
+    out = {}
+    for name, entry in sorted(_grid_files().items()):
+        raw = tomllib.loads(entry.read_text())
+        out[name] = (str(raw.get("description", "")), str(raw.get("measured_run_time", "not measured")))
+    return out
+
+
+def read_grid(name_or_path: str, registry: Registry = default_registry, **overrides: Any) -> GenerationGrid:
+    """A shipped grid by name or a TOML file, `overrides` (None: not given; a flag's problem names the flag)
+    applied, checked whole."""
+    path = Path(name_or_path)
+    files = _grid_files()
+    if path.is_file():
+        source, text = str(path), path.read_text(encoding="utf-8-sig")
+    elif name_or_path in files:
+        source, text = f"grid '{name_or_path}'", files[name_or_path].read_text()
+    else:
+        known = ", ".join(sorted(files))
+        hint = did_you_mean(name_or_path, sorted(files))
+        raise ConfigError(name_or_path, [f"no such file, and no shipped generation grid of that name (known: {known}).{hint}"])
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(source, [f"not valid TOML: {error}"]) from None
+    given = {key: value for key, value in overrides.items() if value is not None}
+    raw = {**raw, **given}
+    raw.setdefault("name", path.stem if path.is_file() else name_or_path)
+    return parse_grid(raw, source, registry, flags=set(given))
+
+
+def _flag(key: str, flags: set[str]) -> str:
+    return f"--{key.replace('_', '-')}" if key in flags else key
+
+
+def _numbers(raw: dict[str, Any], key: str, kind: type, least: float, most: float | None = None) -> tuple[tuple, list[str]]:
+    values = raw.get(key)
+    values = values if isinstance(values, list) else [values]
+    good = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
+            and v >= least and (most is None or v <= most)]  # fmt: skip
+    if len(good) != len(values) or not good:
+        bound = f"in [{least}, {most}]" if most is not None else f">= {least}"
+        return (), [f"{key}: expected a {'number' if kind is float else 'whole number'} {bound} or a non-empty list of them, "
+                    f"got {raw.get(key)!r}"]  # fmt: skip
+    return tuple(dict.fromkeys(kind(v) for v in good)), []
+
+
+def parse_grid(raw: dict[str, Any], source: str = "grid", registry: Registry = default_registry,
+               flags: set[str] = frozenset()) -> GenerationGrid:  # type: ignore[assignment]
+    """Check a grid's keys and values (ConfigError lists every problem, a flag's by the flag) and resolve it."""
+    problems: list[str] = []
+
+    def add(key: str, found: list[str]) -> None:
+        problems.extend(f"{_flag(key, flags)}{p[len(key):]}" if p.startswith(key) else p for p in found)
+
+    for key in raw:
+        if key not in KEYS:
+            problems.append(f"{key}: unknown key (known: {', '.join(KEYS)}).{did_you_mean(key, list(KEYS))}")
+    problems += [f"{key}: missing" for key in ("tasks", "seq_lens", "methods") if key not in raw]
+    seq_lens, found = _numbers(raw, "seq_lens", int, 16) if "seq_lens" in raw else ((), [])
+    add("seq_lens", found)
+    samples, found = _numbers({"samples": raw.get("samples", 10)}, "samples", int, 1)
+    add("samples", found)
+    block, found = _numbers({"block": raw.get("block", 5)}, "block", int, 1)
+    add("block", found)
+    keep, found = _numbers({"keep": raw.get("keep", [0.5, 0.25, 0.125, 0.0625])}, "keep", float, 1e-6, 1.0)
+    add("keep", found)
+    forced, found = _numbers({"continuation_tokens": raw.get("continuation_tokens", 64)}, "continuation_tokens", int, 1)
+    add("continuation_tokens", found)
+    answer, found = _numbers({"answer_tokens": raw.get("answer_tokens", 12)}, "answer_tokens", int, 1)
+    add("answer_tokens", found)
+    seed, found = _numbers({"seed": raw.get("seed", 0)}, "seed", int, 0)
+    add("seed", found)
+    protocols = raw.get("protocols", [PROTOCOLS[0]])
+    protocols = protocols if isinstance(protocols, list) else [protocols]
+    for protocol in protocols:
+        if protocol not in PROTOCOLS:
+            hint = did_you_mean(str(protocol), list(PROTOCOLS))
+            problems.append(f"{_flag('protocols', flags)}: {protocol!r} is not one of {', '.join(PROTOCOLS)}.{hint}")
+    tasks, jsonl_rows = _tasks(raw.get("tasks"), problems, _flag("tasks", flags)) if "tasks" in raw else ((), {})
+    methods = _methods(raw.get("methods"), registry, problems, _flag("methods", flags)) if "methods" in raw else ()
+    if (problem := name_problem(str(raw.get("name", "")))) is not None:
+        problems.append(f"name: {problem}")
+    if problems:
+        raise ConfigError(source, problems)
+    return GenerationGrid(
+        str(raw["name"]), tasks, seq_lens, samples[0], tuple(dict.fromkeys(protocols)), keep, methods, block[0],
+        forced[0], answer[0], seed[0], jsonl_rows, raw,
+    )  # fmt: skip
+
+
+def _tasks(raw: Any, problems: list[str], where: str) -> tuple[tuple[str, ...], dict[str, int]]:
+    items = raw if isinstance(raw, list) else [raw]
+    tasks, rows = [], {}
+    for item in items:
+        if not isinstance(item, str) or not item:
+            problems.append(f"{where}: expected task names, got {item!r}")
+        elif item.startswith(JSONL):
+            try:
+                rows[item] = len(read_jsonl(Path(item[len(JSONL):])))
+                tasks.append(item)
+            except TaskError as error:
+                problems.append(f"{where}: {error}")
+        elif item not in TASKS:
+            known = ", ".join(TASKS)
+            problems.append(f"{where}: unknown task {item!r} (known: {known}, or jsonl:PATH).{did_you_mean(item, list(TASKS))}")
+        else:
+            tasks.append(item)
+    if not items:
+        problems.append(f"{where}: empty; name at least one task")
+    return tuple(dict.fromkeys(tasks)), rows
+
+
+def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> tuple[MethodSpec, ...]:
+    """The sweep's variant grammar, each table's `prefill` and `dense_layers` taken out first; every method must be
+    able to generate causally on the CPU."""
+    items = raw if isinstance(raw, list) else [raw]
+    placed, stripped = [], []
+    for index, item in enumerate(items):
+        table = item if isinstance(item, dict) else {"name": item}
+        name = table.get("name")
+        prefill = table.get("prefill", default_prefill(name) if isinstance(name, str) else "dense")
+        dense = table.get("dense_layers", 0)
+        at = f"{where}[{index}] ({name})"
+        if prefill not in PREFILLS:
+            problems.append(f"{at}: prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}")
+        if not isinstance(dense, int) or isinstance(dense, bool) or dense < 0:
+            problems.append(f"{at}: dense_layers must be a whole number >= 0, got {dense!r}")
+        stripped.append({k: v for k, v in table.items() if k not in METHOD_KEYS})
+        placed.append((prefill, dense))
+    methods = []
+    for (prefill, dense), table in zip(placed, stripped):
+        specs, found = parse_variants([table], registry, where)
+        problems += found
+        for spec in specs:
+            variant = registry.create(spec.name, seed=0, **dict(spec.params))
+            why = variant.unsupported_reason(device="cpu", dtype="float32", causal=True, padded=False, n_q=64, n_k=64,
+                                             decode=variant.decodes())  # fmt: skip
+            if why is not None:
+                problems.append(f"{where}: {spec.label()} cannot generate inside the model (causal, CPU): {why}")
+            elif not variant.decodes() and prefill == "dense":
+                problems.append(f"{where}: {spec.label()} has no decode form: with prefill = \"dense\" it would be exact "
+                                "decoding (full); give prefill = \"own\" (its sparse prefill, then exact decoding)")
+            else:
+                methods.append(MethodSpec(spec, prefill, dense))
+    if isinstance(raw, list) and not raw:
+        problems.append(f"{where}: empty; name at least one method (full gives the exact model's own answers)")
+    return tuple(dict.fromkeys(methods))

@@ -1,0 +1,173 @@
+"""Each self-attention layer of the model generating with a method: the method's state for that layer, built from the
+prompt, and every later token through the method's `step`.
+
+A forward pass of the model carries one method per batch row (the rows share the prompt, so the projections and
+MLPs run once for all methods, batched); attention is split by row and each row goes to its own method. Key/value
+heads arrive as the model has them (SmolLM2: 3 for 9 query heads): a method that declares `grouped_kv` keeps and
+selects per key/value head; another is handed them repeated for every query head (its state is then per query head,
+and counted so).
+
+How a method meets the prompt (`Method.prefill`):
+- "dense": the prompt's attention is exact in every layer (computed once, `ExactPrompt`, and shared by every such
+  method), and the method's state is built from each layer's exact q/k/v: kvpress's protocol (compress at the end
+  of prefill), and that of H2O, SnapKV and Quest, which change generation only;
+- "own": the method's own prefill in every layer, its outputs flowing into the next layer (a window's or an RNN's
+  prompt, a sparse prefill).
+A variant with no decode form (a full-sequence method such as MoBA's `topk` or `strided`) is a sparse prefill
+followed by exact decoding against the prompt's whole cache.
+
+b - batch (one method per row), h - query heads, g - key/value heads, n - positions, d - head dim, e - value dim
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnbench.interface import AttentionVariant, DecodeState, expand_kv_heads, query_group
+from attnbench.ops import KVCache, softmax_step
+
+PREFILLS = ("dense", "own")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One attention setting inside the model: the variant, how it meets the prompt, and how many of the first
+    layers stay exact (Quest leaves the first two dense)."""
+
+    variant: AttentionVariant
+    prefill: str = "dense"
+    dense_layers: int = 0
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.prefill not in PREFILLS:
+            raise ValueError(f"prefill must be one of {', '.join(PREFILLS)}; got {self.prefill!r}")
+        if not self.label:
+            object.__setattr__(self, "label", self.variant.label())
+
+    @property
+    def decodes(self) -> bool:
+        """The method has its own decode form; else its steps are exact against the whole cache."""
+        return self.variant.decodes()
+
+    @property
+    def shares_exact_prompt(self) -> bool:
+        """Its prompt is the exact model's, computed once for every such method (see the module docstring)."""
+        return self.prefill == "dense" or self.variant.name == "full"
+
+
+def layer_prefill(
+    variant: AttentionVariant | None, q: Tensor, k: Tensor, v: Tensor, room: int
+) -> tuple[Tensor, DecodeState]:
+    """One layer's prompt through a method: q (b, h, n, d), k (b, g, n, d), v (b, g, n, e) -> its outputs (b, h, n, e)
+    and its state. None: exact attention and a KV cache (a layer kept dense). A variant without a decode form: its
+    causal forward, and the whole cache for exact steps."""
+    group = query_group(q, k)
+    if variant is not None and variant.decodes():
+        if not variant.supports.grouped_kv:
+            k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
+        return variant.prefill(q, k, v, room=room)
+    if variant is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
+    else:
+        out = variant(q, expand_kv_heads(k, group), expand_kv_heads(v, group), causal=True)
+    return out, KVCache.of(k, v, room)
+
+
+def layer_step(variant: AttentionVariant | None, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+    """One token through a layer: q (b, h, 1, d), k, v (b, g, 1, d|e) -> (b, h, 1, e) and the state."""
+    if variant is not None and variant.decodes():
+        if not variant.supports.grouped_kv:
+            group = query_group(q, k)
+            k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
+        return variant.step(state, q, k, v)
+    assert isinstance(state, KVCache)
+    state.append(k, v)
+    return softmax_step(q, state.k, state.v), state
+
+
+@dataclass
+class ExactPrompt:
+    """Router of the exact prompt: exact causal attention in every layer (grouped, as the model's own SDPA), each
+    layer's post-rotary q (b, h, n, d), k, v (b, g, n, d|e) kept for the methods that build their state from it."""
+
+    layers: list[tuple[Tensor, Tensor, Tensor]] = field(default_factory=list)
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
+               cross: bool) -> Tensor:
+        if cross or padding is not None or not causal:
+            raise ValueError("generation runs a decoder's causal self-attention on one unpadded sequence")
+        self.layers.append((query, key, value))
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=query.shape[1] != key.shape[1])
+
+    @property
+    def cache_bytes(self) -> int:
+        """What the exact model's KV cache holds after the prompt: every layer's keys and values (g heads)."""
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for _, k, v in self.layers)
+
+
+class MethodRows:
+    """Router of a batch whose row r generates with methods[r]: each layer's states per row, filled by `prefill`
+    (the model's forward over the prompt, for methods with their own prefill) or `from_exact` (the shared exact
+    prompt), then advanced by `step` (the model's forward over one token per row)."""
+
+    def __init__(self, methods: list[Method], room: int) -> None:
+        self.methods, self.room = methods, room
+        self.states: list[list[DecodeState]] = []  # [layer][row]
+        self.layer = 0  # the next self-attention call's layer: the caller resets it before each forward pass
+        self.attention_s = [0.0] * len(methods)  # each row's time inside attention since the last `reset_clock`
+
+    def reset_clock(self) -> None:
+        self.attention_s = [0.0] * len(self.methods)
+
+    def join(self, other: "MethodRows") -> "MethodRows":
+        """One batch of this batch's rows, then the other's, their states kept (both past the same prompt)."""
+        if not self.methods or not other.methods:
+            return other if not self.methods else self
+        joined = MethodRows(self.methods + other.methods, self.room)
+        joined.states = [mine + theirs for mine, theirs in zip(self.states, other.states)]
+        return joined
+
+    def variant_at(self, row: int, layer: int) -> AttentionVariant | None:
+        method = self.methods[row]
+        return None if layer < method.dense_layers else method.variant
+
+    def from_exact(self, exact: ExactPrompt) -> None:
+        """Each layer's state of every row built from the exact prompt's q/k/v (the outputs are the exact model's)."""
+        self.states = [
+            [layer_prefill(self.variant_at(row, layer), q, k, v, self.room)[1] for row in range(len(self.methods))]
+            for layer, (q, k, v) in enumerate(exact.layers)
+        ]
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
+               cross: bool) -> Tensor:
+        if cross or padding is not None or not causal:
+            raise ValueError("generation runs a decoder's causal self-attention on one unpadded sequence")
+        layer, self.layer = self.layer, self.layer + 1
+        rows = range(query.shape[0])
+        if layer == len(self.states):  # the prompt: each row's prefill
+            parts = [layer_prefill(self.variant_at(r, layer), *(x[r : r + 1] for x in (query, key, value)), self.room)
+                     for r in rows]  # fmt: skip
+            self.states.append([state for _, state in parts])
+            return torch.cat([out for out, _ in parts], dim=0)
+        if query.shape[-2] != 1:
+            raise ValueError(f"after the prompt, generation takes one token at a time (got {query.shape[-2]})")
+        outputs = []
+        for r in rows:
+            started = time.perf_counter()
+            out, self.states[layer][r] = layer_step(
+                self.variant_at(r, layer), self.states[layer][r], *(x[r : r + 1] for x in (query, key, value))
+            )
+            self.attention_s[r] += time.perf_counter() - started
+            outputs.append(out)
+        return torch.cat(outputs, dim=0)
+
+    def row_bytes(self, row: int) -> tuple[int, int]:
+        """(held, read by the next step) of one row's states over every layer."""
+        states = [layer[row] for layer in self.states]
+        return sum(s.nbytes for s in states), sum(s.read_bytes for s in states)
