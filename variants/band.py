@@ -102,6 +102,12 @@ class BandAttention(FlexBackend, AttentionVariant):
             k, v = torch.cat([q, expand_kv_heads(k, group)], dim=-1), expand_kv_heads(v, group)
         return out, WindowState.of(k, v, window=self.window, columns=columns)
 
+    def prefill_state(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> DecodeState:
+        if not self.kv_cache:
+            return self.prefill(q, k, v, room=room)[1]
+        columns, _ = columns_and_rows(self.sinks, self.global_tokens, 2**62)
+        return WindowState.of(k, v, window=self.window, columns=columns)
+
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         if not isinstance(state, WindowState):
             raise UnsupportedOptionError(f"band cannot step from a {type(state).__name__}")

@@ -63,6 +63,9 @@ class FullAttention(AttentionVariant):
         k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
         return out, KVCache.of(torch.cat([q, k], dim=-1), v, room)
 
+    def prefill_state(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> DecodeState:
+        return KVCache.of(k, v, room) if self.kv_cache else self.prefill(q, k, v, room=room)[1]
+
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         if not isinstance(state, KVCache):
             raise UnsupportedOptionError(f"full cannot step from a {type(state).__name__}")

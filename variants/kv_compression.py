@@ -25,6 +25,7 @@ b - batch, h - heads, i - query position, j - key position, d - head dim, e - va
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,16 +88,18 @@ def gather_positions(x: Tensor, positions: Tensor) -> Tensor:
     return x.gather(2, positions[..., None].expand(*positions.shape, x.shape[-1]))
 
 
-def attention_mass(q: Tensor, k: Tensor, v: Tensor, chunk: int = SCORE_CHUNK) -> tuple[Tensor, Tensor]:
+def attention_mass(
+    q: Tensor, k: Tensor, v: Tensor, chunk: int = SCORE_CHUNK, outputs: bool = True
+) -> tuple[Tensor | None, Tensor]:
     """H2O's score of the prompt: causal softmax attention, and the mass each key received, the sum over queries
     i >= j of weight(i, j). q (b, h, n, d), k (b, g, n, d), v (b, g, n, e) -> out (b, h, n, e), mass (b, g, n) in
     float32 at least (averaged over each key/value head's query heads). Taken `chunk` queries at a time:
-    (b, h, chunk, n) weights held, never n x n."""
+    (b, h, chunk, n) weights held, never n x n. `outputs=False`: the masses alone (out None)."""
     group = query_group(q, k)
     k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
     b, h, n, _ = q.shape
     work = torch.promote_types(q.dtype, torch.float32)
-    out = v.new_empty(b, h, n, v.shape[-1])
+    out = v.new_empty(b, h, n, v.shape[-1]) if outputs else None
     mass = torch.zeros(b, h, n, dtype=work, device=q.device)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
@@ -104,8 +107,25 @@ def attention_mass(q: Tensor, k: Tensor, v: Tensor, chunk: int = SCORE_CHUNK) ->
         i, j = torch.arange(start, stop, device=q.device)[:, None], torch.arange(stop, device=q.device)[None, :]
         weights = (scores * default_scale(q.shape[-1])).masked_fill_(~causal_allows(i, j), float("-inf")).softmax(-1)
         mass[..., :stop] += weights.sum(dim=-2)
-        out[:, :, start:stop] = einsum(weights, v[:, :, :stop].to(work), "b h i j, b h j e -> b h i e").to(v.dtype)
+        if out is not None:
+            out[:, :, start:stop] = einsum(weights, v[:, :, :stop].to(work), "b h i j, b h j e -> b h i e").to(v.dtype)
     return out, group_mean(mass, group)
+
+
+_LAST_MASS: list[tuple[Any, Any, tuple[int, int], Tensor]] = []  # weak q, weak k, their versions, their masses
+
+
+def prompt_mass(q: Tensor, k: Tensor) -> Tensor:
+    """`attention_mass`'s masses alone, (b, g, n), kept for the last (q, k) asked (while both tensors live): H2O at
+    several budgets over one prompt (a generation grid's shares) scores it once."""
+    versions = (q._version, k._version)  # written in place since: not the same prompt
+    if _LAST_MASS:
+        q_ref, k_ref, seen, mass = _LAST_MASS[0]
+        if q_ref() is q and k_ref() is k and seen == versions:
+            return mass
+    mass = attention_mass(q, k, k[..., :1], outputs=False)[1]  # v unused without outputs
+    _LAST_MASS[:] = [(weakref.ref(q), weakref.ref(k), versions, mass)]
+    return mass
 
 
 def window_votes(q: Tensor, k: Tensor, window: int) -> Tensor:
@@ -295,7 +315,12 @@ class HeavyHitterOracle(KVCompression):
         not needed: its size is fixed)."""
         k, v, _ = heads_to_keep(q, k, v, self.select_per)
         out, mass = attention_mass(q, k, v)
+        assert out is not None
         return out, HeavyHitterCache.of_prompt(k, v, mass, budget=self.budget, recent=self.recent_kept)
+
+    def prefill_state(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> DecodeState:
+        k, v, _ = heads_to_keep(q, k, v, self.select_per)
+        return HeavyHitterCache.of_prompt(k, v, prompt_mass(q, k), budget=self.budget, recent=self.recent_kept)
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         if not isinstance(state, HeavyHitterCache):
@@ -339,11 +364,15 @@ class SnapKV(KVCompression):
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
         """Exact causal attention over the prompt, then the cache of the `budget` positions it keeps (all when the
         prompt fits), with room for `room` steps."""
-        k, v, group = heads_to_keep(q, k, v, self.select_per)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
+        kept_k, kept_v, group = heads_to_keep(q, k, v, self.select_per)
+        out = F.scaled_dot_product_attention(q, kept_k, kept_v, is_causal=True, enable_gqa=group > 1)
+        return out, self.prefill_state(q, k, v, room=room)
+
+    def prefill_state(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> DecodeState:
+        k, v, _ = heads_to_keep(q, k, v, self.select_per)
         if k.shape[-2] > self.budget:
             k, v, _ = compress(k, v, self.score(q, k), self.budget)
-        return out, KVCache.of(k, v, room)
+        return KVCache.of(k, v, room)
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         if not isinstance(state, KVCache):

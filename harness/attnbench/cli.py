@@ -14,6 +14,7 @@ from attnbench.commands import (
     capture,
     check,
     compare,
+    generate,
     listing,
     model,
     presets,
@@ -39,6 +40,7 @@ VERBS: dict[str, ModuleType] = {
     "model": model,
     "reproduce": reproduce,
     "recall": recall,
+    "generate": generate,
 }
 
 

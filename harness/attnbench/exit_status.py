@@ -21,19 +21,20 @@ MEANING: dict[Exit, tuple[str, ...]] = {  # what each status means, per command:
     ),
     Exit.REGRESSION: (
         "compare --fail-above: a regression; check: a check failed; reproduce: a claim does not hold here;",
-        "recall: a training failed or a sanity check does not hold (the report says which)",
+        "recall: a training failed or a sanity check does not hold (the report says which);",
+        "generate: a generation failed (its row says why; the rest of the grid went on)",
     ),
     Exit.USAGE: (
         "usage: a bad argument or config (every problem listed before any work), a file or folder that cannot",
         "be read or written (read-only, full disk, name too long: the path and why), not a run folder, a run",
         "folder another process writes, a Ray cluster that does not answer; check: the variant cannot be",
-        "checked on this machine; model: a model, text or variant it cannot use (with the reason)",
+        "checked on this machine; model, generate: a model, text, task or variant it cannot use (with the reason)",
     ),
     Exit.NOTHING_RAN: (
         "run, report: no cell ran ok (every cell failed, was unsupported or skipped; report: or"
         " none finished;",
         "run --dry-run: no cell would run);",
-        "model: no variant ran ok; recall: no training ran ok",
+        "model: no variant ran ok; recall: no training ran ok; generate: no generation ran ok",
     ),
     Exit.INCONCLUSIVE: (
         "compare --fail-above: no regression found, but some cells were inconclusive (their"
@@ -44,7 +45,8 @@ MEANING: dict[Exit, tuple[str, ...]] = {  # what each status means, per command:
         "run: interrupted (Ctrl-C); finished cells are kept, the message gives the --resume command;",
         "reproduce: interrupted; the claims' run folders are kept, run it again to continue;",
         "model: interrupted, model.csv keeps the variants finished;",
-        "recall: interrupted, trainings.csv keeps the trainings finished (--resume DIR continues)",
+        "recall: interrupted, trainings.csv keeps the trainings finished (--resume DIR continues);",
+        "generate: interrupted, generations.csv keeps the units finished (--resume DIR continues)",
     ),
 }
 

@@ -341,6 +341,13 @@ class AttentionVariant(ABC):
         With `supports.grouped_kv`, k (b, g, n, d) and v (b, g, n, e) may have g heads, h a multiple of g."""
         raise UnsupportedOptionError(f"{self.name} has no decode form")
 
+    def prefill_state(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> DecodeState:
+        """The state `prefill` leaves, without the prompt's outputs: what generation inside a model needs when the
+        prompt's attention is computed exactly elsewhere, once for every method (a KV-cache method compressing at the
+        end of an exact prefill, kvpress's protocol). This default calls `prefill` and drops its outputs; a variant
+        overrides it to skip that work."""
+        return self.prefill(q, k, v, room=room)[1]
+
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         """One new token: q, k, v (b, h, 1, d) -> its output (b, h, 1, e) and the state with the token in it (the
         same object updated in place, or a new one). The token sees itself and what the state kept before it.

@@ -95,9 +95,9 @@ class InModelDecoder:
         for row, result in enumerate(results):
             result.cache_bytes, result.read_bytes = rows.row_bytes(row)
         position = len(prompt)
-        for token in follow:
-            next_logits = self.forward(rows, token.expand(len(order), 1), position)
-            position += 1
+        if len(follow):  # one forward pass, each row's method stepping through the tokens in turn
+            next_logits = self.forward(rows, follow[None].expand(len(order), -1), position)
+            position += len(follow)
         for token in forced:
             losses = F.cross_entropy(next_logits, token.expand(len(order)), reduction="none")
             for result, loss in zip(results, losses.tolist()):

@@ -24,7 +24,7 @@ from attnbench.generation.budgets import KNOBS, at_share
 from attnbench.generation.layers import PREFILLS
 from attnbench.generation.tasks import TASKS, TaskError, read_jsonl
 from attnbench.interface import did_you_mean
-from attnbench.plan.cells import VariantSpec, spec_label
+from attnbench.plan.cells import VariantSpec
 from attnbench.plan.config import ConfigError, name_problem, parse_variants
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
@@ -36,7 +36,7 @@ JSONL = "jsonl:"
 DESCRIPTIVE = ("name", "description", "measured_run_time")
 KEYS = DESCRIPTIVE + ("tasks", "seq_lens", "samples", "protocols", "keep", "methods", "block", "continuation_tokens",
                       "seed", "answer_tokens")  # fmt: skip
-METHOD_KEYS = ("prefill", "dense_layers")
+METHOD_KEYS = ("prefill", "dense_layers", "label")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class MethodSpec:
     variant: VariantSpec
     prefill: str
     dense_layers: int = 0
+    name: str = ""  # a short name for tables and plots (`quest`), else the label below
 
     @property
     def swept(self) -> bool:
@@ -55,9 +56,13 @@ class MethodSpec:
         return knob is not None and knob.parameter not in dict(self.variant.params)
 
     def label(self) -> str:
-        extra = ([] if self.prefill == default_prefill(self.variant.name) else [f"prefill={self.prefill}"]) + (
-            [f"dense_layers={self.dense_layers}"] if self.dense_layers else [])
-        return spec_label(self.variant.name, self.variant.params + tuple(e.split("=", 1) for e in extra))  # type: ignore[arg-type]
+        """The variant's label, and how it sits in the model where that is not its default: `topk(score=minmax)
+        [first 2 layers exact]`."""
+        if self.name:
+            return self.name
+        extra = [f"{self.prefill} prefill"] if self.prefill != default_prefill(self.variant.name) else []
+        extra += [f"first {self.dense_layers} layers exact"] if self.dense_layers else []
+        return self.variant.label() + (f" [{', '.join(extra)}]" if extra else "")
 
 
 def default_prefill(name: str) -> str:
@@ -272,15 +277,19 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
         name = table.get("name")
         prefill = table.get("prefill", default_prefill(name) if isinstance(name, str) else "dense")
         dense = table.get("dense_layers", 0)
+        label = table.get("label", "")
         at = f"{where}[{index}] ({name})"
+        if not isinstance(label, str):
+            problems.append(f"{at}: label must be text, got {label!r}")
+            label = ""
         if prefill not in PREFILLS:
             problems.append(f"{at}: prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}")
         if not isinstance(dense, int) or isinstance(dense, bool) or dense < 0:
             problems.append(f"{at}: dense_layers must be a whole number >= 0, got {dense!r}")
         stripped.append({k: v for k, v in table.items() if k not in METHOD_KEYS})
-        placed.append((prefill, dense))
+        placed.append((prefill, dense, label))
     methods = []
-    for (prefill, dense), table in zip(placed, stripped):
+    for (prefill, dense, label), table in zip(placed, stripped):
         specs, found = parse_variants([table], registry, where)
         problems += found
         for spec in specs:
@@ -293,7 +302,8 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
                 problems.append(f"{where}: {spec.label()} has no decode form: with prefill = \"dense\" it would be exact "
                                 "decoding (full); give prefill = \"own\" (its sparse prefill, then exact decoding)")
             else:
-                methods.append(MethodSpec(spec, prefill, dense))
+                methods.append(MethodSpec(spec, prefill, dense, label if len(specs) == 1 else ""))
     if isinstance(raw, list) and not raw:
         problems.append(f"{where}: empty; name at least one method (full gives the exact model's own answers)")
-    return tuple(dict.fromkeys(methods))
+    exact = MethodSpec(VariantSpec("full"), "dense")
+    return tuple(dict.fromkeys([exact, *methods]))  # the exact model always: its accuracy stands beside every figure

@@ -79,6 +79,16 @@ def layer_prefill(
     return out, KVCache.of(k, v, room)
 
 
+def layer_state(variant: AttentionVariant | None, q: Tensor, k: Tensor, v: Tensor, room: int) -> DecodeState:
+    """`layer_prefill`'s state without its outputs (the prompt's attention is the exact one, computed elsewhere)."""
+    if variant is not None and variant.decodes():
+        if not variant.supports.grouped_kv:
+            group = query_group(q, k)
+            k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
+        return variant.prefill_state(q, k, v, room=room)
+    return KVCache.of(k, v, room)
+
+
 def layer_step(variant: AttentionVariant | None, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
     """One token through a layer: q (b, h, 1, d), k, v (b, g, 1, d|e) -> (b, h, 1, e) and the state."""
     if variant is not None and variant.decodes():
@@ -114,7 +124,8 @@ class ExactPrompt:
 class MethodRows:
     """Router of a batch whose row r generates with methods[r]: each layer's states per row, filled by `prefill`
     (the model's forward over the prompt, for methods with their own prefill) or `from_exact` (the shared exact
-    prompt), then advanced by `step` (the model's forward over one token per row)."""
+    prompt), then advanced token by token through each method's `step` (a forward pass over one token per row, or
+    over several that every row takes in turn: the question after a compressed context)."""
 
     def __init__(self, methods: list[Method], room: int) -> None:
         self.methods, self.room = methods, room
@@ -140,7 +151,7 @@ class MethodRows:
     def from_exact(self, exact: ExactPrompt) -> None:
         """Each layer's state of every row built from the exact prompt's q/k/v (the outputs are the exact model's)."""
         self.states = [
-            [layer_prefill(self.variant_at(row, layer), q, k, v, self.room)[1] for row in range(len(self.methods))]
+            [layer_state(self.variant_at(row, layer), q, k, v, self.room) for row in range(len(self.methods))]
             for layer, (q, k, v) in enumerate(exact.layers)
         ]
 
@@ -155,16 +166,17 @@ class MethodRows:
                      for r in rows]  # fmt: skip
             self.states.append([state for _, state in parts])
             return torch.cat([out for out, _ in parts], dim=0)
-        if query.shape[-2] != 1:
-            raise ValueError(f"after the prompt, generation takes one token at a time (got {query.shape[-2]})")
-        outputs = []
+        outputs = []  # after the prompt: each row's tokens through its method's step, one at a time
         for r in rows:
-            started = time.perf_counter()
-            out, self.states[layer][r] = layer_step(
-                self.variant_at(r, layer), self.states[layer][r], *(x[r : r + 1] for x in (query, key, value))
-            )
+            started, tokens = time.perf_counter(), []
+            for t in range(query.shape[-2]):
+                out, self.states[layer][r] = layer_step(
+                    self.variant_at(r, layer), self.states[layer][r],
+                    *(x[r : r + 1, :, t : t + 1] for x in (query, key, value)),
+                )  # fmt: skip
+                tokens.append(out)
             self.attention_s[r] += time.perf_counter() - started
-            outputs.append(out)
+            outputs.append(torch.cat(tokens, dim=-2))
         return torch.cat(outputs, dim=0)
 
     def row_bytes(self, row: int) -> tuple[int, int]:

@@ -136,23 +136,12 @@ def train_on_node(spec: TrainSpec) -> Outcome:
 
 def on_ray(specs: list[TrainSpec], address: str | None, say: Callable[[str], None]) -> Iterator[Outcome]:
     """Each training a Ray task asking for its `threads` CPUs; a local runtime started here is stopped at the end."""
-    from attnbench.run.ray_executor import _import_ray, join_ray
+    from attnbench.run.ray_executor import tasks_on_ray
 
-    ray = _import_ray()
-    started, _ = join_ray(ray, address, say)
-    try:
-        remote = ray.remote(max_retries=RETRIES, retry_exceptions=False)(train_on_node)
-        pending = {remote.options(num_cpus=spec.threads).remote(spec): spec for spec in specs}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            spec = pending.pop(ready[0])
-            try:
-                yield ray.get(ready[0])
-            except Exception as error:  # the task's worker died twice, its node was lost
-                yield Outcome(spec, None, f"its Ray task failed ({type(error).__name__}: {' '.join(str(error).split())[:300]})")
-    finally:
-        if started:
-            ray.shutdown()
+    return tasks_on_ray(
+        specs, train_on_node, cpus=lambda spec: spec.threads, failed=lambda spec, why: Outcome(spec, None, why),
+        address=address, say=say,
+    )  # fmt: skip
 
 
 def outcomes(

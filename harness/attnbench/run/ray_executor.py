@@ -369,3 +369,32 @@ class RayExecutor:
         self.in_flight.clear()
         if self.started_here and self.ray.is_initialized():
             self.ray.shutdown()
+
+
+def tasks_on_ray(
+    items: list[Any],
+    task: Callable[[Any], Any],
+    *,
+    cpus: Callable[[Any], int],
+    failed: Callable[[Any, str], Any],
+    address: str | None,
+    say: Callable[[str], None],
+) -> Iterator[Any]:
+    """Each item a Ray task (`task(item)`, a module-level function) asking for `cpus(item)` CPUs, the results in the
+    order they end; a task whose worker died twice or whose node was lost gives `failed(item, why)`. A local runtime
+    started here is stopped at the end (also when the caller stops early)."""
+    ray = _import_ray()
+    started, _ = join_ray(ray, address, say)
+    try:
+        remote = ray.remote(max_retries=RETRIES, retry_exceptions=False)(task)
+        pending = {remote.options(num_cpus=cpus(item)).remote(item): item for item in items}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            item = pending.pop(ready[0])
+            try:
+                yield ray.get(ready[0])
+            except Exception as error:  # the task's worker died twice, its node was lost
+                yield failed(item, f"its Ray task failed ({type(error).__name__}: {' '.join(str(error).split())[:300]})")
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,194 @@
+"""`attnbench generate`: the real decoder generating with each method inside every self-attention layer, scored on
+what it answers (passkey, RULER-style needles, a user's JSONL tasks) and on continuation quality, against the share
+of the cache each method keeps.
+
+The grid is checked whole, and the model against it, before any folder is written; each unit's rows are appended
+to results/<id>/generations.csv as it ends, so `--resume DIR` (after a kill) runs only what has no row yet; the
+report is rewritten at the end (`--report DIR` rewrites it alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from attnbench.commands.terminal import terminal_width
+from attnbench.exit_status import Exit
+
+DEFAULT_MODEL = Path(os.environ.get("ATTNBENCH_MODEL_DIR", Path.home() / ".cache" / "attnbench" / "SmolLM2-135M"))
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from attnbench.generation.grid import DEFAULT_GRID, PROTOCOLS, grid_descriptions
+
+    generate = subparsers.add_parser(
+        "generate",
+        help="the real model generating with each method: needle answers and continuation quality against cache kept",
+        description="Generate greedily with a local causal LM (SmolLM2-135M after `make model`) with each method "
+        "inside every self-attention layer: a KV-cache method compresses the exact prompt (kvpress's protocol), "
+        "then the question and the answer go through its decode steps. Scores: RULER's string match on passkey and "
+        "needle tasks (and a user's JSONL rows), and the perplexity of a real text's next tokens against the exact "
+        "model's; x-axis: the share of the cache kept. Exit 0 when every generation ran, 1 when some failed, 2 for a "
+        "bad grid, flag or model, 3 when none ran ok, 130 when interrupted (the finished units are kept).",
+        epilog="grids: " + "; ".join(f"{name} ({time})" for name, (_, time) in grid_descriptions().items()),
+    )
+    generate.add_argument("grid", nargs="?", default=None, help=f"a shipped grid or a TOML file (default: {DEFAULT_GRID})")
+    generate.add_argument("--model", type=Path, default=None, help=f"the model folder (default: $ATTNBENCH_MODEL_DIR or "
+                          f"{DEFAULT_MODEL}, where `make model` writes SmolLM2-135M)")  # fmt: skip
+    generate.add_argument("--tasks", help="comma-separated tasks replacing the grid's: passkey, niah_single, "
+                          "niah_multikey, continuation, or jsonl:PATH (rows of context, question, answers)")  # fmt: skip
+    generate.add_argument("--seq-lens", help="comma-separated context lengths N, e.g. 2048,8192")
+    generate.add_argument("--samples", type=int, help="samples per task and N (needles at depths spread over 0-100%%)")
+    generate.add_argument("--keep", help="comma-separated shares of the prompt's cache a KV method keeps, e.g. 0.5,0.125")
+    generate.add_argument("--methods", help="comma-separated method settings replacing the grid's, e.g. "
+                          "'h2o,snapkv(window=64),band(sinks=4)' (full, the exact model, is always run)")  # fmt: skip
+    generate.add_argument("--protocols", help=f"comma-separated: {', '.join(PROTOCOLS)}")
+    generate.add_argument("--executor", choices=("local", "ray"), default="local",
+                          help="local: the units one after another here; ray: each unit a Ray task")  # fmt: skip
+    generate.add_argument("--address", help="with --executor ray: a cluster's address (default: a local runtime)")
+    generate.add_argument("--out", type=Path, default=Path("results"), help="where the grid's folder goes (results/)")
+    generate.add_argument("--resume", type=Path, metavar="DIR", help="continue the grid in DIR: run what has no row")
+    generate.add_argument("--report", type=Path, metavar="DIR", help="only rewrite DIR's report (no generation)")
+    generate.add_argument("--dry-run", action="store_true", help="list the units and stop")
+    generate.add_argument("--list", action="store_true", help="list the shipped grids")
+
+
+def _items(text: str | None, kind: type, flag: str) -> list | None:
+    if text is None:
+        return None
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise ValueError(f"{flag}: an empty item in {text!r}")
+    try:
+        return [kind(item) for item in items]
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+
+def _methods(text: str | None) -> list | None:
+    if text is None:
+        return None
+    from attnbench.plan.cells import VariantSpec
+
+    return [{"name": spec.name, **dict(spec.params)} for spec in VariantSpec.parse(text)]
+
+
+def main(args: argparse.Namespace) -> int:
+    from attnbench.generation.grid import DEFAULT_GRID, grid_descriptions, read_grid
+    from attnbench.generation.preflight import PreflightError, check
+    from attnbench.generation.run import GRID_FILE
+    from attnbench.plan.config import ConfigError
+    from attnbench.report.text import aligned_table
+
+    if args.list:
+        rows = [[name, time_, text] for name, (text, time_) in grid_descriptions().items()]
+        print(aligned_table(["grid", "run time measured on 2 cores", "what it runs"], rows, width=terminal_width(),
+                            breakable=(2,)))  # fmt: skip
+        return Exit.OK
+    if args.address and args.executor != "ray":
+        print("attnbench: --address names a Ray cluster: use it with --executor ray", file=sys.stderr)
+        return Exit.USAGE
+    if args.report is not None:
+        return _report_only(args.report)
+    folder, source = None, args.grid or DEFAULT_GRID
+    if args.resume is not None:
+        if args.grid is not None:
+            print("attnbench: --resume continues DIR's own grid (DIR/grid.toml): give no grid with it", file=sys.stderr)
+            return Exit.USAGE
+        if not (args.resume / GRID_FILE).is_file():
+            print(f"attnbench: {args.resume} is not a generation grid folder (no {GRID_FILE})", file=sys.stderr)
+            return Exit.USAGE
+        folder, source = args.resume, str(args.resume / GRID_FILE)
+    try:
+        overrides = dict(
+            tasks=_items(args.tasks, str, "--tasks"), seq_lens=_items(args.seq_lens, int, "--seq-lens"),
+            samples=args.samples, keep=_items(args.keep, float, "--keep"), methods=_methods(args.methods),
+            protocols=_items(args.protocols, str, "--protocols"),
+        )  # fmt: skip
+        grid = read_grid(source, **overrides)
+    except ValueError as error:  # ConfigError lists every problem
+        print(str(error) if isinstance(error, ConfigError) else f"attnbench: {error}", file=sys.stderr)
+        return Exit.USAGE
+    model_dir = args.model or _model_of(folder) or DEFAULT_MODEL
+    try:
+        check(grid, model_dir)
+    except PreflightError as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return Exit.USAGE
+    if args.dry_run:
+        from attnbench.generation.run import units_to_run
+        from attnbench.runfolder.generations import generated_keys
+
+        done = generated_keys(folder) if folder is not None else set()
+        todo = units_to_run(grid, done)
+        for unit in todo:
+            print(unit.name())
+        settings = [s.label() for s in grid.settings(grid.seq_lens[0])]
+        print(f"methods ({len(settings)} each): {', '.join(settings)}")
+        print(f"total: {len(todo)} units" + (f" ({len(grid.units()) - len(todo)} done already)" if done else ""))
+        return Exit.OK
+    return _generate(args, grid, folder, model_dir)
+
+
+def _model_of(folder: Path | None) -> Path | None:
+    """A resumed grid's model: the one its meta.json names."""
+    if folder is None or not (folder / "meta.json").is_file():
+        return None
+    from attnbench.runfolder.meta import read_meta
+
+    model = read_meta(folder).get("model")
+    return Path(model) if model else None
+
+
+def _generate(args: argparse.Namespace, grid, folder: Path | None, model_dir: Path) -> int:
+    import signal
+
+    from attnbench.generation.run import run_grid
+    from attnbench.run.ray_executor import RayUnavailable
+    from attnbench.runfolder.folder import RunFolderBusy, new_run_dir
+
+    def stop(*_: object) -> None:  # SIGTERM as Ctrl-C: the finished units' rows kept
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    folder = folder or new_run_dir(args.out, grid.name)
+    try:
+        meta = run_grid(grid, folder, model_dir, executor=args.executor, address=args.address,
+                        command=args.command_line)  # fmt: skip
+    except (RunFolderBusy, RayUnavailable) as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return Exit.USAGE
+    except KeyboardInterrupt:
+        print(f"attnbench: interrupted: the finished units are kept in {folder}/; continue with: "
+              f"attnbench generate --resume {folder}", file=sys.stderr)  # fmt: skip
+        return Exit.INTERRUPTED
+    return _finish(folder, meta)
+
+
+def _finish(folder: Path, meta: dict) -> int:
+    from attnbench.report.generation import terminal_summary, write_generation_report
+    from attnbench.runfolder.generations import read_generations
+
+    rows = read_generations(folder)
+    report = write_generation_report(folder, rows, meta)
+    print(terminal_summary(rows, terminal_width()))
+    print(f"attnbench: {len(rows)} generation(s) in {folder}/ (generations.csv, report.md, plots/); report: {report}",
+          file=sys.stderr)  # fmt: skip
+    if not (rows.status == "ok").any():
+        return Exit.NOTHING_RAN
+    return Exit.REGRESSION if (rows.status != "ok").any() else Exit.OK
+
+
+def _report_only(folder: Path) -> int:
+    from attnbench.runfolder.meta import read_meta
+    from attnbench.runfolder.results import RunFolderUnreadable
+    from attnbench.runfolder.generations import read_generations
+
+    try:
+        read_generations(folder)
+    except RunFolderUnreadable as error:
+        print(f"attnbench: {error}", file=sys.stderr)
+        return Exit.USAGE
+    return _finish(folder, read_meta(folder) if (folder / "meta.json").is_file() else {})

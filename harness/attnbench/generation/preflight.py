@@ -1,0 +1,101 @@
+"""What a generation grid needs of the model, checked before any folder is written or any weight loaded: a causal
+LM's config, a tokenizer that encodes the tasks' text, positions for the longest prompt and what follows it, and the
+memory the largest N holds (against the limit `attnbench run` uses). Every problem listed at once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from attnbench.generation.grid import JSONL, GenerationGrid
+from attnbench.generation.tasks import HAYSTACK, TASKS, read_jsonl
+
+QUESTION_ROOM = 64  # tokens a built-in question takes at most (RULER's niah question is ~35)
+FLOAT32 = 4
+SLACK = 1.5  # what the tally misses: temporaries, the allocator's fragmentation
+
+
+class PreflightError(ValueError):
+    """The model or the grid cannot run here; the message lists every problem."""
+
+
+def model_limits(model_dir: Path) -> dict[str, Any]:
+    """config.json's sizes, or PreflightError naming what is missing."""
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise PreflightError(f"{model_dir} is not a model folder (no config.json); `make model` writes SmolLM2-135M "
+                             "to ~/.cache/attnbench/SmolLM2-135M, or pass --model DIR")  # fmt: skip
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise PreflightError(f"cannot read {config_file}: {error}") from None
+    return config
+
+
+def tokenizer_of(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as error:
+        raise PreflightError(f"{model_dir} has no tokenizer attnbench can load ({type(error).__name__}: "
+                             f"{' '.join(str(error).split())[:200]}): generation needs one to write prompts and read "
+                             "answers") from None  # fmt: skip
+
+
+def estimated_bytes(config: dict[str, Any], n: int, methods: int) -> float:
+    """What a unit at N holds at once: the weights, the exact prompt's q/k/v of every layer, each method's states
+    (at most the exact KV cache each, room included), one layer's working set over the prompt (q, k, v, the MLP's
+    three intermediates, residuals) and the widest chunked score block (H2O: 256 queries × N per head)."""
+    layers, hidden = config.get("num_hidden_layers", 1), config.get("hidden_size", 1)
+    heads = config.get("num_attention_heads", 1)
+    kv_heads = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim") or hidden // heads
+    mlp = config.get("intermediate_size", 4 * hidden)
+    vocabulary = config.get("vocab_size", 0)
+    weights = FLOAT32 * (2 * vocabulary * hidden + layers * (4 * hidden * hidden + 3 * hidden * mlp))
+    cache = layers * 2 * kv_heads * head_dim * n * FLOAT32
+    record = layers * (heads + 2 * kv_heads) * head_dim * n * FLOAT32
+    layer = FLOAT32 * n * (3 * heads * head_dim + 3 * mlp + 3 * hidden) * max(1, methods // 4)
+    scores = 2 * heads * 256 * n * FLOAT32
+    return weights + SLACK * (record + methods * cache + layer + scores)
+
+
+def check(grid: GenerationGrid, model_dir: Path) -> Any:
+    """The grid against the model: PreflightError listing every problem, else the tokenizer."""
+    from attnbench.measure.machine import available_memory_bytes
+
+    config = model_limits(model_dir)
+    problems = []
+    architectures = " ".join(config.get("architectures") or [])
+    if "CausalLM" not in architectures and "LMHeadModel" not in architectures:
+        problems.append(f"{model_dir} holds a {architectures or 'model of unknown architecture'}: generation needs a "
+                        "causal language model (a decoder with its LM head)")  # fmt: skip
+    tokenizer = tokenizer_of(model_dir)
+    limit = config.get("max_position_embeddings") or config.get("n_positions")
+    after = QUESTION_ROOM + max(grid.answer_tokens, grid.continuation_tokens)
+    for n in grid.seq_lens:
+        if limit and n + after > limit:
+            problems.append(f"N={n}: with the question and {after - QUESTION_ROOM} tokens after it, beyond the model's "
+                            f"{limit} positions; give --seq-lens {limit - after} or less")  # fmt: skip
+    for task in grid.tasks:
+        if task.startswith(JSONL):
+            for index, row in enumerate(read_jsonl(Path(task[len(JSONL):])), 1):
+                tokens = len(tokenizer.encode(row["context"] + "\n" + row["question"], add_special_tokens=False))
+                if limit and tokens + grid.answer_tokens > limit:
+                    problems.append(f"{task} row {index}: {tokens} tokens and its answer, beyond the model's {limit} positions")
+                    break
+        elif TASKS[task].kind == "needle":
+            spec = TASKS[task]
+            text = spec.intro + spec.needle.format(key="amber-anchor", value="1234567") + HAYSTACK + spec.question
+            if tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) != text:
+                problems.append(f"{task}: the tokenizer cannot encode its text faithfully (decoding it back differs)")
+    methods = len(grid.settings(max(grid.seq_lens)))
+    need, allowed = estimated_bytes(config, max(grid.seq_lens), methods), 0.8 * available_memory_bytes("cpu")
+    if allowed and need > allowed:
+        problems.append(f"N={max(grid.seq_lens)} with {methods} method settings would hold ~{need / 2**30:.1f} GiB, "
+                        f"over 80% of the {allowed / 0.8 / 2**30:.1f} GiB available now: fewer --seq-lens or methods")  # fmt: skip
+    if problems:
+        raise PreflightError("; ".join(problems))
+    return tokenizer

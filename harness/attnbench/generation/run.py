@@ -1,0 +1,128 @@
+"""Run a generation grid into its folder: the units with a row missing (or not ok), each unit's rows written as it
+ends; the grid as resolved (grid.toml, what a resume reads back) and meta.json first. In this process, one unit
+after another (the model loaded once), or each unit a Ray task (`--executor ray`)."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from attnbench import __version__
+from attnbench.generation.grid import GenerationGrid, Unit, row_key
+from attnbench.generation.unit import UnitJob, UnitOutcome, run_unit
+from attnbench.plan.config import toml_value
+from attnbench.runfolder.generations import GenerationRow, GenerationsFolder, generated_keys
+
+GRID_FILE = "grid.toml"  # the grid as resolved, in its folder: what --resume runs
+THREADS = 2  # CPUs a unit asks of Ray: the model's matmuls use them
+
+
+def grid_toml(grid: GenerationGrid) -> str:
+    """The grid as resolved (overrides applied), as TOML."""
+    return "\n".join(f"{key} = {toml_value(value)}" for key, value in grid.raw.items()) + "\n"
+
+
+def unit_keys(grid: GenerationGrid, unit: Unit) -> list[str]:
+    """The keys of every row a unit writes (shares and method specs do not depend on the prompt's length)."""
+    return [row_key(unit, sample, setting) for sample in unit.samples for setting in grid.settings(unit.seq_len)]
+
+
+def units_to_run(grid: GenerationGrid, done: set[str]) -> list[Unit]:
+    return [unit for unit in grid.units() if not set(unit_keys(grid, unit)) <= done]
+
+
+def run_on_node(job: UnitJob) -> UnitOutcome:
+    """A Ray task: one unit on the node Ray chose, naming it."""
+    import ray
+
+    outcome = run_unit(job)
+    outcome.node = ray.get_runtime_context().get_node_id()[:8]
+    for row in outcome.rows:
+        row.node, row.host = outcome.node, ""
+    return outcome
+
+
+def outcomes(jobs: list[UnitJob], executor: str, address: str | None, say: Callable[[str], None]) -> Iterator[UnitOutcome]:
+    if executor == "ray":
+        from attnbench.run.ray_executor import tasks_on_ray
+
+        return tasks_on_ray(jobs, run_on_node, cpus=lambda job: THREADS, failed=lambda job, why: UnitOutcome(job, reason=why),
+                            address=address, say=say)  # fmt: skip
+    return (run_unit(job) for job in jobs)
+
+
+def failed_rows(grid: GenerationGrid, outcome: UnitOutcome) -> list[GenerationRow]:
+    """A unit that failed whole: an error row for each of its rows, with the reason."""
+    unit = outcome.job.unit
+    rows = []
+    for sample in unit.samples:
+        for setting in grid.settings(unit.seq_len):
+            method = setting.method
+            rows.append(GenerationRow(
+                key=row_key(unit, sample, setting), task=unit.task, seq_len=unit.seq_len, protocol=unit.protocol,
+                sample=sample, method=method.label(), variant=method.variant.name, hparams="", prefill=method.prefill,
+                dense_layers=method.dense_layers, share=setting.share, status="error", reason=outcome.reason,
+                host=socket.gethostname() if not outcome.node else "", node=outcome.node,
+            ))  # fmt: skip
+    return rows
+
+
+def run_grid(
+    grid: GenerationGrid,
+    folder: Path,
+    model_dir: Path,
+    *,
+    executor: str = "local",
+    address: str | None = None,
+    command: list[str] | None = None,
+    say: Callable[[str], None] = lambda text: print(f"attnbench: {text}", file=sys.stderr),
+) -> dict:
+    """Run what of `grid` has no ok row in `folder` (RunFolderBusy when another process writes it); KeyboardInterrupt
+    and RayUnavailable pass through with the finished units' rows kept. Returns the meta.json written."""
+    import torch
+
+    with GenerationsFolder(folder) as writer:
+        done = generated_keys(folder)
+        todo = units_to_run(grid, done)
+        before = writer.read_meta() if (folder / "meta.json").is_file() else {}
+        meta = {
+            "command": before.get("command") or command or ["attnbench", "generate", grid.name],
+            "resumed": before.get("resumed", []) + ([command or []] if before else []),
+            "model": str(model_dir), "grid": grid.name,
+            "host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "attnbench": __version__, "executor": executor,
+            "started": before.get("started") or time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }  # fmt: skip
+        writer.write_meta(meta)
+        writer.write_text(GRID_FILE, grid_toml(grid))
+        total = len(grid.units())
+        say(f"{len(todo)} of {total} units to run ({total - len(todo)} done already), "
+            f"{len(grid.settings(grid.seq_lens[0]))} method settings each -> {folder}/")  # fmt: skip
+        start = time.monotonic()
+        jobs = [UnitJob(grid, unit, str(model_dir)) for unit in todo]
+        for finished, outcome in enumerate(outcomes(jobs, executor, address, say), 1):
+            rows = outcome.rows if not outcome.reason else failed_rows(grid, outcome)
+            for row in rows:
+                if row.key not in done:
+                    writer.append(row)
+            elapsed = time.monotonic() - start
+            left = elapsed / finished * (len(todo) - finished)
+            say(f"[{finished}/{len(todo)} units, {elapsed:.0f} s, ~{left:.0f} s left] {outcome.job.unit.name()}: "
+                + (f"FAILED: {outcome.reason}" if outcome.reason else summary(outcome.rows)))  # fmt: skip
+        seconds = before.get("seconds", 0.0) + round(time.monotonic() - start, 1)
+        meta = {**meta, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(seconds, 1)}
+        writer.write_meta(meta)
+    return meta
+
+
+def summary(rows: list[GenerationRow]) -> str:
+    """A progress line's figures: the exact model's score, and how many rows failed."""
+    exact = [r for r in rows if r.variant == "full" and r.status == "ok"]
+    errors = sum(r.status != "ok" for r in rows)
+    scores = [r.score for r in exact if r.score is not None]
+    text = f"exact model {sum(scores) / len(scores):.0%}" if scores else "continuation"
+    return text + (f", {errors} rows failed" if errors else "")

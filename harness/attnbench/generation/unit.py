@@ -1,0 +1,149 @@
+"""One unit of a generation grid: its samples built, every method run on each (batched, the exact prompt shared), and
+a row per (sample, method setting). A sample that fails is its rows' `error`, the unit goes on. What a worker (in
+this process, or a Ray task) runs; the model is loaded once per process."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnbench.generation.decoder import InModelDecoder, RowResult
+from attnbench.generation.grid import JSONL, GenerationGrid, Setting, Unit, row_key
+from attnbench.generation.layers import Method
+from attnbench.generation.tasks import TASKS, Sample, build_samples, jsonl_samples, read_jsonl, score
+from attnbench.registry import registry
+from attnbench.runfolder.generations import GenerationRow
+
+
+@dataclass(frozen=True)
+class UnitJob:
+    """What a worker needs: the grid, the unit, the model folder."""
+
+    grid: GenerationGrid
+    unit: Unit
+    model_dir: str
+
+
+@dataclass
+class UnitOutcome:
+    job: UnitJob
+    rows: list[GenerationRow] = field(default_factory=list)
+    reason: str = ""  # why the whole unit failed ("" when it ran)
+    node: str = ""
+
+
+@functools.lru_cache(maxsize=1)
+def loaded(model_dir: str) -> tuple[Any, Any, InModelDecoder]:
+    """The model, its tokenizer and the in-model decoder, once per process."""
+    from transformers import AutoTokenizer
+
+    from attnbench.model.study import load_model
+
+    model, _ = load_model(Path(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    stops = {tokenizer.eos_token_id} | set(tokenizer.encode("\n", add_special_tokens=False))
+    return model, tokenizer, InModelDecoder(model, {s for s in stops if s is not None})
+
+
+def encoder(tokenizer: Any) -> Any:
+    """The tokenizer's encode without special tokens (one object per tokenizer, so its texts are cached)."""
+    return _encoders.setdefault(id(tokenizer), functools.partial(tokenizer.encode, add_special_tokens=False))
+
+
+_encoders: dict[int, Any] = {}
+
+
+def unit_samples(grid: GenerationGrid, unit: Unit, tokenizer: Any) -> list[Sample]:
+    encode = encoder(tokenizer)
+    if unit.task.startswith(JSONL):
+        rows = read_jsonl(Path(unit.task[len(JSONL):]))
+        return [s for s in jsonl_samples(unit.task, rows, encode, grid.answer_tokens) if s.index in unit.samples]
+    indices = range(unit.samples[0], unit.samples[-1] + 1)
+    return build_samples(unit.task, unit.seq_len, grid.samples, encode, seed=grid.seed,
+                         continuation_tokens=grid.continuation_tokens, indices=indices)  # fmt: skip
+
+
+def run_unit(job: UnitJob) -> UnitOutcome:
+    """Every sample of the unit with every method setting: a row each."""
+    try:
+        model, tokenizer, decoder = loaded(job.model_dir)
+        samples = unit_samples(job.grid, job.unit, tokenizer)
+    except Exception as error:
+        return UnitOutcome(job, reason=f"{type(error).__name__}: {error}")
+    rows = []
+    for sample in samples:
+        aware = job.unit.protocol == "question-aware"
+        prompt = sample.context + (sample.question if aware else [])
+        settings = job.grid.settings(len(prompt))
+        try:
+            methods = [Method(registry.create(s.method.variant.name, seed=job.grid.seed, **dict(s.hparams)),
+                              s.method.prefill, s.method.dense_layers, s.label()) for s in settings]  # fmt: skip
+            results = decoder.run(
+                methods,
+                torch.tensor(prompt),
+                follow=None if aware else torch.tensor(sample.question, dtype=torch.long),
+                new_tokens=sample.answer_tokens if sample.answers else 0,
+                forced=torch.tensor(sample.continuation, dtype=torch.long) if sample.continuation else None,
+            )
+            reason = ""
+        except Exception as error:
+            results, reason = [RowResult() for _ in settings], f"{type(error).__name__}: {error}"
+        rows += sample_rows(job, sample, len(prompt), settings, results, reason, tokenizer)
+    return UnitOutcome(job, rows)
+
+
+def exact_index(settings: list[Setting]) -> int | None:
+    """The row of the exact model among the settings: full with its KV cache, every layer (the grid adds it)."""
+    for index, setting in enumerate(settings):
+        method = setting.method
+        if method.variant.name == "full" and dict(setting.hparams).get("kv_cache", True) and not method.dense_layers:
+            return index
+    return None
+
+
+def sample_rows(job: UnitJob, sample: Sample, prompt_tokens: int, settings: list[Setting], results: list[RowResult],
+                reason: str, tokenizer: Any) -> list[GenerationRow]:  # fmt: skip
+    """The rows of one sample: each setting's answer and score, or its continuation's perplexity against the exact
+    model's, and its cache as a share of the exact model's."""
+    exact = exact_index(settings)
+    reference = results[exact] if exact is not None and not reason else None
+    rows = []
+    for setting, result in zip(settings, results):
+        method = setting.method
+        row = GenerationRow(
+            key=row_key(job.unit, sample.index, setting), task=job.unit.task, seq_len=job.unit.seq_len,
+            protocol=job.unit.protocol, sample=sample.index, method=method.label(), variant=method.variant.name,
+            hparams=json.dumps(dict(setting.hparams), sort_keys=True), prefill=method.prefill,
+            dense_layers=method.dense_layers, share=setting.share, depth=sample.depth, prompt_tokens=prompt_tokens,
+            host=socket.gethostname(),
+        )  # fmt: skip
+        if reason:
+            row.status, row.reason = "error", reason
+            rows.append(row)
+            continue
+        if sample.answers:
+            row.answer = tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
+            row.score = score(row.answer, sample.answers)
+        if result.nll:
+            row.nll = sum(result.nll) / len(result.nll)
+            if reference is not None and reference.nll:
+                row.nll_exact = sum(reference.nll) / len(reference.nll)
+                row.ppl_ratio = math.exp(row.nll - row.nll_exact)
+        row.cache_bytes, row.read_bytes = result.cache_bytes, result.read_bytes
+        if reference is not None and reference.cache_bytes:
+            row.cache_share = result.cache_bytes / reference.cache_bytes
+            row.read_share = result.read_bytes / reference.read_bytes
+        row.attention_s, row.prefill_s = result.attention_s, result.prefill_s
+        rows.append(row)
+    return rows
+
+
+def continuation_task(task: str) -> bool:
+    return task in TASKS and TASKS[task].kind == "continuation"

@@ -1,0 +1,71 @@
+"""The folder of a generation grid (`attnbench generate`): generations.csv, a row per (sample, method setting),
+appended as each unit of work ends (`KeyedRowsFolder`), meta.json, the grid as resolved."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.runfolder.keyed_rows import KeyedRowsFolder, read_keyed_rows
+
+GENERATIONS = "generations.csv"
+
+
+@dataclass
+class GenerationRow:
+    """One method's generation on one sample: what it answered, how well, and what it kept and cost."""
+
+    key: str  # attnbench.generation.grid.row_key: resume matches rows by it
+    task: str
+    seq_len: int  # the grid's N: the context is at most N tokens
+    protocol: str  # question-agnostic | question-aware
+    sample: int
+    method: str  # the method's label, its share apart
+    variant: str
+    hparams: str  # JSON, the knob set for the share
+    prefill: str  # dense (the exact prompt, its state built from it) | own
+    dense_layers: int = 0
+    share: float | None = None  # the share of the prompt's cache asked for (None: a method without a knob)
+    status: str = "ok"  # ok | error
+    reason: str = ""
+    depth: float | None = None  # where the asked needle lies (0..1)
+    prompt_tokens: int | None = None  # context (and, question-aware, question) tokens prefilled
+    answer: str = ""  # the greedy answer (needle tasks)
+    score: float | None = None  # RULER's string match: the share of the references in the answer
+    nll: float | None = None  # continuation: mean -log p of the forced tokens
+    nll_exact: float | None = None  # the exact model's, on the same tokens
+    ppl_ratio: float | None = None  # exp(nll - nll_exact): perplexity against the exact model's
+    cache_bytes: int | None = None  # what its states hold after the prompt, every layer (room for the steps included)
+    cache_share: float | None = None  # cache_bytes / the exact model's
+    read_bytes: int | None = None  # what its first step reads of them
+    read_share: float | None = None  # read_bytes / the exact model's
+    attention_s: float | None = None  # median time per token inside attention, every layer (main thread)
+    prefill_s: float | None = None  # its prompt: the shared exact pass (or its own) and building its states
+    host: str = ""
+    node: str = ""  # the Ray node ("" outside Ray)
+
+
+COLUMNS = [f.name for f in fields(GenerationRow)]
+TEXT_COLUMNS = ("key", "task", "protocol", "method", "variant", "hparams", "prefill", "status", "reason", "answer",
+                "host", "node")  # fmt: skip
+
+
+class GenerationsFolder(KeyedRowsFolder):
+    """The only writer of one generation grid's folder, while it holds the folder's lock."""
+
+    file_name, columns = GENERATIONS, COLUMNS
+
+
+def read_generations(path: Path) -> pd.DataFrame:
+    """generations.csv as a DataFrame, the later row of a key standing."""
+    missing = f"{path} is not a generation grid folder (no {GENERATIONS}); grids live in results/<id>/"
+    return read_keyed_rows(path / GENERATIONS, COLUMNS, TEXT_COLUMNS, missing)
+
+
+def generated_keys(path: Path) -> set[str]:
+    """The keys of the rows that ended ok in `path`: what a resume skips."""
+    if not (path / GENERATIONS).is_file():
+        return set()
+    return set(read_generations(path).query("status == 'ok'").key)
