@@ -35,6 +35,7 @@ class RowResult:
     read_bytes: int = 0  # what its first step reads of them
     prefill_s: float = 0.0  # its prompt: the shared exact pass, or its own, plus building its states
     attention_times: list[float] = field(default_factory=list)  # per step: its time inside attention, every layer
+    logits: list[Tensor] = field(default_factory=list)  # with keep_logits: (v,) before each greedy token
 
     @property
     def attention_s(self) -> float | None:
@@ -68,6 +69,7 @@ class InModelDecoder:
         follow: Tensor | None = None,
         new_tokens: int = 0,
         forced: Tensor | None = None,
+        keep_logits: bool = False,
     ) -> list[RowResult]:
         """Each method through the prompt (n,), then `follow` (t,) for every row, then `forced` (f,) teacher-forced or
         `new_tokens` greedy: one RowResult per method, in order."""
@@ -111,6 +113,8 @@ class InModelDecoder:
                 stopped[row] = stopped[row] or token in self.stop_ids
                 if not stopped[row]:
                     results[row].tokens.append(token)
+                    if keep_logits:
+                        results[row].logits.append(next_logits[row].clone())
             if all(stopped) or index == new_tokens - 1:
                 break
             next_logits = self.step(rows, chosen[:, None], position, results)

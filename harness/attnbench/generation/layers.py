@@ -149,7 +149,10 @@ class MethodRows:
         return None if layer < method.dense_layers else method.variant
 
     def from_exact(self, exact: ExactPrompt) -> None:
-        """Each layer's state of every row built from the exact prompt's q/k/v (the outputs are the exact model's)."""
+        """Each layer's state of every row built from the exact prompt's q/k/v (the outputs are the exact model's): the
+        rows share that one prompt (a batch of 1)."""
+        if any(q.shape[0] != 1 for q, _, _ in exact.layers):
+            raise ValueError("the exact prompt is one sequence that every row shares (batch 1)")
         self.states = [
             [layer_state(self.variant_at(row, layer), q, k, v, self.room) for row in range(len(self.methods))]
             for layer, (q, k, v) in enumerate(exact.layers)

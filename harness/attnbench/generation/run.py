@@ -18,7 +18,7 @@ from attnbench.plan.config import toml_value
 from attnbench.runfolder.generations import GenerationRow, GenerationsFolder, generated_keys
 
 GRID_FILE = "grid.toml"  # the grid as resolved, in its folder: what --resume runs
-THREADS = 2  # CPUs a unit asks of Ray: the model's matmuls use them
+THREADS = 2  # CPUs a unit takes (a Ray task asks for them; local workers share them)
 
 
 def grid_toml(grid: GenerationGrid) -> str:
@@ -46,12 +46,18 @@ def run_on_node(job: UnitJob) -> UnitOutcome:
     return outcome
 
 
-def outcomes(jobs: list[UnitJob], executor: str, address: str | None, say: Callable[[str], None]) -> Iterator[UnitOutcome]:
+def outcomes(jobs: list[UnitJob], executor: str, workers: int, address: str | None,
+             say: Callable[[str], None]) -> Iterator[UnitOutcome]:  # fmt: skip
+    """The units' outcomes as they end: Ray tasks, `workers` processes here, or one after another in this process."""
+    failed = lambda job, why: UnitOutcome(job, reason=why)  # noqa: E731
     if executor == "ray":
         from attnbench.run.ray_executor import tasks_on_ray
 
-        return tasks_on_ray(jobs, run_on_node, cpus=lambda job: THREADS, failed=lambda job, why: UnitOutcome(job, reason=why),
-                            address=address, say=say)  # fmt: skip
+        return tasks_on_ray(jobs, run_on_node, cpus=lambda job: job.threads, failed=failed, address=address, say=say)
+    if workers > 1 and len(jobs) > 1:
+        from attnbench.run.worker_pool import in_worker_processes
+
+        return in_worker_processes(jobs, run_unit, jobs=workers, key=lambda job: job.unit.name(), failed=failed)
     return (run_unit(job) for job in jobs)
 
 
@@ -77,6 +83,7 @@ def run_grid(
     model_dir: Path,
     *,
     executor: str = "local",
+    workers: int = 1,
     address: str | None = None,
     command: list[str] | None = None,
     say: Callable[[str], None] = lambda text: print(f"attnbench: {text}", file=sys.stderr),
@@ -92,9 +99,9 @@ def run_grid(
         meta = {
             "command": before.get("command") or command or ["attnbench", "generate", grid.name],
             "resumed": before.get("resumed", []) + ([command or []] if before else []),
-            "model": str(model_dir), "grid": grid.name,
+            "model_dir": str(model_dir), "grid": grid.name,
             "host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "attnbench": __version__, "executor": executor,
+            "attnbench": __version__, "executor": executor, "workers": workers,
             "started": before.get("started") or time.strftime("%Y-%m-%dT%H:%M:%S"),
         }  # fmt: skip
         writer.write_meta(meta)
@@ -103,8 +110,9 @@ def run_grid(
         say(f"{len(todo)} of {total} units to run ({total - len(todo)} done already), "
             f"{len(grid.settings(grid.seq_lens[0]))} method settings each -> {folder}/")  # fmt: skip
         start = time.monotonic()
-        jobs = [UnitJob(grid, unit, str(model_dir)) for unit in todo]
-        for finished, outcome in enumerate(outcomes(jobs, executor, address, say), 1):
+        threads = THREADS if executor == "ray" else max(1, THREADS // workers)
+        jobs = [UnitJob(grid, unit, str(model_dir), threads) for unit in todo]
+        for finished, outcome in enumerate(outcomes(jobs, executor, workers, address, say), 1):
             rows = outcome.rows if not outcome.reason else failed_rows(grid, outcome)
             for row in rows:
                 if row.key not in done:

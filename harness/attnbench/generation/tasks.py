@@ -49,7 +49,7 @@ class TaskSpec:
     question: str = ""  # ends with the answer's prefix: the model completes it
     digits: int = 7
     distractors: int = 0
-    answer_tokens: int = 12
+    answer_tokens: int = 10  # a 7-digit value, its space and full stop (SmolLM2 writes a digit a token)
 
 
 TASKS: dict[str, TaskSpec] = {
@@ -60,7 +60,7 @@ TASKS: dict[str, TaskSpec] = {
             intro="There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
             "I will quiz you about the important information there.\n",
             needle="The pass key is {value}. Remember it. {value} is the pass key. ",
-            question="What is the pass key? The pass key is", digits=5,
+            question="What is the pass key? The pass key is", digits=5, answer_tokens=8,
         ),
         TaskSpec(
             "niah_single", "needle",

@@ -29,6 +29,7 @@ class UnitJob:
     grid: GenerationGrid
     unit: Unit
     model_dir: str
+    threads: int = 2  # torch's threads in the worker: units run side by side take fewer each
 
 
 @dataclass
@@ -72,6 +73,7 @@ def unit_samples(grid: GenerationGrid, unit: Unit, tokenizer: Any) -> list[Sampl
 
 def run_unit(job: UnitJob) -> UnitOutcome:
     """Every sample of the unit with every method setting: a row each."""
+    torch.set_num_threads(job.threads)
     try:
         model, tokenizer, decoder = loaded(job.model_dir)
         samples = unit_samples(job.grid, job.unit, tokenizer)

@@ -8,10 +8,8 @@ loses only the trainings in flight, and a resume trains what has no row yet.
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import json
 import math
-import multiprocessing
 import socket
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -20,7 +18,6 @@ from attnbench.plan.cells import spec_label
 from attnbench.recall.grid import training_key
 from attnbench.recall.model import CONV_KERNEL
 from attnbench.recall.mqar import within_reach
-from attnbench.run.ray_executor import RETRIES
 from attnbench.recall.train import TrainResult, TrainSpec, train_mqar
 from attnbench.runfolder.trainings import TrainingRow
 
@@ -91,39 +88,13 @@ def in_process(specs: list[TrainSpec]) -> Iterator[Outcome]:
 
 
 def in_workers(specs: list[TrainSpec], jobs: int) -> Iterator[Outcome]:
-    """`jobs` worker processes (spawned: a fresh torch each), the outcomes in the order they end. A worker that dies
-    (a segfault, the OOM killer) breaks the pool: the trainings it may have held (the first `jobs` unfinished, in
-    the pool's FIFO order) are blamed, and every unfinished one is run again in a new pool; a training blamed twice
-    is recorded as an error (as a Ray task is retried once)."""
-    context = multiprocessing.get_context("spawn")
-    waiting, blamed = list(specs), {training_key(spec): 0 for spec in specs}
-    while waiting:
-        pool = futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context)
-        try:
-            pending = {pool.submit(train_safely, spec): spec for spec in waiting}
-            finished: set[str] = set()
-            broken = None
-            for done in futures.as_completed(pending):
-                try:
-                    outcome = done.result()
-                except futures.process.BrokenProcessPool as error:
-                    broken = error
-                    break
-                except Exception as error:
-                    outcome = Outcome(pending[done], None, f"{type(error).__name__}: {error}")
-                finished.add(training_key(outcome.spec))
-                yield outcome
-            waiting = [spec for spec in waiting if training_key(spec) not in finished] if broken else []
-            for spec in waiting[:jobs]:
-                blamed[training_key(spec)] += 1
-            for spec in [spec for spec in waiting if blamed[training_key(spec)] > RETRIES]:
-                yield Outcome(spec, None, f"its worker process died twice ({broken})")
-            waiting = [spec for spec in waiting if blamed[training_key(spec)] <= RETRIES]
-        finally:  # stopped early (Ctrl-C, SIGTERM, the writer failed): no worker outlives the grid
-            processes = list((pool._processes or {}).values())
-            pool.shutdown(wait=False, cancel_futures=True)
-            for process in processes:
-                process.terminate()
+    """`jobs` worker processes (spawned: a fresh torch each), the outcomes in the order they end; a worker that dies
+    costs the trainings it may have held (`attnbench.run.worker_pool.in_worker_processes`)."""
+    from attnbench.run.worker_pool import in_worker_processes
+
+    return in_worker_processes(
+        specs, train_safely, jobs=jobs, key=training_key, failed=lambda spec, why: Outcome(spec, None, why)
+    )
 
 
 def train_on_node(spec: TrainSpec) -> Outcome:

@@ -147,7 +147,7 @@ def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict) -> list[Bloc
     blocks = [Block("heading", f"Generation grid: {meta.get('grid', folder.name)}", level=1)]
     blocks.append(Block("text", (
         f"Made by `{' '.join(meta.get('command', []))}` on {meta.get('host', '?')} with the model in "
-        f"`{meta.get('model', '?')}`; {len(rows)} generations. The model generates greedily with each method inside "
+        f"`{meta.get('model_dir', '?')}`; {len(rows)} generations. The model generates greedily with each method inside "
         "every self-attention layer (its own post-rotary q/k/v, its key/value heads); a KV-cache method builds its "
         "cache from the exact prompt (kvpress's protocol), a method with its own prefill runs it. Question-agnostic: "
         "the context is compressed, then the question follows; question-aware: the question is inside the prompt."

@@ -1,0 +1,122 @@
+"""`attnbench generate` as a user runs it, on a tiny random Llama that uses SmolLM2's tokenizer (marked `model`: the
+tokenizer comes from the real folder): a grid runs and reports, a killed grid resumes to exactly its planned rows,
+and bad input is refused before any folder is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from helpers import run_cli
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+GRID = """tasks = ["passkey", "continuation"]
+seq_lens = [160]
+samples = 2
+block = 1
+keep = [0.5, 0.25]
+continuation_tokens = 8
+methods = ["h2o", {name = "band", sinks = 2, label = "streamingllm"}, "deltanet"]
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    """A 2-layer Llama (GQA: 4 query, 2 key/value heads) with random weights and SmolLM2's tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    vocabulary = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    config = LlamaConfig(vocab_size=vocabulary, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            shutil.copy(model_dir / name, folder / name)
+    return folder
+
+
+def grid(tmp_path: Path, text: str = GRID) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_grid_runs_and_reports(tmp_path: Path, tiny_model: Path) -> None:
+    out = tmp_path / "out"
+    result = run_cli("generate", str(grid(tmp_path)), "--model", str(tiny_model), "--out", str(out), "--jobs", "1")
+    assert result.returncode == 0, result.stderr
+    (folder,) = out.iterdir()
+    rows = pd.read_csv(folder / "generations.csv")
+    # units: passkey x 2 samples, continuation x 2 samples; settings: full, h2o x 2, streamingllm x 2, deltanet
+    assert len(rows) == 4 * 6 and (rows.status == "ok").all()
+    assert set(rows.method) == {"full", "h2o", "streamingllm", "deltanet"}
+    exact = rows[rows.method == "full"]
+    assert (exact.cache_share == 1.0).all() and exact[exact.task == "continuation"].ppl_ratio.eq(1.0).all()
+    kept = rows[rows.share == 0.25]
+    assert kept.cache_share.between(0.2, 0.35).all()  # a quarter of the prompt (and the cache's room)
+    assert rows[rows.task == "continuation"].ppl_ratio.notna().all()
+    report = (folder / "report.md").read_text()
+    assert "Verdict" in report and "beyond the model" in report  # a random model answers nothing
+    assert (folder / "plots" / "generation-continuation-vs-kept.png").is_file()
+    assert "At N = 160" in result.stdout
+
+
+def test_a_killed_grid_resumes_to_exactly_its_rows(tmp_path: Path, tiny_model: Path) -> None:
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "attnbench.cli", "generate", str(grid(tmp_path)), "--model", str(tiny_model),
+               "--out", str(out), "--jobs", "1"]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline, rows_file = time.monotonic() + 240, None
+    while time.monotonic() < deadline:  # kill once the first unit's rows are on disk
+        found = list(out.glob("*/generations.csv"))
+        if found and len(found[0].read_text().splitlines()) > 1:
+            rows_file = found[0]
+            break
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert rows_file is not None, "no unit finished in time"
+    before = pd.read_csv(rows_file)
+    assert 0 < len(before) < 24
+    result = run_cli("generate", "--resume", str(rows_file.parent), "--jobs", "1")
+    assert result.returncode == 0, result.stderr
+    assert "done already" in result.stderr and "--model" not in result.stderr  # its model read back from meta.json
+    after = pd.read_csv(rows_file)
+    assert len(after) == 24 and after.key.is_unique
+    kept = after.set_index("key").loc[before.key]
+    assert (kept.prompt_tokens.values == before.prompt_tokens.values).all()  # the finished rows were kept, not rerun
+
+
+def test_bad_input_is_refused_before_any_folder(tmp_path: Path, tiny_model: Path) -> None:
+    out = tmp_path / "out"
+    missing = run_cli("generate", str(grid(tmp_path)), "--model", str(tmp_path / "nowhere"), "--out", str(out))
+    assert missing.returncode == 2 and "no config.json" in missing.stderr
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(tiny_model / "config.json", bare / "config.json")
+    untokenized = run_cli("generate", str(grid(tmp_path)), "--model", str(bare), "--out", str(out))
+    assert untokenized.returncode == 2 and "no tokenizer" in untokenized.stderr
+    too_long = run_cli("generate", str(grid(tmp_path)), "--model", str(tiny_model), "--out", str(out),
+                       "--seq-lens", "1000")  # fmt: skip
+    assert too_long.returncode == 2 and "beyond the model's 512 positions" in too_long.stderr
+    dense = grid(tmp_path, GRID.replace('"deltanet"', '{name = "full-math", prefill = "dense"}'))
+    no_decode = run_cli("generate", str(dense), "--model", str(tiny_model), "--out", str(out))
+    assert no_decode.returncode == 2 and "has no decode form" in no_decode.stderr and "tiny.toml" in no_decode.stderr
+    unknown = run_cli("generate", str(grid(tmp_path)), "--model", str(tiny_model), "--out", str(out),
+                      "--tasks", "paskey")  # fmt: skip
+    assert unknown.returncode == 2 and "--tasks" in unknown.stderr and "Did you mean: passkey" in unknown.stderr
+    assert not out.exists()

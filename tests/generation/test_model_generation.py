@@ -1,0 +1,98 @@
+"""Generation inside the real decoder (SmolLM2-135M, marked `model`): with `full` it is transformers' own greedy
+`generate`, token for token and logits within float tolerance; every method's in-model attention is what the method
+computes standalone on the same post-rotary q/k/v (its key/value heads as the model has them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from attnbench.generation.decoder import InModelDecoder
+from attnbench.generation.layers import Method, MethodRows, layer_state, layer_step
+from attnbench.generation.tasks import build_samples
+from attnbench.generation.unit import encoder, loaded
+from attnbench.model.study import load_model
+from attnbench.registry import registry
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def smollm(model_dir: Path):
+    torch.set_num_threads(2)
+    model, tokenizer, decoder = loaded(str(model_dir))
+    (sample,) = build_samples("passkey", 600, 1, encoder(tokenizer), seed=4, indices=range(0, 1))
+    return model, tokenizer, decoder, torch.tensor(sample.context + sample.question)
+
+
+def test_full_is_transformers_generate_token_for_token(model_dir: Path, smollm) -> None:
+    _, tokenizer, decoder, prompt = smollm
+    reference, _ = load_model(model_dir)  # its own SDPA attention and KV cache
+    with torch.no_grad():
+        out = reference.generate(prompt[None], max_new_tokens=8, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True, pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+    expected = out.sequences[0, len(prompt) :].tolist()
+    (result,) = InModelDecoder(decoder.model, stop_ids=set()).run([Method(registry.create("full"))], prompt,
+                                                                  new_tokens=8, keep_logits=True)  # fmt: skip
+    assert result.tokens == expected
+    for ours, theirs in zip(result.logits, out.logits):
+        assert (ours - theirs[0].float()).abs().max() < 2e-3 * theirs.abs().max()
+
+
+def test_the_question_after_the_prompt_equals_the_question_in_it(smollm) -> None:
+    """Exact attention: the question stepped through after the prompt (question-agnostic) or inside it (aware) gives
+    the same answer, so the protocols differ only by what a method compresses."""
+    _, _, decoder, prompt = smollm
+    full = [Method(registry.create("full"))]
+    context, question = prompt[:-12], prompt[-12:]
+    (after,) = decoder.run(full, context, follow=question, new_tokens=6, keep_logits=True)
+    (inside,) = decoder.run(full, prompt, new_tokens=6, keep_logits=True)
+    assert after.tokens == inside.tokens
+    assert (after.logits[0] - inside.logits[0]).abs().max() < 1e-3 * inside.logits[0].abs().max()
+
+
+METHODS = [("h2o", {"budget": 96}), ("snapkv", {"budget": 96}), ("band", {"window": 64, "sinks": 4}),
+           ("topk", {"block_size": 16, "top_k": 3, "score": "minmax"}), ("deltanet", {})]  # fmt: skip
+
+
+def test_in_model_steps_equal_each_methods_standalone_steps(smollm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every method in one batch; at layers 3 and 20 the q/k/v the model hands the router and the outputs it gets back
+    are recorded; each method's standalone state (from the same prompt) and steps on those q/k/v give those outputs."""
+    _, _, decoder, prompt = smollm
+    methods = [Method(registry.create(name, **params), "own" if name == "deltanet" else "dense") for name, params in METHODS]
+    watched, seen = (3, 20), {}
+    original = MethodRows.attend
+
+    def recording(self, query, key, value, **options):
+        layer = self.layer
+        out = original(self, query, key, value, **options)
+        if layer in watched:
+            seen.setdefault(layer, []).append((query, key, value, out))
+        return out
+
+    monkeypatch.setattr(MethodRows, "attend", recording)
+    decoder.run(methods, prompt, new_tokens=5)
+    for layer in watched:
+        calls = seen[layer]  # the own-prefill rows' prompt, then the steps (every row), in order
+        steps = [c for c in calls if c[0].shape[0] == len(methods)]
+        prompts = [c for c in calls if c[0].shape[-2] == len(prompt)]
+        for row, method in enumerate(methods):
+            if method.prefill == "own":
+                q, k, v, _ = prompts[0]
+                state = layer_state(method.variant, *(x[:1] for x in (q, k, v)), room=8)
+            else:  # the exact prompt's q/k/v: the first row of the first step's layer input came after it
+                continue_from = decoder_prompt_qkv(decoder, prompt, layer)
+                state = layer_state(method.variant, *continue_from, room=8)
+            for q, k, v, out in steps:
+                got, state = layer_step(method.variant, state, *(x[row : row + 1] for x in (q, k, v)))
+                assert (got - out[row : row + 1]).abs().max() < 1e-4, (method.label, layer)
+
+
+def decoder_prompt_qkv(decoder: InModelDecoder, prompt: torch.Tensor, layer: int):
+    """The exact prompt's post-rotary q, k, v at one layer (the exact model's forward over the prompt)."""
+    from attnbench.generation.layers import ExactPrompt
+
+    exact = ExactPrompt()
+    decoder.forward(exact, prompt[None], 0)
+    return exact.layers[layer]
