@@ -203,6 +203,15 @@ def test_beats_at_equal_budget(mine: float, verdict: str) -> None:
 def test_every_claim_is_well_formed(claim, quick: bool) -> None:
     """Its config parses, its check exists, and every label its check compares is a label its sweep makes."""
     assert claim.check in CHECKS
+    if claim.generation:  # a generation grid: it parses, and the methods its check compares are among its labels
+        from attnbench.generation.grid import parse_grid as parse_generation
+
+        grid = parse_generation(claim.grid_config(quick), source=claim.id)
+        labels = {method.label() for method in grid.methods}
+        named = {claim.params["method"], *claim.params.get("others", [])}
+        assert named <= labels, f"{claim.id}: {sorted(named - labels)} not among {sorted(labels)}"
+        assert set(claim.params.get("shares", [])) <= set(grid.keep)
+        return
     if claim.grid:  # an MQAR grid: it parses, and the labels its check compares are among its mixers
         from attnbench.recall.grid import parse_grid
 

@@ -10,18 +10,17 @@ report is rewritten at the end (`--report DIR` rewrites it alone).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from attnbench.commands.terminal import terminal_width
 from attnbench.exit_status import Exit
 
-DEFAULT_MODEL = Path(os.environ.get("ATTNBENCH_MODEL_DIR", Path.home() / ".cache" / "attnbench" / "SmolLM2-135M"))
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from attnbench.generation.grid import DEFAULT_GRID, PROTOCOLS, grid_descriptions
+    from attnbench.generation.preflight import DEFAULT_MODEL
 
     generate = subparsers.add_parser(
         "generate",
@@ -80,7 +79,7 @@ def _methods(text: str | None) -> list | None:
 
 def main(args: argparse.Namespace) -> int:
     from attnbench.generation.grid import DEFAULT_GRID, grid_descriptions, read_grid
-    from attnbench.generation.preflight import PreflightError, check
+    from attnbench.generation.preflight import DEFAULT_MODEL, PreflightError, check
     from attnbench.generation.run import GRID_FILE
     from attnbench.plan.config import ConfigError
     from attnbench.report.text import aligned_table

@@ -5,12 +5,15 @@ memory the largest N holds (against the limit `attnbench run` uses). Every probl
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from attnbench.generation.grid import JSONL, GenerationGrid
 from attnbench.generation.tasks import HAYSTACK, TASKS, read_jsonl
 
+# where `make model` writes SmolLM2-135M; $ATTNBENCH_MODEL_DIR points elsewhere
+DEFAULT_MODEL = Path(os.environ.get("ATTNBENCH_MODEL_DIR", Path.home() / ".cache" / "attnbench" / "SmolLM2-135M"))
 QUESTION_ROOM = 64  # tokens a built-in question takes at most (RULER's niah question is ~35)
 FLOAT32 = 4
 SLACK = 1.5  # what the tally misses: temporaries, the allocator's fragmentation

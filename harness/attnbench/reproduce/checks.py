@@ -1,8 +1,6 @@
 """The checks a claim names: each reads a run's rows (results.csv as a DataFrame) and the claim's parameters, and
-says whether the claim holds here, with our figures beside the paper's.
-
-Verdicts: HOLDS, TREND ("holds in trend, not in size": the direction holds, a figure compared in size does not),
-FAILS ("does not hold", with what differs), and CANNOT (the cells it needs did not run here, with why).
+says whether the claim holds here, with our figures beside the paper's (the verdicts: `attnbench.reproduce.outcome`).
+The checks of claims judged on what the real model answers live in `attnbench.reproduce.generation_checks`.
 """
 
 from __future__ import annotations
@@ -10,29 +8,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from attnbench.reproduce.generation_checks import GENERATION_CHECKS
+from attnbench.reproduce.outcome import CANNOT, FAILS, HOLDS, MIN_EFFECT, SIZE_FACTOR, SLACK, TREND, Outcome
 from attnbench.stats import beyond_noise
-
-HOLDS = "holds"
-TREND = "holds in trend, not in size"
-FAILS = "does not hold"
-CANNOT = "cannot run here"
-SLACK = 0.10  # a step of a trend may go the wrong way by this fraction (timing and sampling noise) and still count
-SIZE_FACTOR = 2.0  # a figure compared in size holds within this factor of the published one
-MIN_EFFECT = 0.10  # a trend or a comparison counts only when it moves its figure by at least this fraction
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A claim's verdict, our figures in one line (for the table), and what was compared (for the report)."""
-
-    verdict: str
-    ours: str
-    detail: str = ""
 
 
 def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -380,4 +362,5 @@ CHECKS: dict[str, Callable[[pd.DataFrame, dict[str, Any]], Outcome]] = {
     "beats_at_equal_budget": beats_at_equal_budget,
     "overtakes_at_long_n": overtakes_at_long_n,
     "attention_recalls_others_fall_behind": attention_recalls_others_fall_behind,
+    **GENERATION_CHECKS,  # claims judged on what the real model answers (generations.csv)
 }

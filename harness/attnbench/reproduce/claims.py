@@ -40,10 +40,12 @@ class Claim:
     params: dict[str, Any] = field(default_factory=dict)  # what the check compares (published figures included)
     quick: dict[str, Any] = field(default_factory=dict)  # overrides of `sweep` (or of `grid`) for --quick
     grid: dict[str, Any] = field(default_factory=dict)  # an MQAR grid (`attnbench recall`'s keys) in place of a sweep
+    # a generation grid (`attnbench generate`'s keys): the real model answering with each method (`make model`)
+    generation: dict[str, Any] = field(default_factory=dict)
 
     def grid_config(self, quick: bool = False) -> dict[str, Any]:
-        """The MQAR grid of this claim (a new dict), with the --quick overrides when asked."""
-        raw = {"name": f"reproduce-{self.id}", **self.grid}
+        """The MQAR or generation grid of this claim (a new dict), with the --quick overrides when asked."""
+        raw = {"name": f"reproduce-{self.id}", **(self.grid or self.generation)}
         return {**raw, **self.quick} if quick else raw
 
     def config(self, quick: bool = False) -> dict[str, Any]:
@@ -54,7 +56,7 @@ class Claim:
     @property
     def variants(self) -> list[str]:
         """The variant names its sweep needs."""
-        items = (self.grid or self.sweep).get("variants", [])
+        items = self.generation.get("methods", []) or (self.grid or self.sweep).get("variants", [])
         return [item if isinstance(item, str) else item["name"] for item in items if item != "blind"]
 
 
@@ -363,5 +365,70 @@ CLAIMS: list[Claim] = [
         check="attention_recalls_others_fall_behind",
         params={"baseline": "full", "labels": ["linear", "deltanet"], "solved": 0.99},
         quick={"seq_lens": [64], "seeds": [0]},
+    ),
+    Claim(
+        id="streamingllm-window",
+        paper="Xiao et al. 2024, StreamingLLM: Efficient Streaming Language Models with Attention Sinks",
+        where="§3 and Table 6 / kvpress's RULER figure (what a window of recent tokens with sinks keeps)",
+        statement="a cache of the first tokens (attention sinks) and a window of the recent ones keeps the model "
+        "fluent, but it retrieves only what lies inside its window",
+        published="StreamingLLM keeps perplexity flat but cannot answer about evicted text; kvpress's RULER-4K at "
+        "ratio 0.5 (Llama-3.1-8B): StreamingLLM ~59 against ~96 exact",
+        baseline="the exact model (`full`, its own answers) on the same prompts",
+        transfers="the mechanism, on SmolLM2-135M: passkey at N=2048, needles at depths spread over 0-100%, "
+        "4 sinks and a window keeping 1/2, 1/4, 1/8 of the prompt: at each share, the accuracy is the share of "
+        "needles inside the window that the exact model answers (within 20 points)",
+        sweep={},
+        generation={
+            "tasks": ["passkey"], "seq_lens": [2048], "samples": 10, "keep": [0.5, 0.25, 0.125],
+            "methods": [{"name": "band", "sinks": 4, "label": "streamingllm"}],
+        },  # fmt: skip
+        check="window_retrieves_what_it_keeps",
+        params={"method": "streamingllm"},
+        quick={"samples": 5, "keep": [0.5, 0.125]},
+    ),
+    Claim(
+        id="snapkv-question-aware",
+        paper="Li et al. 2024, SnapKV / kvpress (NVIDIA), its FAQ and RULER figure",
+        where="kvpress's RULER-4K figure and FAQ (question-aware vs question-agnostic compression)",
+        statement="SnapKV with the question in its observation window keeps retrieval at compression ratios "
+        "0.5-0.75 where compressing before the question loses part of it",
+        published="kvpress RULER-4K at ratio 0.5 (Llama-3.1-8B): SnapKV with the question ~89, without ~70, "
+        "exact ~96",
+        baseline="the exact model (`full`) on the same prompts, each protocol",
+        transfers="the comparison, on SmolLM2-135M: single needles at N=2048, keeping 1/2 and 1/4 of the cache: "
+        "question-aware within 10 points of the exact model, question-agnostic at least 10 below it at one share",
+        sweep={},
+        generation={
+            "tasks": ["niah_single"], "seq_lens": [2048], "samples": 10, "keep": [0.5, 0.25],
+            "protocols": ["question-agnostic", "question-aware"], "methods": ["snapkv"],
+        },  # fmt: skip
+        check="question_aware_keeps_retrieval",
+        params={"method": "snapkv", "shares": [0.5, 0.25]},
+        quick={"samples": 5},
+    ),
+    Claim(
+        id="quest-passkey",
+        paper="Tang et al. 2024, Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference",
+        where="Table 1 (passkey retrieval at 10K tokens, token budgets 32-512)",
+        statement="Quest keeps passkey retrieval at small token budgets where H2O and StreamingLLM fail",
+        published="passkey at 10K, budgets 32-512: Quest 65-100%, H2O, TOVA and StreamingLLM 0-8% (dense prefill, "
+        "the first two layers never sparsified)",
+        baseline="the exact model (`full`) on the same prompts",
+        transfers="scaled to this model: passkey at N=2048, a budget of 1/16 and 1/32 of the prompt (128 and 64 "
+        "tokens), pages of 16, the first two layers dense: Quest within 20 points of the exact model, H2O and "
+        "StreamingLLM at least 40 points below Quest",
+        sweep={},
+        generation={
+            "tasks": ["passkey"], "seq_lens": [2048], "samples": 10, "keep": [0.0625, 0.03125],
+            "methods": [
+                {"name": "topk", "score": "minmax", "block_size": 16, "dense_layers": 2, "label": "quest"},
+                "h2o", {"name": "band", "sinks": 4, "label": "streamingllm"},
+            ],
+        },  # fmt: skip
+        check="quest_keeps_where_others_fail",
+        params={"method": "quest", "others": ["h2o", "streamingllm"], "shares": [0.0625, 0.03125],
+                "keeps_within": 0.2, "gap": 0.4},  # fmt: skip
+        quick={"samples": 5},
     ),
 ]

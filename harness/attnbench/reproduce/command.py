@@ -75,6 +75,8 @@ def run_claim(claim: Claim, out: Path, *, quick: bool, progress: bool) -> Checke
 
     if claim.grid:
         return run_grid_claim(claim, out, quick=quick)
+    if claim.generation:
+        return run_generation_claim(claim, out, quick=quick)
     if not claim.sweep:  # listed so that it is seen: its check says why nothing here can test it
         return Checked(claim, None, CHECKS[claim.check](pd.DataFrame(), claim.params))
     if missing := missing_variants(claim):
@@ -118,6 +120,36 @@ def run_grid_claim(claim: Claim, out: Path, *, quick: bool) -> Checked:
         outcome = CHECKS[claim.check](read_trainings(folder), claim.params)
     except Exception as error:  # a hand-edited folder: said, and the other claims go on
         outcome = Outcome(CANNOT, "–", f"the check could not read {folder}/trainings.csv ({type(error).__name__}: {error})")
+    return Checked(claim, folder, outcome)
+
+
+def run_generation_claim(claim: Claim, out: Path, *, quick: bool) -> Checked:
+    """A claim measured by the real model generating (`attnbench generate`): run (or resume, or reuse) its grid on
+    the model `make model` writes, then check it; without the model it cannot run here, and says so."""
+    from attnbench.generation.grid import parse_grid
+    from attnbench.generation.preflight import DEFAULT_MODEL, PreflightError, check
+    from attnbench.generation.run import GRID_FILE, grid_toml, run_grid
+    from attnbench.runfolder.generations import read_generations
+
+    if missing := missing_variants(claim):
+        return Checked(claim, None, Outcome(CANNOT, "–", f"needs variant(s) not installed here: {', '.join(missing)}"))
+    grid = parse_grid(claim.grid_config(quick), source=f"claim {claim.id}")
+    try:
+        check(grid, DEFAULT_MODEL)
+    except PreflightError as error:
+        return Checked(claim, None, Outcome(CANNOT, "–", f"needs the real model (`make model`): {error}"))
+    folder = out / (f"{claim.id}-quick" if quick else claim.id)
+    stored = folder / GRID_FILE
+    if stored.is_file() and stored.read_text() != grid_toml(grid):
+        why = f"{folder} holds a grid of another setting of this claim (an older catalogue?): remove it to run again"
+        return Checked(claim, folder, Outcome(CANNOT, "–", why))
+    if "finished" not in stored_meta(folder):
+        command = ["attnbench", "reproduce", claim.id, *(["--quick"] if quick else []), "--out", str(out)]
+        run_grid(grid, folder, DEFAULT_MODEL, workers=2, command=command)
+    try:
+        outcome = CHECKS[claim.check](read_generations(folder), claim.params)
+    except Exception as error:  # a hand-edited folder: said, and the other claims go on
+        outcome = Outcome(CANNOT, "–", f"the check could not read {folder}/generations.csv ({type(error).__name__}: {error})")
     return Checked(claim, folder, outcome)
 
 
