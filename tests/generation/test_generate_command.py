@@ -120,3 +120,17 @@ def test_bad_input_is_refused_before_any_folder(tmp_path: Path, tiny_model: Path
                       "--tasks", "paskey")  # fmt: skip
     assert unknown.returncode == 2 and "--tasks" in unknown.stderr and "Did you mean: passkey" in unknown.stderr
     assert not out.exists()
+
+
+def test_the_grid_runs_as_ray_tasks(tmp_path: Path, tiny_model: Path) -> None:
+    """--executor ray: each unit a Ray task on a local runtime started for the grid, its rows naming their node."""
+    pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'attnbench[ray]')")
+    small = GRID.replace('["passkey", "continuation"]', '["passkey"]').replace("block = 1", "block = 2")
+    out = tmp_path / "out"
+    result = run_cli("generate", str(grid(tmp_path, small)), "--model", str(tiny_model), "--out", str(out),
+                     "--executor", "ray", timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (folder,) = out.iterdir()
+    rows = pd.read_csv(folder / "generations.csv")
+    assert len(rows) == 2 * 6 and (rows.status == "ok").all() and rows.node.notna().all()
+    assert json.loads((folder / "meta.json").read_text())["executor"] == "ray"

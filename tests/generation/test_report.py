@@ -45,7 +45,7 @@ def test_summary_intervals_and_continuation() -> None:
 
 
 def test_the_verdict_follows_the_exact_model_and_leaves_out_what_it_fails() -> None:
-    lines = verdict_lines(summarize(rows()))
+    lines = verdict_lines(rows(), summarize(rows()))
     text = "\n".join(lines)
     assert "passkey 100%" in lines[0] and "niah_multikey 25%" in lines[0]
     assert f"below {EXACT_FLOOR:.0%}" in lines[0] and "niah_multikey" in lines[0].split("Beyond the model")[1]
@@ -53,7 +53,8 @@ def test_the_verdict_follows_the_exact_model_and_leaves_out_what_it_fails() -> N
     assert "snapkv 75%" in half  # the multikey 100% is left out: the exact model fails that task
     eighth = next(line for line in lines if "keeping 1/8" in line)
     assert eighth.index("snapkv 25%") < eighth.index("h2o 0%")  # ranked
-    assert "deltanet 0%" in text and "9.00% of the cache" in text
+    assert "deltanet 0%" in text and "its state 9.0% of the cache" in text
+    assert "snapkv 75% [" in half  # with its interval over samples
 
 
 def test_share_text() -> None:

@@ -69,6 +69,23 @@ def within_model(summary: pd.DataFrame) -> pd.DataFrame:
     return summary[pd.Series(keep, index=summary.index, dtype=bool) & summary.accuracy.notna()]
 
 
+def pooled(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """Per (N, protocol, method, share): the mean score over every sample of the needle tasks within the model, its
+    95% interval over those samples, and the state's share of the cache (what the verdict and the plot show)."""
+    judged = within_model(summary)
+    tasks = set(zip(judged.seq_len, judged.task, judged.protocol))
+    ok = rows[(rows.status == "ok") & rows.score.notna()]
+    ok = ok[[key in tasks for key in zip(ok.seq_len, ok.task, ok.protocol)]].assign(share_key=lambda f: f.share.fillna(-1.0))
+    out = []
+    for (n, protocol, method, share), at in ok.groupby(["seq_len", "protocol", "method", "share_key"], sort=False):
+        interval = mean_interval(at.score.tolist(), 0.0, 1.0)
+        ends = (interval.low, interval.high) if interval.low == interval.low else (interval.estimate,) * 2
+        out.append(dict(seq_len=int(n), protocol=protocol, method=method, share=None if share < 0 else float(share),
+                        samples=len(at), accuracy=interval.estimate, low=ends[0], high=ends[1],
+                        cache_share=at.cache_share.mean(), exact_method=method == EXACT))  # fmt: skip
+    return pd.DataFrame(out)
+
+
 def accuracy_text(row: object) -> str:
     """'70% [52–88]', or '70%' from one sample."""
     estimate, low, high = row.accuracy, row.low, row.high  # type: ignore[attr-defined]
@@ -77,12 +94,12 @@ def accuracy_text(row: object) -> str:
     return f"{recall_text(estimate)} [{recall_text(low).removesuffix('%')}–{recall_text(high).removesuffix('%')}]"
 
 
-def verdict_lines(summary: pd.DataFrame) -> list[str]:
+def verdict_lines(rows: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
     """Per N and protocol: the exact model's accuracy, the tasks beyond it, and per share kept the methods by their mean
-    accuracy over the tasks within the model (fixed-state methods at their own share)."""
+    accuracy over the samples of the tasks within the model, with its 95% interval (fixed states at their own share)."""
     lines = []
     exact = exact_accuracy(summary)
-    judged = within_model(summary)
+    overall = pooled(rows, summary)
     for (n, protocol), at_n in summary[summary.accuracy.notna()].groupby(["seq_len", "protocol"], sort=True):
         tasks = sorted(set(at_n.task))
         beyond = [t for t in tasks if exact.get((n, t, protocol), 0.0) < EXACT_FLOOR]
@@ -91,19 +108,17 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
         if beyond:
             line += f" Beyond the model at this N (below {EXACT_FLOOR:.0%} exact, no verdict on them): {', '.join(beyond)}."
         lines.append(line)
-        chosen = judged[(judged.seq_len == n) & (judged.protocol == protocol) & ~judged.exact_method]
+        chosen = overall[(overall.seq_len == n) & (overall.protocol == protocol) & ~overall.exact_method] if len(overall) else overall
         if chosen.empty:
             lines.append("No task within the model at this N: nothing to judge.")
             continue
-        means = chosen.groupby(["share", "method"], dropna=False).accuracy.mean().reset_index()
-        for share in sorted(set(means.share.dropna()), reverse=True):
-            ranked = means[means.share == share].sort_values("accuracy", ascending=False)
-            words = ", ".join(f"{r.method} {recall_text(r.accuracy)}" for r in ranked.itertuples())
+        for share in sorted(set(chosen.share.dropna()), reverse=True):
+            ranked = chosen[chosen.share == share].sort_values("accuracy", ascending=False)
+            words = ", ".join(f"{r.method} {accuracy_text(r)}" for r in ranked.itertuples())
             lines.append(f"- keeping {share_text(share)} of the cache: {words}")
-        fixed = means[means.share.isna()].sort_values("accuracy", ascending=False)
+        fixed = chosen[chosen.share.isna()].sort_values("accuracy", ascending=False)
         if len(fixed):
-            states = chosen[chosen.share.isna()].groupby("method").cache_share.mean()
-            words = ", ".join(f"{r.method} {recall_text(r.accuracy)} (state {states[r.method]:.2%} of the cache)"
+            words = ", ".join(f"{r.method} {accuracy_text(r)} (its state {r.cache_share:.1%} of the cache)"
                               for r in fixed.itertuples())  # fmt: skip
             lines.append(f"- a fixed state (an RNN swapped untrained into a softmax model; a sparse prefill, exact "
                          f"decoding): {words}")  # fmt: skip
@@ -153,9 +168,9 @@ def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict) -> list[Bloc
         "the context is compressed, then the question follows; question-aware: the question is inside the prompt."
     )))  # fmt: skip
     blocks.append(Block("heading", "Verdict", level=2))
-    blocks += [Block("text", line) for line in verdict_lines(summary)] or [Block("text", "No needle task finished.")]
+    blocks += [Block("text", line) for line in verdict_lines(rows, summary)] or [Block("text", "No needle task finished.")]
     if len(summary):
-        plots = plot_accuracy_vs_kept(summary, folder / "plots")
+        plots = plot_accuracy_vs_kept(pooled(rows, summary), summary, folder / "plots")
         blocks += [Block("image", str(path.relative_to(folder)), caption=caption) for path, caption in plots]
         headers, table = accuracy_table(summary)
         blocks.append(Block("table", headers=headers, rows=table, caption=(
@@ -192,7 +207,7 @@ def terminal_summary(rows: pd.DataFrame, width: int) -> str:
     summary = summarize(rows)
     if summary.empty:
         return "no generation finished"
-    lines = [line.replace("**", "") for line in verdict_lines(summary)]
+    lines = [line.replace("**", "") for line in verdict_lines(rows, summary)]
     headers, table = accuracy_table(summary)
     return "\n".join(lines) + "\n\n" + aligned_table(headers, table, width=width)
 

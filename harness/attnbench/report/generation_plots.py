@@ -1,7 +1,9 @@
-"""The plots of a generation grid: kvpress's figure (accuracy against the share of the cache kept, a line per method,
-a panel per N) and continuation quality against the same axis. A method without a knob (an RNN state, a sparse
-prefill) is one point at the share its state takes; the exact model is the reference line. Drawn under the run
-report's theme, styles and legend (attnbench.report.plots)."""
+"""The plots of a generation grid: kvpress's figure (accuracy against the share of the cache kept, a line per method
+with its interval over samples, a panel per N) and continuation quality against the same axis. A method without a
+knob (an RNN state, a sparse prefill) is one point at the share its state takes; the exact model is the reference
+line. A figure far off the scale (an untrained RNN's perplexity thousands of times the exact model's) is drawn at the
+panel's edge and named there, so the band where the methods differ stays readable. Drawn under the run report's
+theme, styles and legend (attnbench.report.plots)."""
 
 from __future__ import annotations
 
@@ -12,73 +14,90 @@ import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from attnbench.report.generation import share_text, within_model
-from attnbench.report.plots import FIGURE_WIDTH, PANEL_HEIGHT, Style, _finish, _key, _reference_line, styles, themed
+from attnbench.report.plots import (
+    FIGURE_WIDTH, GREY, HALO, PANEL_HEIGHT, Style, _finish, _key, _log_y, _reference_line, styles, themed,
+)  # fmt: skip
+
+OFF_SCALE = 4.0  # a perplexity ratio above this many times the largest of the swept methods is drawn at the edge
+DODGE = 0.05  # methods' points at one share spread by this much of an octave apart, so bars and markers don't hide
 
 
-def _kept_axis(ax: plt.Axes, shares: list[float]) -> None:
+def _kept_axis(ax: plt.Axes, ticks: list[float], points: list[float]) -> None:
+    """The share kept on a log2 axis, ticked at the grid's shares only; the fixed states' points fit inside it."""
     ax.set_xscale("log", base=2)
-    ticks = sorted(set(shares))
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(ticks))))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: share_text(value)))
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlim(min(ticks) / 1.6, max(ticks) * 1.6)
-    ax.set_xlabel("share of the KV cache kept (Quest: read), log")
-
-
-def _points(frame: pd.DataFrame, value: str) -> pd.DataFrame:
-    """Per (N, method, share): the mean of `value` over the tasks, x = the share (a fixed state: its own share)."""
-    data = frame.assign(x=frame.share.fillna(frame.cache_share))
-    return data.groupby(["seq_len", "method", "x"], sort=False)[value].mean().reset_index()
+    ax.set_xlim(min(points + ticks) / 1.6, max(points + ticks) * 1.6)
+    ax.set_xlabel("share of the KV cache kept (Quest: read)")
 
 
 @themed
 def _panels(data: pd.DataFrame, value: str, exact: dict[int, float], ylabel: str, title: str, subtitle: str,
-            path: Path, style: dict[str, Style], percent: bool) -> Path:  # fmt: skip
+            path: Path, style: dict[str, Style]) -> Path:  # fmt: skip
+    """A panel per N: a line per method of `value` against x (its interval as bars where `low`/`high` are given)."""
+    percent = value == "accuracy"
     ns = sorted(set(data.seq_len))
     fig, axes = plt.subplots(len(ns), 1, figsize=(FIGURE_WIDTH, PANEL_HEIGHT * len(ns)), squeeze=False, sharex=True)
-    shares = sorted(set(data.x))
+    swept = data[data.share.notna()]
+    methods = list(dict.fromkeys(data.method))
+    data = data.assign(x=[x * 2 ** (DODGE * (methods.index(m) - (len(methods) - 1) / 2)) for x, m in zip(data.x, data.method)])
     for ax, n in zip(axes[:, 0], ns):
         panel = data[data.seq_len == n]
+        top = None if percent else max(1.2, OFF_SCALE * float(swept[swept.seq_len == n][value].max() if len(swept) else 1.0))
         for method, rows in panel.groupby("method", sort=False):
-            rows = rows.sort_values("x")
-            y = 100 * rows[value] if percent else rows[value]
-            look = style[method]
+            rows, look = rows.sort_values("x"), style[method]
+            y = rows[value] * (100 if percent else 1)
+            if top is not None and (y > top).any():  # off the scale: at the edge, named with its figure
+                for x, figure in zip(rows.x[y > top], y[y > top]):
+                    ax.plot([x], [top], color=look.colour, marker="^", markersize=9, linestyle="none", clip_on=False)
+                    ax.annotate(f"{method} {figure:,.0f}×", (x, top), xytext=(6, -4), textcoords="offset points",
+                                fontsize="small", color=GREY, va="top", bbox=HALO)  # fmt: skip
+                rows, y = rows[y <= top], y[y <= top]
             ax.plot(rows.x, y, color=look.colour, marker=look.marker, linestyle=look.linestyle if len(rows) > 1 else "none",
                     markersize=7)  # fmt: skip
+            if percent and len(rows):
+                ax.errorbar(rows.x, y, yerr=[y - 100 * rows.low, 100 * rows.high - y], fmt="none", ecolor=look.colour,
+                            alpha=0.5, capsize=3)  # fmt: skip
         if n in exact:
             _reference_line(ax, 100 * exact[n] if percent else exact[n], "exact model")
-        _kept_axis(ax, shares)
+        _kept_axis(ax, list(swept.share), list(panel.x))
         ax.set_ylabel(ylabel)
         ax.set_title(f"N = {n:,}", fontsize="medium")
         if percent:
             ax.set_ylim(-3, 103)
         else:
-            ax.set_yscale("log")
+            _log_y(ax)
+            ax.set_ylim(0.95, top * 1.05)
     legend = {method: _key(style[method]) for method in dict.fromkeys(data.method)}
     return _finish(fig, title, subtitle, path, legend)
 
 
-def plot_accuracy_vs_kept(summary: pd.DataFrame, folder: Path) -> list[tuple[Path, str]]:
-    """The report's plots (each written only when it has points): needles and continuation against the cache kept."""
+def plot_accuracy_vs_kept(overall: pd.DataFrame, summary: pd.DataFrame, folder: Path) -> list[tuple[Path, str]]:
+    """The report's plots (each written only when it has points): `overall` (report.generation.pooled: accuracy over
+    the tasks within the model) and the continuation's perplexity ratio from `summary`, against the cache kept."""
     made = []
-    methods = [m for m in dict.fromkeys(summary.method) if m != "full"]
-    style = styles(methods)
-    needles = within_model(summary)
-    others = needles[~needles.exact_method]
+    style = styles([m for m in dict.fromkeys(summary.method) if m != "full"])
+    others = overall[~overall.exact_method] if len(overall) else overall
     if len(others):
-        exact = needles[needles.exact_method].groupby("seq_len").accuracy.mean().to_dict()
-        tasks = ", ".join(sorted(set(needles.task)))
-        path = _panels(_points(others, "accuracy"), "accuracy", exact, "needles answered, % (↑ better)",
-                       "What the model answers with each method", f"{tasks}; mean over the tasks within the model",
-                       folder / "generation-accuracy-vs-kept.png", style, percent=True)  # fmt: skip
+        exact = overall[overall.exact_method].groupby("seq_len").accuracy.mean().to_dict()
+        tasks = ", ".join(sorted(set(within_model(summary).task)))
+        data = others.assign(x=others.share.fillna(others.cache_share))
+        path = _panels(data, "accuracy", exact, "needles answered, % (↑)", "What the model answers with each method",
+                       f"{tasks} (the tasks within the model); mean over samples, 95% interval",
+                       folder / "generation-accuracy-vs-kept.png", style)  # fmt: skip
         made.append((path, "Accuracy against the share of the cache kept, a line per method (kvpress's figure), a "
                            "panel per N; the exact model's is the dashed line."))  # fmt: skip
     forced = summary[summary.ppl_ratio.notna() & ~summary.exact_method]
     if len(forced):
-        path = _panels(_points(forced, "ppl_ratio"), "ppl_ratio", {n: 1.0 for n in set(forced.seq_len)},
-                       "perplexity ÷ the exact model's (↓ better)", "Continuation quality with each method",
-                       "teacher-forced next tokens of a real text after the compressed prompt; geometric mean",
-                       folder / "generation-continuation-vs-kept.png", style, percent=False)  # fmt: skip
+        data = forced.groupby(["seq_len", "method", forced.share.fillna(-1.0)], sort=False).agg(
+            ppl_ratio=("ppl_ratio", "mean"), cache_share=("cache_share", "mean")).reset_index()
+        data["share"] = data.share.where(data.share >= 0)
+        data["x"] = data.share.fillna(data.cache_share)
+        path = _panels(data, "ppl_ratio", {n: 1.0 for n in set(forced.seq_len)}, "perplexity ÷ exact (↓)",
+                       "Continuation quality with each method",
+                       "the next tokens of a real text after the compressed prompt, teacher-forced; geometric mean",
+                       folder / "generation-continuation-vs-kept.png", style)  # fmt: skip
         made.append((path, "The continuation's perplexity against the exact model's on the same tokens, against the "
-                           "share of the cache kept."))  # fmt: skip
+                           "share of the cache kept (a figure off the scale is drawn at the edge, named)."))  # fmt: skip
     return made
