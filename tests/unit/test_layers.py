@@ -30,6 +30,10 @@ FORBIDDEN = {
     # MQAR trained: the task, the model, the trainings and where they run; read and reported by report/
     "attnbench.recall": {"attnbench.measure", "attnbench.report", "attnbench.model", "attnbench.cli",
                          "attnbench.commands", "attnbench.reproduce"},
+    # the real model generating with each method: its own wing beside model/ (whose attention routing it shares),
+    # its rows reported by report/ (the machine's facts it reads from measure/, as the guard does)
+    "attnbench.generation": {"attnbench.report", "attnbench.recall", "attnbench.variants",
+                             "attnbench.cli", "attnbench.commands", "attnbench.reproduce"},
     # the published claims sit on the pipeline's top: they plan, run and read runs, never measure or report
     "attnbench.reproduce": {"attnbench.measure", "attnbench.report", "attnbench.model", "attnbench.variants",
                             "attnbench.cli", "attnbench.commands"},

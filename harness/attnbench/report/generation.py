@@ -17,19 +17,11 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.report.document import Block, render_html, render_markdown
-from attnbench.report.text import aligned_table, recall_text
+from attnbench.report.text import aligned_table, recall_text, share_text
 from attnbench.stats import mean_interval
 
 EXACT_FLOOR = 0.8  # below this the exact model itself fails the task at that N: beyond the model, no verdict on it
 EXACT = "full"
-
-
-def share_text(share: float | None) -> str:
-    """'1/8' for a power-of-two share, else '0.3'; 'fixed' for a method without a knob."""
-    if share is None or share != share:
-        return "fixed"
-    inverse = 1 / share
-    return f"1/{round(inverse)}" if abs(inverse - round(inverse)) < 1e-6 else f"{share:g}"
 
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
@@ -170,7 +162,8 @@ def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict) -> list[Bloc
     blocks.append(Block("heading", "Verdict", level=2))
     blocks += [Block("text", line) for line in verdict_lines(rows, summary)] or [Block("text", "No needle task finished.")]
     if len(summary):
-        plots = plot_accuracy_vs_kept(pooled(rows, summary), summary, folder / "plots")
+        tasks = sorted(set(within_model(summary).task))
+        plots = plot_accuracy_vs_kept(pooled(rows, summary), summary, tasks, folder / "plots")
         blocks += [Block("image", str(path.relative_to(folder)), caption=caption) for path, caption in plots]
         headers, table = accuracy_table(summary)
         blocks.append(Block("table", headers=headers, rows=table, caption=(

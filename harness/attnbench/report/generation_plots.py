@@ -13,10 +13,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from attnbench.report.generation import share_text, within_model
 from attnbench.report.plots import (
     FIGURE_WIDTH, GREY, HALO, PANEL_HEIGHT, Style, _finish, _key, _log_y, _reference_line, styles, themed,
 )  # fmt: skip
+from attnbench.report.text import share_text
 
 OFF_SCALE = 4.0  # a perplexity ratio above this many times the largest of the swept methods is drawn at the edge
 DODGE = 0.05  # methods' points at one share spread by this much of an octave apart, so bars and markers don't hide
@@ -73,18 +73,20 @@ def _panels(data: pd.DataFrame, value: str, exact: dict[int, float], ylabel: str
     return _finish(fig, title, subtitle, path, legend)
 
 
-def plot_accuracy_vs_kept(overall: pd.DataFrame, summary: pd.DataFrame, folder: Path) -> list[tuple[Path, str]]:
-    """The report's plots (each written only when it has points): `overall` (report.generation.pooled: accuracy over
-    the tasks within the model) and the continuation's perplexity ratio from `summary`, against the cache kept."""
+def plot_accuracy_vs_kept(
+    overall: pd.DataFrame, summary: pd.DataFrame, tasks: list[str], folder: Path
+) -> list[tuple[Path, str]]:
+    """The report's plots (each written only when it has points): `overall` (`attnbench.report.generation.pooled`:
+    accuracy over `tasks`, those within the model) and the continuation's perplexity ratio from `summary`, against
+    the cache kept."""
     made = []
     style = styles([m for m in dict.fromkeys(summary.method) if m != "full"])
     others = overall[~overall.exact_method] if len(overall) else overall
     if len(others):
         exact = overall[overall.exact_method].groupby("seq_len").accuracy.mean().to_dict()
-        tasks = ", ".join(sorted(set(within_model(summary).task)))
         data = others.assign(x=others.share.fillna(others.cache_share))
         path = _panels(data, "accuracy", exact, "needles answered, % (↑)", "What the model answers with each method",
-                       f"{tasks} (the tasks within the model); mean over samples, 95% interval",
+                       f"{', '.join(tasks)} (the tasks within the model); mean over samples, 95% interval",
                        folder / "generation-accuracy-vs-kept.png", style)  # fmt: skip
         made.append((path, "Accuracy against the share of the cache kept, a line per method (kvpress's figure), a "
                            "panel per N; the exact model's is the dashed line."))  # fmt: skip

@@ -93,6 +93,14 @@ def recall_text(share: float) -> str:
     return format_percent(share)
 
 
+def share_text(share: float | None) -> str:
+    """A share of a cache kept: '1/8' for a share 1/k, else '0.3'; 'fixed' for a method without a knob."""
+    if share is None or share != share:
+        return "fixed"
+    inverse = 1 / share
+    return f"1/{round(inverse)}" if abs(inverse - round(inverse)) < 1e-6 else f"{share:g}"
+
+
 def shorten(text: str, width: int) -> str:
     """`text` cut to `width` characters with an ellipsis (for display; the CSV keeps it whole)."""
     return text if len(text) <= width else text[: width - 1] + "…"

@@ -12,7 +12,6 @@ from typing import Any
 import pandas as pd
 
 from attnbench.reproduce.outcome import CANNOT, FAILS, HOLDS, MIN_EFFECT, TREND, Outcome
-from attnbench.report.generation import share_text
 
 INSIDE_SLACK = 0.2  # StreamingLLM: measured accuracy within this of the share of needles inside its window
 
@@ -51,7 +50,7 @@ def window_retrieves_what_it_keeps(rows: pd.DataFrame, params: dict[str, Any]) -
         inside = [(row.depth >= 1 - share) * exact.get((row.task, row.sample), 0.0) for row in at.itertuples()]
         predicted, measured = sum(inside) / len(inside), float(at.score.mean())
         close.append(abs(measured - predicted) <= INSIDE_SLACK)
-        figures.append(f"{share_text(share)}: {measured:.0%} (inside the window: {predicted:.0%})")
+        figures.append(f"{share:g}: {measured:.0%} (inside the window: {predicted:.0%})")
     ours = "; ".join(figures)
     if all(close):
         return Outcome(HOLDS, ours, f"at every share within {INSIDE_SLACK:.0%} of the needles its window keeps")
@@ -71,7 +70,7 @@ def question_aware_keeps_retrieval(rows: pd.DataFrame, params: dict[str, Any]) -
         with_q, without_q = _accuracy(rows, method, share, aware), _accuracy(rows, method, share, agnostic)
         keeps.append(with_q >= exact - MIN_EFFECT)
         loses.append(without_q <= with_q - MIN_EFFECT)
-        figures.append(f"{share_text(share)}: aware {with_q:.0%}, agnostic {without_q:.0%}")
+        figures.append(f"{share:g}: aware {with_q:.0%}, agnostic {without_q:.0%}")
     ours = f"exact {exact:.0%}; " + "; ".join(figures)
     if all(keeps) and any(loses):
         return Outcome(HOLDS, ours, "question-aware keeps the exact model's answers, question-agnostic loses part")
@@ -93,7 +92,7 @@ def quest_keeps_where_others_fail(rows: pd.DataFrame, params: dict[str, Any]) ->
         theirs = {other: _accuracy(rows, other, share) for other in others}
         holds.append(mine >= exact - params["keeps_within"] and all(mine - t >= params["gap"] for t in theirs.values()))
         leads.append(all(mine - t >= MIN_EFFECT for t in theirs.values()))
-        figures.append(f"{share_text(share)}: {method} {mine:.0%}, " + ", ".join(f"{o} {t:.0%}" for o, t in theirs.items()))
+        figures.append(f"{share:g}: {method} {mine:.0%}, " + ", ".join(f"{o} {t:.0%}" for o, t in theirs.items()))
     ours = f"exact {exact:.0%}; " + "; ".join(figures)
     if all(holds):
         return Outcome(HOLDS, ours, f"{method} keeps the answers at every small budget, the others fall {params['gap']:.0%} or more behind")

@@ -8,7 +8,8 @@ import math
 from pathlib import Path
 
 import pandas as pd
-from attnbench.report.generation import EXACT_FLOOR, share_text, summarize, verdict_lines, write_generation_report
+from attnbench.report.generation import EXACT_FLOOR, summarize, verdict_lines, write_generation_report
+from attnbench.report.text import share_text
 from attnbench.runfolder.generations import COLUMNS
 
 
