@@ -111,8 +111,8 @@ def test_bad_input_is_refused_before_any_folder(tmp_path: Path, tiny_model: Path
     untokenized = run_cli("generate", str(grid(tmp_path)), "--model", str(bare), "--out", str(out))
     assert untokenized.returncode == 2 and "no tokenizer" in untokenized.stderr
     too_long = run_cli("generate", str(grid(tmp_path)), "--model", str(tiny_model), "--out", str(out),
-                       "--seq-lens", "1000")  # fmt: skip
-    assert too_long.returncode == 2 and "beyond the model's 512 positions" in too_long.stderr
+                       "--seq-lens", "600")  # fmt: skip
+    assert too_long.returncode == 2 and "N=600: beyond the model's 512 positions" in too_long.stderr
     dense = grid(tmp_path, GRID.replace('"deltanet"', '{name = "full-math", prefill = "dense"}'))
     no_decode = run_cli("generate", str(dense), "--model", str(tiny_model), "--out", str(out))
     assert no_decode.returncode == 2 and "has no decode form" in no_decode.stderr and "tiny.toml" in no_decode.stderr

@@ -20,13 +20,14 @@ def decode(ids) -> str:
 
 
 @pytest.mark.parametrize("task", ["passkey", "niah_single", "niah_multikey"])
-@pytest.mark.parametrize("n", [600, 2048])
+@pytest.mark.parametrize("n", [900, 2048])
 def test_needle_contexts_fit_n_and_hold_the_asked_value_at_its_depth(task: str, n: int) -> None:
     samples = build_samples(task, n, 5, encode, seed=3)
     spec = TASKS[task]
     for sample in samples:
         context = decode(sample.context)
-        assert n - 200 <= len(sample.context) <= n  # filled to N, less than one haystack group short
+        whole = len(sample.context) + len(sample.question) + spec.answer_tokens  # N counts them all, as RULER does
+        assert n - 200 <= whole <= n  # filled to N, less than one haystack group short
         (value,) = sample.answers
         assert len(value) == spec.digits and value in context
         haystack = len(context) - len(spec.intro)
@@ -59,14 +60,16 @@ def test_samples_follow_the_seed() -> None:
 def test_continuation_is_the_text_that_follows_the_context() -> None:
     text = text_tokens(encode)
     for sample in build_samples("continuation", 500, 3, encode, seed=0, continuation_tokens=40):
-        assert len(sample.context) == 500 and len(sample.continuation) == 40 and not sample.answers
+        assert len(sample.context) == 460 and len(sample.continuation) == 40 and not sample.answers
         joined = decode(sample.context) + decode(sample.continuation)
         assert joined in decode(text)
 
 
-def test_continuation_longer_than_the_text_is_refused() -> None:
-    with pytest.raises(TaskError, match="too short"):
+def test_a_length_the_task_cannot_fill_is_refused() -> None:
+    with pytest.raises(TaskError, match="cannot give"):
         build_samples("continuation", 10**7, 1, encode)
+    with pytest.raises(TaskError, match="niah_multikey needs more than 300 tokens"):
+        build_samples("niah_multikey", 300, 1, encode)
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.generation.grid import JSONL, GenerationGrid
-from attnbench.generation.tasks import HAYSTACK, TASKS, read_jsonl
+from attnbench.generation.tasks import HAYSTACK, TASKS, TaskError, build_samples, read_jsonl
+from attnbench.generation.unit import encoder
 
 # where `make model` writes SmolLM2-135M; $ATTNBENCH_MODEL_DIR points elsewhere
 DEFAULT_MODEL = Path(os.environ.get("ATTNBENCH_MODEL_DIR", Path.home() / ".cache" / "attnbench" / "SmolLM2-135M"))
-QUESTION_ROOM = 64  # tokens a built-in question takes at most (RULER's niah question is ~35)
 FLOAT32 = 4
 SLACK = 1.5  # what the tally misses: temporaries, the allocator's fragmentation
 
@@ -77,11 +77,9 @@ def check(grid: GenerationGrid, model_dir: Path) -> Any:
                         "causal language model (a decoder with its LM head)")  # fmt: skip
     tokenizer = tokenizer_of(model_dir)
     limit = config.get("max_position_embeddings") or config.get("n_positions")
-    after = QUESTION_ROOM + max(grid.answer_tokens, grid.continuation_tokens)
-    for n in grid.seq_lens:
-        if limit and n + after > limit:
-            problems.append(f"N={n}: with the question and {after - QUESTION_ROOM} tokens after it, beyond the model's "
-                            f"{limit} positions; give --seq-lens {limit - after} or less")  # fmt: skip
+    for n in grid.seq_lens:  # N counts the context, the question and the answer (the continuation)
+        if limit and n > limit:
+            problems.append(f"N={n}: beyond the model's {limit} positions; give --seq-lens {limit} or less")
     for task in grid.tasks:
         if task.startswith(JSONL):
             for index, row in enumerate(read_jsonl(Path(task[len(JSONL):])), 1):
@@ -89,11 +87,19 @@ def check(grid: GenerationGrid, model_dir: Path) -> Any:
                 if limit and tokens + grid.answer_tokens > limit:
                     problems.append(f"{task} row {index}: {tokens} tokens and its answer, beyond the model's {limit} positions")
                     break
-        elif TASKS[task].kind == "needle":
-            spec = TASKS[task]
-            text = spec.intro + spec.needle.format(key="amber-anchor", value="1234567") + HAYSTACK + spec.question
-            if tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) != text:
-                problems.append(f"{task}: the tokenizer cannot encode its text faithfully (decoding it back differs)")
+        else:
+            if TASKS[task].kind == "needle":
+                spec = TASKS[task]
+                text = spec.intro + spec.needle.format(key="amber-anchor", value="1234567") + HAYSTACK + spec.question
+                if tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) != text:
+                    problems.append(f"{task}: the tokenizer cannot encode its text faithfully (decoding it back differs)")
+                    continue
+            for n in grid.seq_lens:  # one sample built at each N: a length the task cannot fill is said now
+                try:
+                    build_samples(task, n, grid.samples, encoder(tokenizer), seed=grid.seed,
+                                  continuation_tokens=grid.continuation_tokens, indices=range(0, 1))  # fmt: skip
+                except TaskError as error:
+                    problems.append(f"N={n}: {error}")
     methods = len(grid.settings(max(grid.seq_lens)))
     need, allowed = estimated_bytes(config, max(grid.seq_lens), methods), 0.8 * available_memory_bytes("cpu")
     if allowed and need > allowed:

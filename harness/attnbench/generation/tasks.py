@@ -101,12 +101,15 @@ class Sample:
 Encode = Callable[[str], list[int]]
 
 
-def needle_sample(spec: TaskSpec, n: int, index: int, samples: int, encode: Encode, seed: int) -> Sample:
-    """A needle task's sample `index` of `samples` with a context of at most n tokens, from the seed."""
-    rng = random.Random(f"{spec.name}/{n}/{index}/{seed}")
+def needle_sample(spec: TaskSpec, total: int, index: int, samples: int, encode: Encode, seed: int) -> Sample:
+    """A needle task's sample `index` of `samples` whose context, question and answer fit `total` tokens, from the
+    seed."""
+    rng = random.Random(f"{spec.name}/{total}/{index}/{seed}")
     keys = rng.sample([f"{a}-{b}" for a in ADJECTIVES for b in NOUNS], spec.distractors + 1)
     values = [str(rng.randrange(10 ** (spec.digits - 1), 10**spec.digits)) for _ in keys]
     depth = index / (samples - 1) if samples > 1 else 0.5
+    question = encode("\n" + spec.question.format(key=keys[0]))
+    n = total - len(question) - spec.answer_tokens  # the context's tokens
     unit = len(encode(HAYSTACK * 8)) / 8  # tokens per haystack sentence group, in running text
     needles = [spec.needle.format(key=key, value=value) for key, value in zip(keys, values)]
     fixed = len(encode(spec.intro + "".join(needles)))
@@ -117,19 +120,22 @@ def needle_sample(spec: TaskSpec, n: int, index: int, samples: int, encode: Enco
         for place, needle in sorted(zip(places, needles), key=lambda pair: -pair[0]):
             pieces.insert(place, needle)
         context = encode(spec.intro + "".join(pieces))
-        if len(context) <= n or units == 1:
+        if len(context) <= n:
             break
+        if units == 1:
+            raise TaskError(f"{spec.name} needs more than {total} tokens: its intro, needles, question and answer "
+                            f"alone take {len(context) + total - n}")
         units -= max(1, int((len(context) - n) / unit))
-    question = encode("\n" + spec.question.format(key=keys[0]))
     return Sample(spec.name, index, context, question, (values[0],), depth=depth, answer_tokens=spec.answer_tokens)
 
 
-def continuation_sample(n: int, tokens: int, index: int, encode: Encode, seed: int) -> Sample:
-    """A stretch of n tokens of the shipped text and its next `tokens`, starting at a seeded offset."""
+def continuation_sample(total: int, tokens: int, index: int, encode: Encode, seed: int) -> Sample:
+    """A stretch of the shipped text and its next `tokens`, `total` tokens in all, starting at a seeded offset."""
     ids = text_tokens(encode)
-    if len(ids) < n + tokens:
-        raise TaskError(f"the continuation text has {len(ids)} tokens: too short for a context of {n} + {tokens}")
-    start = random.Random(f"continuation/{n}/{index}/{seed}").randrange(len(ids) - n - tokens + 1)
+    n = total - tokens
+    if len(ids) < total or n < 1:
+        raise TaskError(f"the continuation text has {len(ids)} tokens: it cannot give {total} ({tokens} to continue)")
+    start = random.Random(f"continuation/{total}/{index}/{seed}").randrange(len(ids) - total + 1)
     return Sample("continuation", index, ids[start : start + n], [], continuation=tuple(ids[start + n : start + n + tokens]))
 
 
@@ -141,7 +147,8 @@ def text_tokens(encode: Encode) -> list[int]:
 
 def build_samples(task: str, n: int, samples: int, encode: Encode, *, seed: int = 0, continuation_tokens: int = 128,
                   indices: range | None = None) -> list[Sample]:
-    """Samples `indices` (default all) of a built-in task at context length n."""
+    """Samples `indices` (default all) of a built-in task at length n: the context, the question and the answer (or
+    the continuation) fit n tokens, as RULER counts a task's length."""
     spec = TASKS[task]
     chosen = range(samples) if indices is None else indices
     if spec.kind == "continuation":
