@@ -184,3 +184,30 @@ def test_resume_measures_the_cut_group_again_with_its_decode_columns(run: Path, 
     samples = read_samples(run)
     assert all(len(samples[row.cell_key]) == row.time_repeats for row in frame.itertuples())
     assert pd.notna(RunView.read(run).frame.of_roofline).all()
+
+
+def test_a_captured_grouped_query_model_is_decoded_with_its_own_key_value_heads(tmp_path: Path) -> None:
+    """A captured file of 6 query and 2 key/value heads: full and band keep one cache per key/value head (a third of
+    a repeated one's), linear (no grouped form) one per query head; the outputs are the same either way."""
+    import torch
+
+    from attnbench.measure.decode import kv_group
+
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 6, 160, 16, generator=generator)
+    k, v = (torch.randn(1, 1, 2, 160, 16, generator=generator) for _ in range(2))
+    torch.save({"q": q, "k": k, "v": v}, tmp_path / "grouped.pt")
+    assert kv_group(k[0].repeat_interleave(3, dim=1), v[0].repeat_interleave(3, dim=1)) == 3
+    assert kv_group(q[0], q[0]) == 1
+    text = DECODE + f'[[inputs]]\nname = "captured"\npath = "{tmp_path / "grouped.pt"}"\n'
+    config = write_tiny(tmp_path / "grouped.toml", text, seq_lens=[64], heads=6, head_dim=16)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        fast_runs(monkeypatch)
+        assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
+    frame = read_results(only_run(tmp_path / "out")).set_index("label")
+    row_bytes = 2 * 16 * 4  # a position's key and value, float32
+    assert frame.loc["full"].cache_bytes == 2 * (64 + 4) * row_bytes  # 2 key/value heads, room for the 4 steps
+    slots = 2 + 16 + 1  # sinks, window, the token itself
+    assert frame.loc[BAND].cache_bytes == 2 * slots * row_bytes + slots * 8  # 2 heads' slots, and their positions
+    assert frame.loc["linear"].cache_bytes > 0 and (frame.status == "ok").all()
+    assert frame.loc["full"].err_vs_uniform < 1e-5  # exact, grouped

@@ -3,7 +3,9 @@
 For a context of N (the cell's seq_len) the inputs hold N + T positions (T = `decode_steps`). Each variant's
 `prefill` takes the first N (timed once: `prefill_s`; what it keeps: `cache_bytes`), then T `step`s take the
 rest one position at a time; their outputs are compared with exact causal softmax over everything visible to each
-step, in float64 (the error columns). Then the group's variants are timed **one step per sample, in turns**
+step, in float64 (the error columns). Inputs captured from a grouped-query model hold each key/value head repeated
+for its query heads: a variant that decodes grouped-query attention is handed one copy per key/value head, so its
+cache is the model's own (`cache_bytes`, `bytes_moved`); another keeps one per query head. Then the group's variants are timed **one step per sample, in turns**
 (`attnbench.measure.timing.time_in_turns`): every sample is a step at a context between N and N + T, and a
 variant's sequence restarts from a copy of its prefilled state, untimed, when it has no room left. The step's peak
 memory beyond its state is measured last. `bytes_moved` is what a step must read and write (the part of the state
@@ -31,11 +33,33 @@ from attnbench.plan.cells import Cell
 from attnbench.stats import Spread
 
 
+def kv_group(k: torch.Tensor, v: torch.Tensor) -> int:
+    """How many adjacent heads of k and v (b, h, n, d) are copies of one key/value head: a captured grouped-query
+    model's heads arrive repeated (SmolLM2: 3 for 9 query heads, each 3 times); 1 when no heads repeat."""
+    heads = k.shape[1]
+    for group in range(heads, 1, -1):
+        if heads % group == 0 and all(
+            bool((x.unflatten(1, (heads // group, group)) == x[:, ::group, None]).all()) for x in (k, v)
+        ):
+            return group
+    return 1
+
+
+def kv_heads(variant: AttentionVariant, k: torch.Tensor, v: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a variant's prefill and step take: one head per key/value head when it decodes grouped-query attention
+    (its cache then counts the model's own heads), else every query head's copy."""
+    if group > 1 and variant.supports.grouped_kv:
+        return k[:, ::group], v[:, ::group]
+    return k, v
+
+
 class Generation:
     """One variant's generation: the prefilled state, the live state, and the next step to take (0..T-1)."""
 
-    def __init__(self, variant: AttentionVariant, prefilled: DecodeState, inputs: Inputs, prompt: int, steps: int):
+    def __init__(self, variant: AttentionVariant, prefilled: DecodeState, inputs: Inputs, prompt: int, steps: int,
+                 group: int = 1):  # fmt: skip
         self.variant, self.prefilled, self.inputs, self.prompt, self.steps = variant, prefilled, inputs, prompt, steps
+        self.group = group  # key/value heads shared by this many query heads (kv_group)
         self.state = prefilled.clone()
         self.done = 0
 
@@ -48,6 +72,7 @@ class Generation:
         """The next token's output (b, h, 1, e)."""
         t = self.prompt + self.done
         q, k, v = (x[:, :, t : t + 1] for x in (self.inputs.q, self.inputs.k, self.inputs.v))
+        k, v = kv_heads(self.variant, k, v, self.group)
         with torch.no_grad():
             out, self.state = self.variant.step(self.state, q, k, v)
         self.done += 1
@@ -79,6 +104,7 @@ class DecodeMeasurement(GroupMeasurement):
         self.steps = self.settings.decode_steps
         self.generations: dict[str, Generation] = {}
         self.read_bytes: dict[str, int] = {}  # per cell: what its first step (at a context of N) read
+        self.heads_per_kv = 1  # query heads per key/value head of the inputs (a captured grouped-query model's)
 
     def _measure(self) -> list[tuple[str, int, float]]:
         samples: list[tuple[str, int, float]] = []
@@ -88,6 +114,7 @@ class DecodeMeasurement(GroupMeasurement):
         try:
             self.progress("building the inputs", GROUP_STEP)
             self.inputs = self._make_inputs(positions=n + self.steps, queries_from=n)
+            self.heads_per_kv = kv_group(self.inputs.k, self.inputs.v)
             if self.settings.error:
                 self.progress("computing the exact reference", GROUP_STEP)
                 i = self.inputs
@@ -115,9 +142,11 @@ class DecodeMeasurement(GroupMeasurement):
         try:
             self.progress("prefill", key)
 
+            k, v = kv_heads(variant, inputs.k[:, :, :n], inputs.v[:, :, :n], self.heads_per_kv)
+
             def prefill() -> tuple[torch.Tensor, DecodeState]:
                 with torch.no_grad():
-                    return variant.prefill(inputs.q[:, :, :n], inputs.k[:, :, :n], inputs.v[:, :, :n], room=self.steps)
+                    return variant.prefill(inputs.q[:, :, :n], k, v, room=self.steps)
 
             (prompt_out, state), prefill_s = timed_call(prefill, self.device)
             expected = (cell.batch, cell.heads, n, cell.v_dim)
@@ -132,7 +161,7 @@ class DecodeMeasurement(GroupMeasurement):
                 if not passed:
                     reason = f"decode self-check against its own support failed: {self.fields[key]['self_check']}"
                     return self._fail(key, {"status": "error", "reason": reason})
-            generation = Generation(variant, state, inputs, n, self.steps)
+            generation = Generation(variant, state, inputs, n, self.steps, self.heads_per_kv)
             self.progress("steps", key)
             outputs = [generation.checked_step()]
             self.read_bytes[key] = generation.state.read_bytes  # what a step at a context of N reads
