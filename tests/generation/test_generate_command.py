@@ -134,3 +134,20 @@ def test_the_grid_runs_as_ray_tasks(tmp_path: Path, tiny_model: Path) -> None:
     rows = pd.read_csv(folder / "generations.csv")
     assert len(rows) == 2 * 6 and (rows.status == "ok").all() and rows.node.notna().all()
     assert json.loads((folder / "meta.json").read_text())["executor"] == "ray"
+
+
+def test_the_memory_guard_refuses_an_n_that_would_not_fit(tmp_path: Path, tiny_model: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The estimate (weights, the exact prompt's q/k/v, each method's cache) grows with N and the methods, and a grid
+    whose largest N would exceed 80% of the memory available is refused before any work, naming N."""
+    import attnbench.measure.machine
+    from attnbench.generation.grid import read_grid
+    from attnbench.generation.preflight import PreflightError, check, estimated_bytes, model_limits
+
+    config = model_limits(tiny_model)
+    assert estimated_bytes(config, 512, 6) > estimated_bytes(config, 256, 6) > estimated_bytes(config, 256, 2)
+    tiny = read_grid(str(grid(tmp_path)))
+    check(tiny, tiny_model)  # fits
+    monkeypatch.setattr(attnbench.measure.machine, "available_memory_bytes", lambda device: 10 * 2**20)
+    with pytest.raises(PreflightError, match="N=160 with 6 method settings would hold"):
+        check(tiny, tiny_model)
