@@ -151,3 +151,28 @@ def test_the_memory_guard_refuses_an_n_that_would_not_fit(tmp_path: Path, tiny_m
     monkeypatch.setattr(attnbench.measure.machine, "available_memory_bytes", lambda device: 10 * 2**20)
     with pytest.raises(PreflightError, match="N=160 with 6 method settings would hold"):
         check(tiny, tiny_model)
+
+
+def test_a_generation_claim_runs_its_grid_once_and_says_when_it_cannot(tmp_path: Path, tiny_model: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """`reproduce` on a claim judged by generation: its grid runs into OUT/<claim>, a finished one is checked again
+    without running; without the model the claim cannot run here, and says which command gets it."""
+    import dataclasses
+
+    import attnbench.generation.preflight
+    from attnbench.reproduce.claims import CLAIMS
+    from attnbench.reproduce.command import run_claim
+
+    quest = next(c for c in CLAIMS if c.id == "quest-passkey")
+    small = dataclasses.replace(quest, generation={**quest.generation, "seq_lens": [160], "samples": 2})
+    monkeypatch.setattr(attnbench.generation.preflight, "DEFAULT_MODEL", tmp_path / "absent")
+    missing = run_claim(small, tmp_path / "out", quick=False, progress=False)
+    assert missing.outcome.verdict == "cannot run here" and "make model" in missing.outcome.detail
+    monkeypatch.setattr(attnbench.generation.preflight, "DEFAULT_MODEL", tiny_model)
+    first = run_claim(small, tmp_path / "out", quick=False, progress=False)
+    rows = pd.read_csv(first.folder / "generations.csv")
+    assert len(rows) == 2 * (1 + 3 * 2) and (rows.status == "ok").all()  # full, quest, h2o, streamingllm at 2 shares
+    assert first.outcome.verdict in ("does not hold", "holds in trend, not in size", "holds")
+    stamp = (first.folder / "generations.csv").stat().st_mtime_ns
+    again = run_claim(small, tmp_path / "out", quick=False, progress=False)
+    assert again.outcome == first.outcome and (first.folder / "generations.csv").stat().st_mtime_ns == stamp
