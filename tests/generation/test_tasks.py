@@ -97,7 +97,7 @@ def test_bad_jsonl_rows_are_named_by_line_before_any_work(tmp_path: Path) -> Non
     with pytest.raises(TaskError) as error:
         read_jsonl(path)
     message = str(error.value)
-    assert "line 2: not JSON" in message and "line 3" in message and "line 4: context, question must be text" in message
+    assert "line 2: not JSON" in message and "line 3" in message and "line 4: context, question must be text, not empty" in message
     assert "line 4: answers must be" in message and "line 1" not in message
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")

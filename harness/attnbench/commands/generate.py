@@ -57,6 +57,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--list", action="store_true", help="list the shipped grids")
 
 
+def grid_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The flags that change a grid, with their values (None: not given)."""
+    return {"--tasks": args.tasks, "--seq-lens": args.seq_lens, "--samples": args.samples, "--keep": args.keep,
+            "--methods": args.methods, "--protocols": args.protocols}  # fmt: skip
+
+
 def _items(text: str | None, kind: type, flag: str) -> list | None:
     if text is None:
         return None
@@ -101,6 +107,11 @@ def main(args: argparse.Namespace) -> int:
     if args.resume is not None:
         if args.grid is not None:
             print("attnbench: --resume continues DIR's own grid (DIR/grid.toml): give no grid with it", file=sys.stderr)
+            return Exit.USAGE
+        changed = [flag for flag, value in grid_flags(args).items() if value is not None]
+        if changed:
+            print(f"attnbench: --resume continues DIR's own grid (DIR/grid.toml): {', '.join(changed)} would change it; "
+                  "start a new grid for another setting", file=sys.stderr)  # fmt: skip
             return Exit.USAGE
         if not (args.resume / GRID_FILE).is_file():
             print(f"attnbench: {args.resume} is not a generation grid folder (no {GRID_FILE})", file=sys.stderr)
@@ -173,12 +184,20 @@ def _generate(args: argparse.Namespace, grid, folder: Path | None, model_dir: Pa
 
 
 def _finish(folder: Path, meta: dict) -> int:
+    from attnbench.generation.run import missing_units
     from attnbench.report.generation import terminal_summary, write_generation_report
     from attnbench.runfolder.generations import read_generations
 
+    from attnbench.generation.budgets import KNOBS
+
     rows = read_generations(folder)
-    report = write_generation_report(folder, rows, meta)
+    missing = missing_units(folder)
+    reads = bool(rows.variant.isin([name for name, knob in KNOBS.items() if knob.reads_only]).any())
+    report = write_generation_report(folder, rows, meta, missing, reads)
     print(terminal_summary(rows, terminal_width()))
+    if missing:
+        print(f"attnbench: {missing} unit(s) of the grid have not run yet: attnbench generate --resume {folder}",
+              file=sys.stderr)  # fmt: skip
     print(f"attnbench: {len(rows)} generation(s) in {folder}/ (generations.csv, report.md, plots/); report: {report}",
           file=sys.stderr)  # fmt: skip
     if not (rows.status == "ok").any():
@@ -191,9 +210,15 @@ def _report_only(folder: Path) -> int:
     from attnbench.runfolder.results import RunFolderUnreadable
     from attnbench.runfolder.generations import read_generations
 
+    from attnbench.runfolder.folder import RunFolderBusy, take_lock
+
     try:
         read_generations(folder)
-    except RunFolderUnreadable as error:
+        lock = take_lock(folder)  # no report rewritten under a grid that is still being written
+    except (RunFolderUnreadable, RunFolderBusy) as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
-    return _finish(folder, read_meta(folder) if (folder / "meta.json").is_file() else {})
+    try:
+        return _finish(folder, read_meta(folder) if (folder / "meta.json").is_file() else {})
+    finally:
+        lock.close()

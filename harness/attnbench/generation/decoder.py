@@ -33,7 +33,7 @@ class RowResult:
     nll: list[float] = field(default_factory=list)  # teacher-forced: -log p of each forced token
     cache_bytes: int = 0  # what its states hold after the prompt (every layer)
     read_bytes: int = 0  # what its first step reads of them
-    prefill_s: float = 0.0  # its prompt: the shared exact pass, or its own, plus building its states
+    prefill_s: float = 0.0  # its prompt: the shared exact pass and building its states, or its own prefill (batched)
     attention_times: list[float] = field(default_factory=list)  # per step: its time inside attention, every layer
     logits: list[Tensor] = field(default_factory=list)  # with keep_logits: (v,) before each greedy token
 
@@ -83,10 +83,11 @@ class InModelDecoder:
         if shared:
             started, exact = time.perf_counter(), ExactPrompt()
             exact_logits = self.forward(exact, prompt[None], 0)
+            exact_s = time.perf_counter() - started  # one exact pass, every such row's prompt
             rows.from_exact(exact)
             del exact
             logits.append(exact_logits.expand(len(shared), -1))
-            prefill_s += [time.perf_counter() - started] * len(shared)
+            prefill_s += [exact_s + built for built in rows.build_s]
         if own:
             started, own_rows = time.perf_counter(), MethodRows(own, room)
             logits.append(self.forward(own_rows, prompt[None].expand(len(own), -1), 0))

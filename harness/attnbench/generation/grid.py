@@ -37,6 +37,12 @@ DESCRIPTIVE = ("name", "description", "measured_run_time")
 KEYS = DESCRIPTIVE + ("tasks", "seq_lens", "samples", "protocols", "keep", "methods", "block", "continuation_tokens",
                       "seed", "answer_tokens")  # fmt: skip
 METHOD_KEYS = ("prefill", "dense_layers", "label")
+# the methods the papers name, as settings of the variants that compute them (`--methods quest,streamingllm`)
+ALIASES: dict[str, dict[str, Any]] = {
+    "quest": {"name": "topk", "score": "minmax", "block_size": 16, "dense_layers": 2, "label": "quest"},
+    "streamingllm": {"name": "band", "sinks": 4, "label": "streamingllm"},
+}
+NO_QUESTION = "no question"  # a continuation's protocol: nothing follows its context but the text itself
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,8 @@ class Unit:
     samples: tuple[int, ...]
 
     def name(self) -> str:
-        return f"{self.task} N={self.seq_len} {self.protocol} samples {self.samples[0]}-{self.samples[-1]}"
+        length = f"N={self.seq_len}" if self.seq_len else "its rows' own lengths"
+        return f"{self.task} {length} {self.protocol} samples {self.samples[0]}-{self.samples[-1]}"
 
 
 @dataclass(frozen=True)
@@ -112,18 +119,18 @@ class GenerationGrid:
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def units(self) -> list[Unit]:
-        """Every unit, by N, task, protocol, then sample block (a continuation has no question: one protocol)."""
+        """Every unit, by N, task, protocol, then sample block. A continuation has no question (one unit, protocol
+        NO_QUESTION); a user's rows have their own lengths (N 0: the rows', once) and are its samples."""
         out = []
-        for n in self.seq_lens:
-            for task in self.tasks:
-                count = self.jsonl_rows.get(task, self.samples)
-                protocols = self.protocols if task != "continuation" else self.protocols[:1]
+        for task in self.tasks:
+            lengths = (0,) if task.startswith(JSONL) else self.seq_lens
+            count = self.jsonl_rows.get(task, self.samples)
+            protocols = (NO_QUESTION,) if task == "continuation" else self.protocols
+            for n in lengths:
                 for protocol in protocols:
                     for start in range(0, count, self.block):
                         out.append(Unit(task, n, protocol, tuple(range(start, min(count, start + self.block)))))
-        if any(task.startswith(JSONL) for task in self.tasks):  # a user's rows have their own lengths: one N
-            out = [u for u in out if not u.task.startswith(JSONL) or u.seq_len == self.seq_lens[0]]
-        return out
+        return sorted(out, key=lambda unit: unit.seq_len)  # by N (a stable sort: the tasks' order within one)
 
     def settings(self, n: int, registry: Registry = default_registry) -> list[Setting]:
         """Every method at every share for a prompt of n tokens (a method without a knob once)."""
@@ -168,9 +175,14 @@ def read_grid(name_or_path: str, registry: Registry = default_registry, **overri
     path = Path(name_or_path)
     files = _grid_files()
     if path.is_file():
-        source, text = str(path), path.read_text(encoding="utf-8-sig")
+        try:
+            source, text = str(path), path.read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(str(path), [f"cannot be read as UTF-8 text: {error}"]) from None
     elif name_or_path in files:
         source, text = f"grid '{name_or_path}'", files[name_or_path].read_text()
+    elif path.is_dir():
+        raise ConfigError(name_or_path, ["is a folder; give a grid's TOML file or a shipped grid's name"])
     else:
         known = ", ".join(sorted(files))
         hint = did_you_mean(name_or_path, sorted(files))
@@ -180,8 +192,11 @@ def read_grid(name_or_path: str, registry: Registry = default_registry, **overri
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(source, [f"not valid TOML: {error}"]) from None
     given = {key: value for key, value in overrides.items() if value is not None}
-    raw = {**raw, **given}
     raw.setdefault("name", path.stem if path.is_file() else name_or_path)
+    if given:  # the grid as run is no longer the file's: its description and measured time do not describe it
+        flags = ", ".join(f"--{key.replace('_', '-')}" for key in given)
+        raw = {**{k: v for k, v in raw.items() if k != "measured_run_time"}, **given,
+               "description": f"{raw['name']} with {flags} given on the command line"}  # fmt: skip
     return parse_grid(raw, source, registry, flags=set(given))
 
 
@@ -189,15 +204,16 @@ def _flag(key: str, flags: set[str]) -> str:
     return f"--{key.replace('_', '-')}" if key in flags else key
 
 
-def _numbers(raw: dict[str, Any], key: str, kind: type, least: float, most: float | None = None) -> tuple[tuple, list[str]]:
+def _numbers(raw: dict[str, Any], key: str, kind: type, least: float, most: float | None = None,
+             single: bool = False) -> tuple[tuple, list[str]]:  # fmt: skip
     values = raw.get(key)
     values = values if isinstance(values, list) else [values]
     good = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
             and v >= least and (most is None or v <= most)]  # fmt: skip
-    if len(good) != len(values) or not good:
+    if len(good) != len(values) or not good or (single and isinstance(raw.get(key), list)):
         bound = f"in [{least}, {most}]" if most is not None else f">= {least}"
-        return (), [f"{key}: expected a {'number' if kind is float else 'whole number'} {bound} or a non-empty list of them, "
-                    f"got {raw.get(key)!r}"]  # fmt: skip
+        what = f"a {'number' if kind is float else 'whole number'} {bound}"
+        return (), [f"{key}: expected {what}{'' if single else ' or a non-empty list of them'}, got {raw.get(key)!r}"]
     return tuple(dict.fromkeys(kind(v) for v in good)), []
 
 
@@ -215,20 +231,22 @@ def parse_grid(raw: dict[str, Any], source: str = "grid", registry: Registry = d
     problems += [f"{key}: missing" for key in ("tasks", "seq_lens", "methods") if key not in raw]
     seq_lens, found = _numbers(raw, "seq_lens", int, 16) if "seq_lens" in raw else ((), [])
     add("seq_lens", found)
-    samples, found = _numbers({"samples": raw.get("samples", 10)}, "samples", int, 1)
+    samples, found = _numbers({"samples": raw.get("samples", 10)}, "samples", int, 1, single=True)
     add("samples", found)
-    block, found = _numbers({"block": raw.get("block", 5)}, "block", int, 1)
+    block, found = _numbers({"block": raw.get("block", 5)}, "block", int, 1, single=True)
     add("block", found)
     keep, found = _numbers({"keep": raw.get("keep", [0.5, 0.25, 0.125, 0.0625])}, "keep", float, 1e-6, 1.0)
     add("keep", found)
-    forced, found = _numbers({"continuation_tokens": raw.get("continuation_tokens", 64)}, "continuation_tokens", int, 1)
+    forced, found = _numbers({"continuation_tokens": raw.get("continuation_tokens", 64)}, "continuation_tokens", int, 1, single=True)
     add("continuation_tokens", found)
-    answer, found = _numbers({"answer_tokens": raw.get("answer_tokens", 12)}, "answer_tokens", int, 1)
+    answer, found = _numbers({"answer_tokens": raw.get("answer_tokens", 12)}, "answer_tokens", int, 1, single=True)
     add("answer_tokens", found)
-    seed, found = _numbers({"seed": raw.get("seed", 0)}, "seed", int, 0)
+    seed, found = _numbers({"seed": raw.get("seed", 0)}, "seed", int, 0, single=True)
     add("seed", found)
     protocols = raw.get("protocols", [PROTOCOLS[0]])
     protocols = protocols if isinstance(protocols, list) else [protocols]
+    if not protocols:
+        problems.append(f"{_flag('protocols', flags)}: empty; name {' or '.join(PROTOCOLS)}")
     for protocol in protocols:
         if protocol not in PROTOCOLS:
             hint = did_you_mean(str(protocol), list(PROTOCOLS))
@@ -251,6 +269,8 @@ def _tasks(raw: Any, problems: list[str], where: str) -> tuple[tuple[str, ...], 
     for item in items:
         if not isinstance(item, str) or not item:
             problems.append(f"{where}: expected task names, got {item!r}")
+        elif item == JSONL:
+            problems.append(f"{where}: jsonl: needs a path, e.g. jsonl:mine.jsonl")
         elif item.startswith(JSONL):
             try:
                 rows[item] = len(read_jsonl(Path(item[len(JSONL):])))
@@ -274,7 +294,13 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
     placed, stripped = [], []
     for index, item in enumerate(items):
         table = item if isinstance(item, dict) else {"name": item}
+        if table.get("name") in ALIASES:
+            table = {**ALIASES[table["name"]], **{k: v for k, v in table.items() if k != "name"}}
         name = table.get("name")
+        if not isinstance(name, str) or not name:
+            problems.append(f"{where}[{index}]: a [[methods]] table needs a `name` (the variant, or "
+                            f"{' or '.join(ALIASES)}), got {item!r}")  # fmt: skip
+            continue
         prefill = table.get("prefill", default_prefill(name) if isinstance(name, str) else "dense")
         dense = table.get("dense_layers", 0)
         label = table.get("label", "")
@@ -306,4 +332,10 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
     if isinstance(raw, list) and not raw:
         problems.append(f"{where}: empty; name at least one method (full gives the exact model's own answers)")
     exact = MethodSpec(VariantSpec("full"), "dense")
-    return tuple(dict.fromkeys([exact, *methods]))  # the exact model always: its accuracy stands beside every figure
+    methods = list(dict.fromkeys([exact, *methods]))  # the exact model always: its accuracy stands beside every figure
+    labels = [m.label() for m in methods]
+    clashes = sorted({label for label in labels if labels.count(label) > 1})
+    if clashes:
+        problems.append(f"{where}: two methods are labelled {', '.join(map(repr, clashes))} (the exact model is "
+                        "`full`): give each its own label, or drop the repeat")  # fmt: skip
+    return tuple(methods)

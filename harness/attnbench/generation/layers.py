@@ -132,6 +132,7 @@ class MethodRows:
         self.states: list[list[DecodeState]] = []  # [layer][row]
         self.layer = 0  # the next self-attention call's layer: the caller resets it before each forward pass
         self.attention_s = [0.0] * len(methods)  # each row's time inside attention since the last `reset_clock`
+        self.build_s = [0.0] * len(methods)  # each row's time building its states from the exact prompt
 
     def reset_clock(self) -> None:
         self.attention_s = [0.0] * len(self.methods)
@@ -153,10 +154,14 @@ class MethodRows:
         rows share that one prompt (a batch of 1)."""
         if any(q.shape[0] != 1 for q, _, _ in exact.layers):
             raise ValueError("the exact prompt is one sequence that every row shares (batch 1)")
-        self.states = [
-            [layer_state(self.variant_at(row, layer), q, k, v, self.room) for row in range(len(self.methods))]
-            for layer, (q, k, v) in enumerate(exact.layers)
-        ]
+        self.states = []
+        for layer, (q, k, v) in enumerate(exact.layers):
+            states = []
+            for row in range(len(self.methods)):
+                started = time.perf_counter()
+                states.append(layer_state(self.variant_at(row, layer), q, k, v, self.room))
+                self.build_s[row] += time.perf_counter() - started
+            self.states.append(states)
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
                cross: bool) -> Tensor:

@@ -36,6 +36,23 @@ def model_limits(model_dir: Path) -> dict[str, Any]:
     return config
 
 
+def weights_problem(model_dir: Path) -> str | None:
+    """Why the folder's weights cannot be loaded, read from their headers alone (None when they can): no weights
+    file, or a safetensors file cut short or damaged."""
+    files = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("pytorch_model*.bin"))
+    if not files:
+        return f"{model_dir} holds no weights (model.safetensors or pytorch_model.bin): `make model` writes a complete folder"
+    from safetensors import safe_open
+
+    for file in (f for f in files if f.suffix == ".safetensors"):
+        try:
+            with safe_open(str(file), "pt") as weights:
+                weights.keys()
+        except Exception as error:
+            return f"{file} cannot be read ({' '.join(str(error).split())[:160]}): a damaged or partial download?"
+    return None
+
+
 def tokenizer_of(model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
@@ -75,6 +92,8 @@ def check(grid: GenerationGrid, model_dir: Path) -> Any:
     if "CausalLM" not in architectures and "LMHeadModel" not in architectures:
         problems.append(f"{model_dir} holds a {architectures or 'model of unknown architecture'}: generation needs a "
                         "causal language model (a decoder with its LM head)")  # fmt: skip
+    if (problem := weights_problem(model_dir)) is not None:
+        problems.append(problem)
     tokenizer = tokenizer_of(model_dir)
     limit = config.get("max_position_embeddings") or config.get("n_positions")
     for n in grid.seq_lens:  # N counts the context, the question and the answer (the continuation)

@@ -35,6 +35,15 @@ def units_to_run(grid: GenerationGrid, done: set[str]) -> list[Unit]:
     return [unit for unit in grid.units() if not set(unit_keys(grid, unit)) <= done]
 
 
+def missing_units(folder: Path) -> int:
+    """How many units of the folder's grid (its grid.toml) have a row missing or not ok: 0 for a finished grid."""
+    from attnbench.generation.grid import read_grid
+
+    if not (folder / GRID_FILE).is_file():
+        return 0
+    return len(units_to_run(read_grid(str(folder / GRID_FILE)), generated_keys(folder)))
+
+
 def run_on_node(job: UnitJob) -> UnitOutcome:
     """A Ray task: one unit on the node Ray chose, naming it."""
     import ray

@@ -179,9 +179,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             continue
         answers = row.get("answers", row.get("answer"))
         answers = [answers] if isinstance(answers, str) else answers
-        missing = [key for key in ("context", "question") if not isinstance(row.get(key), str)]
+        missing = [key for key in ("context", "question") if not isinstance(row.get(key), str) or not row[key].strip()]
         if missing:
-            problems.append(f"line {number}: {', '.join(missing)} must be text")
+            problems.append(f"line {number}: {', '.join(missing)} must be text, not empty")
         if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a for a in answers):
             problems.append(f"line {number}: answers must be a non-empty string or list of strings")
         if not missing and isinstance(answers, list):

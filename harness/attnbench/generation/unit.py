@@ -8,6 +8,8 @@ import functools
 import json
 import math
 import socket
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,8 +81,8 @@ def run_unit(job: UnitJob) -> UnitOutcome:
         samples = unit_samples(job.grid, job.unit, tokenizer)
     except Exception as error:
         return UnitOutcome(job, reason=f"{type(error).__name__}: {error}")
-    rows = []
-    for sample in samples:
+    rows, started = [], time.monotonic()
+    for done, sample in enumerate(samples, 1):
         aware = job.unit.protocol == "question-aware"
         prompt = sample.context + (sample.question if aware else [])
         settings = job.grid.settings(len(prompt))
@@ -98,6 +100,8 @@ def run_unit(job: UnitJob) -> UnitOutcome:
         except Exception as error:
             results, reason = [RowResult() for _ in settings], f"{type(error).__name__}: {error}"
         rows += sample_rows(job, sample, len(prompt), settings, results, reason, tokenizer)
+        print(f"attnbench:   {job.unit.name()}: {done}/{len(samples)} samples, {time.monotonic() - started:.0f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
     return UnitOutcome(job, rows)
 
 

@@ -45,7 +45,16 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
             exact_method=bool((at.variant == EXACT).all() and at.dense_layers.fillna(0).eq(0).all()
                               and at.method.eq(EXACT).all()),
         ))  # fmt: skip
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
+
+
+SUMMARY_COLUMNS = ["seq_len", "task", "protocol", "method", "share", "samples", "accuracy", "low", "high", "ppl_ratio",
+                   "cache_share", "read_share", "attention_s", "exact_method"]  # fmt: skip
+
+
+def n_text(n: int) -> str:
+    """'N = 2,048', or the rows' own lengths of a user's task (N 0)."""
+    return f"N = {n:,}" if n else "the rows' own lengths"
 
 
 def exact_accuracy(summary: pd.DataFrame) -> dict[tuple[int, str, str], float]:
@@ -67,7 +76,8 @@ def pooled(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     judged = within_model(summary)
     tasks = set(zip(judged.seq_len, judged.task, judged.protocol))
     ok = rows[(rows.status == "ok") & rows.score.notna()]
-    ok = ok[[key in tasks for key in zip(ok.seq_len, ok.task, ok.protocol)]].assign(share_key=lambda f: f.share.fillna(-1.0))
+    judged_rows = pd.Series([key in tasks for key in zip(ok.seq_len, ok.task, ok.protocol)], index=ok.index, dtype=bool)
+    ok = ok[judged_rows].assign(share_key=lambda f: f.share.fillna(-1.0))
     out = []
     for (n, protocol, method, share), at in ok.groupby(["seq_len", "protocol", "method", "share_key"], sort=False):
         interval = mean_interval(at.score.tolist(), 0.0, 1.0)
@@ -75,7 +85,11 @@ def pooled(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         out.append(dict(seq_len=int(n), protocol=protocol, method=method, share=None if share < 0 else float(share),
                         samples=len(at), accuracy=interval.estimate, low=ends[0], high=ends[1],
                         cache_share=at.cache_share.mean(), exact_method=method == EXACT))  # fmt: skip
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, columns=POOLED_COLUMNS)
+
+
+POOLED_COLUMNS = ["seq_len", "protocol", "method", "share", "samples", "accuracy", "low", "high", "cache_share",
+                  "exact_method"]  # fmt: skip
 
 
 def accuracy_text(row: object) -> str:
@@ -96,7 +110,7 @@ def verdict_lines(rows: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
         tasks = sorted(set(at_n.task))
         beyond = [t for t in tasks if exact.get((n, t, protocol), 0.0) < EXACT_FLOOR]
         exact_words = ", ".join(f"{t} {recall_text(exact[(n, t, protocol)])}" for t in tasks if (n, t, protocol) in exact)
-        line = f"**At N = {n:,} ({protocol})**: the exact model answers {exact_words}."
+        line = f"**At {n_text(n)} ({protocol})**: the exact model answers {exact_words}."
         if beyond:
             line += f" Beyond the model at this N (below {EXACT_FLOOR:.0%} exact, no verdict on them): {', '.join(beyond)}."
         lines.append(line)
@@ -122,7 +136,7 @@ def accuracy_table(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     scored = summary[summary.accuracy.notna()]
     columns = list(dict.fromkeys(zip(scored.seq_len, scored.task, scored.protocol)))
     exact = exact_accuracy(summary)
-    headers = ["method", "kept"] + [f"{task} N={n:,}" + ("" if p == "question-agnostic" else " (aware)")
+    headers = ["method", "kept"] + [f"{task} {n_text(n).replace(' = ', '=')}" + ("" if p == "question-agnostic" else " (aware)")
                                      + ("" if exact.get((n, task, p), 0) >= EXACT_FLOOR else " †")
                                      for n, task, p in columns]  # fmt: skip
     rows = []
@@ -140,14 +154,14 @@ def cost_table(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     for (method, share, n), at in summary.groupby(["method", summary.share.fillna(-1.0), "seq_len"], sort=False):
         ratio = at.ppl_ratio.dropna()
         rows.append([
-            method, share_text(None if share < 0 else share), f"{n:,}", f"{at.cache_share.mean():.1%}",
+            method, share_text(None if share < 0 else share), f"{n:,}" if n else "own", f"{at.cache_share.mean():.1%}",
             f"{at.read_share.mean():.1%}", f"{1e3 * at.attention_s.median():.1f} ms",
             f"{ratio.iloc[0]:.3f}" if len(ratio) else "–",
         ])  # fmt: skip
     return headers, rows
 
 
-def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict) -> list[Block]:
+def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict, missing: int = 0, reads: bool = False) -> list[Block]:
     from attnbench.report.generation_plots import plot_accuracy_vs_kept
 
     summary = summarize(rows)
@@ -159,11 +173,14 @@ def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict) -> list[Bloc
         "cache from the exact prompt (kvpress's protocol), a method with its own prefill runs it. Question-agnostic: "
         "the context is compressed, then the question follows; question-aware: the question is inside the prompt."
     )))  # fmt: skip
+    if missing:
+        blocks.append(Block("text", f"**Unfinished**: {missing} unit(s) of the grid have no rows yet; "
+                                    f"`attnbench generate --resume {folder}` runs them."))  # fmt: skip
     blocks.append(Block("heading", "Verdict", level=2))
     blocks += [Block("text", line) for line in verdict_lines(rows, summary)] or [Block("text", "No needle task finished.")]
     if len(summary):
         tasks = sorted(set(within_model(summary).task))
-        plots = plot_accuracy_vs_kept(pooled(rows, summary), summary, tasks, folder / "plots")
+        plots = plot_accuracy_vs_kept(pooled(rows, summary), summary, tasks, folder / "plots", reads)
         blocks += [Block("image", str(path.relative_to(folder)), caption=caption) for path, caption in plots]
         headers, table = accuracy_table(summary)
         blocks.append(Block("table", headers=headers, rows=table, caption=(
@@ -185,11 +202,14 @@ def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict) -> list[Bloc
     return blocks
 
 
-def write_generation_report(folder: Path, rows: pd.DataFrame, meta: dict) -> Path:
-    """report.md and report.html of the grid's folder (written whole each time: a resumed grid rewrites them)."""
+def write_generation_report(folder: Path, rows: pd.DataFrame, meta: dict, missing: int = 0,
+                            reads: bool = False) -> Path:  # fmt: skip
+    """report.md and report.html of the grid's folder (written whole each time: a resumed grid rewrites them);
+    `missing`: units of the grid not run yet, said at the top; `reads`: a method whose share is what a step reads,
+    not what it keeps (Quest), is among the rows."""
     from attnbench.atomic import write_text_atomic
 
-    blocks = generation_blocks(folder, rows, meta)
+    blocks = generation_blocks(folder, rows, meta, missing, reads)
     write_text_atomic(folder / "report.md", render_markdown(blocks))
     write_text_atomic(folder / "report.html", render_html(blocks, folder))
     return folder / "report.md"

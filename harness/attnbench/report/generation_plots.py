@@ -19,22 +19,22 @@ from attnbench.report.plots import (
 from attnbench.report.text import share_text
 
 OFF_SCALE = 4.0  # a perplexity ratio above this many times the largest of the swept methods is drawn at the edge
-DODGE = 0.05  # methods' points at one share spread by this much of an octave apart, so bars and markers don't hide
+DODGE = 0.08  # methods' points at one share spread by this much of an octave apart, so bars and markers don't hide
 
 
-def _kept_axis(ax: plt.Axes, ticks: list[float], points: list[float]) -> None:
+def _kept_axis(ax: plt.Axes, ticks: list[float], points: list[float], reads: bool) -> None:
     """The share kept on a log2 axis, ticked at the grid's shares only; the fixed states' points fit inside it."""
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(sorted(set(ticks))))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: share_text(value)))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlim(min(points + ticks) / 1.6, max(points + ticks) * 1.6)
-    ax.set_xlabel("share of the KV cache kept (Quest: read)")
+    ax.set_xlabel("share of the KV cache kept" + (" (Quest: read)" if reads else ""))
 
 
 @themed
 def _panels(data: pd.DataFrame, value: str, exact: dict[int, float], ylabel: str, title: str, subtitle: str,
-            path: Path, style: dict[str, Style]) -> Path:  # fmt: skip
+            path: Path, style: dict[str, Style], reads: bool) -> Path:  # fmt: skip
     """A panel per N: a line per method of `value` against x (its interval as bars where `low`/`high` are given)."""
     percent = value == "accuracy"
     ns = sorted(set(data.seq_len))
@@ -59,11 +59,11 @@ def _panels(data: pd.DataFrame, value: str, exact: dict[int, float], ylabel: str
             if percent and len(rows):
                 ax.errorbar(rows.x, y, yerr=[y - 100 * rows.low, 100 * rows.high - y], fmt="none", ecolor=look.colour,
                             alpha=0.5, capsize=3)  # fmt: skip
-        if n in exact:
-            _reference_line(ax, 100 * exact[n] if percent else exact[n], "exact model")
-        _kept_axis(ax, list(swept.share), list(panel.x))
+        if n in exact:  # named under its right end: at 100% a name above it would sit on the frame
+            _reference_line(ax, 100 * exact[n] if percent else exact[n], "exact model", right=True)
+        _kept_axis(ax, list(swept.share), list(panel.x), reads)
         ax.set_ylabel(ylabel)
-        ax.set_title(f"N = {n:,}", fontsize="medium")
+        ax.set_title(f"N = {n:,}" if n else "the rows' own lengths", fontsize="medium")
         if percent:
             ax.set_ylim(-3, 103)
         else:
@@ -74,11 +74,11 @@ def _panels(data: pd.DataFrame, value: str, exact: dict[int, float], ylabel: str
 
 
 def plot_accuracy_vs_kept(
-    overall: pd.DataFrame, summary: pd.DataFrame, tasks: list[str], folder: Path
+    overall: pd.DataFrame, summary: pd.DataFrame, tasks: list[str], folder: Path, reads: bool = False
 ) -> list[tuple[Path, str]]:
     """The report's plots (each written only when it has points): `overall` (`attnbench.report.generation.pooled`:
     accuracy over `tasks`, those within the model) and the continuation's perplexity ratio from `summary`, against
-    the cache kept."""
+    the cache kept; `reads`: a method whose knob sets what a step reads (Quest) is among them."""
     made = []
     style = styles([m for m in dict.fromkeys(summary.method) if m != "full"])
     others = overall[~overall.exact_method] if len(overall) else overall
@@ -87,7 +87,7 @@ def plot_accuracy_vs_kept(
         data = others.assign(x=others.share.fillna(others.cache_share))
         path = _panels(data, "accuracy", exact, "needles answered, % (↑)", "What the model answers with each method",
                        f"{', '.join(tasks)} (the tasks within the model); mean over samples, 95% interval",
-                       folder / "generation-accuracy-vs-kept.png", style)  # fmt: skip
+                       folder / "generation-accuracy-vs-kept.png", style, reads)  # fmt: skip
         made.append((path, "Accuracy against the share of the cache kept, a line per method (kvpress's figure), a "
                            "panel per N; the exact model's is the dashed line."))  # fmt: skip
     forced = summary[summary.ppl_ratio.notna() & ~summary.exact_method]
@@ -99,7 +99,7 @@ def plot_accuracy_vs_kept(
         path = _panels(data, "ppl_ratio", {n: 1.0 for n in set(forced.seq_len)}, "perplexity ÷ exact (↓)",
                        "Continuation quality with each method",
                        "the next tokens of a real text after the compressed prompt, teacher-forced; geometric mean",
-                       folder / "generation-continuation-vs-kept.png", style)  # fmt: skip
+                       folder / "generation-continuation-vs-kept.png", style, reads)  # fmt: skip
         made.append((path, "The continuation's perplexity against the exact model's on the same tokens, against the "
                            "share of the cache kept (a figure off the scale is drawn at the edge, named)."))  # fmt: skip
     return made

@@ -42,7 +42,7 @@ class GenerationRow:
     read_bytes: int | None = None  # what its first step reads of them
     read_share: float | None = None  # read_bytes / the exact model's
     attention_s: float | None = None  # median time per token inside attention, every layer (main thread)
-    prefill_s: float | None = None  # its prompt: the shared exact pass (or its own) and building its states
+    prefill_s: float | None = None  # its prompt: the shared exact pass and building its states, or its own prefill
     host: str = ""
     node: str = ""  # the Ray node ("" outside Ray)
 
