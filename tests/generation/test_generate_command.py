@@ -101,24 +101,28 @@ def test_a_killed_grid_resumes_to_exactly_its_rows(tmp_path: Path, tiny_model: P
     assert (kept.prompt_tokens.values == before.prompt_tokens.values).all()  # the finished rows were kept, not rerun
 
 
-def test_bad_input_is_refused_before_any_folder(tmp_path: Path, tiny_model: Path) -> None:
-    out = tmp_path / "out"
-    missing = run_cli("generate", str(grid(tmp_path)), "--model", str(tmp_path / "nowhere"), "--out", str(out))
-    assert missing.returncode == 2 and "no config.json" in missing.stderr
+def test_bad_input_is_refused_before_any_folder(tmp_path: Path, tiny_model: Path, capsys) -> None:
+    from attnbench.cli import main
+
+    out, toml = tmp_path / "out", str(grid(tmp_path))
+
+    def refused(*argv: str) -> str:
+        assert main(["generate", *argv, "--out", str(out)]) == 2
+        return capsys.readouterr().err
+
+    assert "no config.json" in refused(toml, "--model", str(tmp_path / "nowhere"))
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(tiny_model / "config.json", bare / "config.json")
-    untokenized = run_cli("generate", str(grid(tmp_path)), "--model", str(bare), "--out", str(out))
-    assert untokenized.returncode == 2 and "no tokenizer" in untokenized.stderr
-    too_long = run_cli("generate", str(grid(tmp_path)), "--model", str(tiny_model), "--out", str(out),
-                       "--seq-lens", "600")  # fmt: skip
-    assert too_long.returncode == 2 and "N=600: beyond the model's 512 positions" in too_long.stderr
+    assert "holds no weights" in refused(toml, "--model", str(bare))
+    shutil.copy(tiny_model / "model.safetensors", bare / "model.safetensors")
+    assert "no tokenizer" in refused(toml, "--model", str(bare))
+    assert "N=600: beyond the model's 512 positions" in refused(toml, "--model", str(tiny_model), "--seq-lens", "600")
     dense = grid(tmp_path, GRID.replace('"deltanet"', '{name = "full-math", prefill = "dense"}'))
-    no_decode = run_cli("generate", str(dense), "--model", str(tiny_model), "--out", str(out))
-    assert no_decode.returncode == 2 and "has no decode form" in no_decode.stderr and "tiny.toml" in no_decode.stderr
-    unknown = run_cli("generate", str(grid(tmp_path)), "--model", str(tiny_model), "--out", str(out),
-                      "--tasks", "paskey")  # fmt: skip
-    assert unknown.returncode == 2 and "--tasks" in unknown.stderr and "Did you mean: passkey" in unknown.stderr
+    err = refused(str(dense), "--model", str(tiny_model))
+    assert "has no decode form" in err and "tiny.toml" in err
+    err = refused(toml, "--model", str(tiny_model), "--tasks", "paskey")
+    assert "--tasks" in err and "Did you mean: passkey" in err
     assert not out.exists()
 
 

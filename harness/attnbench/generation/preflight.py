@@ -84,8 +84,6 @@ def estimated_bytes(config: dict[str, Any], n: int, methods: int) -> float:
 
 def check(grid: GenerationGrid, model_dir: Path) -> Any:
     """The grid against the model: PreflightError listing every problem, else the tokenizer."""
-    from attnbench.measure.machine import available_memory_bytes
-
     config = model_limits(model_dir)
     problems = []
     architectures = " ".join(config.get("architectures") or [])
@@ -94,11 +92,26 @@ def check(grid: GenerationGrid, model_dir: Path) -> Any:
                         "causal language model (a decoder with its LM head)")  # fmt: skip
     if (problem := weights_problem(model_dir)) is not None:
         problems.append(problem)
-    tokenizer = tokenizer_of(model_dir)
     limit = config.get("max_position_embeddings") or config.get("n_positions")
-    for n in grid.seq_lens:  # N counts the context, the question and the answer (the continuation)
-        if limit and n > limit:
-            problems.append(f"N={n}: beyond the model's {limit} positions; give --seq-lens {limit} or less")
+    fitting = [n for n in grid.seq_lens if not limit or n <= limit]  # N counts the context, question and answer
+    problems += [f"N={n}: beyond the model's {limit} positions; give --seq-lens {limit} or less"
+                 for n in grid.seq_lens if n not in fitting]  # fmt: skip
+    try:
+        tokenizer = tokenizer_of(model_dir)
+    except PreflightError as error:
+        tokenizer, problems = None, problems + [str(error)]
+    if tokenizer is not None:
+        problems += task_problems(grid, tokenizer, limit, fitting)
+    problems += memory_problems(grid, config)
+    if problems:
+        raise PreflightError("; ".join(problems))
+    return tokenizer
+
+
+def task_problems(grid: GenerationGrid, tokenizer: Any, limit: int | None, lengths: list[int]) -> list[str]:
+    """A user's row beyond the model's positions; a built-in task's text the tokenizer garbles, or a length it cannot
+    fill (one sample built at each N)."""
+    problems = []
     for task in grid.tasks:
         if task.startswith(JSONL):
             for index, row in enumerate(read_jsonl(Path(task[len(JSONL):])), 1):
@@ -106,24 +119,30 @@ def check(grid: GenerationGrid, model_dir: Path) -> Any:
                 if limit and tokens + grid.answer_tokens > limit:
                     problems.append(f"{task} row {index}: {tokens} tokens and its answer, beyond the model's {limit} positions")
                     break
-        else:
-            if TASKS[task].kind == "needle":
-                spec = TASKS[task]
-                text = spec.intro + spec.needle.format(key="amber-anchor", value="1234567") + HAYSTACK + spec.question
-                if tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) != text:
-                    problems.append(f"{task}: the tokenizer cannot encode its text faithfully (decoding it back differs)")
-                    continue
-            for n in grid.seq_lens:  # one sample built at each N: a length the task cannot fill is said now
-                try:
-                    build_samples(task, n, grid.samples, encoder(tokenizer), seed=grid.seed,
-                                  continuation_tokens=grid.continuation_tokens, indices=range(0, 1))  # fmt: skip
-                except TaskError as error:
-                    problems.append(f"N={n}: {error}")
-    methods = len(grid.settings(max(grid.seq_lens)))
-    need, allowed = estimated_bytes(config, max(grid.seq_lens), methods), 0.8 * available_memory_bytes("cpu")
+            continue
+        spec = TASKS[task]
+        if spec.kind == "needle":
+            text = spec.intro + spec.needle.format(key="amber-anchor", value="1234567") + HAYSTACK + spec.question
+            if tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) != text:
+                problems.append(f"{task}: the tokenizer cannot encode its text faithfully (decoding it back differs)")
+                continue
+        for n in lengths:
+            try:
+                build_samples(task, n, grid.samples, encoder(tokenizer), seed=grid.seed,
+                              continuation_tokens=grid.continuation_tokens, indices=range(0, 1))  # fmt: skip
+            except TaskError as error:
+                problems.append(f"N={n}: {error}")
+    return problems
+
+
+def memory_problems(grid: GenerationGrid, config: dict[str, Any]) -> list[str]:
+    """The largest N over 80% of the memory available now (the estimate errs high)."""
+    from attnbench.measure.machine import available_memory_bytes
+
+    n = max(grid.seq_lens)
+    methods = len(grid.settings(n))
+    need, allowed = estimated_bytes(config, n, methods), 0.8 * available_memory_bytes("cpu")
     if allowed and need > allowed:
-        problems.append(f"N={max(grid.seq_lens)} with {methods} method settings would hold ~{need / 2**30:.1f} GiB, "
-                        f"over 80% of the {allowed / 0.8 / 2**30:.1f} GiB available now: fewer --seq-lens or methods")  # fmt: skip
-    if problems:
-        raise PreflightError("; ".join(problems))
-    return tokenizer
+        return [f"N={n} with {methods} method settings would hold ~{need / 2**30:.1f} GiB, over 80% of the "
+                f"{allowed / 0.8 / 2**30:.1f} GiB available now: fewer --seq-lens or methods"]  # fmt: skip
+    return []
