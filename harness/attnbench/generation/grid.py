@@ -14,9 +14,7 @@ once; each finished unit appends its rows, so a resume runs only units with a mi
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,8 @@ from attnbench.generation.tasks import TASKS, TaskError, read_jsonl
 from attnbench.interface import did_you_mean
 from attnbench.plan.cells import VariantSpec
 from attnbench.plan.config import ConfigError, name_problem, parse_variants
+from attnbench.plan.shipped import grid_descriptions as shipped_descriptions
+from attnbench.plan.shipped import read_grid_toml
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
 
@@ -155,44 +155,16 @@ def row_key(unit: Unit, sample: int, setting: Setting) -> str:
 # ---- reading a grid ----------------------------------------------------------------------------------------------
 
 
-def _grid_files() -> dict[str, Any]:
-    folder = resources.files("attnbench.configs") / GRIDS
-    return {entry.name.removesuffix(".toml"): entry for entry in folder.iterdir() if entry.name.endswith(".toml")}
-
-
 def grid_descriptions() -> dict[str, tuple[str, str]]:
     """Shipped grid name -> (its description, its measured run time)."""
-    out = {}
-    for name, entry in sorted(_grid_files().items()):
-        raw = tomllib.loads(entry.read_text())
-        out[name] = (str(raw.get("description", "")), str(raw.get("measured_run_time", "not measured")))
-    return out
+    return shipped_descriptions(GRIDS)
 
 
 def read_grid(name_or_path: str, registry: Registry = default_registry, **overrides: Any) -> GenerationGrid:
     """A shipped grid by name or a TOML file, `overrides` (None: not given; a flag's problem names the flag)
     applied, checked whole."""
-    path = Path(name_or_path)
-    files = _grid_files()
-    if path.is_file():
-        try:
-            source, text = str(path), path.read_text(encoding="utf-8-sig")
-        except (OSError, UnicodeDecodeError) as error:
-            raise ConfigError(str(path), [f"cannot be read as UTF-8 text: {error}"]) from None
-    elif name_or_path in files:
-        source, text = f"grid '{name_or_path}'", files[name_or_path].read_text()
-    elif path.is_dir():
-        raise ConfigError(name_or_path, ["is a folder; give a grid's TOML file or a shipped grid's name"])
-    else:
-        known = ", ".join(sorted(files))
-        hint = did_you_mean(name_or_path, sorted(files))
-        raise ConfigError(name_or_path, [f"no such file, and no shipped generation grid of that name (known: {known}).{hint}"])
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(source, [f"not valid TOML: {error}"]) from None
+    raw, source = read_grid_toml(name_or_path, GRIDS, "generation grid")
     given = {key: value for key, value in overrides.items() if value is not None}
-    raw.setdefault("name", path.stem if path.is_file() else name_or_path)
     if given:  # the grid as run is no longer the file's: its description and measured time do not describe it
         flags = ", ".join(f"--{key.replace('_', '-')}" for key in given)
         raw = {**{k: v for k, v in raw.items() if k != "measured_run_time"}, **given,

@@ -4,14 +4,12 @@ after another (the model loaded once), or each unit a Ray task (`--executor ray`
 
 from __future__ import annotations
 
-import platform
 import socket
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from attnbench import __version__
 from attnbench.generation.grid import GenerationGrid, Unit, row_key
 from attnbench.generation.unit import UnitJob, UnitOutcome, run_unit
 from attnbench.plan.config import toml_value
@@ -99,20 +97,11 @@ def run_grid(
 ) -> dict:
     """Run what of `grid` has no ok row in `folder` (RunFolderBusy when another process writes it); KeyboardInterrupt
     and RayUnavailable pass through with the finished units' rows kept. Returns the meta.json written."""
-    import torch
-
     with GenerationsFolder(folder) as writer:
         done = generated_keys(folder)
         todo = units_to_run(grid, done)
-        before = writer.read_meta() if (folder / "meta.json").is_file() else {}
-        meta = {
-            "command": before.get("command") or command or ["attnbench", "generate", grid.name],
-            "resumed": before.get("resumed", []) + ([command or []] if before else []),
-            "model_dir": str(model_dir), "grid": grid.name,
-            "host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
-            "attnbench": __version__, "executor": executor, "workers": workers,
-            "started": before.get("started") or time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }  # fmt: skip
+        before, meta = writer.started_meta(command or ["attnbench", "generate", grid.name], model_dir=str(model_dir),
+                                           grid=grid.name, executor=executor, workers=workers)  # fmt: skip
         writer.write_meta(meta)
         writer.write_text(GRID_FILE, grid_toml(grid))
         total = len(grid.units())

@@ -10,15 +10,15 @@ Shipped grids live in configs/recall/ (`attnbench recall --list`).
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field, fields
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from attnbench.interface import did_you_mean
 from attnbench.plan.cells import VariantSpec
 from attnbench.plan.config import ConfigError, name_problem, parse_variants
+from attnbench.plan.shipped import grid_descriptions as shipped_descriptions
+from attnbench.plan.shipped import grid_files, read_grid_toml
 from attnbench.recall.model import BLIND
 from attnbench.recall.train import TrainSpec
 from attnbench.registry import Registry
@@ -75,41 +75,18 @@ def training_key(spec: TrainSpec) -> str:
 
 
 def grid_names() -> list[str]:
-    return sorted(_grid_files())
-
-
-def _grid_files() -> dict[str, Any]:
-    folder = resources.files("attnbench.configs") / GRIDS
-    return {entry.name.removesuffix(".toml"): entry for entry in folder.iterdir() if entry.name.endswith(".toml")}
+    return sorted(grid_files(GRIDS))
 
 
 def grid_descriptions() -> dict[str, tuple[str, str]]:
     """Shipped grid name -> (its description, its measured run time)."""
-    out = {}
-    for name, entry in sorted(_grid_files().items()):
-        raw = tomllib.loads(entry.read_text())
-        out[name] = (str(raw.get("description", "")), str(raw.get("measured_run_time", "not measured")))
-    return out
+    return shipped_descriptions(GRIDS)
 
 
 def read_grid(name_or_path: str, registry: Registry = default_registry, **overrides: Any) -> MQARGrid:
     """A shipped grid by name or a TOML file, `overrides` (None: not given) applied, checked whole."""
-    path = Path(name_or_path)
-    files = _grid_files()
-    if path.is_file():
-        source, text = str(path), path.read_text(encoding="utf-8-sig")
-    elif name_or_path in files:
-        source, text = f"grid '{name_or_path}'", files[name_or_path].read_text()
-    else:
-        known = ", ".join(sorted(files))
-        hint = did_you_mean(name_or_path, sorted(files))
-        raise ConfigError(name_or_path, [f"no such file, and no shipped MQAR grid of that name (known: {known}).{hint}"])
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(source, [f"not valid TOML: {error}"]) from None
+    raw, source = read_grid_toml(name_or_path, GRIDS, "MQAR grid")
     raw = {**raw, **{key: value for key, value in overrides.items() if value is not None}}
-    raw.setdefault("name", path.stem if path.is_file() else name_or_path)
     return parse_grid(raw, source, registry)
 
 

@@ -3,14 +3,11 @@ resolved (grid.toml, what a resume reads back) and meta.json first. Shared by `a
 
 from __future__ import annotations
 
-import platform
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
-from attnbench import __version__
 from attnbench.plan.cells import spec_label
 from attnbench.plan.config import toml_value
 from attnbench.recall.execute import outcomes, row_of
@@ -41,22 +38,14 @@ def train_grid(
 ) -> dict:
     """Train what of `grid` has no ok row in `folder` (RunFolderBusy when another process writes it); KeyboardInterrupt
     and RayUnavailable pass through with the finished rows kept. Returns the meta.json written."""
-    import torch
-
     specs = grid.specs()
     with TrainingsFolder(folder) as writer:
         done = trained_keys(folder)
         todo = [spec for spec in specs if training_key(spec) not in done]
-        before = writer.read_meta() if (folder / "meta.json").is_file() else {}
-        meta = {
-            "command": before.get("command") or command or ["attnbench", "recall", grid.name],
-            "resumed": before.get("resumed", []) + ([command or []] if before else []),
-            "left_out": list(grid.left_out),
-            "grid": {"name": grid.name, **dict(grid.training)},
-            "host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
-            "attnbench": __version__, "executor": executor, "jobs": jobs,
-            "started": before.get("started") or time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }  # fmt: skip
+        before, meta = writer.started_meta(
+            command or ["attnbench", "recall", grid.name], left_out=list(grid.left_out),
+            grid={"name": grid.name, **dict(grid.training)}, executor=executor, jobs=jobs,
+        )  # fmt: skip
         writer.write_meta(meta)
         writer.write_text(GRID_FILE, grid_toml(grid))
         say(f"{len(todo)} trainings to run ({len(specs) - len(todo)} done already) -> {folder}/")

@@ -13,6 +13,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -103,24 +104,13 @@ def run_grid_claim(claim: Claim, out: Path, *, quick: bool) -> Checked:
     """A claim measured by an MQAR grid (`attnbench recall`): train (or resume, or reuse) it, then check it."""
     from attnbench.recall.grid import parse_grid
     from attnbench.recall.run import GRID_FILE, grid_toml, train_grid
-    from attnbench.runfolder.trainings import read_trainings
+    from attnbench.runfolder.trainings import TRAININGS, read_trainings
 
     if missing := missing_variants(claim):
         return Checked(claim, None, Outcome(CANNOT, "–", f"needs variant(s) not installed here: {', '.join(missing)}"))
     grid = parse_grid(claim.grid_config(quick), source=f"claim {claim.id}")
-    folder = out / (f"{claim.id}-quick" if quick else claim.id)
-    stored = folder / GRID_FILE
-    if stored.is_file() and stored.read_text() != grid_toml(grid):
-        why = f"{folder} holds a grid of another setting of this claim (an older catalogue?): remove it to train again"
-        return Checked(claim, folder, Outcome(CANNOT, "–", why))
-    if "finished" not in stored_meta(folder):
-        command = ["attnbench", "reproduce", claim.id, *(["--quick"] if quick else []), "--out", str(out)]
-        train_grid(grid, folder, command=command)
-    try:
-        outcome = CHECKS[claim.check](read_trainings(folder), claim.params)
-    except Exception as error:  # a hand-edited folder: said, and the other claims go on
-        outcome = Outcome(CANNOT, "–", f"the check could not read {folder}/trainings.csv ({type(error).__name__}: {error})")
-    return Checked(claim, folder, outcome)
+    return checked_grid(claim, out, quick, grid_toml(grid), GRID_FILE, TRAININGS, read_trainings,
+                        lambda folder, command: train_grid(grid, folder, command=command))  # fmt: skip
 
 
 def run_generation_claim(claim: Claim, out: Path, *, quick: bool) -> Checked:
@@ -129,7 +119,7 @@ def run_generation_claim(claim: Claim, out: Path, *, quick: bool) -> Checked:
     from attnbench.generation.grid import parse_grid
     from attnbench.generation.preflight import DEFAULT_MODEL, PreflightError, check
     from attnbench.generation.run import GRID_FILE, grid_toml, run_grid
-    from attnbench.runfolder.generations import read_generations
+    from attnbench.runfolder.generations import GENERATIONS, read_generations
 
     if missing := missing_variants(claim):
         return Checked(claim, None, Outcome(CANNOT, "–", f"needs variant(s) not installed here: {', '.join(missing)}"))
@@ -138,18 +128,33 @@ def run_generation_claim(claim: Claim, out: Path, *, quick: bool) -> Checked:
         check(grid, DEFAULT_MODEL)
     except PreflightError as error:
         return Checked(claim, None, Outcome(CANNOT, "–", f"needs the real model (`make model`): {error}"))
+    return checked_grid(claim, out, quick, grid_toml(grid), GRID_FILE, GENERATIONS, read_generations,
+                        lambda folder, command: run_grid(grid, folder, DEFAULT_MODEL, workers=2, command=command))  # fmt: skip
+
+
+def checked_grid(
+    claim: Claim,
+    out: Path,
+    quick: bool,
+    resolved: str,
+    grid_file: str,
+    rows_file: str,
+    read_rows: Callable[[Path], pd.DataFrame],
+    run: Callable[[Path, list[str]], object],
+) -> Checked:
+    """A grid claim's folder: one of another setting (`resolved`, the grid's TOML, differs from its `grid_file`) left
+    alone and said; an unfinished one run or resumed; then its rows (`rows_file`, read by `read_rows`) checked."""
     folder = out / (f"{claim.id}-quick" if quick else claim.id)
-    stored = folder / GRID_FILE
-    if stored.is_file() and stored.read_text() != grid_toml(grid):
+    stored = folder / grid_file
+    if stored.is_file() and stored.read_text() != resolved:
         why = f"{folder} holds a grid of another setting of this claim (an older catalogue?): remove it to run again"
         return Checked(claim, folder, Outcome(CANNOT, "–", why))
     if "finished" not in stored_meta(folder):
-        command = ["attnbench", "reproduce", claim.id, *(["--quick"] if quick else []), "--out", str(out)]
-        run_grid(grid, folder, DEFAULT_MODEL, workers=2, command=command)
+        run(folder, ["attnbench", "reproduce", claim.id, *(["--quick"] if quick else []), "--out", str(out)])
     try:
-        outcome = CHECKS[claim.check](read_generations(folder), claim.params)
+        outcome = CHECKS[claim.check](read_rows(folder), claim.params)
     except Exception as error:  # a hand-edited folder: said, and the other claims go on
-        outcome = Outcome(CANNOT, "–", f"the check could not read {folder}/generations.csv ({type(error).__name__}: {error})")
+        outcome = Outcome(CANNOT, "–", f"the check could not read {folder}/{rows_file} ({type(error).__name__}: {error})")
     return Checked(claim, folder, outcome)
 
 

@@ -37,6 +37,26 @@ class KeyedRowsFolder:
     def read_meta(self) -> dict[str, Any]:
         return read_meta(self.path)
 
+    def started_meta(self, command: list[str], **fields: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the meta.json a resumed folder had ({} for a new one), the meta of this start): the first command kept,
+        this one added to `resumed`, the machine and versions, `fields`, and the first start's time."""
+        import platform
+        import socket
+        import time
+
+        import torch
+
+        from attnbench import __version__
+
+        before = self.read_meta() if (self.path / "meta.json").is_file() else {}
+        meta = {
+            "command": before.get("command") or command, "resumed": before.get("resumed", []) + ([command] if before else []),
+            **fields,
+            "host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
+            "attnbench": __version__, "started": before.get("started") or time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }  # fmt: skip
+        return before, meta
+
     def write_text(self, name: str, text: str) -> None:
         write_text_atomic(self.path / name, text)
 
