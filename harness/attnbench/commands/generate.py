@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnbench.commands.terminal import terminal_width
+from attnbench.commands.terminal import grid_table, resume_problem, terminal_width
 from attnbench.exit_status import Exit
 
 
@@ -88,12 +88,9 @@ def main(args: argparse.Namespace) -> int:
     from attnbench.generation.preflight import DEFAULT_MODEL, PreflightError, check
     from attnbench.generation.run import GRID_FILE
     from attnbench.plan.config import ConfigError
-    from attnbench.report.text import aligned_table
 
     if args.list:
-        rows = [[name, time_, text] for name, (text, time_) in grid_descriptions().items()]
-        print(aligned_table(["grid", "run time measured on 2 cores", "what it runs"], rows, width=terminal_width(),
-                            breakable=(2,)))  # fmt: skip
+        print(grid_table(grid_descriptions(), "what it runs"))
         return Exit.OK
     if args.address and args.executor != "ray":
         print("attnbench: --address names a Ray cluster: use it with --executor ray", file=sys.stderr)
@@ -105,16 +102,13 @@ def main(args: argparse.Namespace) -> int:
         return _report_only(args.report)
     folder, source = None, args.grid or DEFAULT_GRID
     if args.resume is not None:
-        if args.grid is not None:
-            print("attnbench: --resume continues DIR's own grid (DIR/grid.toml): give no grid with it", file=sys.stderr)
+        if (problem := resume_problem(args.resume, args.grid, GRID_FILE, "a generation grid")) is not None:
+            print(f"attnbench: {problem}", file=sys.stderr)
             return Exit.USAGE
         changed = [flag for flag, value in grid_flags(args).items() if value is not None]
         if changed:
             print(f"attnbench: --resume continues DIR's own grid (DIR/grid.toml): {', '.join(changed)} would change it; "
                   "start a new grid for another setting", file=sys.stderr)  # fmt: skip
-            return Exit.USAGE
-        if not (args.resume / GRID_FILE).is_file():
-            print(f"attnbench: {args.resume} is not a generation grid folder (no {GRID_FILE})", file=sys.stderr)
             return Exit.USAGE
         folder, source = args.resume, str(args.resume / GRID_FILE)
     try:

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnbench.commands.terminal import terminal_width
+from attnbench.commands.terminal import grid_table, resume_problem, terminal_width
 from attnbench.exit_status import Exit
 
 
@@ -74,12 +74,9 @@ def main(args: argparse.Namespace) -> int:
     from attnbench.recall.grid import DEFAULT_GRID, grid_descriptions, read_grid
     from attnbench.recall.run import GRID_FILE
     from attnbench.report.mqar import DEFAULT_MIN_RECALL
-    from attnbench.report.text import aligned_table
 
     if args.list:
-        rows = [[name, time_, text] for name, (text, time_) in grid_descriptions().items()]
-        print(aligned_table(["grid", "run time measured on 2 cores", "what it trains"], rows, width=terminal_width(),
-                            breakable=(2,)))  # fmt: skip
+        print(grid_table(grid_descriptions(), "what it trains"))
         return Exit.OK
     min_recall = DEFAULT_MIN_RECALL if args.min_recall is None else args.min_recall
     problems = [] if 0 < min_recall <= 1 else [f"--min-recall: must be a share in (0, 1], got {min_recall!r}"]
@@ -93,11 +90,8 @@ def main(args: argparse.Namespace) -> int:
         return _report_only(args.report, min_recall)
     folder, grid_source = None, args.grid or DEFAULT_GRID
     if args.resume is not None:
-        if args.grid is not None:
-            print("attnbench: --resume continues DIR's own grid (DIR/grid.toml): give no grid with it", file=sys.stderr)
-            return Exit.USAGE
-        if not (args.resume / GRID_FILE).is_file():
-            print(f"attnbench: {args.resume} is not an MQAR grid folder (no {GRID_FILE})", file=sys.stderr)
+        if (problem := resume_problem(args.resume, args.grid, GRID_FILE, "an MQAR grid")) is not None:
+            print(f"attnbench: {problem}", file=sys.stderr)
             return Exit.USAGE
         folder, grid_source = args.resume, str(args.resume / GRID_FILE)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 
 MIN_WIDTH = 20  # narrower than this, nothing can be laid out: taken as this
@@ -41,3 +42,20 @@ def plain_warnings() -> None:
 
     if getattr(shown, "__name__", "") != "show":
         warnings.showwarning = show
+
+
+def grid_table(descriptions: dict[str, tuple[str, str]], what: str) -> str:
+    """`--list` of a grid verb (`recall`, `generate`): each shipped grid, its measured run time, and `what` it does."""
+    from attnbench.report.text import aligned_table
+
+    rows = [[name, time_, text] for name, (text, time_) in descriptions.items()]
+    return aligned_table(["grid", "run time measured on 2 cores", what], rows, width=terminal_width(), breakable=(2,))
+
+
+def resume_problem(resume: Any, grid: str | None, grid_file: str, what: str) -> str | None:
+    """Why `--resume DIR` cannot continue (a grid given too, or DIR without its grid file), None when it can."""
+    if grid is not None:
+        return f"--resume continues DIR's own grid (DIR/{grid_file}): give no grid with it"
+    if not (resume / grid_file).is_file():
+        return f"{resume} is not {what} folder (no {grid_file})"
+    return None
