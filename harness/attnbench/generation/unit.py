@@ -19,7 +19,7 @@ import torch
 from attnbench.generation.decoder import InModelDecoder, RowResult
 from attnbench.generation.grid import JSONL, GenerationGrid, Setting, Unit, row_key
 from attnbench.generation.layers import Method
-from attnbench.generation.tasks import TASKS, Sample, build_samples, jsonl_samples, read_jsonl, score
+from attnbench.generation.tasks import Sample, build_samples, jsonl_samples, read_jsonl, score
 from attnbench.registry import registry
 from attnbench.runfolder.generations import GenerationRow
 
@@ -149,7 +149,3 @@ def sample_rows(job: UnitJob, sample: Sample, prompt_tokens: int, settings: list
         row.attention_s, row.prefill_s = result.attention_s, result.prefill_s
         rows.append(row)
     return rows
-
-
-def continuation_task(task: str) -> bool:
-    return task in TASKS and TASKS[task].kind == "continuation"
