@@ -18,7 +18,7 @@ from attnbench.report.plots import (
 )  # fmt: skip
 from attnbench.report.text import share_text
 
-OFF_SCALE = 4.0  # a perplexity ratio above this many times the largest of the swept methods is drawn at the edge
+HEADROOM = 1.15  # the ratio axis ends this far above the swept methods' largest; a figure beyond is drawn at the edge
 DODGE = 0.08  # methods' points at one share spread by this much of an octave apart, so bars and markers don't hide
 
 
@@ -44,7 +44,8 @@ def _panels(data: pd.DataFrame, value: str, exact: dict[int, float], ylabel: str
     data = data.assign(x=[x * 2 ** (DODGE * (methods.index(m) - (len(methods) - 1) / 2)) for x, m in zip(data.x, data.method)])
     for ax, n in zip(axes[:, 0], ns):
         panel = data[data.seq_len == n]
-        top = None if percent else max(1.2, OFF_SCALE * float(swept[swept.seq_len == n][value].max() if len(swept) else 1.0))
+        shown = swept[swept.seq_len == n][value] if len(swept) else pd.Series([1.0])
+        top = None if percent else max(1.1, HEADROOM * float(shown.max()))
         for method, rows in panel.groupby("method", sort=False):
             rows, look = rows.sort_values("x"), style[method]
             y = rows[value] * (100 if percent else 1)
@@ -68,7 +69,7 @@ def _panels(data: pd.DataFrame, value: str, exact: dict[int, float], ylabel: str
             ax.set_ylim(-3, 103)
         else:
             _log_y(ax)
-            ax.set_ylim(0.95, top * 1.05)
+            ax.set_ylim(min(0.95, float(shown.min()) / HEADROOM), top * 1.05)
     legend = {method: _key(style[method]) for method in dict.fromkeys(data.method)}
     return _finish(fig, title, subtitle, path, legend)
 
