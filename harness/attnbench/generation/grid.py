@@ -99,7 +99,8 @@ class Unit:
 
     def name(self) -> str:
         length = f"N={self.seq_len}" if self.seq_len else "its rows' own lengths"
-        return f"{self.task} {length} {self.protocol} samples {self.samples[0]}-{self.samples[-1]}"
+        which = f"sample {self.samples[0]}" if len(self.samples) == 1 else f"samples {self.samples[0]}-{self.samples[-1]}"
+        return f"{self.task} {length} {self.protocol} {which}"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ def in_worker_processes(
     context = multiprocessing.get_context("spawn")
     waiting, blamed = list(items), {key(item): 0 for item in items}
     while waiting:
-        pool = futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+        pool, finished_cleanly = futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context), False
         try:
             pending = {pool.submit(work, item): item for item in waiting}
             finished: set[str] = set()
@@ -47,8 +47,12 @@ def in_worker_processes(
             for item in [item for item in waiting if blamed[key(item)] > RETRIES]:
                 yield failed(item, f"its worker process died twice ({broken})")
             waiting = [item for item in waiting if blamed[key(item)] <= RETRIES]
-        finally:  # stopped early (Ctrl-C, SIGTERM, the writer failed): no worker outlives the grid
-            processes = list((pool._processes or {}).values())
-            pool.shutdown(wait=False, cancel_futures=True)
-            for process in processes:
-                process.terminate()
+            finished_cleanly = broken is None
+        finally:
+            if finished_cleanly:  # every worker idle: let them exit (a forced stop leaves their semaphores leaked)
+                pool.shutdown(wait=True)
+            else:  # stopped early (Ctrl-C, SIGTERM, the writer failed, a worker died): no worker outlives the grid
+                processes = list((pool._processes or {}).values())
+                pool.shutdown(wait=False, cancel_futures=True)
+                for process in processes:
+                    process.terminate()
