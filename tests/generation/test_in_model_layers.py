@@ -125,3 +125,20 @@ def test_attention_time_is_counted_per_row() -> None:
     rows = MethodRows([Method(registry.create("full")), Method(registry.create("band", window=4))], room=STEPS)
     drive(rows, [tokens(4), tokens(5)], from_exact=True)
     assert all(seconds > 0 for seconds in rows.attention_s)
+
+
+def test_a_sparse_prefill_with_exact_decoding() -> None:
+    """decode = "exact": the variant's own (sparse) forward over the prompt — MoBA's topk, not its Quest decode form —
+    then exact steps against every key; the grid names it and does not sweep its knob."""
+    from attnbench.generation.grid import parse_grid
+
+    variant = registry.create("topk", block_size=8, top_k=1)
+    q, k, v = tokens(6)
+    (steps,) = drive(MethodRows([Method(variant, "own", decode="exact")], room=STEPS), [(q, k, v)], from_exact=False)
+    full_k, full_v = expand_kv_heads(k, HEADS // KV_HEADS), expand_kv_heads(v, HEADS // KV_HEADS)
+    n = PROMPT + STEPS
+    expected = dense_masked_attention(q, full_k, full_v, torch.ones(n, n, dtype=torch.bool).tril())
+    assert (steps - expected[:, :, PROMPT:]).abs().max() < 1e-5
+    grid = parse_grid({"name": "g", "tasks": ["passkey"], "seq_lens": [256], "keep": [0.5, 0.25],
+                       "methods": [{"name": "topk", "prefill": "own", "decode": "exact"}]})  # fmt: skip
+    assert [s.label() for s in grid.settings(256)] == ["full", "topk [own prefill, exact decoding]"]

@@ -4,7 +4,8 @@ file or a shipped grid (configs/generation/), checked whole before any work (eve
 Keys: `tasks` (built-in names, `jsonl:PATH` for a user's file), `seq_lens`, `samples` (per task and N), `protocols`
 ("question-agnostic": the context compressed, then the question, kvpress's default; "question-aware": the question
 inside the prompt, so a method that reads the prompt's last queries sees it), `keep` (shares of the prompt's cache),
-`methods` (the variants grammar of a sweep, each table also taking `prefill` = "dense" | "own" and `dense_layers`),
+`methods` (the variants grammar of a sweep, each table also taking `prefill` = "dense" | "own", `decode` = "own" |
+"exact" (its sparse prefill, then exact decoding), `dense_layers` and `label`),
 `block` (samples per unit of work: one Ray task or one in-process step), `continuation_tokens`, `seed`.
 
 The unit of work is (task, N, protocol, a block of samples): every method runs inside it, batched, on prompts built
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.generation.budgets import KNOBS, at_share
-from attnbench.generation.layers import PREFILLS
+from attnbench.generation.layers import DECODES, PREFILLS
 from attnbench.generation.tasks import TASKS, TaskError, read_jsonl
 from attnbench.interface import did_you_mean
 from attnbench.plan.cells import VariantSpec
@@ -36,7 +37,7 @@ JSONL = "jsonl:"
 DESCRIPTIVE = ("name", "description", "measured_run_time")
 KEYS = DESCRIPTIVE + ("tasks", "seq_lens", "samples", "protocols", "keep", "methods", "block", "continuation_tokens",
                       "seed", "answer_tokens")  # fmt: skip
-METHOD_KEYS = ("prefill", "dense_layers", "label")
+METHOD_KEYS = ("prefill", "dense_layers", "label", "decode")
 # the methods the papers name, as settings of the variants that compute them (`--methods quest,streamingllm`)
 ALIASES: dict[str, dict[str, Any]] = {
     "quest": {"name": "topk", "score": "minmax", "block_size": 16, "dense_layers": 2, "label": "quest"},
@@ -54,12 +55,13 @@ class MethodSpec:
     prefill: str
     dense_layers: int = 0
     name: str = ""  # a short name for tables and plots (`quest`), else the label below
+    decode: str = "own"  # its variant's decode form, or "exact": exact decoding after its (sparse) prefill
 
     @property
     def swept(self) -> bool:
-        """Its cache follows the grid's shares (a knob the table does not set)."""
+        """Its cache follows the grid's shares (a knob the table does not set; exact decoding keeps every key)."""
         knob = KNOBS.get(self.variant.name)
-        return knob is not None and knob.parameter not in dict(self.variant.params)
+        return knob is not None and knob.parameter not in dict(self.variant.params) and self.decode == "own"
 
     def label(self) -> str:
         """The variant's label, and how it sits in the model where that is not its default: `topk(score=minmax)
@@ -68,6 +70,7 @@ class MethodSpec:
             return self.name
         extra = [f"{self.prefill} prefill"] if self.prefill != default_prefill(self.variant.name) else []
         extra += [f"first {self.dense_layers} layers exact"] if self.dense_layers else []
+        extra += ["exact decoding"] if self.decode == "exact" else []
         return self.variant.label() + (f" [{', '.join(extra)}]" if extra else "")
 
 
@@ -149,8 +152,8 @@ class GenerationGrid:
 def row_key(unit: Unit, sample: int, setting: Setting) -> str:
     """A stable key of one row: resume matches rows by it."""
     method = setting.method
-    return json.dumps([unit.task, unit.seq_len, unit.protocol, sample, method.variant.name,
-                       dict(method.variant.params), method.prefill, method.dense_layers, setting.share])  # fmt: skip
+    return json.dumps([unit.task, unit.seq_len, unit.protocol, sample, method.variant.name, dict(method.variant.params),
+                       method.prefill, method.dense_layers, method.decode, setting.share])  # fmt: skip
 
 
 # ---- reading a grid ----------------------------------------------------------------------------------------------
@@ -277,18 +280,24 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
         prefill = table.get("prefill", default_prefill(name) if isinstance(name, str) else "dense")
         dense = table.get("dense_layers", 0)
         label = table.get("label", "")
+        decode = table.get("decode", "own")
         at = f"{where}[{index}] ({name})"
         if not isinstance(label, str):
             problems.append(f"{at}: label must be text, got {label!r}")
             label = ""
         if prefill not in PREFILLS:
             problems.append(f"{at}: prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}")
+        if decode not in DECODES:
+            problems.append(f"{at}: decode must be one of {', '.join(DECODES)}, got {decode!r}")
+        elif decode == "exact" and prefill == "dense":
+            problems.append(f"{at}: decode = \"exact\" after an exact prompt is the exact model (full); give prefill = "
+                            "\"own\" (its sparse prefill, then exact decoding)")  # fmt: skip
         if not isinstance(dense, int) or isinstance(dense, bool) or dense < 0:
             problems.append(f"{at}: dense_layers must be a whole number >= 0, got {dense!r}")
         stripped.append({k: v for k, v in table.items() if k not in METHOD_KEYS})
-        placed.append((prefill, dense, label))
+        placed.append((prefill, dense, label, decode))
     methods = []
-    for (prefill, dense, label), table in zip(placed, stripped):
+    for (prefill, dense, label, decode), table in zip(placed, stripped):
         specs, found = parse_variants([table], registry, where)
         problems += found
         for spec in specs:
@@ -301,7 +310,8 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
                 problems.append(f"{where}: {spec.label()} has no decode form: with prefill = \"dense\" it would be exact "
                                 "decoding (full); give prefill = \"own\" (its sparse prefill, then exact decoding)")
             else:
-                methods.append(MethodSpec(spec, prefill, dense, label if len(specs) == 1 else ""))
+                own = decode == "own" and variant.decodes()  # a variant without a decode form decodes exactly
+                methods.append(MethodSpec(spec, prefill, dense, label if len(specs) == 1 else "", "own" if own else "exact"))
     if isinstance(raw, list) and not raw:
         problems.append(f"{where}: empty; name at least one method (full gives the exact model's own answers)")
     exact = MethodSpec(VariantSpec("full"), "dense")

@@ -13,8 +13,9 @@ How a method meets the prompt (`Method.prefill`):
   of prefill), and that of H2O, SnapKV and Quest, which change generation only;
 - "own": the method's own prefill in every layer, its outputs flowing into the next layer (a window's or an RNN's
   prompt, a sparse prefill).
-A variant with no decode form (a full-sequence method such as MoBA's `topk` or `strided`) is a sparse prefill
-followed by exact decoding against the prompt's whole cache.
+A method whose `decode` is "exact" (any variant with `prefill = "own"`: MoBA's `topk` selection, `strided`, a
+variant with no decode form at all) is its sparse prefill followed by exact decoding against the prompt's whole
+cache.
 
 b - batch (one method per row), h - query heads, g - key/value heads, n - positions, d - head dim, e - value dim
 """
@@ -32,6 +33,7 @@ from attnbench.interface import AttentionVariant, DecodeState, expand_kv_heads, 
 from attnbench.ops import KVCache, softmax_step
 
 PREFILLS = ("dense", "own")
+DECODES = ("own", "exact")  # the variant's own decode form, or exact decoding against every key kept
 
 
 @dataclass(frozen=True)
@@ -43,17 +45,20 @@ class Method:
     prefill: str = "dense"
     dense_layers: int = 0
     label: str = ""
+    decode: str = "own"
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILLS:
             raise ValueError(f"prefill must be one of {', '.join(PREFILLS)}; got {self.prefill!r}")
+        if self.decode not in DECODES:
+            raise ValueError(f"decode must be one of {', '.join(DECODES)}; got {self.decode!r}")
         if not self.label:
             object.__setattr__(self, "label", self.variant.label())
 
     @property
     def decodes(self) -> bool:
-        """The method has its own decode form; else its steps are exact against the whole cache."""
-        return self.variant.decodes()
+        """Its steps are its variant's decode form; else exact against the whole cache."""
+        return self.decode == "own" and self.variant.decodes()
 
     @property
     def shares_exact_prompt(self) -> bool:
@@ -62,13 +67,13 @@ class Method:
 
 
 def layer_prefill(
-    variant: AttentionVariant | None, q: Tensor, k: Tensor, v: Tensor, room: int
+    variant: AttentionVariant | None, q: Tensor, k: Tensor, v: Tensor, room: int, own_decode: bool = True
 ) -> tuple[Tensor, DecodeState]:
     """One layer's prompt through a method: q (b, h, n, d), k (b, g, n, d), v (b, g, n, e) -> its outputs (b, h, n, e)
-    and its state. None: exact attention and a KV cache (a layer kept dense). A variant without a decode form: its
-    causal forward, and the whole cache for exact steps."""
+    and its state. None: exact attention and a KV cache (a layer kept dense). Without its own decode form (none, or
+    `own_decode` False): its causal forward, and the whole cache for exact steps."""
     group = query_group(q, k)
-    if variant is not None and variant.decodes():
+    if variant is not None and own_decode and variant.decodes():
         if not variant.supports.grouped_kv:
             k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
         return variant.prefill(q, k, v, room=room)
@@ -79,9 +84,11 @@ def layer_prefill(
     return out, KVCache.of(k, v, room)
 
 
-def layer_state(variant: AttentionVariant | None, q: Tensor, k: Tensor, v: Tensor, room: int) -> DecodeState:
+def layer_state(
+    variant: AttentionVariant | None, q: Tensor, k: Tensor, v: Tensor, room: int, own_decode: bool = True
+) -> DecodeState:
     """`layer_prefill`'s state without its outputs (the prompt's attention is the exact one, computed elsewhere)."""
-    if variant is not None and variant.decodes():
+    if variant is not None and own_decode and variant.decodes():
         if not variant.supports.grouped_kv:
             group = query_group(q, k)
             k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
@@ -89,9 +96,12 @@ def layer_state(variant: AttentionVariant | None, q: Tensor, k: Tensor, v: Tenso
     return KVCache.of(k, v, room)
 
 
-def layer_step(variant: AttentionVariant | None, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
-    """One token through a layer: q (b, h, 1, d), k, v (b, g, 1, d|e) -> (b, h, 1, e) and the state."""
-    if variant is not None and variant.decodes():
+def layer_step(
+    variant: AttentionVariant | None, state: DecodeState, q: Tensor, k: Tensor, v: Tensor, own_decode: bool = True
+) -> tuple[Tensor, DecodeState]:
+    """One token through a layer: q (b, h, 1, d), k, v (b, g, 1, d|e) -> (b, h, 1, e) and the state (exact against
+    the whole cache without the variant's own decode form)."""
+    if variant is not None and own_decode and variant.decodes():
         if not variant.supports.grouped_kv:
             group = query_group(q, k)
             k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
@@ -149,6 +159,9 @@ class MethodRows:
         method = self.methods[row]
         return None if layer < method.dense_layers else method.variant
 
+    def own_decode(self, row: int) -> bool:
+        return self.methods[row].decode == "own"
+
     def from_exact(self, exact: ExactPrompt) -> None:
         """Each layer's state of every row built from the exact prompt's q/k/v (the outputs are the exact model's): the
         rows share that one prompt (a batch of 1)."""
@@ -159,7 +172,7 @@ class MethodRows:
             states = []
             for row in range(len(self.methods)):
                 started = time.perf_counter()
-                states.append(layer_state(self.variant_at(row, layer), q, k, v, self.room))
+                states.append(layer_state(self.variant_at(row, layer), q, k, v, self.room, self.own_decode(row)))
                 self.build_s[row] += time.perf_counter() - started
             self.states.append(states)
 
@@ -170,8 +183,8 @@ class MethodRows:
         layer, self.layer = self.layer, self.layer + 1
         rows = range(query.shape[0])
         if layer == len(self.states):  # the prompt: each row's prefill
-            parts = [layer_prefill(self.variant_at(r, layer), *(x[r : r + 1] for x in (query, key, value)), self.room)
-                     for r in rows]  # fmt: skip
+            parts = [layer_prefill(self.variant_at(r, layer), *(x[r : r + 1] for x in (query, key, value)), self.room,
+                                   self.own_decode(r)) for r in rows]  # fmt: skip
             self.states.append([state for _, state in parts])
             return torch.cat([out for out, _ in parts], dim=0)
         outputs = []  # after the prompt: each row's tokens through its method's step, one at a time
@@ -180,7 +193,7 @@ class MethodRows:
             for t in range(query.shape[-2]):
                 out, self.states[layer][r] = layer_step(
                     self.variant_at(r, layer), self.states[layer][r],
-                    *(x[r : r + 1, :, t : t + 1] for x in (query, key, value)),
+                    *(x[r : r + 1, :, t : t + 1] for x in (query, key, value)), self.own_decode(r),
                 )  # fmt: skip
                 tokens.append(out)
             self.attention_s[r] += time.perf_counter() - started

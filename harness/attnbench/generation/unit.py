@@ -88,7 +88,7 @@ def run_unit(job: UnitJob) -> UnitOutcome:
         settings = job.grid.settings(len(prompt))
         try:
             methods = [Method(registry.create(s.method.variant.name, seed=job.grid.seed, **dict(s.hparams)),
-                              s.method.prefill, s.method.dense_layers, s.label()) for s in settings]  # fmt: skip
+                              s.method.prefill, s.method.dense_layers, s.label(), s.method.decode) for s in settings]  # fmt: skip
             results = decoder.run(
                 methods,
                 torch.tensor(prompt),
