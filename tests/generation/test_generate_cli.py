@@ -98,3 +98,25 @@ def test_overrides_rewrite_the_grid_s_description() -> None:
     grid = read_grid("generation", seq_lens=[512], methods=["h2o"])
     assert grid.raw["description"] == "generation with --seq-lens, --methods given on the command line"
     assert "measured_run_time" not in grid.raw
+
+
+def test_a_paper_s_name_labels_only_the_paper_s_setting() -> None:
+    grid = parse_grid({**GRID, "methods": [{"name": "quest", "prefill": "own", "decode": "exact"}]})
+    assert [m.label() for m in grid.methods] == ["full", "topk(block_size=16, score=minmax) [own prefill, first 2 layers "
+                                                  "exact, exact decoding]"]  # fmt: skip
+
+
+def test_full_is_only_the_exact_model() -> None:
+    with pytest.raises(ConfigError, match="full is the exact model"):
+        parse_grid({**GRID, "methods": [{"name": "full", "prefill": "own", "decode": "exact"}]})
+
+
+def test_a_report_refuses_flags_and_a_user_s_file_is_kept_by_its_absolute_path(tmp_path: Path, capsys,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    folder = folder_with_rows(tmp_path, 2)
+    assert main(["generate", "--report", str(folder), "--seq-lens", "512"]) == 2
+    assert "--seq-lens cannot change them" in capsys.readouterr().err
+    (tmp_path / "rows.jsonl").write_text('{"context": "a", "question": "b?", "answers": ["c"]}\n')
+    monkeypatch.chdir(tmp_path)
+    grid = parse_grid({**GRID, "tasks": ["jsonl:rows.jsonl"]})
+    assert grid.tasks == (f"jsonl:{tmp_path / 'rows.jsonl'}",)

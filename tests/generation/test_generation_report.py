@@ -20,7 +20,7 @@ def rows() -> pd.DataFrame:
         for sample, value in enumerate(scores):
             out.append(dict(key=f"{task}{method}{share}{sample}", task=task, seq_len=2048, protocol="question-agnostic",
                             sample=sample, method=method, variant=variant or method, hparams="{}", prefill="dense",
-                            dense_layers=0, share=share, status="ok", reason="", score=value,
+                            dense_layers=0, decode="own", share=share, status="ok", reason="", score=value,
                             ppl_ratio=None if ratios is None else ratios[sample], cache_share=cache, read_share=cache,
                             attention_s=0.01, answer=""))  # fmt: skip
 

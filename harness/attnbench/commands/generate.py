@@ -37,7 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--model", type=Path, default=None, help=f"the model folder (default: $ATTNBENCH_MODEL_DIR or "
                           f"{DEFAULT_MODEL}, where `make model` writes SmolLM2-135M)")  # fmt: skip
     generate.add_argument("--tasks", help="comma-separated tasks replacing the grid's: passkey, niah_single, "
-                          "niah_multikey, continuation, or jsonl:PATH (rows of context, question, answers)")  # fmt: skip
+                          "niah_multikey, continuation, or jsonl:PATH (rows of context, question, answers: a reply scores the share of "
+                          "its answers it contains, RULER's string_match_all)")  # fmt: skip
     generate.add_argument("--seq-lens", help="comma-separated context lengths N, e.g. 2048,8192")
     generate.add_argument("--samples", type=int, help="samples per task and N (needles at depths spread over 0-100%%)")
     generate.add_argument("--keep", help="comma-separated shares of the prompt's cache a KV method keeps, e.g. 0.5,0.125")
@@ -99,6 +100,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"attnbench: --jobs: must be >= 1, got {args.jobs}", file=sys.stderr)
         return Exit.USAGE
     if args.report is not None:
+        changed = [flag for flag, value in grid_flags(args).items() if value is not None]
+        if changed:
+            print(f"attnbench: --report rewrites DIR's report from its rows: {', '.join(changed)} cannot change them",
+                  file=sys.stderr)  # fmt: skip
+            return Exit.USAGE
         return _report_only(args.report)
     folder, source = None, args.grid or DEFAULT_GRID
     if args.resume is not None:
@@ -187,7 +193,7 @@ def _finish(folder: Path, meta: dict) -> int:
     rows = read_generations(folder)
     missing = missing_units(folder)
     reads = bool(rows.variant.isin([name for name, knob in KNOBS.items() if knob.reads_only]).any())
-    report = write_generation_report(folder, rows, meta, missing, reads)
+    report = write_generation_report(folder, rows, meta, missing or 0, reads)
     print(terminal_summary(rows, terminal_width()))
     if missing:
         print(f"attnbench: {missing} unit(s) of the grid have not run yet: attnbench generate --resume {folder}",

@@ -46,10 +46,11 @@ class RowResult:
 class InModelDecoder:
     """A Hugging Face causal LM whose self-attention goes through attnbench's implementation to a router."""
 
-    def __init__(self, model: nn.Module, stop_ids: set[int]) -> None:
+    def __init__(self, model: nn.Module, stop_ids: set[int], end_ids: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+        """`stop_ids` end an answer once it has begun (a newline); `end_ids` (end of text) end it even before."""
         hf_attention.register()
         model.set_attn_implementation(IMPLEMENTATION)
-        self.model, self.stop_ids = model, stop_ids
+        self.model, self.stop_ids, self.end_ids = model, stop_ids | end_ids, end_ids
 
     def forward(self, router: ExactPrompt | MethodRows, ids: Tensor, start: int) -> Tensor:
         """ids (b, n) at positions start.. -> the last position's logits (b, v) in float32."""
@@ -110,8 +111,8 @@ class InModelDecoder:
         stopped = [False] * len(order)
         for index in range(new_tokens):
             chosen = next_logits.argmax(dim=-1)  # (b,) greedy
-            for row, token in enumerate(chosen.tolist()):
-                stopped[row] = stopped[row] or token in self.stop_ids
+            for row, token in enumerate(chosen.tolist()):  # a newline before any other token starts the answer's line
+                stopped[row] = stopped[row] or token in self.end_ids or (token in self.stop_ids and bool(results[row].tokens))
                 if not stopped[row]:
                     results[row].tokens.append(token)
                     if keep_logits:

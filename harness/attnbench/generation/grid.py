@@ -248,6 +248,7 @@ def _tasks(raw: Any, problems: list[str], where: str) -> tuple[tuple[str, ...], 
         elif item == JSONL:
             problems.append(f"{where}: jsonl: needs a path, e.g. jsonl:mine.jsonl")
         elif item.startswith(JSONL):
+            item = JSONL + str(Path(item[len(JSONL):]).resolve())  # absolute: a resume or report from anywhere
             try:
                 rows[item] = len(read_jsonl(Path(item[len(JSONL):])))
                 tasks.append(item)
@@ -270,8 +271,10 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
     placed, stripped = [], []
     for index, item in enumerate(items):
         table = item if isinstance(item, dict) else {"name": item}
-        if table.get("name") in ALIASES:
-            table = {**ALIASES[table["name"]], **{k: v for k, v in table.items() if k != "name"}}
+        if table.get("name") in ALIASES:  # the paper's name labels it only as the paper runs it
+            changed = any(key in table for key in ("prefill", "decode", "dense_layers"))
+            alias = {k: v for k, v in ALIASES[table["name"]].items() if not (changed and k == "label")}
+            table = {**alias, **{k: v for k, v in table.items() if k != "name"}}
         name = table.get("name")
         if not isinstance(name, str) or not name:
             problems.append(f"{where}[{index}]: a [[methods]] table needs a `name` (the variant, or "
@@ -287,6 +290,9 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
             label = ""
         if prefill not in PREFILLS:
             problems.append(f"{at}: prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}")
+        if name == "full" and (prefill != "dense" or decode != "own"):
+            problems.append(f"{at}: full is the exact model, always run with its exact prompt and KV cache; drop "
+                            "prefill/decode from it")  # fmt: skip
         if decode not in DECODES:
             problems.append(f"{at}: decode must be one of {', '.join(DECODES)}, got {decode!r}")
         elif decode == "exact" and prefill == "dense":

@@ -33,13 +33,18 @@ def units_to_run(grid: GenerationGrid, done: set[str]) -> list[Unit]:
     return [unit for unit in grid.units() if not set(unit_keys(grid, unit)) <= done]
 
 
-def missing_units(folder: Path) -> int:
-    """How many units of the folder's grid (its grid.toml) have a row missing or not ok: 0 for a finished grid."""
+def missing_units(folder: Path) -> int | None:
+    """How many units of the folder's grid (its grid.toml) have a row missing or not ok: 0 for a finished grid, None
+    when its grid cannot be read any more (a user's task file moved): the rows are reported as they are."""
     from attnbench.generation.grid import read_grid
+    from attnbench.plan.config import ConfigError
 
     if not (folder / GRID_FILE).is_file():
         return 0
-    return len(units_to_run(read_grid(str(folder / GRID_FILE)), generated_keys(folder)))
+    try:
+        return len(units_to_run(read_grid(str(folder / GRID_FILE)), generated_keys(folder)))
+    except ConfigError:
+        return None
 
 
 def run_on_node(job: UnitJob) -> UnitOutcome:
@@ -78,7 +83,7 @@ def failed_rows(grid: GenerationGrid, outcome: UnitOutcome) -> list[GenerationRo
             rows.append(GenerationRow(
                 key=row_key(unit, sample, setting), task=unit.task, seq_len=unit.seq_len, protocol=unit.protocol,
                 sample=sample, method=method.label(), variant=method.variant.name, hparams="", prefill=method.prefill,
-                dense_layers=method.dense_layers, share=setting.share, status="error", reason=outcome.reason,
+                dense_layers=method.dense_layers, decode=method.decode, share=setting.share, status="error", reason=outcome.reason,
                 host=socket.gethostname() if not outcome.node else "", node=outcome.node,
             ))  # fmt: skip
     return rows

@@ -51,8 +51,8 @@ def loaded(model_dir: str) -> tuple[Any, Any, InModelDecoder]:
 
     model, _ = load_model(Path(model_dir))
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    stops = {tokenizer.eos_token_id} | set(tokenizer.encode("\n", add_special_tokens=False))
-    return model, tokenizer, InModelDecoder(model, {s for s in stops if s is not None})
+    ends = {tokenizer.eos_token_id} - {None}
+    return model, tokenizer, InModelDecoder(model, set(tokenizer.encode("\n", add_special_tokens=False)), ends)
 
 
 def encoder(tokenizer: Any) -> Any:
@@ -127,7 +127,7 @@ def sample_rows(job: UnitJob, sample: Sample, prompt_tokens: int, settings: list
             key=row_key(job.unit, sample.index, setting), task=job.unit.task, seq_len=job.unit.seq_len,
             protocol=job.unit.protocol, sample=sample.index, method=method.label(), variant=method.variant.name,
             hparams=json.dumps(dict(setting.hparams), sort_keys=True), prefill=method.prefill,
-            dense_layers=method.dense_layers, share=setting.share, depth=sample.depth, prompt_tokens=prompt_tokens,
+            dense_layers=method.dense_layers, decode=method.decode, share=setting.share, depth=sample.depth, prompt_tokens=prompt_tokens,
             host=socket.gethostname(),
         )  # fmt: skip
         if reason:

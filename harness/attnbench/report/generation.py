@@ -84,12 +84,13 @@ def pooled(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         ends = (interval.low, interval.high) if interval.low == interval.low else (interval.estimate,) * 2
         out.append(dict(seq_len=int(n), protocol=protocol, method=method, share=None if share < 0 else float(share),
                         samples=len(at), accuracy=interval.estimate, low=ends[0], high=ends[1],
-                        cache_share=at.cache_share.mean(), exact_method=method == EXACT))  # fmt: skip
+                        cache_share=at.cache_share.mean(), exact_method=method == EXACT,
+                        exact_decoding=bool((at.decode == "exact").any())))  # fmt: skip
     return pd.DataFrame(out, columns=POOLED_COLUMNS)
 
 
 POOLED_COLUMNS = ["seq_len", "protocol", "method", "share", "samples", "accuracy", "low", "high", "cache_share",
-                  "exact_method"]  # fmt: skip
+                  "exact_method", "exact_decoding"]  # fmt: skip
 
 
 def accuracy_text(row: object) -> str:
@@ -123,11 +124,13 @@ def verdict_lines(rows: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
             words = ", ".join(f"{r.method} {accuracy_text(r)}" for r in ranked.itertuples())
             lines.append(f"- keeping {share_text(share)} of the cache: {words}")
         fixed = chosen[chosen.share.isna()].sort_values("accuracy", ascending=False)
-        if len(fixed):
-            words = ", ".join(f"{r.method} {accuracy_text(r)} (its state {r.cache_share:.1%} of the cache)"
-                              for r in fixed.itertuples())  # fmt: skip
-            lines.append(f"- a fixed state (an RNN swapped untrained into a softmax model; a sparse prefill, exact "
-                         f"decoding): {words}")  # fmt: skip
+        kinds = (("a fixed state (swapped untrained into a softmax model)", ~fixed.exact_decoding),
+                 ("its own prefill, then exact decoding of the whole cache", fixed.exact_decoding))  # fmt: skip
+        for words_for, which in kinds:
+            if which.any():
+                words = ", ".join(f"{r.method} {accuracy_text(r)} (its state {r.cache_share:.1%} of the cache)"
+                                  for r in fixed[which].itertuples())  # fmt: skip
+                lines.append(f"- {words_for}: {words}")
     return lines
 
 

@@ -27,6 +27,7 @@ class GenerationRow:
     hparams: str  # JSON, the knob set for the share
     prefill: str  # dense (the exact prompt, its state built from it) | own
     dense_layers: int = 0
+    decode: str = "own"  # own (its variant's decode form) | exact (exact decoding after its prefill)
     share: float | None = None  # the share of the prompt's cache asked for (None: a method without a knob)
     status: str = "ok"  # ok | error
     reason: str = ""
@@ -48,7 +49,7 @@ class GenerationRow:
 
 
 COLUMNS = [f.name for f in fields(GenerationRow)]
-TEXT_COLUMNS = ("key", "task", "protocol", "method", "variant", "hparams", "prefill", "status", "reason", "answer",
+TEXT_COLUMNS = ("key", "task", "protocol", "method", "variant", "hparams", "prefill", "decode", "status", "reason", "answer",
                 "host", "node")  # fmt: skip
 
 
