@@ -66,17 +66,36 @@ class Method:
         return self.prefill == "dense" or self.variant.name == "full"
 
 
+def own_form(variant: AttentionVariant | None, own_decode: bool) -> bool:
+    """The layer runs the variant's own prefill/step (else exact attention and a KV cache, or a variant's forward over
+    the prompt followed by exact steps)."""
+    return variant is not None and own_decode and variant.decodes()
+
+
+def kv_for(variant: AttentionVariant, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """k, v (b, g, n, d|e) as the variant's decode form takes them: as given when it decodes grouped-query attention,
+    else repeated for every query head."""
+    if variant.supports.grouped_kv:
+        return k, v
+    group = query_group(q, k)
+    return expand_kv_heads(k, group), expand_kv_heads(v, group)
+
+
+def self_attention_only(causal: bool, padding: Tensor | None, cross: bool) -> None:
+    if cross or padding is not None or not causal:
+        raise ValueError("generation runs a decoder's causal self-attention on one unpadded sequence")
+
+
 def layer_prefill(
     variant: AttentionVariant | None, q: Tensor, k: Tensor, v: Tensor, room: int, own_decode: bool = True
 ) -> tuple[Tensor, DecodeState]:
     """One layer's prompt through a method: q (b, h, n, d), k (b, g, n, d), v (b, g, n, e) -> its outputs (b, h, n, e)
     and its state. None: exact attention and a KV cache (a layer kept dense). Without its own decode form (none, or
     `own_decode` False): its causal forward, and the whole cache for exact steps."""
+    if own_form(variant, own_decode):
+        assert variant is not None
+        return variant.prefill(q, *kv_for(variant, q, k, v), room=room)
     group = query_group(q, k)
-    if variant is not None and own_decode and variant.decodes():
-        if not variant.supports.grouped_kv:
-            k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
-        return variant.prefill(q, k, v, room=room)
     if variant is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
     else:
@@ -88,11 +107,9 @@ def layer_state(
     variant: AttentionVariant | None, q: Tensor, k: Tensor, v: Tensor, room: int, own_decode: bool = True
 ) -> DecodeState:
     """`layer_prefill`'s state without its outputs (the prompt's attention is the exact one, computed elsewhere)."""
-    if variant is not None and own_decode and variant.decodes():
-        if not variant.supports.grouped_kv:
-            group = query_group(q, k)
-            k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
-        return variant.prefill_state(q, k, v, room=room)
+    if own_form(variant, own_decode):
+        assert variant is not None
+        return variant.prefill_state(q, *kv_for(variant, q, k, v), room=room)
     return KVCache.of(k, v, room)
 
 
@@ -101,11 +118,9 @@ def layer_step(
 ) -> tuple[Tensor, DecodeState]:
     """One token through a layer: q (b, h, 1, d), k, v (b, g, 1, d|e) -> (b, h, 1, e) and the state (exact against
     the whole cache without the variant's own decode form)."""
-    if variant is not None and own_decode and variant.decodes():
-        if not variant.supports.grouped_kv:
-            group = query_group(q, k)
-            k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
-        return variant.step(state, q, k, v)
+    if own_form(variant, own_decode):
+        assert variant is not None
+        return variant.step(state, q, *kv_for(variant, q, k, v))
     assert isinstance(state, KVCache)
     state.append(k, v)
     return softmax_step(q, state.k, state.v), state
@@ -120,8 +135,7 @@ class ExactPrompt:
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
                cross: bool) -> Tensor:
-        if cross or padding is not None or not causal:
-            raise ValueError("generation runs a decoder's causal self-attention on one unpadded sequence")
+        self_attention_only(causal, padding, cross)
         self.layers.append((query, key, value))
         return F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=query.shape[1] != key.shape[1])
 
@@ -178,8 +192,7 @@ class MethodRows:
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
                cross: bool) -> Tensor:
-        if cross or padding is not None or not causal:
-            raise ValueError("generation runs a decoder's causal self-attention on one unpadded sequence")
+        self_attention_only(causal, padding, cross)
         layer, self.layer = self.layer, self.layer + 1
         rows = range(query.shape[0])
         if layer == len(self.states):  # the prompt: each row's prefill
