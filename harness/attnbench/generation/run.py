@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from attnbench.generation.grid import GenerationGrid, Unit, row_key
-from attnbench.generation.unit import UnitJob, UnitOutcome, run_unit
+from attnbench.generation.unit import UnitJob, UnitOutcome, run_unit, setting_row
 from attnbench.plan.config import toml_value
 from attnbench.runfolder.generations import GenerationRow, GenerationsFolder, generated_keys
 
@@ -75,18 +75,9 @@ def outcomes(jobs: list[UnitJob], executor: str, workers: int, address: str | No
 
 def failed_rows(grid: GenerationGrid, outcome: UnitOutcome) -> list[GenerationRow]:
     """A unit that failed whole: an error row for each of its rows, with the reason."""
-    unit = outcome.job.unit
-    rows = []
-    for sample in unit.samples:
-        for setting in grid.settings(unit.seq_len):
-            method = setting.method
-            rows.append(GenerationRow(
-                key=row_key(unit, sample, setting), task=unit.task, seq_len=unit.seq_len, protocol=unit.protocol,
-                sample=sample, method=method.label(), variant=method.variant.name, hparams="", prefill=method.prefill,
-                dense_layers=method.dense_layers, decode=method.decode, share=setting.share, status="error", reason=outcome.reason,
-                host=socket.gethostname() if not outcome.node else "", node=outcome.node,
-            ))  # fmt: skip
-    return rows
+    unit, host = outcome.job.unit, socket.gethostname() if not outcome.node else ""
+    return [setting_row(unit, sample, setting, status="error", reason=outcome.reason, host=host, node=outcome.node)
+            for sample in unit.samples for setting in grid.settings(unit.seq_len)]  # fmt: skip
 
 
 def run_grid(

@@ -105,6 +105,16 @@ def run_unit(job: UnitJob) -> UnitOutcome:
     return UnitOutcome(job, rows)
 
 
+def setting_row(unit: Unit, sample: int, setting: Setting, **fields: Any) -> GenerationRow:
+    """A row of one setting on one sample of a unit: its key and what names it, then `fields`."""
+    method = setting.method
+    return GenerationRow(
+        key=row_key(unit, sample, setting), task=unit.task, seq_len=unit.seq_len, protocol=unit.protocol, sample=sample,
+        method=method.label(), variant=method.variant.name, hparams=json.dumps(dict(setting.hparams), sort_keys=True),
+        prefill=method.prefill, dense_layers=method.dense_layers, decode=method.decode, share=setting.share, **fields,
+    )  # fmt: skip
+
+
 def exact_index(settings: list[Setting]) -> int | None:
     """The row of the exact model among the settings: full with its KV cache, every layer (the grid adds it)."""
     for index, setting in enumerate(settings):
@@ -122,14 +132,8 @@ def sample_rows(job: UnitJob, sample: Sample, prompt_tokens: int, settings: list
     reference = results[exact] if exact is not None and not reason else None
     rows = []
     for setting, result in zip(settings, results):
-        method = setting.method
-        row = GenerationRow(
-            key=row_key(job.unit, sample.index, setting), task=job.unit.task, seq_len=job.unit.seq_len,
-            protocol=job.unit.protocol, sample=sample.index, method=method.label(), variant=method.variant.name,
-            hparams=json.dumps(dict(setting.hparams), sort_keys=True), prefill=method.prefill,
-            dense_layers=method.dense_layers, decode=method.decode, share=setting.share, depth=sample.depth, prompt_tokens=prompt_tokens,
-            host=socket.gethostname(),
-        )  # fmt: skip
+        row = setting_row(job.unit, sample.index, setting, depth=sample.depth, prompt_tokens=prompt_tokens,
+                          host=socket.gethostname())  # fmt: skip
         if reason:
             row.status, row.reason = "error", reason
             rows.append(row)
