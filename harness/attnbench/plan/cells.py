@@ -207,6 +207,7 @@ class Plan:
     cells: list[Cell]
     groups: list[Group]
     duplicates: int = 0  # cells the config listed more than once (`seq_lens = [128, 128]`)
+    notes: list[str] = field(default_factory=list)  # cells not planned and why (a causal decoder's heads, non-causal)
 
 
 def expand(values: dict[str, list[Any]]) -> list[Cell]:

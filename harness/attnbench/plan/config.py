@@ -6,6 +6,8 @@ and their keys come from `attnbench.plan`; the other keys are the measurement `S
 
 from __future__ import annotations
 
+from collections import Counter
+
 import itertools
 import json
 import math
@@ -19,11 +21,12 @@ from typing import Any, Callable, Sequence, get_type_hints
 import tomllib
 
 from attnbench.inputs.captured import captured_fit_problems
+from attnbench.inputs.heads_cache import uncaptured_heads
 from attnbench.inputs.catalogue import split_needle_params, validate_input
 from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
 from attnbench.plan.budget import DEFAULT_MAX_ERROR, budget_problems
 from attnbench.plan.cells import AXES, InputSpec, Plan, VariantSpec, compiled_label, expand, groups_of
-from attnbench.plan.fit import input_unfit
+from attnbench.plan.fit import causal_only_input, input_unfit
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
 
@@ -94,6 +97,7 @@ class SweepConfig:
     axes: dict[str, list[Any]] = field(default_factory=lambda: {name: list(d) for name, _, d in AXES.values()})
     settings: Settings = field(default_factory=Settings)
     overrides: dict[str, Any] = field(default_factory=dict)  # what the command line changed in the file or preset
+    notes: list[str] = field(default_factory=list)  # what was left out and why, said as the run starts
 
     @property
     def variants(self) -> list[VariantSpec]:
@@ -109,10 +113,14 @@ class SweepConfig:
         for values in self.axes.values():
             listed *= len(values)
         cells = expand(self.axes)
+        causal_only = [cell for cell in cells if not cell.causal and causal_only_input(cell.input)]
+        notes = [f"input {label} is a causal decoder's heads: drawn for the causal cells only ({count} non-causal "
+                 "cells not planned)" for label, count in Counter(c.input.label() for c in causal_only).items()]  # fmt: skip
+        cells = [cell for cell in cells if cell.causal or not causal_only_input(cell.input)]
         every = self.settings.time_every_input or not self.settings.error  # without error, every input is timed
         drawable = [cell for cell in cells if input_unfit(cell, self.settings.decode_steps) is None]
         groups = groups_of(cells, time_every_input=every, drawable=set(drawable))
-        return Plan(cells, groups, duplicates=listed - len(cells))
+        return Plan(cells, groups, duplicates=listed - len(cells) - len(causal_only), notes=notes)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a TOML-like dict that `parse_config` reads back to the same config."""
@@ -267,6 +275,10 @@ def parse_config(
                 problems.append(f"inputs[{index}]: expected a table with a 'name', got {item!r}")
                 continue
             params = {k: v for k, v in item.items() if k != "name"}
+            if note := uncaptured_heads(item["name"], params):  # the default model's heads, not captured here
+                if note not in config.notes:
+                    config.notes.append(note)
+                continue
             problems += [f"inputs[{index}]: {p}" for p in validate_input(item["name"], params)]
             config.axes["input"].append(InputSpec(item["name"], tuple(sorted(params.items()))))
 

@@ -4,12 +4,24 @@ the run goes on; the plan times each setting on its first input that can be draw
 
 from __future__ import annotations
 
-from attnbench.inputs.needles import needle_cell_problems
-from attnbench.plan.cells import Cell
+from attnbench.inputs.heads_cache import heads_unfit
+from attnbench.inputs.needles import NEEDLE_DEFAULTS, needle_cell_problems
+from attnbench.plan.cells import Cell, InputSpec
+
+
+def causal_only_input(spec: InputSpec) -> bool:
+    """Whether an input is a causal decoder's own heads (or needles planted in them): causal cells only."""
+    return spec.name == "heads" or (spec.name == "needles" and dict(spec.params).get("background") == "heads")
 
 
 def input_unfit(cell: Cell, decode_steps: int) -> str | None:
     """Why the cell's input cannot be drawn at its shape (decode cells generating `decode_steps`), or None."""
+    params = dict(cell.input.params)
+    if causal_only_input(cell.input):
+        own = {key: value for key, value in params.items() if key not in NEEDLE_DEFAULTS}
+        positions = max(cell.seq_len, cell.n_k) + (decode_steps if cell.mode == "decode" else 0)
+        if why := heads_unfit(own, causal=cell.causal, positions=positions, head_dim=cell.head_dim):
+            return why
     if cell.input.name != "needles":
         return None
     unfit = needle_cell_problems(

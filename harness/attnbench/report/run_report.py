@@ -53,6 +53,7 @@ from attnbench.report.text import (
     speedup_text,
     with_machine,
 )
+from attnbench.report.evidence import evidence_markdown
 from attnbench.report.verdict import (
     SETTING_COLUMNS,
     InputVerdict,
@@ -681,6 +682,8 @@ def verdict_section(view: RunView, baseline: str) -> list[Block]:
     in a sentence, what the input's error figures can tell, and per N the table of choices and the left-out; how
     to read them comes last."""
     blocks = [Block("heading", "Verdict", level=2), Block("text", budget_line(view.budget, baseline))]
+    if said := evidence_markdown(view.evidence):  # what the verdict rests on: real heads or a synthetic stand-in
+        blocks.append(Block("text", said))
     for verdict_block in view.blocks:
         blocks.append(Block("heading", block_title(verdict_block), level=3))
         for answer in verdict_block.verdict.answers:

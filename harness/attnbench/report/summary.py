@@ -20,6 +20,7 @@ from attnbench.report.text import (
     speedup_text,
     with_machine,
 )
+from attnbench.report.evidence import evidence_markdown
 from attnbench.report.verdict import verdict_markdown
 from attnbench.report.view import RunView
 
@@ -204,6 +205,8 @@ def write_summary(run_dir: Path, view: RunView | None = None) -> str:
         run_id=run_dir.name, mem_note=methods, noise=noise_line(frame), interval=interval_words(frame)
     )
     verdict = verdict_markdown(view.blocks)
+    if said := evidence_markdown(view.evidence):  # what the verdict rests on, before it
+        verdict = said + "\n\n" + verdict
     compiled = compile_sentence(frame)
     verdict += f"\n{compiled}\n" if compiled else ""
     if has_decode(frame):

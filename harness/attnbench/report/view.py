@@ -10,6 +10,7 @@ import pandas as pd
 
 from attnbench.plan.budget import AccuracyBudget
 from attnbench.report.analysis import of_roofline, raised_peaks
+from attnbench.report.evidence import Evidence, evidence
 from attnbench.report.verdict import InputVerdict, VerdictBlock, verdict_blocks, verdicts
 from attnbench.runfolder.folder import read_samples
 from attnbench.runfolder.meta import RunMeta
@@ -26,6 +27,7 @@ class RunView:
     verdicts: list[InputVerdict]  # per setting and input, N by N
     blocks: list[VerdictBlock]  # the verdicts as shown: those with the same content merged
     budget: AccuracyBudget  # what the verdict was judged with: the run's recorded budget, or `report`'s flags
+    evidence: list[Evidence]  # per causal setting, which input answers at each N: real heads or `realistic`
 
     @classmethod
     def read(
@@ -49,4 +51,5 @@ class RunView:
         frame = frame.assign(of_roofline=of_roofline(frame, peaks))
         samples = read_samples(run_dir)
         found = verdicts(frame, samples, budget)
-        return cls(run_dir, frame, samples, meta, peaks, found, verdict_blocks(found), budget)
+        return cls(run_dir, frame, samples, meta, peaks, found, verdict_blocks(found), budget,
+                   evidence(frame, samples, budget, found))  # fmt: skip

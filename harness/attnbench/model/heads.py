@@ -1,0 +1,101 @@
+"""`attnbench heads MODEL_DIR`: a causal decoder's own heads on the shipped texts, kept where the `heads` input finds
+them (`attnbench.inputs.heads_cache`). `make model` runs it for SmolLM2-135M; any local causal decoder works the same
+way (nothing is downloaded).
+
+Per text (prose and code, `attnbench.model.texts.HEADS_TEXTS`) the model runs once on its first P tokens, P the
+model's own positions (at most `MAX_POSITIONS`) and `DECODE_HEADROOM` more (a decode cell's steps after a prompt of
+the model's full length: 0.8% past its trained positions at 8K, said in the manifest), and the post-rotary q/k/v of `DEPTHS` layers spread over its depth
+are written in float16 (the file the `captured` input reads too, with its description). The manifest is written
+last: a capture that stopped half-way is not found, and the next one starts over.
+
+l - layer, b - batch, h - heads, g - key/value heads, n - positions, d - head dim
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from attnbench.inputs.heads_cache import MANIFEST, heads_root
+
+DEPTHS = 10  # layers kept, spread over the depth (every third of SmolLM2's 30): held-out splits keep 5 and 5
+MAX_POSITIONS = 8192  # SmolLM2's own positions; 16K of prose would hold 4x the memory for lengths it never saw
+DECODE_HEADROOM = 64  # positions past that: the steps a decode cell generates after a prompt of the full length
+
+
+def depth_layers(count: int, keep: int = DEPTHS) -> list[int]:
+    """`keep` layers of `count` spread evenly over the depth (all of them when there are fewer)."""
+    if count <= keep:
+        return list(range(count))
+    return sorted({min(count - 1, int((i + 0.5) * count / keep)) for i in range(keep)})
+
+
+def capture_heads(
+    model_dir: Path, *, positions: int | None = None, say: Callable[[str], None] | None = None
+) -> Path:
+    """Capture `model_dir`'s heads on each shipped text into heads_root()/<folder name>/; the folder written."""
+    from transformers import AutoTokenizer
+
+    from attnbench.atomic import write_text_atomic
+    from attnbench.inputs.captured import write_capture
+    from attnbench.model.capture import CaptureError, load_base_model, record_qkv
+    from attnbench.model.texts import HEADS_TEXTS
+
+    say = say or (lambda line: print(f"attnbench: {line}", file=sys.stderr, flush=True))
+    model, config = load_base_model(model_dir, "attnbench heads")
+    limit = getattr(config, "max_position_embeddings", None) or MAX_POSITIONS
+    positions = positions or min(MAX_POSITIONS, limit) + DECODE_HEADROOM
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    folder = heads_root() / model_dir.name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).unlink(missing_ok=True)  # found again only once every text is written
+    texts: dict[str, Any] = {}
+    kept: list[int] = []
+    scaling: list[float] = []
+    for name, path in HEADS_TEXTS.items():
+        started = time.perf_counter()
+        ids = tokenizer(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids[:, :positions]
+        if ids.shape[-1] < positions:
+            raise CaptureError(f"{path.name} gives {ids.shape[-1]} tokens with this tokenizer, fewer than {positions}")
+        layers, where, causal, all_scaling = record_qkv(model, config, ids, model_dir=model_dir)
+        if not causal or not where.startswith("attention"):
+            raise CaptureError(f"{model_dir}: its attention was recorded at the {where}, causal={causal}; the heads "
+                               "input needs a causal decoder whose attention goes through transformers' interface")  # fmt: skip
+        kept = depth_layers(len(layers["q"]))
+        scaling = [all_scaling[i] for i in kept]
+        tensors = {role: torch.stack([values[i] for i in kept]).contiguous() for role, values in layers.items()}
+        half = {role: tensor.half() for role, tensor in tensors.items()}
+        if all(torch.isfinite(t).all() for t in half.values()):  # float16 halves the disk; kept float32 otherwise
+            tensors = half
+        meta = {"model": str(model_dir), "model_type": getattr(config, "model_type", None), "text": path.name,
+                "positions": int(ids.shape[-1]), "recorded_at": where, "rotary": "rotary" in where,
+                "post_rotary": "post-rotary" in where, "causal": True, "scaling": scaling, "layers": kept}  # fmt: skip
+        write_capture(folder / f"{name}.pt", tensors, meta)
+        texts[name] = {"file": f"{name}.pt", "source": path.name, "tokens": int(ids.shape[-1])}
+        say(f"{model_dir.name}: {len(kept)} layers' heads on the {name} ({path.name}, {ids.shape[-1]} tokens) in "
+            f"{time.perf_counter() - started:.0f} s")  # fmt: skip
+        del layers, tensors, half
+    q_heads = int(getattr(config, "num_attention_heads"))
+    manifest = {
+        "model": model_dir.name,
+        "model_dir": str(model_dir),
+        "positions": min(entry["tokens"] for entry in texts.values()),
+        "trained_positions": int(limit),  # the model's own; positions past it are a decode cell's headroom
+        "layers": kept,
+        "of_layers": int(getattr(config, "num_hidden_layers", len(kept))),
+        "heads": q_heads,
+        "kv_heads": int(getattr(config, "num_key_value_heads", None) or q_heads),
+        "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // q_heads),
+        "scaling": scaling,
+        "texts": texts,
+        "recorded_at": "attention function, post-rotary q/k, causal",
+        "made": time.strftime("%Y-%m-%d"),
+    }
+    import json
+
+    write_text_atomic(folder / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    return folder
