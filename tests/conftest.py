@@ -15,6 +15,40 @@ from attnbench.registry import Registry
 from helpers import TESTS, write_plugin
 
 
+REAL_HEADS = Path(os.environ.get("ATTNBENCH_HEADS") or Path.home() / ".cache" / "attnbench" / "heads")  # `make model`'s
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_captured_heads(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The suite sees no real model's captured heads unless a test asks for them (`real_heads`, `fake_heads`):
+    presets list the `heads` input, and a run with or without them must not depend on what this machine holds.
+    Subprocesses inherit it."""
+    os.environ["ATTNBENCH_HEADS"] = str(tmp_path_factory.mktemp("no-heads"))
+
+
+@pytest.fixture
+def real_heads(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """SmolLM2-135M's heads as `make model` captured them (skipped where they are not)."""
+    if not (REAL_HEADS / "SmolLM2-135M" / "heads.json").is_file():
+        pytest.skip(f"no captured heads in {REAL_HEADS} (`make model`)")
+    monkeypatch.setenv("ATTNBENCH_HEADS", str(REAL_HEADS))
+    return REAL_HEADS
+
+
+@pytest.fixture
+def fake_heads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Path]:
+    """A heads cache in a temporary folder (`helpers.write_fake_heads`), made the one runs see."""
+    from helpers import write_fake_heads
+
+    root = tmp_path / "heads"
+    monkeypatch.setenv("ATTNBENCH_HEADS", str(root))
+
+    def make(**kwargs) -> Path:
+        return write_fake_heads(root, **kwargs)
+
+    return make
+
+
 SIGNAL_HANDLERS = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}  # at start
 
 

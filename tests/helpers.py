@@ -222,3 +222,41 @@ def needle_attention_ranks(inputs, causal: bool = True, context=None):
     seen_by -= (probes.flip(0).cumsum(0).flip(0) if causal else probes.sum()).double()  # probes at i >= j do not count
     order = (paid / seen_by.clamp(min=1)).argsort(-1, descending=True).argsort(-1)  # (h, n): rank of each key
     return order[:, inputs.needles.key_positions[0]].double() / n
+
+
+def write_fake_heads(
+    root: Path,
+    model: str = "SmolLM2-135M",
+    layers: int = 4,
+    heads: int = 6,
+    kv_heads: int = 2,
+    positions: int = 300,
+    head_dim: int = 16,
+    texts: tuple[str, ...] = ("prose", "code"),
+    local: float = 0.0,
+    scaling: float = 0.3,
+) -> Path:
+    """A heads cache as `attnbench heads` writes it (manifest last), of random q/k/v: each layer's q scaled so that
+    the model's `scaling` differs from 1/sqrt(d); with `local` > 0 each query is nearly its own key times `local`, so
+    that attention sits on the diagonal and a short window is nearly exact on them. Returns the model's folder."""
+    import json
+
+    import torch
+    from attnbench.inputs.captured import write_capture
+
+    folder = root / model
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(len(model))
+    for index, text in enumerate(texts):
+        q = torch.randn(layers, 1, heads, positions, head_dim, generator=generator)
+        k = torch.randn(layers, 1, kv_heads, positions, head_dim, generator=generator)
+        v = torch.randn(layers, 1, kv_heads, positions, head_dim, generator=generator)
+        if local:  # each query nearly its own key: attention on the diagonal, what a short window keeps
+            q = local * k.repeat_interleave(heads // kv_heads, dim=2) + 0.1 * q
+        write_capture(folder / f"{text}.pt", {"q": q.half(), "k": k.half(), "v": v.half()},
+                      {"text": text, "post_rotary": True, "causal": True, "scaling": [scaling] * layers})  # fmt: skip
+    manifest = {"model": model, "positions": positions, "trained_positions": positions, "layers": list(range(layers)),
+                "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "scaling": [scaling] * layers,
+                "texts": {text: {"file": f"{text}.pt", "source": f"{text}.txt", "tokens": positions} for text in texts}}  # fmt: skip
+    (folder / "heads.json").write_text(json.dumps(manifest))
+    return folder

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from attnbench.commands.arguments import add_budget_flags, run_folder
@@ -30,6 +31,8 @@ def main(args: argparse.Namespace) -> int:
     from attnbench.report.run_report import write_report
     from attnbench.report.summary import write_summary
     from attnbench.report.evidence import evidence_terminal
+    from attnbench.report.tuning import tuning_sentences
+    from attnbench.report.text import baseline_of
     from attnbench.report.verdict import verdict_terminal
     from attnbench.report.view import RunView
     from attnbench.runfolder.results import read_results
@@ -59,6 +62,8 @@ def main(args: argparse.Namespace) -> int:
         if said := evidence_terminal(view.evidence, terminal_width()):  # what the verdict rests on, first
             print(said + "\n")
         print(verdict_terminal(view.blocks, terminal_width()))  # the verdict judged again, as `run` prints it
+        for said in tuning_sentences(view.tuning, baseline_of(view.frame)):  # --tune's answer
+            print(textwrap.fill(said.replace('`', ''), terminal_width(), subsequent_indent='  '))
         write_summary(args.run_dir, view)  # the tables too: a run whose disk filled up before them gets them here
         report = write_report(args.run_dir, view)
     except OSError as error:

@@ -91,6 +91,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="skip report.md / report.html / plots at the end")
     run.add_argument(
+        "--tune",
+        action="store_true",
+        help="after the sweep, search each family's key knob (band's window, topk's top_k, h2o's and snapkv's budget, "
+        "lsh's bucket_size, performer's features, ...) at each N by bisection for the fastest setting within the "
+        "error budget, on the inputs the verdict follows (real heads where the run has them), and time the picks in "
+        "turns with the baseline: 'Use band(sinks=4, window=W): S× at error E' (tuning.csv, and the knob's curve in "
+        "the report)",
+    )
+    run.add_argument(
         "--resume",
         type=Path,
         metavar="RUN_DIR",
@@ -189,6 +198,10 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:  # a flag's problems name the flag, the file's name the file
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
+    if args.tune and not config.settings.error:
+        print("attnbench: --tune searches for the fastest setting within the error budget: it needs error (drop "
+              "--no-error)", file=sys.stderr)  # fmt: skip
+        return Exit.USAGE
     plan = config.plan()
     cells = plan.cells
     if args.executor == "ray" and config.settings.processes > 1:
@@ -265,7 +278,11 @@ def main(args: argparse.Namespace) -> int:
         )
         exit_now_if_abandoned(Exit.INTERRUPTED)  # a call still running on its thread: no waiting for it
         return Exit.INTERRUPTED
+    if args.tune and (code := tune_run(config, cells, run_dir)) is not None:
+        return code
     from attnbench.report.evidence import evidence_terminal
+    from attnbench.report.tuning import tuning_sentences
+    from attnbench.report.text import baseline_of
     from attnbench.report.verdict import verdict_terminal
     from attnbench.report.view import RunView
 
@@ -274,6 +291,8 @@ def main(args: argparse.Namespace) -> int:
     if said := evidence_terminal(view.evidence, terminal_width()):  # what the verdict rests on, first
         print(said + "\n")
     print(verdict_terminal(view.blocks, terminal_width()))
+    for said in tuning_sentences(view.tuning, baseline_of(view.frame)):  # --tune's answer
+        print(textwrap.fill(said.replace('`', ''), terminal_width(), subsequent_indent='  '))
     if compiled := compile_sentence(frame):  # the verdict's last word, on the same stream
         print(textwrap.fill(compiled, terminal_width(), subsequent_indent="  "))
     outputs = "results.csv, samples.csv, meta.json, config.toml, summary.md"
@@ -309,6 +328,32 @@ def main(args: argparse.Namespace) -> int:
     if report is not None:
         print(f"attnbench: report: {report}", file=sys.stderr)
     return Exit.NOTHING_RAN if nothing_ran else Exit.OK
+
+
+def tune_run(config: SweepConfig, cells: list, run_dir: Path) -> int | None:
+    """--tune after the sweep (attnbench.run.tune), in this process: tuning.csv written; Exit.INTERRUPTED (with how
+    to go on) on Ctrl-C, None when it finished."""
+    from attnbench.measure.dispatch import measure_group
+    from attnbench.registry import registry
+    from attnbench.run.executors import exit_now_if_abandoned, interruptible
+    from attnbench.run.tune import tune
+    from attnbench.runfolder.tuning import write_tuning
+
+    checks: dict = {}
+    try:
+        rows = tune(config, cells, config.settings.max_error,
+                    lambda group: interruptible(lambda: measure_group(group, config.settings, registry, self_checks=checks)))  # fmt: skip
+    except KeyboardInterrupt:
+        print(f"\nattnbench: interrupted while tuning; every cell of the sweep is recorded in {run_dir}/. Tune "
+              f"again with:\n  attnbench run --resume {run_dir} --tune", file=sys.stderr)  # fmt: skip
+        exit_now_if_abandoned(Exit.INTERRUPTED)
+        return Exit.INTERRUPTED
+    if rows:
+        write_tuning(run_dir, rows)
+    else:
+        print("attnbench: --tune: no variant of this run has a knob to tune (band, topk, h2o, snapkv, lsh, performer, "
+              "nystromformer, linformer)", file=sys.stderr)  # fmt: skip
+    return None
 
 
 def baseline_warning(config: SweepConfig) -> str | None:

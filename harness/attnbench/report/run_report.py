@@ -54,6 +54,7 @@ from attnbench.report.text import (
     with_machine,
 )
 from attnbench.report.evidence import evidence_markdown
+from attnbench.report.tuning import tuning_plot, tuning_sentences, tuning_table
 from attnbench.report.verdict import (
     SETTING_COLUMNS,
     InputVerdict,
@@ -699,6 +700,20 @@ def verdict_section(view: RunView, baseline: str) -> list[Block]:
     return blocks + [Block("text", "How to read it: " + intro)]
 
 
+def tuning_blocks(view: RunView, baseline: str) -> list[Block]:
+    """`--tune`'s answer per N, the knob's curve and every probe ([] when the run was not tuned)."""
+    if view.tuning.empty:
+        return []
+    blocks = [Block("heading", "Tuned: each family's key knob", level=2)]
+    blocks += [Block("text", said) for said in tuning_sentences(view.tuning, baseline)]
+    if path := tuning_plot(view.tuning, view.run_dir / "plots" / "tuning.png"):
+        blocks.append(Block("image", str(path.relative_to(view.run_dir)), caption="Error by knob value at each N "
+                            "(bisection: the values probed); ringed, the smallest within the budget, with its speedup."))  # fmt: skip
+    headers, rows = tuning_table(view.tuning)
+    blocks.append(Block("table", headers=headers, rows=rows, caption="Every knob value probed (tuning.csv)."))
+    return blocks
+
+
 def report_blocks(view: RunView) -> list[Block]:
     run_dir, meta = view.run_dir, view.meta
     frame = with_machine(view.frame)
@@ -709,6 +724,7 @@ def report_blocks(view: RunView) -> list[Block]:
     samples = view.samples
     blocks = [Block("heading", f"attnbench report: {run_dir.name}", level=1)]
     blocks += verdict_section(view, baseline)
+    blocks += tuning_blocks(view, baseline)
     if compiled := compile_sentence(frame):
         blocks.append(Block("text", compiled))
     blocks += [Block("toc")] + header_blocks(run_dir, meta, frame)

@@ -21,6 +21,7 @@ from attnbench.report.text import (
     with_machine,
 )
 from attnbench.report.evidence import evidence_markdown
+from attnbench.report.tuning import tuning_sentences
 from attnbench.report.verdict import verdict_markdown
 from attnbench.report.view import RunView
 
@@ -207,6 +208,8 @@ def write_summary(run_dir: Path, view: RunView | None = None) -> str:
     verdict = verdict_markdown(view.blocks)
     if said := evidence_markdown(view.evidence):  # what the verdict rests on, before it
         verdict = said + "\n\n" + verdict
+    if tuned := tuning_sentences(view.tuning, baseline_of(view.frame)):  # --tune's answer, after it
+        verdict += "\n" + "\n\n".join(tuned) + "\n"
     compiled = compile_sentence(frame)
     verdict += f"\n{compiled}\n" if compiled else ""
     if has_decode(frame):

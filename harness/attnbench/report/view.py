@@ -15,6 +15,7 @@ from attnbench.report.verdict import InputVerdict, VerdictBlock, verdict_blocks,
 from attnbench.runfolder.folder import read_samples
 from attnbench.runfolder.meta import RunMeta
 from attnbench.runfolder.results import RunFolderUnreadable, read_results
+from attnbench.runfolder.tuning import read_tuning
 
 
 @dataclass
@@ -28,6 +29,7 @@ class RunView:
     blocks: list[VerdictBlock]  # the verdicts as shown: those with the same content merged
     budget: AccuracyBudget  # what the verdict was judged with: the run's recorded budget, or `report`'s flags
     evidence: list[Evidence]  # per causal setting, which input answers at each N: real heads or `realistic`
+    tuning: pd.DataFrame  # tuning.csv (`--tune`): every knob value probed, the picks timed; empty when not tuned
 
     @classmethod
     def read(
@@ -52,4 +54,4 @@ class RunView:
         samples = read_samples(run_dir)
         found = verdicts(frame, samples, budget)
         return cls(run_dir, frame, samples, meta, peaks, found, verdict_blocks(found), budget,
-                   evidence(frame, samples, budget, found))  # fmt: skip
+                   evidence(frame, samples, budget, found), read_tuning(run_dir))  # fmt: skip

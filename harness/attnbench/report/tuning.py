@@ -1,0 +1,98 @@
+"""`--tune`'s answer and the knob's curve: from tuning.csv (`attnbench.run.tune`), per mode and N, the fastest pick
+within the budget in one sentence ("Use band(sinks=4, window=W): S× at error E"), the other picks after it, and per
+setting the error of every knob value probed (the curve the bisection walked)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.report.evidence import is_real_heads, real_heads_name
+from attnbench.report.verdict import error_text
+
+
+def _speed(row: pd.Series) -> str:
+    return f"{row.speedup:.3g}× [{row.speedup_low:.3g}–{row.speedup_high:.3g}]"
+
+
+def _evidence(labels: str) -> str:
+    """The inputs a tuning judged on, as the verdict names them: 'real heads (prose, code)', or the input."""
+    inputs = [label.strip() for label in str(labels).replace("), ", ")|").split("|")]
+    return real_heads_name(inputs) if all(is_real_heads(x) for x in inputs) else f"`{labels}`"
+
+
+def tuning_sentences(tuning: pd.DataFrame, baseline: str) -> list[str]:
+    """Per mode and N the tuned answer: the fastest pick clearly faster than the baseline, then the others."""
+    if tuning.empty:
+        return []
+    out = []
+    for (mode, causal, n), rows in tuning.groupby(["mode", "causal", "seq_len"], sort=False):
+        picks = rows[rows["pick"].astype(bool)].sort_values("speedup", ascending=False)
+        where = f"Tuned at N={n} ({mode}{', causal' if str(causal) == 'True' else ''}, error on {_evidence(rows.iloc[0].evidence)})"
+        budget = rows.iloc[0].budget
+        if picks.empty:
+            least = rows.loc[rows.err_vs_uniform.idxmin()] if rows.err_vs_uniform.notna().any() else None
+            said = f" (the least: {least.label}'s {error_text(least.err_vs_uniform)})" if least is not None else ""
+            out.append(f"{where}: no value of any knob brings a setting within the error budget {budget:g}{said}.")
+            continue
+        faster = picks[picks.speedup_low > 1]
+        others = "; ".join(f"{r.label} {_speed(r)} at {error_text(r.err_vs_uniform)}" for r in picks.itertuples()
+                           if faster.empty or r.label != faster.iloc[0].label)  # fmt: skip
+        if faster.empty:
+            out.append(f"{where}: no tuned setting within the error budget {budget:g} is faster than {baseline} "
+                       f"beyond noise ({others}).")  # fmt: skip
+            continue
+        best = faster.iloc[0]
+        out.append(f"{where}: Use {best.label}: {_speed(best)} faster than {baseline} at error "
+                   f"{error_text(best.err_vs_uniform)} vs uniform, the fastest setting within the error budget "
+                   f"{budget:g} of each family's key knob" + (f" (then: {others})." if others else "."))  # fmt: skip
+    return out
+
+
+def tuning_table(tuning: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Every probe: N, setting, knob value, error, within the budget, and the picks' speedups."""
+    headers = ["N", "setting", "knob", "value", "error vs uniform", "within", "speedup (picks)"]
+    rows = []
+    for r in tuning.sort_values(["seq_len", "setting", "value"]).itertuples():
+        rows.append([str(r.seq_len), r.setting, r.knob, str(r.value), error_text(r.err_vs_uniform),
+                     "yes" if r.within else "no", _speed(r) if r.pick and r.speedup == r.speedup else ""])  # fmt: skip
+    return headers, rows
+
+
+def tuning_plot(tuning: pd.DataFrame, path: Path) -> Path | None:
+    """Error vs knob value, one panel per N, a line per setting, the budget dashed, each pick ringed and labelled
+    with its speedup. None when there is nothing to draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = tuning[tuning.err_vs_uniform.notna()]
+    if data.empty:
+        return None
+    lengths = sorted(data.seq_len.unique())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(1, len(lengths), figsize=(5.2 * len(lengths), 4.2), squeeze=False, sharey=True)
+    for axis, n in zip(axes[0], lengths):
+        at = data[data.seq_len == n]
+        for setting, rows in at.groupby("setting", sort=False):
+            rows = rows.sort_values("value")
+            line = axis.plot(rows.value, rows.err_vs_uniform, marker="o", label=f"{setting} by {rows.iloc[0].knob}")[0]
+            for pick in rows[rows["pick"].astype(bool)].itertuples():
+                axis.scatter([pick.value], [pick.err_vs_uniform], s=160, facecolors="none", edgecolors=line.get_color())
+                if pick.speedup == pick.speedup:
+                    axis.annotate(f"{pick.speedup:.2g}×", (pick.value, pick.err_vs_uniform), textcoords="offset points",
+                                  xytext=(6, 6), fontsize=8, color=line.get_color())  # fmt: skip
+        axis.axhline(at.iloc[0].budget, color="grey", linestyle="--", linewidth=1)
+        axis.set_xscale("log", base=2)
+        axis.set_title(f"N={n}", fontsize=10)
+        axis.set_xlabel("knob value (window, top_k, budget, …)")
+        axis.grid(alpha=0.3)
+    axes[0][0].set_ylabel("error vs uniform (worse of the inputs)")
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    figure.suptitle("Each family's key knob: error by value; ringed: the smallest within the budget (dashed)", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

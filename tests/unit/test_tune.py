@@ -1,0 +1,50 @@
+"""`--tune`: the bisection finds the smallest knob value within the budget (error falling with the knob), stops at
+one probe when none is, and searches each setting once whatever its knob's value in the run."""
+
+from __future__ import annotations
+
+from attnbench.plan.cells import VariantSpec
+from attnbench.plan.config import parse_config
+from attnbench.run.tune import KNOBS, Search, ladder, tuned_settings
+from helpers import tiny
+
+
+def walk(search: Search, error, budget: float = 0.5) -> list[int]:
+    probed = []
+    while (value := search.next_value()) is not None:
+        probed.append(value)
+        search.record(value, error(value), budget)
+    return probed
+
+
+def test_the_ladder_is_powers_of_two_up_to_the_knobs_largest():
+    assert ladder(KNOBS["band"], 1024) == [16, 32, 64, 128, 256, 512]
+    assert ladder(KNOBS["topk"], 2048) == [1, 2, 4, 8, 16]
+    assert ladder(KNOBS["performer"], 64) == [16, 32, 64, 128, 256, 512, 1024]
+
+
+def test_bisection_finds_the_smallest_value_within_the_budget():
+    search = Search(VariantSpec("band", ()), KNOBS["band"], ladder(KNOBS["band"], 1024))
+    probed = walk(search, lambda window: 64 / window)  # within 0.5 from 128 up
+    assert search.pick == 128
+    assert 128 in probed and 64 in probed  # the pick, and the value below it shown over the budget
+    assert len(probed) <= 4  # log2 of the ladder and the first look at its top
+
+
+def test_bisection_at_the_ends_of_the_ladder():
+    lowest = Search(VariantSpec("band", ()), KNOBS["band"], ladder(KNOBS["band"], 1024))
+    walk(lowest, lambda window: 0.1)
+    assert lowest.pick == 16
+    none = Search(VariantSpec("band", ()), KNOBS["band"], ladder(KNOBS["band"], 1024))
+    assert walk(none, lambda window: 0.9) == [512]  # the largest is over: nothing smaller is tried
+    assert none.pick is None
+    unmeasured = Search(VariantSpec("band", ()), KNOBS["band"], ladder(KNOBS["band"], 1024))
+    walk(unmeasured, lambda window: float("nan"))
+    assert unmeasured.pick is None
+
+
+def test_each_setting_is_searched_once_whatever_its_knobs_value():
+    config = parse_config(tiny(variants=[{"name": "full"}, {"name": "band", "window": [64, 256]},
+                                         {"name": "band", "window": 256, "sinks": 4}, {"name": "performer"}]))  # fmt: skip
+    found = {spec.label(): knob.name for spec, knob in tuned_settings(config)}
+    assert found == {"band": "window", "band(sinks=4)": "window", "performer": "features"}
