@@ -109,6 +109,7 @@ def evidence(
                                   f"{other.sentence}")  # fmt: skip
                 continue
             line = f"N={n}, on {real.input}, each variant held to its worse error of the texts: {answer.sentence}"
+            line += f" {answer.asked}" if answer.asked else ""  # --min-speedup's answer, on the same evidence
             if other is not None and _use(other) != _use(answer):
                 line += (f" `{SYNTHETIC}` (synthetic) answers otherwise ({_said(other)}): this verdict follows the "
                          "real heads.")  # fmt: skip

@@ -73,12 +73,17 @@ def tuning_plot(tuning: pd.DataFrame, path: Path) -> Path | None:
         return None
     lengths = sorted(data.seq_len.unique())
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure, axes = plt.subplots(1, len(lengths), figsize=(5.2 * len(lengths), 4.2), squeeze=False, sharey=True)
+    from matplotlib.ticker import LogLocator, ScalarFormatter
+
+    figure, axes = plt.subplots(1, len(lengths), figsize=(max(7.0, 4.6 * len(lengths)), 4.8), squeeze=False, sharey=True)
+    lines: dict[str, object] = {}
     for axis, n in zip(axes[0], lengths):
         at = data[data.seq_len == n]
         for setting, rows in at.groupby("setting", sort=False):
             rows = rows.sort_values("value")
-            line = axis.plot(rows.value, rows.err_vs_uniform, marker="o", label=f"{setting} by {rows.iloc[0].knob}")[0]
+            name = f"{setting} by {rows.iloc[0].knob}"
+            line = axis.plot(rows.value, rows.err_vs_uniform, marker="o", label=name)[0]
+            lines.setdefault(name, line)
             for pick in rows[rows["pick"].astype(bool)].itertuples():
                 axis.scatter([pick.value], [pick.err_vs_uniform], s=160, facecolors="none", edgecolors=line.get_color())
                 if pick.speedup == pick.speedup:
@@ -86,13 +91,17 @@ def tuning_plot(tuning: pd.DataFrame, path: Path) -> Path | None:
                                   xytext=(6, 6), fontsize=8, color=line.get_color())  # fmt: skip
         axis.axhline(at.iloc[0].budget, color="grey", linestyle="--", linewidth=1)
         axis.set_xscale("log", base=2)
+        axis.xaxis.set_major_locator(LogLocator(base=4))
+        axis.xaxis.set_major_formatter(ScalarFormatter())
         axis.set_title(f"N={n}", fontsize=10)
         axis.set_xlabel("knob value (window, top_k, budget, …)")
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("error vs uniform (worse of the inputs)")
-    axes[0][-1].legend(fontsize=7, loc="upper right")
-    figure.suptitle("Each family's key knob: error by value; ringed: the smallest within the budget (dashed)", fontsize=10)
-    figure.tight_layout()
+    figure.suptitle("Error by knob value; ringed: the smallest within the budget (dashed)", fontsize=10)
+    figure.legend(list(lines.values()), list(lines), loc="lower center", ncol=min(3, len(lines)), fontsize=8,
+                  frameon=False)  # fmt: skip
+    rows_of_legend = (len(lines) + 2) // 3
+    figure.tight_layout(rect=(0, 0.06 * rows_of_legend + 0.02, 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path

@@ -169,6 +169,7 @@ def tune(
                         unsupported.add(row.label)
                     error = row.err_vs_uniform if row.status == "ok" else float("nan")
                     worst[row.label] = max(worst.get(row.label, float("-inf")), error) if error == error else float("nan")
+            said = []
             for s in [s for s in searches if id(s) in probes]:
                 label = with_knob(s.spec, s.knob, probes[id(s)]).label()
                 if label in unsupported:
@@ -177,6 +178,8 @@ def tune(
                 error = worst.get(label, float("nan"))
                 s.record(probes[id(s)], error, budget)
                 rows.append(_row(base, s, probes[id(s)], label, error, evidence, budget))
+                said.append(f"{label} {error:.3g}")
+            say(f"N={n}: error vs uniform " + ", ".join(said))  # progress: each bisection step's probes
         picks = [(s, with_knob(s.spec, s.knob, s.pick)) for s in searches if s.pick is not None]
         if not picks:
             say(f"N={n}: no knob value brings a setting within the error budget {budget:g}")
