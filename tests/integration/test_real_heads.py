@@ -34,7 +34,7 @@ def test_tune_answers_with_the_smallest_window_within_the_budget_on_the_heads(tm
     assert pick == 16  # on diagonal attention the ladder's smallest window is within
     assert band.loc[pick, "speedup"] == band.loc[pick, "speedup"]  # timed in turns with full
     summary = (run / "summary.md").read_text()
-    assert "Tuned at N=256 (fwd, causal, error on real heads (code))" in summary
+    assert "Tuned at N=256 (forward, causal, error on real heads (code))" in summary
     assert "Evidence" in summary and "on real heads (code)" in summary
     assert "plots/tuning.png" in (run / "report.md").read_text() and (run / "plots" / "tuning.png").is_file()
 
@@ -43,11 +43,14 @@ def test_tune_answers_with_the_smallest_window_within_the_budget_on_the_heads(tm
 @pytest.mark.slow
 def test_heads_of_the_real_decoder_are_its_own_attention_inputs(tmp_path, model_dir, monkeypatch):
     monkeypatch.setenv("ATTNBENCH_HEADS", str(tmp_path / "heads"))
-    done = run_cli("heads", str(model_dir), "--positions", "96", env=os.environ.copy())
+    done = run_cli("heads", str(model_dir), "--positions", "32", env=os.environ.copy())  # and 64 for decode steps
     assert done.returncode == 0, done.stderr
     folder = tmp_path / "heads" / model_dir.name
     manifest = json.loads((folder / "heads.json").read_text())
     assert manifest["positions"] == 96 and manifest["layers"] == [1, 4, 7, 10, 13, 16, 19, 22, 25, 28]
+    refused = run_cli("heads", str(model_dir), "--positions", "100000", env=os.environ.copy())
+    assert refused.returncode == 2 and "beyond the model's 8192 positions" in refused.stderr
+    assert (folder / "heads.json").is_file()  # a refused (or failed) capture leaves the one before
     assert set(manifest["texts"]) == {"prose", "code"}
     captured = tmp_path / "one.pt"  # the same text through `capture`: every layer, float32
     from attnbench.model.texts import ARGPARSE

@@ -105,3 +105,16 @@ def test_pool_indices_spread_evenly():
     assert pool_indices(4, 40, 0.0) == [0, 10, 20, 30]
     assert pool_indices(4, 40, 0.5) == [5, 15, 25, 35]
     assert pool_indices(3, 2, 0.0) == [0, 0, 1]  # more heads asked than captured: repeated, never out of range
+
+
+def test_a_non_causal_run_says_nothing_of_heads_it_would_never_draw(fake_heads, monkeypatch, tmp_path):
+    assert load_config("quick").notes == []  # non-causal, no heads captured: not a word
+    fake_heads()
+    assert load_config("quick").plan().notes == []  # captured, still non-causal: nothing to skip aloud
+
+
+def test_a_config_of_heads_alone_without_them_captured_says_how_to_capture_them():
+    with pytest.raises(ConfigError) as error:
+        parse_config({**tiny(), "causal": True, "inputs": [{"name": "heads"}, {"name": "heads", "text": "code"}]})
+    assert "no captured heads of 'SmolLM2-135M'" in str(error.value) and "make model" in str(error.value)
+    assert "empty list" not in str(error.value)

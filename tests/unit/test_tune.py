@@ -48,3 +48,26 @@ def test_each_setting_is_searched_once_whatever_its_knobs_value():
                                          {"name": "band", "window": 256, "sinks": 4}, {"name": "performer"}]))  # fmt: skip
     found = {spec.label(): knob.name for spec, knob in tuned_settings(config)}
     assert found == {"band": "window", "band(sinks=4)": "window", "performer": "features"}
+
+
+def test_tune_is_part_of_the_resolved_config_so_a_resume_tunes_too():
+    config = parse_config(tiny(tune=True))
+    assert config.settings.tune and "tune = true" in config.to_toml()
+    assert parse_config(tiny()).settings.tune is False
+
+
+def test_a_report_at_another_budget_says_the_tuning_was_for_its_own():
+    import pandas as pd
+    from attnbench.report.tuning import tuning_sentences
+
+    rows = [{"seq_len": 2048, "mode": "fwd", "causal": True, "setting": "band(sinks=4)", "knob": "window", "value": v,
+             "label": f"band(sinks=4, window={v})", "err_vs_uniform": e, "within": e <= 0.5, "budget": 0.5,
+             "evidence": "heads(text=prose), heads(text=code)", "pick": v == 16, "speedup": 5.0 if v == 16 else float("nan"),
+             "speedup_low": 4.5 if v == 16 else float("nan"), "speedup_high": 5.5 if v == 16 else float("nan")}
+            for v, e in ((1024, 0.05), (128, 0.19), (32, 0.3), (16, 0.34))]  # fmt: skip
+    [said] = tuning_sentences(pd.DataFrame(rows), "full")
+    assert said.startswith("Tuned at N=2048 (forward, causal, error on real heads (prose, code)): Use band(sinks=4, "
+                           "window=16): 5× [4.5–5.5] faster than full at error 0.34")  # fmt: skip
+    [again] = tuning_sentences(pd.DataFrame(rows), "full", max_error=0.2)
+    assert "Tuned for the error budget 0.5; this report judges at 0.2" in again and "band(sinks=4, window=128)" in again
+    assert "--tune --max-error 0.2" in again

@@ -62,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
         if said := evidence_terminal(view.evidence, terminal_width()):  # what the verdict rests on, first
             print(said + "\n")
         print(verdict_terminal(view.blocks, terminal_width()))  # the verdict judged again, as `run` prints it
-        for said in tuning_sentences(view.tuning, baseline_of(view.frame)):  # --tune's answer
+        for said in tuning_sentences(view.tuning, baseline_of(view.frame), view.budget.max_error, view.budget.min_recall):  # --tune's answer
             print(textwrap.fill(said.replace('`', ''), terminal_width(), subsequent_indent='  '))
         write_summary(args.run_dir, view)  # the tables too: a run whose disk filled up before them gets them here
         report = write_report(args.run_dir, view)

@@ -166,6 +166,7 @@ def main(args: argparse.Namespace) -> int:
             "min_recall": args.min_recall,
             "decode_steps": args.decode_steps,
             "error": False if args.no_error else None,
+            "tune": True if args.tune else None,
         }.items()
         if value is not None
     }
@@ -198,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:  # a flag's problems name the flag, the file's name the file
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
-    if args.tune and not config.settings.error:
+    if config.settings.tune and not config.settings.error:
         print("attnbench: --tune searches for the fastest setting within the error budget: it needs error (drop "
               "--no-error)", file=sys.stderr)  # fmt: skip
         return Exit.USAGE
@@ -278,7 +279,7 @@ def main(args: argparse.Namespace) -> int:
         )
         exit_now_if_abandoned(Exit.INTERRUPTED)  # a call still running on its thread: no waiting for it
         return Exit.INTERRUPTED
-    if args.tune and (code := tune_run(config, cells, run_dir)) is not None:
+    if config.settings.tune and (code := tune_run(config, cells, run_dir)) is not None:
         return code
     from attnbench.report.evidence import evidence_terminal
     from attnbench.report.tuning import tuning_sentences
@@ -291,7 +292,7 @@ def main(args: argparse.Namespace) -> int:
     if said := evidence_terminal(view.evidence, terminal_width()):  # what the verdict rests on, first
         print(said + "\n")
     print(verdict_terminal(view.blocks, terminal_width()))
-    for said in tuning_sentences(view.tuning, baseline_of(view.frame)):  # --tune's answer
+    for said in tuning_sentences(view.tuning, baseline_of(view.frame), view.budget.max_error, view.budget.min_recall):  # --tune's answer
         print(textwrap.fill(said.replace('`', ''), terminal_width(), subsequent_indent='  '))
     if compiled := compile_sentence(frame):  # the verdict's last word, on the same stream
         print(textwrap.fill(compiled, terminal_width(), subsequent_indent="  "))
@@ -342,15 +343,15 @@ def tune_run(config: SweepConfig, cells: list, run_dir: Path) -> int | None:
     checks: dict = {}
     try:
         rows = tune(config, cells, config.settings.max_error,
-                    lambda group: interruptible(lambda: measure_group(group, config.settings, registry, self_checks=checks)))  # fmt: skip
+                    lambda group: interruptible(lambda: measure_group(group, config.settings, registry, self_checks=checks)),
+                    keep=lambda rows: write_tuning(run_dir, rows))  # fmt: skip
     except KeyboardInterrupt:
-        print(f"\nattnbench: interrupted while tuning; every cell of the sweep is recorded in {run_dir}/. Tune "
-              f"again with:\n  attnbench run --resume {run_dir} --tune", file=sys.stderr)  # fmt: skip
+        print(f"\nattnbench: interrupted while tuning; every cell of the sweep is recorded in {run_dir}/, the knob "
+              f"values probed so far in tuning.csv. The sweep's report: attnbench report {run_dir}; tune again (from "
+              f"the start): attnbench run --resume {run_dir}", file=sys.stderr)  # fmt: skip
         exit_now_if_abandoned(Exit.INTERRUPTED)
         return Exit.INTERRUPTED
-    if rows:
-        write_tuning(run_dir, rows)
-    else:
+    if not rows:
         print("attnbench: --tune: no variant of this run has a knob to tune (band, topk, h2o, snapkv, lsh, performer, "
               "nystromformer, linformer)", file=sys.stderr)  # fmt: skip
     return None

@@ -74,7 +74,10 @@ def heads_unfit(params: dict[str, Any], *, causal: bool, positions: int, head_di
     if not causal:
         return f"{name}'s heads are a causal decoder's: they judge causal cells only"
     if positions > int(manifest["positions"]):
-        trained = manifest.get("trained_positions", manifest["positions"])
+        trained = int(manifest.get("trained_positions", manifest["positions"]))
+        if int(manifest["positions"]) < trained:  # a short capture (`--positions`): capture again
+            return (f"{name}'s heads were captured at {manifest['positions']} positions (attnbench heads "
+                    f"--positions); this cell needs {positions}: capture them again without --positions")  # fmt: skip
         return (f"{name}'s heads were captured at {manifest['positions']} positions (the model was trained on "
                 f"{trained}: beyond, its attention is not what it learned); this cell needs {positions}")  # fmt: skip
     if head_dim != int(manifest["head_dim"]):

@@ -6,14 +6,17 @@ Per text (prose and code, `attnbench.model.texts.HEADS_TEXTS`) the model runs on
 model's own positions (at most `MAX_POSITIONS`) and `DECODE_HEADROOM` more (a decode cell's steps after a prompt of
 the model's full length: 0.8% past its trained positions at 8K, said in the manifest), and the post-rotary q/k/v of `DEPTHS` layers spread over its depth
 are written in float16 (the file the `captured` input reads too, with its description). The manifest is written
-last: a capture that stopped half-way is not found, and the next one starts over.
+last, into a folder beside the model's that replaces it whole: a capture that fails or is stopped half-way leaves
+the previous one as it was.
 
 l - layer, b - batch, h - heads, g - key/value heads, n - positions, d - head dim
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -40,27 +43,53 @@ def capture_heads(
     """Capture `model_dir`'s heads on each shipped text into heads_root()/<folder name>/; the folder written."""
     from transformers import AutoTokenizer
 
+    from attnbench.model.capture import CaptureError, model_config
+    from attnbench.model.texts import HEADS_TEXTS
+
+    say = say or (lambda line: print(f"attnbench: {line}", file=sys.stderr, flush=True))
+    config = model_config(model_dir, "attnbench heads")
+    limit = getattr(config, "max_position_embeddings", None) or MAX_POSITIONS
+    prompt = positions or min(MAX_POSITIONS, limit)
+    if prompt > limit:
+        raise CaptureError(f"--positions {prompt} is beyond the model's {limit} positions (what it was trained on)")
+    positions = prompt + DECODE_HEADROOM
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    tokens = {name: tokenizer(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids[:, :positions]
+              for name, path in HEADS_TEXTS.items()}  # fmt: skip
+    if short := [f"{HEADS_TEXTS[name].name} gives {ids.shape[-1]}" for name, ids in tokens.items() if ids.shape[-1] < positions]:
+        raise CaptureError(f"{', '.join(short)} tokens with this tokenizer, fewer than the {positions} asked "
+                           f"({prompt} and {DECODE_HEADROOM} for decode steps): give a smaller --positions")  # fmt: skip
+    folder = heads_root() / model_dir.name
+    try:  # written beside the folder and swapped in whole: a failed or stopped capture leaves the old one
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=folder.parent))
+    except OSError as error:
+        raise CaptureError(f"{folder.parent}: cannot be written ({error.strerror or error}); set ATTNBENCH_HEADS to "
+                           "a folder that can") from None  # fmt: skip
+    try:
+        return _capture_into(partial, folder, model_dir, tokens, limit, say)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _capture_into(
+    partial: Path, folder: Path, model_dir: Path, tokens: dict[str, Any], limit: int, say: Callable[[str], None]
+) -> Path:
+    """Run the model on each text's tokens, write its files and manifest into `partial`, then make it `folder`."""
+    import json
+
     from attnbench.atomic import write_text_atomic
     from attnbench.inputs.captured import write_capture
     from attnbench.model.capture import CaptureError, load_base_model, record_qkv
     from attnbench.model.texts import HEADS_TEXTS
 
-    say = say or (lambda line: print(f"attnbench: {line}", file=sys.stderr, flush=True))
     model, config = load_base_model(model_dir, "attnbench heads")
-    limit = getattr(config, "max_position_embeddings", None) or MAX_POSITIONS
-    positions = positions or min(MAX_POSITIONS, limit) + DECODE_HEADROOM
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    folder = heads_root() / model_dir.name
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / MANIFEST).unlink(missing_ok=True)  # found again only once every text is written
     texts: dict[str, Any] = {}
     kept: list[int] = []
     scaling: list[float] = []
-    for name, path in HEADS_TEXTS.items():
+    for name, ids in tokens.items():
+        path = HEADS_TEXTS[name]
         started = time.perf_counter()
-        ids = tokenizer(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids[:, :positions]
-        if ids.shape[-1] < positions:
-            raise CaptureError(f"{path.name} gives {ids.shape[-1]} tokens with this tokenizer, fewer than {positions}")
         layers, where, causal, all_scaling = record_qkv(model, config, ids, model_dir=model_dir)
         if not causal or not where.startswith("attention"):
             raise CaptureError(f"{model_dir}: its attention was recorded at the {where}, causal={causal}; the heads "
@@ -74,7 +103,7 @@ def capture_heads(
         meta = {"model": str(model_dir), "model_type": getattr(config, "model_type", None), "text": path.name,
                 "positions": int(ids.shape[-1]), "recorded_at": where, "rotary": "rotary" in where,
                 "post_rotary": "post-rotary" in where, "causal": True, "scaling": scaling, "layers": kept}  # fmt: skip
-        write_capture(folder / f"{name}.pt", tensors, meta)
+        write_capture(partial / f"{name}.pt", tensors, meta)
         texts[name] = {"file": f"{name}.pt", "source": path.name, "tokens": int(ids.shape[-1])}
         say(f"{model_dir.name}: {len(kept)} layers' heads on the {name} ({path.name}, {ids.shape[-1]} tokens) in "
             f"{time.perf_counter() - started:.0f} s")  # fmt: skip
@@ -95,7 +124,11 @@ def capture_heads(
         "recorded_at": "attention function, post-rotary q/k, causal",
         "made": time.strftime("%Y-%m-%d"),
     }
-    import json
-
-    write_text_atomic(folder / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    write_text_atomic(partial / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    old = folder.with_name(f".{folder.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    partial.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
     return folder

@@ -4,7 +4,8 @@ Real heads are a captured file (post-rotary q/k/v of a causal decoder, `attnbenc
 by side; the synthetic input is drawn at the same shape. Each approximate variant runs causal on both, its error
 vs uniform is computed against exact float64 attention, and the two orders are compared by Spearman's rank
 correlation, with every error at or above the verdict's "no better than averaging V" (0.95) counted as one tie:
-the verdict does not order those variants, and their order moves with a random feature's seed. The README's table was made with
+the verdict does not order those variants, and their order moves with a random feature's seed. In sample: the
+heads are any captured file's; `attnbench.model.heldout` judges `realistic` on heads it was not fitted to. E.g.
 
     attnbench capture MODEL_DIR --text-file harness/attnbench/model/texts/python_tutorial.txt --seq-len 8192 --out real.pt
     python -m attnbench.model.ranking real.pt --seq-lens 2048 8192

@@ -80,6 +80,7 @@ class Settings:
     min_speedup: float | None = None  # the verdict also answers: the least error among variants at least this × faster
     min_recall: float | None = None  # the verdict leaves out variants retrieving fewer of the needles (input `needles`)
     decode_steps: int = 16  # mode decode: tokens generated after each prompt of N (the steps timed and checked)
+    tune: bool = False  # after the sweep, search each family's key knob for the fastest setting within the budget
 
 
 SETTING_KINDS: dict[str, type] = {  # key -> type, read from the declaration (`float | None` -> float)
@@ -114,8 +115,9 @@ class SweepConfig:
             listed *= len(values)
         cells = expand(self.axes)
         causal_only = [cell for cell in cells if not cell.causal and causal_only_input(cell.input)]
-        notes = [f"input {label} is a causal decoder's heads: drawn for the causal cells only ({count} non-causal "
-                 "cells not planned)" for label, count in Counter(c.input.label() for c in causal_only).items()]  # fmt: skip
+        notes = [f"input {label} is drawn from a causal decoder's heads: for the causal cells only ({count} "
+                 "non-causal cells not planned)" for label, count in Counter(c.input.label() for c in causal_only).items()
+                 if any(cell.causal for cell in cells)]  # fmt: skip
         cells = [cell for cell in cells if cell.causal or not causal_only_input(cell.input)]
         every = self.settings.time_every_input or not self.settings.error  # without error, every input is timed
         drawable = [cell for cell in cells if input_unfit(cell, self.settings.decode_steps) is None]
@@ -268,6 +270,7 @@ def parse_config(
     config.settings = Settings(**settings)
     problems += _axis_problems(config.axes, at) + _setting_problems(config.settings, at)
 
+    dropped: list[tuple[int, str, dict[str, Any]]] = []  # inputs of heads never captured here
     if "inputs" in raw:
         config.axes["input"] = []
         for index, item in enumerate(_as_list(raw["inputs"])):
@@ -276,8 +279,9 @@ def parse_config(
                 continue
             params = {k: v for k, v in item.items() if k != "name"}
             if note := uncaptured_heads(item["name"], params):  # the default model's heads, not captured here
-                if note not in config.notes:
+                if note not in config.notes and True in config.axes["causal"]:  # a non-causal run never draws them
                     config.notes.append(note)
+                dropped.append((index, item["name"], params))
                 continue
             problems += [f"inputs[{index}]: {p}" for p in validate_input(item["name"], params)]
             config.axes["input"].append(InputSpec(item["name"], tuple(sorted(params.items()))))
@@ -296,7 +300,9 @@ def parse_config(
             f"({', '.join(labels)}); speedups are measured against it, so name one of them."
             + did_you_mean(config.settings.baseline, labels)
         )
-    if "inputs" in raw and not config.axes["input"]:
+    if "inputs" in raw and not config.axes["input"] and dropped:  # nothing left to run on: say why, not "empty"
+        problems += [f"inputs[{index}]: {p}" for index, name, params in dropped for p in validate_input(name, params)]
+    elif "inputs" in raw and not config.axes["input"]:
         problems.append("inputs: an empty list gives no cell; give at least one [[inputs]] table")
     if config.axes["input"] and config.axes["seq_len"] and config.axes["kv_len"]:
         problems += _machine_problems(config.axes, cluster, at, config.settings.decode_steps)  # every problem at once

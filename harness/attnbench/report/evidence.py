@@ -108,7 +108,8 @@ def evidence(
                 item.lines.append(f"N={n}, on `{SYNTHETIC}` only (synthetic: the real heads do not reach this N): "
                                   f"{other.sentence}")  # fmt: skip
                 continue
-            line = f"N={n}, on {real.input}, each variant held to its worse error of the texts: {answer.sentence}"
+            held = ", each variant held to its worse error of the texts" if "," in real.input.split(";")[0] else ""
+            line = f"N={n}, on {real.input}{held}: {answer.sentence}"
             line += f" {answer.asked}" if answer.asked else ""  # --min-speedup's answer, on the same evidence
             if other is not None and _use(other) != _use(answer):
                 line += (f" `{SYNTHETIC}` (synthetic) answers otherwise ({_said(other)}): this verdict follows the "

@@ -682,9 +682,10 @@ def verdict_section(view: RunView, baseline: str) -> list[Block]:
     """The answer, first on the page: the accuracy budget it holds to, then per setting and input every N's answer
     in a sentence, what the input's error figures can tell, and per N the table of choices and the left-out; how
     to read them comes last."""
-    blocks = [Block("heading", "Verdict", level=2), Block("text", budget_line(view.budget, baseline))]
-    if said := evidence_markdown(view.evidence):  # what the verdict rests on: real heads or a synthetic stand-in
+    blocks = [Block("heading", "Verdict", level=2)]
+    if said := evidence_markdown(view.evidence):  # what the verdict rests on, first: real heads or a stand-in
         blocks.append(Block("text", said))
+    blocks.append(Block("text", budget_line(view.budget, baseline)))
     for verdict_block in view.blocks:
         blocks.append(Block("heading", block_title(verdict_block), level=3))
         for answer in verdict_block.verdict.answers:
@@ -705,7 +706,8 @@ def tuning_blocks(view: RunView, baseline: str) -> list[Block]:
     if view.tuning.empty:
         return []
     blocks = [Block("heading", "Tuned: each family's key knob", level=2)]
-    blocks += [Block("text", said) for said in tuning_sentences(view.tuning, baseline)]
+    blocks += [Block("text", said) for said in tuning_sentences(view.tuning, baseline, view.budget.max_error,
+                                                                view.budget.min_recall)]
     if path := tuning_plot(view.tuning, view.run_dir / "plots" / "tuning.png"):
         blocks.append(Block("image", str(path.relative_to(view.run_dir)), caption="Error by knob value at each N "
                             "(bisection: the values probed); ringed, the smallest within the budget, with its speedup."))  # fmt: skip

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.report.evidence import is_real_heads, real_heads_name
+from attnbench.report.modes import mode_of
 from attnbench.report.verdict import error_text
 
 
@@ -22,31 +23,47 @@ def _evidence(labels: str) -> str:
     return real_heads_name(inputs) if all(is_real_heads(x) for x in inputs) else f"`{labels}`"
 
 
-def tuning_sentences(tuning: pd.DataFrame, baseline: str) -> list[str]:
-    """Per mode and N the tuned answer: the fastest pick clearly faster than the baseline, then the others."""
+def tuning_sentences(
+    tuning: pd.DataFrame, baseline: str, max_error: float | None = None, min_recall: float | None = None
+) -> list[str]:
+    """Per mode and N the tuned answer: the fastest pick clearly faster than the baseline, then the others. Where
+    the report judges with another budget (`max_error`) than the tuning did, or asks for needle recall
+    (`min_recall`, which the search does not weigh), the answer says so."""
     if tuning.empty:
         return []
     out = []
-    for (mode, causal, n), rows in tuning.groupby(["mode", "causal", "seq_len"], sort=False):
+    for (mode_name, causal, n), rows in tuning.groupby(["mode", "causal", "seq_len"], sort=False):
+        mode = mode_of(mode_name)
         picks = rows[rows["pick"].astype(bool)].sort_values("speedup", ascending=False)
-        where = f"Tuned at N={n} ({mode}{', causal' if str(causal) == 'True' else ''}, error on {_evidence(rows.iloc[0].evidence)})"
+        where = (f"Tuned at N={n} ({mode.words}{', causal' if str(causal) == 'True' else ''}, error on "
+                 f"{_evidence(rows.iloc[0].evidence)})")  # fmt: skip
         budget = rows.iloc[0].budget
+        caveats = ""
+        if max_error is not None and abs(max_error - budget) > 1e-12:
+            within = rows[rows.err_vs_uniform <= max_error].sort_values("value").drop_duplicates("setting")
+            smallest = ", ".join(r.label for r in within.itertuples()) or "none"
+            caveats += (f" (Tuned for the error budget {budget:g}; this report judges at {max_error:g}, where the "
+                        f"smallest values probed within it are: {smallest}, not timed: tune again with --tune "
+                        f"--max-error {max_error:g}.)")  # fmt: skip
+        if min_recall is not None:
+            caveats += " (The search weighs error alone, not the needle recall --min-recall asks for.)"
         if picks.empty:
             least = rows.loc[rows.err_vs_uniform.idxmin()] if rows.err_vs_uniform.notna().any() else None
             said = f" (the least: {least.label}'s {error_text(least.err_vs_uniform)})" if least is not None else ""
-            out.append(f"{where}: no value of any knob brings a setting within the error budget {budget:g}{said}.")
+            out.append(f"{where}: no value of any knob brings a setting within the error budget {budget:g}{said}.{caveats}")
             continue
         faster = picks[picks.speedup_low > 1]
         others = "; ".join(f"{r.label} {_speed(r)} at {error_text(r.err_vs_uniform)}" for r in picks.itertuples()
                            if faster.empty or r.label != faster.iloc[0].label)  # fmt: skip
         if faster.empty:
-            out.append(f"{where}: no tuned setting within the error budget {budget:g} is faster than {baseline} "
-                       f"beyond noise ({others}).")  # fmt: skip
+            out.append(f"{where}: no tuned setting within the error budget {budget:g} is faster than "
+                       f"{mode.against(baseline)} beyond noise ({others}).{caveats}")  # fmt: skip
             continue
         best = faster.iloc[0]
-        out.append(f"{where}: Use {best.label}: {_speed(best)} faster than {baseline} at error "
+        per = " per generated token" if mode.decode else ""
+        out.append(f"{where}: Use {best.label}: {_speed(best)} faster{per} than {mode.against(baseline)} at error "
                    f"{error_text(best.err_vs_uniform)} vs uniform, the fastest setting within the error budget "
-                   f"{budget:g} of each family's key knob" + (f" (then: {others})." if others else "."))  # fmt: skip
+                   f"{budget:g} of each family's key knob" + (f" (then: {others})." if others else ".") + caveats)  # fmt: skip
     return out
 
 
@@ -73,7 +90,7 @@ def tuning_plot(tuning: pd.DataFrame, path: Path) -> Path | None:
         return None
     lengths = sorted(data.seq_len.unique())
     path.parent.mkdir(parents=True, exist_ok=True)
-    from matplotlib.ticker import LogLocator, ScalarFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     figure, axes = plt.subplots(1, len(lengths), figsize=(max(7.0, 4.6 * len(lengths)), 4.8), squeeze=False, sharey=True)
     lines: dict[str, object] = {}
@@ -92,12 +109,14 @@ def tuning_plot(tuning: pd.DataFrame, path: Path) -> Path | None:
         axis.axhline(at.iloc[0].budget, color="grey", linestyle="--", linewidth=1)
         axis.set_xscale("log", base=2)
         axis.xaxis.set_major_locator(LogLocator(base=4))
-        axis.xaxis.set_major_formatter(ScalarFormatter())
+        axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         axis.set_title(f"N={n}", fontsize=10)
         axis.set_xlabel("knob value (window, top_k, budget, …)")
         axis.grid(alpha=0.3)
-    axes[0][0].set_ylabel("error vs uniform (worse of the inputs)")
-    figure.suptitle("Error by knob value; ringed: the smallest within the budget (dashed)", fontsize=10)
+    axes[0][0].set_ylabel("error vs uniform (the worse input's)" if data.evidence.astype(str).str.contains(",").any()
+                          else "error vs uniform")  # fmt: skip
+    figure.suptitle("Error by knob value; ringed: the smallest within the error budget (the dashed line), with its "
+                    "speedup", fontsize=10)  # fmt: skip
     figure.legend(list(lines.values()), list(lines), loc="lower center", ncol=min(3, len(lines)), fontsize=8,
                   frameon=False)  # fmt: skip
     rows_of_legend = (len(lines) + 2) // 3

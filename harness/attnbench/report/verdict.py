@@ -181,7 +181,7 @@ def input_sentence(rows: pd.DataFrame) -> str:
     if entropy >= NEAR_UNIFORM_ENTROPY:
         return (
             f"Attention on this input is near-uniform ({figures}): averaging V is already close to exact, so "
-            "accuracy barely separates the variants; judge accuracy on a structured input (realistic, captured)."
+            "accuracy barely separates the variants; judge accuracy on a structured input (heads, realistic, captured)."
         )
     shape = "peaked" if entropy < PEAKED_ENTROPY else "structured"
     return (

@@ -129,9 +129,11 @@ def tune(
     budget: float,
     measure: Callable[[Group], Any],
     say: Callable[[str], None] = lambda line: print(f"attnbench: {line}", file=sys.stderr, flush=True),
+    keep: Callable[[list[dict[str, Any]]], Any] = lambda rows: None,
 ) -> list[dict[str, Any]]:
     """Every probe and pick as rows of tuning.csv (see the module's docstring). `measure` runs one group and gives
-    its `GroupResult`; `cells` are the run's, whose settings (one per setting and N, causal or not) are tuned."""
+    its `GroupResult`; `cells` are the run's, whose settings (one per setting and N, causal or not) are tuned; `keep`
+    is handed every row so far after each step (tuning.csv kept as it grows: a stopped tuning keeps its probes)."""
     from attnbench.stats import paired_speedup
 
     settings = tuned_settings(config)
@@ -174,17 +176,22 @@ def tune(
                 label = with_knob(s.spec, s.knob, probes[id(s)]).label()
                 if label in unsupported:
                     searches.remove(s)
+                    say(f"N={n}: {s.spec.label()} has no form for these cells ({base.mode}"
+                        f"{', causal' if base.causal else ''}): not searched")  # fmt: skip
                     continue
                 error = worst.get(label, float("nan"))
                 s.record(probes[id(s)], error, budget)
                 rows.append(_row(base, s, probes[id(s)], label, error, evidence, budget))
                 said.append(f"{label} {error:.3g}")
-            say(f"N={n}: error vs uniform " + ", ".join(said))  # progress: each bisection step's probes
+            if said:
+                say(f"N={n}: error vs uniform " + ", ".join(said))  # progress: each bisection step's probes
+            keep(rows)
         picks = [(s, with_knob(s.spec, s.knob, s.pick)) for s in searches if s.pick is not None]
         if not picks:
             say(f"N={n}: no knob value brings a setting within the error budget {budget:g}")
             continue
-        baseline = VariantSpec.parse(config.settings.baseline)[0]
+        baseline = VariantSpec.parse(config.settings.baseline.removesuffix(" compiled"))[0]  # the picks run eager
+        say(f"N={n}: timing {', '.join(spec.label() for _, spec in picks)} in turns with {baseline.label()}")
         timed_cells = (replace(base, input=inputs[0], variant=baseline, compiled=False),) + tuple(
             replace(base, input=inputs[0], variant=spec, compiled=False) for _, spec in picks
         )
@@ -200,6 +207,7 @@ def tune(
             row.update(pick=True, speedup=speed.estimate if speed else float("nan"),
                        speedup_low=speed.low if speed else float("nan"),
                        speedup_high=speed.high if speed else float("nan"))  # fmt: skip
+        keep(rows)
     return rows
 
 
