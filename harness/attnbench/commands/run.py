@@ -141,7 +141,7 @@ def main(args: argparse.Namespace) -> int:
     the summary and the report; a failure mid-run says what was kept and how to go on."""
     from attnbench.report.analysis import compile_sentence
     from attnbench.report.summary import noise_line, write_summary
-    from attnbench.run.executors import exit_now_if_abandoned
+    from attnbench.run.executors import if_stuck
     from attnbench.run.ray_executor import RayUnavailable
     from attnbench.run.resume import stored_config, stored_isolation
     from attnbench.run.sweep import run_plan
@@ -241,18 +241,27 @@ def main(args: argparse.Namespace) -> int:
         )
     already = len(read_results(run_dir)) if args.resume is not None and (run_dir / "results.csv").exists() else 0
     started = time.perf_counter()
+    executor = "" if args.executor == "local" else f" --executor {args.executor}"
+    executor += f" --address {args.address}" if args.address else ""
+
+    def interrupted() -> None:  # said after Ctrl-C, and by the watcher should the call in flight not return
+        done = len(read_results(run_dir)) if (run_dir / "results.csv").exists() else 0
+        print(f"\nattnbench: interrupted; {done} of {len(cells)} cells are recorded in {run_dir}/. Continue with:\n"
+              f"  attnbench run --resume {run_dir}{executor}", file=sys.stderr)  # fmt: skip
+
     try:
-        run_plan(
-            config,
-            progress=not args.no_progress,
-            run_dir=run_dir,
-            resume=args.resume is not None,
-            isolate=args.isolate or stored_isolation(args.resume),
-            command=args.command_line,
-            executor=args.executor,
-            address=args.address,
-            plan=plan,
-        )
+        with if_stuck(interrupted):
+            run_plan(
+                config,
+                progress=not args.no_progress,
+                run_dir=run_dir,
+                resume=args.resume is not None,
+                isolate=args.isolate or stored_isolation(args.resume),
+                command=args.command_line,
+                executor=args.executor,
+                address=args.address,
+                plan=plan,
+            )
     except OSError as error:  # a full disk mid-run: finished groups are on disk whole (the main boundary says why)
         if (run_dir / "meta.json").is_file() or (run_dir / "config.toml").is_file():
             error.add_note(f"the cells finished so far are kept in {run_dir}/; make room (or make it writable), then "
@@ -269,15 +278,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
     except KeyboardInterrupt:
-        done = len(read_results(run_dir)) if (run_dir / "results.csv").exists() else 0
-        executor = "" if args.executor == "local" else f" --executor {args.executor}"
-        executor += f" --address {args.address}" if args.address else ""
-        print(
-            f"\nattnbench: interrupted; {done} of {len(cells)} cells are recorded in {run_dir}/. "
-            f"Continue with:\n  attnbench run --resume {run_dir}{executor}",
-            file=sys.stderr,
-        )
-        exit_now_if_abandoned(Exit.INTERRUPTED)  # a call still running on its thread: no waiting for it
+        interrupted()
         return Exit.INTERRUPTED
     if config.settings.tune and (code := tune_run(config, cells, run_dir)) is not None:
         return code
@@ -336,20 +337,25 @@ def tune_run(config: SweepConfig, cells: list, run_dir: Path) -> int | None:
     to go on) on Ctrl-C, None when it finished."""
     from attnbench.measure.dispatch import measure_group
     from attnbench.registry import registry
-    from attnbench.run.executors import exit_now_if_abandoned, interruptible
+    from attnbench.run.executors import if_stuck, interruptible
     from attnbench.run.tune import tune
     from attnbench.runfolder.tuning import write_tuning
 
     checks: dict = {}
-    try:
-        rows = tune(config, cells, config.settings.max_error,
-                    lambda group: interruptible(lambda: measure_group(group, config.settings, registry, self_checks=checks)),
-                    keep=lambda rows: write_tuning(run_dir, rows))  # fmt: skip
-    except KeyboardInterrupt:
+
+    def interrupted() -> None:
         print(f"\nattnbench: interrupted while tuning; every cell of the sweep is recorded in {run_dir}/, the knob "
               f"values probed so far in tuning.csv. The sweep's report: attnbench report {run_dir}; tune again (from "
               f"the start): attnbench run --resume {run_dir}", file=sys.stderr)  # fmt: skip
-        exit_now_if_abandoned(Exit.INTERRUPTED)
+
+    try:
+        with if_stuck(interrupted):
+            rows = tune(config, cells, config.settings.max_error,
+                        lambda group: interruptible(lambda: measure_group(group, config.settings, registry,
+                                                                          self_checks=checks)),
+                        keep=lambda rows: write_tuning(run_dir, rows))  # fmt: skip
+    except KeyboardInterrupt:
+        interrupted()
         return Exit.INTERRUPTED
     if not rows:
         print("attnbench: --tune: no variant of this run has a knob to tune (band, topk, h2o, snapkv, lsh, performer, "

@@ -58,7 +58,7 @@ class OneAtATime:
 
 
 class InProcess(OneAtATime):
-    """Each group measured in this process (on a thread of its own, see `interruptible`); self-checks shared
+    """Each group measured in this process (on the main thread, a watcher beside it: `interruptible`); self-checks shared
     across groups."""
 
     def __init__(self, settings: Settings, registry: Registry) -> None:
@@ -69,48 +69,75 @@ class InProcess(OneAtATime):
         return interruptible(lambda: measure_group(group, self.settings, self.registry, self_checks=self.self_checks))
 
 
+GRACE_S = 2.0  # after Ctrl-C or SIGTERM, how long a call may run on before the process leaves without it
+_IF_STUCK: list[Callable[[], None]] = []  # what an interrupt inside a call that does not return must still do
+
+
+@contextmanager
+def if_stuck(action: Callable[[], None]) -> Iterator[None]:
+    """While inside, `action` (mark meta.json interrupted, say how to resume) is run should an interrupt find the
+    main thread inside one long call (`interruptible`), before the process leaves; the latest registered first."""
+    _IF_STUCK.append(action)
+    try:
+        yield
+    finally:
+        _IF_STUCK.remove(action)
+
+
 def interruptible(work: Callable[[], T]) -> T:
-    """`work()` on a thread of its own while this thread waits, so that Ctrl-C (or SIGTERM) stops the run within
-    a fraction of a second even inside one long torch call, which holds no GIL but never returns to Python
-    where a signal could stop it. An interrupted call is abandoned: the process must exit soon after
-    (`exit_now_if_abandoned`), its finished rows already on disk.
+    """`work()` on this thread, the main one, and a watcher beside it: Ctrl-C (or SIGTERM) stops the run within
+    seconds even inside one long torch call, which never returns to Python where a signal could stop it.
 
-    The wait is on an Event, not `Thread.join`: a join interrupted by KeyboardInterrupt marks a running thread
-    as stopped (CPython 3.11), and the abandoned call would then go unnoticed."""
-    outcome: dict[str, Any] = {}
-    finished = threading.Event()
-
-    def target() -> None:
-        try:
-            outcome["value"] = work()
-        except BaseException as error:  # handed to the waiting thread
-            outcome["error"] = error
-        finally:
-            finished.set()
-
+    The call runs where a user's own code would run it: on the main thread. Timed on a thread of its own, each
+    OpenMP parallel region paid a second thread team's start and spin (a band decode step took 3-4x its
+    main-thread time: tests/benchmarks/harness_overhead.py). The watcher hears a signal through the wakeup fd
+    (`signal.set_wakeup_fd`: written by the C-level handler, at once, while the main thread is inside the call);
+    if the main thread has not left the work `GRACE_S` later, the `if_stuck` actions run and the process exits
+    130 (its finished rows are on disk). Off the main thread (Ray's workers, tests) `work()` simply runs."""
     from attnbench.measure.memory import ready_profiler
 
-    ready_profiler()  # the memory measure's profiler registered here, on the main thread, not on the measuring one
-    threading.Thread(target=target, name="attnbench-measure", daemon=True).start()
+    ready_profiler()  # the memory measure's profiler registered before the work
+    if threading.current_thread() is not threading.main_thread():
+        return work()
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    left = threading.Event()
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    stops = {int(signal.SIGINT), int(signal.SIGTERM)}
+
+    def watch() -> None:
+        while True:
+            try:
+                heard = os.read(read, 64)
+            except OSError:
+                return
+            if not heard or left.is_set():
+                return
+            if stops & set(heard) and not left.wait(GRACE_S):  # still inside the call: leave without it
+                for action in reversed(_IF_STUCK):
+                    try:
+                        action()
+                    except Exception:  # noqa: BLE001 - leaving anyway; the next action may still help
+                        pass
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(130)
+
+    watcher = threading.Thread(target=watch, name="attnbench-watch", daemon=True)
+    watcher.start()
     try:
-        while not finished.wait(0.1):
+        return work()
+    finally:
+        left.set()
+        signal.set_wakeup_fd(previous)
+        try:
+            os.write(write, b"\0")  # wakes the watcher, which sees `left` and returns
+        except OSError:
             pass
-    except BaseException:
-        _abandoned.append(finished)
-        raise
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
-def exit_now_if_abandoned(code: int) -> None:
-    """After an interrupt: leave at once when a measurement still runs on its thread (it cannot be stopped, and
-    waiting for it is what Ctrl-C was pressed to avoid; a normal exit would tear torch down under it and abort);
-    output is flushed first."""
-    if any(not finished.is_set() for finished in _abandoned):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        watcher.join(timeout=1.0)
+        os.close(write)
+        if not watcher.is_alive():
+            os.close(read)
 
 
 @contextmanager
@@ -267,4 +294,3 @@ class Processes(OneAtATime):
         return merge_processes(group, results, self.settings.baseline)
 
 
-_abandoned: list[threading.Event] = []  # the "finished" flags of measurements left running by an interrupt

@@ -27,7 +27,7 @@ from attnbench.plan.config import Settings, SweepConfig
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
 from attnbench.run.budgets import Budgets
-from attnbench.run.executors import Executor, InProcess, Isolated, Processes, terminate_as_interrupt
+from attnbench.run.executors import Executor, InProcess, Isolated, Processes, if_stuck, terminate_as_interrupt
 from attnbench.run.resume import finished_cells
 from attnbench.runfolder.folder import RunFolder, new_run_dir
 from attnbench.runfolder.meta import best_peaks
@@ -166,7 +166,11 @@ def run_plan(
                     meta["peaks_between"] = best_peaks(meta.get("peaks_between", {}), _measure_peaks(config, trials=2))
 
             try:
-                with terminate_as_interrupt():
+                def stuck() -> None:  # an interrupt inside a call that does not return: meta.json says so
+                    bar.close()
+                    folder.write_meta({**meta, "interrupted": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+                with terminate_as_interrupt(), if_stuck(stuck):
                     _run_groups(todo, measuring, folder, budgets, bar, peaks_between)
             except KeyboardInterrupt:  # stop cleanly: finished groups are on disk, the lock is released on exit
                 if threading.current_thread() is threading.main_thread():  # a second Ctrl-C must not cut the cleanup
