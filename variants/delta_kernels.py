@@ -159,18 +159,31 @@ def _across_chunks(
 ) -> tuple[tuple[Tensor, Tensor], Tensor]:
     """The loop over chunks, batch and heads as one axis (for baddbmm): the state before each chunk (c, (b h), d, e),
     what each chunk writes, U = U~ - W S (c, (b h), i, e), and the final state ((b h), d, e)."""
-    keys_to_end = rearrange(keys_to_end, "c b h j d -> c (b h) d j")
-    pseudo_values, weights = (rearrange(t, "c b h i z -> c (b h) i z") for t in (pseudo_values, weights))
+    # each operand laid out once as the loop reads it (a strided view would be copied by every chunk's product)
+    keys_to_end = rearrange(keys_to_end, "c b h j d -> c (b h) d j").contiguous()
+    pseudo_values, weights = (rearrange(t, "c b h i z -> c (b h) i z").contiguous() for t in (pseudo_values, weights))
     before_update, after_update = (
         None if t is None else rearrange(t, "c b h 1 1 -> c (b h) 1 1") for t in (before_update, after_update)
     )
-    state, before, written = rearrange(x.state(), "b h d e -> (b h) d e"), [], []
-    recording = torch.is_grad_enabled()  # else U is written over U~, a fresh tensor of ours: no copy per chunk
-    update = torch.baddbmm if recording else torch.Tensor.baddbmm_
-    for index in range(pseudo_values.shape[0]):
-        before.append(state)
-        written.append(update(pseudo_values[index], weights[index], state, alpha=-1))  # (bh, i, e)
+    chunks_, heads, d, e = pseudo_values.shape[0], pseudo_values.shape[1], keys_to_end.shape[-2], pseudo_values.shape[-1]
+    recording = torch.is_grad_enabled()
+    if recording:  # autograd: fresh tensors, nothing written in place
+        state, before, written = rearrange(x.state(), "b h d e -> (b h) d e"), [], []
+        for index in range(chunks_):
+            before.append(state)
+            written.append(torch.baddbmm(pseudo_values[index], weights[index], state, alpha=-1))  # (bh, i, e)
+            kept = state if before_update is None else state * before_update[index]
+            state = torch.baddbmm(kept, keys_to_end[index], written[-1])
+            state = state if after_update is None else state * after_update[index]
+        return (torch.stack(before), torch.stack(written)), state
+    # no autograd: U written over U~ (a fresh tensor of ours) and each state straight into its slot: no stacking
+    states = pseudo_values.new_empty(chunks_ + 1, heads, d, e)  # the state before each chunk, and the final one
+    states[0] = rearrange(x.state(), "b h d e -> (b h) d e")
+    for index in range(chunks_):
+        state = states[index]
+        written = pseudo_values[index].baddbmm_(weights[index], state, alpha=-1)  # (bh, i, e)
         kept = state if before_update is None else state * before_update[index]
-        state = torch.baddbmm(kept, keys_to_end[index], written[-1])
-        state = state if after_update is None else state * after_update[index]
-    return (torch.stack(before), torch.stack(written)), state
+        torch.baddbmm(kept, keys_to_end[index], written, out=states[index + 1])
+        if after_update is not None:
+            states[index + 1].mul_(after_update[index])
+    return (states[:-1], pseudo_values), states[-1]
