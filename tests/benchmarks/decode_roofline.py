@@ -1,6 +1,7 @@
-"""Issue 36's decode targets, read from a decode run: each step's time over its bandwidth roofline (the bytes a step
-must read and write over the run's measured copy bandwidth; target: `full` with its KV cache and `band` within 2× of
-it, i.e. of roofline >= 50%, at N >= 8192), and the RNN forms' step time flat in N (the log-log slope of the median
+"""Decode targets, read from a decode run: each step's time over its bandwidth roofline (the bytes a step must read
+over the run's measured read bandwidth, memory's or the last-level cache's where the step's reads fit in it, and
+what it writes over the write bandwidth: `attnbench.report.analysis.step_roofline`; targets: `full` with its KV
+cache within 1.5× of it at N >= 8192, `band` and the RNN states within 3×), and the RNN forms' step time flat in N (the log-log slope of the median
 step time against N, target about 0).
 
 The figures are the report's own (`RunView`: the run's peaks, raised to the fastest rate a cell reached).
@@ -30,8 +31,11 @@ def main() -> None:
     args = parser.parse_args()
     view = RunView.read(args.run_dir)
     rows = view.frame[(view.frame["mode"] == "decode") & (view.frame.status == "ok")]
-    peak = {key: value.get("copy_bytes_per_s") for key, value in view.peaks.items()}
-    print(f"copy bandwidth (raised to the fastest a cell read): " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in peak.items()))
+    for key, value in view.peaks.items():
+        print(f"{key}: read {value.get('read_bytes_per_s', float('nan')) / 1e9:.1f} GB/s (memory), "
+              f"{value.get('read_cached_bytes_per_s', float('nan')) / 1e9:.1f} GB/s (last-level cache), "
+              f"write {value.get('write_bytes_per_s', float('nan')) / 1e9:.1f} GB/s, copy "
+              f"{value.get('copy_bytes_per_s', float('nan')) / 1e9:.1f} GB/s")  # fmt: skip
     print("| variant | N | ms per token | MB read per step | GB/s | of roofline |\n|---|---:|---:|---:|---:|---:|")
     for row in rows.sort_values(["label", "seq_len"]).itertuples():
         rate = row.bytes_moved / row.time_median_s / 1e9

@@ -125,3 +125,39 @@ def test_a_decode_run_self_checks_what_claims_to_be_exact(toy_registry) -> None:
     assert rows["full"].status == "ok" and rows["full"].self_check.startswith("pass")
     assert rows["forgetful"].status == "error" and "decode self-check" in rows["forgetful"].reason
     assert rows["wrong-shape"].status == "error" and "expected (b, h, 1, Dv)" in rows["wrong-shape"].reason
+
+
+def one_step(variant, window: int) -> tuple[float, int, list[int]]:
+    """One decode step after a prompt of 3 windows: its matmul FLOPs, the state's bytes after it, and the query
+    lengths of every SDPA call it made."""
+    from unittest import mock
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v = (torch.randn(1, 2, 3 * window + 1, 16) for _ in range(3))
+    n = 3 * window
+    calls: list[int] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, *args, **kwargs):
+        calls.append(query.shape[-2])
+        return real(query, *args, **kwargs)
+
+    with torch.no_grad():
+        _, state = variant.prefill(q[:, :, :n], k[:, :, :n], v[:, :, :n], room=1)
+        with FlopCounterMode(display=False) as counter, mock.patch("torch.nn.functional.scaled_dot_product_attention", spy):
+            _, state = variant.step(state, q[:, :, n:], k[:, :, n:], v[:, :, n:])
+    return counter.get_total_flops(), state.nbytes, calls
+
+
+def test_the_ring_reads_its_window_once_and_recomputation_redoes_the_windows_attention() -> None:
+    """What each decode form of band is for (their outputs are equal by construction on post-rotary inputs, tested
+    above against the pattern): the cached ring's step attends one query to its w + 1 keys, its work linear in w,
+    and it keeps k and v; re-computation (StreamingLLM's baseline) recomputes every kept token's attention (w + 1
+    queries: work quadratic in w), so it must keep the window's queries too."""
+    ring = {w: one_step(registry.create("band", window=w), w) for w in (16, 64)}
+    again = one_step(registry.create("band", window=64, kv_cache=False), 64)
+    assert ring[64][0] / ring[16][0] == pytest.approx(65 / 17, rel=0.05) and not ring[64][2]  # one query, w + 1 keys
+    assert again[2] == [65]  # every kept token's query, the new one last
+    assert ring[64][1] == 2 * 65 * 2 * 16 * 4 + 65 * 8  # k and v of w + 1 positions, 2 heads, float32; positions
+    assert again[1] == 2 * 65 * 3 * 16 * 4 + 65 * 8  # q, k and v of them

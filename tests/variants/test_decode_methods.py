@@ -197,6 +197,12 @@ def test_quest_bound_is_above_every_score_in_its_page() -> None:
     real = (torch.arange(pages * page) < total).view(pages, page)
     best = scores.masked_fill(~real, float("-inf")).amax(dim=-1)  # (b, h, i, c)
     assert bool((bounds >= best - 1e-12).all())
+    # and it is that bound, not merely a looser one (+inf would pass the line above): the page's real keys' channel
+    # extremes, each taken on the side the query's sign picks
+    high = keys.masked_fill(~real[..., None], float("-inf")).amax(dim=-2)  # (b, h, c, d)
+    low = keys.masked_fill(~real[..., None], float("inf")).amin(dim=-2)
+    exact = torch.maximum(queries[:, :, :, None] * high[:, :, None], queries[:, :, :, None] * low[:, :, None]).sum(-1)
+    torch.testing.assert_close(bounds, exact, rtol=0, atol=1e-12)
 
 
 def test_quest_reads_its_chosen_pages_and_their_metadata() -> None:

@@ -105,6 +105,10 @@ def test_quests_score_bounds_every_key_of_the_block() -> None:
     bound = topk.score_blocks(q, topk.block_summaries(k, real, 8, "minmax"))  # (b, h, i, c)
     exact = torch.einsum("bhid,bhjd->bhij", q, k).unflatten(-1, (6, 8)).amax(dim=-1)
     assert (bound >= exact - 1e-12).all()
+    blocks = k.unflatten(2, (6, 8))  # (b, h, c, j, d): the bound is Quest's formula itself, not any looser one
+    high, low = blocks.amax(dim=-2), blocks.amin(dim=-2)
+    formula = torch.maximum(q[:, :, :, None] * high[:, :, None], q[:, :, :, None] * low[:, :, None]).sum(-1)
+    torch.testing.assert_close(bound, formula, rtol=0, atol=1e-6)
     mean = topk.score_blocks(q, topk.block_summaries(k, real, 8, "mean"))
     assert (bound >= mean - 1e-12).all()
 

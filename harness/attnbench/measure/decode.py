@@ -9,7 +9,7 @@ cache is the model's own (`cache_bytes`, `bytes_moved`); another keeps one per q
 (`attnbench.measure.timing.time_in_turns`): every sample is a step at a context between N and N + T, and a
 variant's sequence restarts from a copy of its prefilled state, untimed, when it has no room left. The step's peak
 memory beyond its state is measured last. `bytes_moved` is what a step must read and write (the part of the state
-it reads, its q, k, v and output): over the machine's measured copy bandwidth it is the step's roofline.
+it reads, its q, k, v and output): over the machine's measured read (and write) bandwidth it is the step's roofline.
 
 b - batch, h - heads, n - positions, d - head dim, e - value dim
 """

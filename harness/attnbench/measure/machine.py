@@ -74,10 +74,14 @@ def _best_time(fn, device: torch.device, trials: int, calls: int = 3) -> float:
 
 
 def measure_peaks(
-    device: str, dtype: torch.dtype, *, size: int = 1024, copy_mib: int = 64, trials: int = 5
+    device: str, dtype: torch.dtype, *, size: int = 1024, copy_mib: int = 64, read_mib: int = 256, trials: int = 5
 ) -> dict[str, float]:
-    """Dense matmul FLOP/s and copy bandwidth (bytes/s) on this device and dtype: the yardsticks for efficiency.
+    """Dense matmul FLOP/s and three bandwidths (bytes/s) on this device and dtype: the yardsticks for efficiency.
 
+    - copy: a read and a write stream at once (`copy_`), the yardstick of a call that reads and writes alike;
+    - read: one read stream, STREAM-like (a sum over a buffer well past the caches: each byte read once, nothing
+      written but one number), what a decode step does with its cache;
+    - write: one write stream (`fill_`).
     Each is timed in `trials` separate bursts and the best kept: a burst that met a busy stretch of a shared
     machine reads low, and a peak read low would make efficiencies above 100%.
     """
@@ -86,12 +90,37 @@ def measure_peaks(
     b = torch.randn(size, size, device=dev).to(dtype)
     source = torch.empty(copy_mib * 2**20 // 4, dtype=torch.float32, device=dev)
     target = torch.empty_like(source)
-    return {
+    cache = last_level_cache_bytes() if dev.type == "cpu" else None
+    read_mib = max(read_mib, 2 * (cache or 0) // 2**20)  # past the last-level cache: memory's own rate
+    stream = torch.ones(read_mib * 2**20 // 4, dtype=torch.float32, device=dev)
+    peaks = {
         "matmul_flops_per_s": 2 * size**3 / _best_time(lambda: a @ b, dev, trials),
         "copy_bytes_per_s": 2 * source.numel() * 4 / _best_time(lambda: target.copy_(source), dev, trials),
+        "read_bytes_per_s": stream.numel() * 4 / _best_time(lambda: stream.sum(), dev, trials),
+        "write_bytes_per_s": stream.numel() * 4 / _best_time(lambda: stream.fill_(1.0), dev, trials),
         "matmul_size": size,
+        "read_mib": read_mib,
         "trials": trials,
     }
+    del stream
+    if cache:  # a working set the cache holds between steps (a decode step re-reads its cache) is read from it
+        held = torch.ones(cache // 4 // 4, dtype=torch.float32, device=dev)  # a quarter of it
+        peaks["read_cached_bytes_per_s"] = held.numel() * 4 / _best_time(lambda: held.sum(), dev, trials)
+        peaks["last_level_cache_bytes"] = cache
+    return peaks
+
+
+def last_level_cache_bytes() -> int | None:
+    """The CPU's largest cache in bytes (sysfs), or None where it cannot be read."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except ValueError:
+            continue
+    return max(sizes) if sizes else None
 
 
 def memory_total_bytes() -> int | None:

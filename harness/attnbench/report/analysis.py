@@ -131,6 +131,23 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
     return cells.apply(fraction, axis=1) if len(cells) else pd.Series(dtype=float)
 
 
+def step_roofline(row: pd.Series, peak: dict) -> float:
+    """A decode step's bandwidth roofline in seconds: what it must read (its part of the cache, the token's q, k, v:
+    `bytes_moved` less what it writes) over the read bandwidth, plus what it writes (its output, and the token's k
+    and v where a cache grows: three token vectors) over the write bandwidth. The read bandwidth is memory's (a
+    stream past the last-level cache), or the cache's where what a step reads fits in half of it (the same bytes
+    every step: they stay there). A run before read and write bandwidths were measured falls back to the copy peak."""
+    copy = peak.get("copy_bytes_per_s")
+    read, write = peak.get("read_bytes_per_s") or copy, peak.get("write_bytes_per_s") or copy
+    cache = peak.get("last_level_cache_bytes")
+    if cache and peak.get("read_cached_bytes_per_s") and float(row["bytes_moved"]) <= cache / 2:
+        read = peak["read_cached_bytes_per_s"]  # the step's reads stay in the last-level cache between steps
+    itemsize = 2 if str(row["dtype"]) in ("float16", "bfloat16") else 8 if str(row["dtype"]) == "float64" else 4
+    written = 3 * int(row["batch"]) * int(row["heads"]) * int(row["head_dim"]) * itemsize
+    written = min(written, float(row["bytes_moved"]))
+    return (float(row["bytes_moved"]) - written) / read + written / write
+
+
 def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
     """Each cell's share of its roofline, over its median time: 1 is as fast as the work it counts allows on this
     machine; 0.5 takes twice that. NaN where a figure is missing. Far below 1, a speedup measures the implementation
@@ -139,8 +156,8 @@ def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
     A full-sequence call's roofline is max(FLOPs needed / matmul peak, bytes moved / copy peak), from its cost model
     (`useful_flops`: the method's work, not padding an implementation adds; runs before it: `flops`) and the run's
     peaks; a forward and backward call does `mode_work` times the forward's work. A decode step's is the bandwidth
-    roofline alone: `bytes_moved` (what one step must read and write: its part of the cache, q, k, v and the output)
-    / the copy peak, with no FLOP term (a step does a few FLOPs per byte it reads: memory sets its pace)."""
+    roofline alone (`step_roofline`), with no FLOP term (a step does a few FLOPs per byte it reads: memory sets its
+    pace)."""
 
     def share(row: pd.Series) -> float:
         peak = peaks.get(f"{row['device']}/{row['dtype']}", {})
@@ -150,7 +167,7 @@ def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
         if pd.isna(row["bytes_moved"]):
             return float("nan")
         if mode_of(row["mode"]).decode:
-            roofline = row["bytes_moved"] / copy
+            roofline = step_roofline(row, peak)
         else:
             flops = row["useful_flops"] if pd.notna(row.get("useful_flops")) else row["flops"]
             if not matmul or pd.isna(flops):

@@ -38,7 +38,8 @@ class Mode:
     def roofline_words(self) -> str:
         """What its roofline counts (attnbench.report.analysis.of_roofline)."""
         if self.decode:
-            return "bytes one step must read and write / copy peak (the bandwidth roofline; no FLOP term)"
+            return ("bytes one step must read / read bandwidth + bytes it writes / write bandwidth (the bandwidth "
+                    "roofline; no FLOP term)")
         return "max(FLOPs / matmul peak, bytes moved / copy peak)"
 
 
@@ -60,7 +61,8 @@ DECODE_NOTE = (
     "speedup are per generated token (one step at a context of N to N + decode_steps, the variants in turns), memory "
     "is the cache kept at N (× the baseline's), prefill is the prompt's one call (timed once, so noisier), error is "
     "the steps' outputs against exact causal softmax over everything visible to each step (float64), and the "
-    "roofline is the bytes one step must read and write over the run's measured copy bandwidth."
+    "roofline is the bytes one step must read over the run's measured read bandwidth (one stream, STREAM-like) plus "
+    "what it writes over the write bandwidth."
 )
 
 

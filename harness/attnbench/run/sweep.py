@@ -149,7 +149,7 @@ def run_plan(
             if not resume:
                 folder.write_text("config.toml", config.to_toml())  # `attnbench run <run>/config.toml` runs it again
             if "peaks" not in meta:
-                say("measuring this machine's matmul and copy peaks (the yardsticks of efficiency)…")
+                say("measuring this machine's matmul peak and copy, read and write bandwidths (the yardsticks of efficiency)…")
                 meta["peaks"] = _measure_peaks(config)
                 folder.write_meta(meta)
             remember_peaks(meta["peaks"])  # the guard's time estimates use them
