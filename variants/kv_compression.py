@@ -45,7 +45,6 @@ from attnbench.interface import (
     softmax_attention_flops,
 )
 from attnbench.ops import KVCache, causal_allows, default_scale, softmax_step
-from attnbench.variants.decoding import attend_over_parts
 from einops import einsum, rearrange
 from torch import Tensor
 
@@ -156,85 +155,91 @@ def pooled(votes: Tensor, kernel: int, pool: str) -> Tensor:
 
 @dataclass
 class HeavyHitterCache(DecodeState):
-    """H2O's cache, of fixed size: `heavy` slots of heavy hitters, heavy_k (b, h, H, d), heavy_v (b, h, H, e), and a
-    ring of the `recent` last positions, ring_k (b, h, R, d), ring_v (b, h, R, e) (slot p % R holds position p), with
-    the attention mass each slot's key received so far, heavy_mass (b, h, H) and ring_mass (b, h, R), float32 at
-    least (-inf: an empty heavy slot)."""
+    """H2O's cache in one buffer of fixed size: `heavy` slots of heavy hitters, then a ring of `recent` + 1 slots
+    (position p in slot heavy + p % (recent + 1)): keys (b, h, H + R + 1, d), values (b, h, H + R + 1, e), and the
+    attention mass each slot's key received so far, mass (b, h, H + R + 1), float32 at least (-inf: an empty slot).
 
-    heavy_k: Tensor
-    heavy_v: Tensor
-    heavy_mass: Tensor
-    ring_k: Tensor
-    ring_v: Tensor
-    ring_mass: Tensor
+    A step writes the new token into its ring slot (which held position t - recent - 1, already admitted or dropped
+    a step ago), attends to the whole buffer (the heavy hitters, the last `recent` positions and itself) in one
+    softmax, adds the weights to the masses, and position t - recent, leaving the window, competes for a heavy slot:
+    a handful of operations a step, where three parts and their masks took ~220."""
+
+    keys: Tensor
+    values: Tensor
+    mass: Tensor
+    heavy: int  # heavy-hitter slots, before the ring
     length: int  # positions seen: the next token's position
+    full: bool = False  # every slot filled: no mask needed any more
 
     @classmethod
     def of_prompt(cls, k: Tensor, v: Tensor, mass: Tensor, *, budget: int, recent: int) -> "HeavyHitterCache":
         """After the prompt k (b, h, n, d), v (b, h, n, e) with its masses (b, h, n): its last `recent` positions in
         the ring, and of the older ones the budget - recent with the most mass (all when they fit)."""
         (b, h, n, d), e, heavy = k.shape, v.shape[-1], budget - recent
-        ring_k, ring_v = k.new_zeros(b, h, recent, d), v.new_zeros(b, h, recent, e)
-        ring_mass = mass.new_zeros(b, h, recent)
+        slots = heavy + recent + 1
+        keys, values = k.new_zeros(b, h, slots, d), v.new_zeros(b, h, slots, e)
+        masses = mass.new_full((b, h, slots), float("-inf"))
         last = torch.arange(max(0, n - recent), n, device=k.device)
-        if recent:
-            ring_k[..., last % recent, :], ring_v[..., last % recent, :] = k[..., last, :], v[..., last, :]
-            ring_mass[..., last % recent] = mass[..., last]
-        heavy_k, heavy_v = k.new_zeros(b, h, heavy, d), v.new_zeros(b, h, heavy, e)
-        heavy_mass = mass.new_full((b, h, heavy), float("-inf"))
+        ring = heavy + last % (recent + 1)
+        keys[..., ring, :], values[..., ring, :], masses[..., ring] = k[..., last, :], v[..., last, :], mass[..., last]
         older = max(0, n - recent)  # the positions before the ring compete for the heavy slots
         kept = min(older, heavy)
         if kept:
             scores = mass[..., :older]
             kept_k, kept_v, positions = compress(k[..., :older, :], v[..., :older, :], scores, kept)
-            heavy_k[..., :kept, :], heavy_v[..., :kept, :] = kept_k, kept_v
-            heavy_mass[..., :kept] = scores.gather(-1, positions)
-        return cls(heavy_k, heavy_v, heavy_mass, ring_k, ring_v, ring_mass, n)
+            keys[..., :kept, :], values[..., :kept, :] = kept_k, kept_v
+            masses[..., :kept] = scores.gather(-1, positions)
+        return cls(keys, values, masses, heavy, n)
+
+    @property
+    def heavy_mass(self) -> Tensor:
+        """The heavy slots' masses (b, h, H)."""
+        return self.mass[..., : self.heavy]
 
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The new token (position t = length) attends to the cache and itself, q (b, h, 1, d), k, v (b, g, 1, d|e) ->
-        (b, h, 1, e);
-        every key's mass grows by its weight; the token takes the ring slot of position t - recent, which then
-        competes for a heavy slot (with no ring, the token itself competes)."""
-        t, recent = self.length, self.ring_k.shape[-2]
-        filled = None if t >= recent else (torch.arange(recent, device=k.device) < t)[None, None]
-        out, (to_heavy, to_ring, to_new) = attend_over_parts(q, [
-            (self.heavy_k, self.heavy_v, self.heavy_mass > float("-inf")),
-            (self.ring_k, self.ring_v, filled),
-            (k, v, None),
-        ])  # fmt: skip
-        self.heavy_mass += to_heavy.mean(dim=-2)  # the group's query heads averaged; an empty slot stays -inf
-        self.ring_mass += to_ring.mean(dim=-2)
-        new = (k, v, to_new.mean(dim=-2).to(self.ring_mass.dtype))
-        candidate: tuple[Tensor, ...] | None = new  # with no ring, the new token itself competes
-        if recent:
-            slot = slice(t % recent, t % recent + 1)
-            ring = (self.ring_k[..., slot, :], self.ring_v[..., slot, :], self.ring_mass[..., slot])
-            candidate = tuple(x.clone() for x in ring) if t >= recent else None  # position t - recent leaves
-            self.ring_k[..., slot, :], self.ring_v[..., slot, :], self.ring_mass[..., slot] = new
-        if candidate is not None and self.heavy_k.shape[-2]:
-            self.admit(*candidate)
+        (b, h, 1, e); every key's mass grows by its weight; position t - recent then competes for a heavy slot."""
+        t, heavy, ring = self.length, self.heavy, self.keys.shape[-2] - self.heavy
+        slot = heavy + t % ring
+        self.keys[..., slot : slot + 1, :], self.values[..., slot : slot + 1, :] = k, v
+        self.mass[..., slot] = 0.0
+        grouped = rearrange(q, "b (g r) 1 d -> b g r d", g=self.keys.shape[1])
+        scores = torch.matmul(grouped, self.keys.transpose(-1, -2)).mul_(default_scale(q.shape[-1]))  # (b, g, r, s)
+        if not self.full:
+            empty = self.mass == float("-inf")  # (b, g, s)
+            self.full = not bool(empty.any())
+            scores.masked_fill_(empty[..., None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        out = torch.matmul(weights, self.values)  # (b, g, r, e)
+        self.mass += weights.mean(dim=-2).to(self.mass.dtype)  # the group's query heads averaged; -inf stays -inf
+        leaving = t - (ring - 1)  # position t - recent: out of the window from the next step on
+        if heavy and leaving >= 0:
+            self.admit(heavy + leaving % ring)
         self.length += 1
-        return out
+        return rearrange(out, "b g r e -> b (g r) 1 e")
 
-    def admit(self, k: Tensor, v: Tensor, mass: Tensor) -> None:
-        """A candidate, k (b, h, 1, d), v (b, h, 1, e), mass (b, h, 1), takes the heavy slot of least mass in the heads
-        where it has more; elsewhere it is dropped (H2O evicts the lowest-scored non-recent token)."""
-        weakest = self.heavy_mass.argmin(dim=-1, keepdim=True)  # (b, h, 1)
-        wins = mass > self.heavy_mass.gather(-1, weakest)  # (b, h, 1)
-        for buffer, value in ((self.heavy_k, k), (self.heavy_v, v)):
-            slot = weakest[..., None].expand(*weakest.shape, buffer.shape[-1])  # (b, h, 1, d|e)
-            buffer.scatter_(2, slot, torch.where(wins[..., None], value, buffer.gather(2, slot)))
-        self.heavy_mass.scatter_(-1, weakest, torch.where(wins, mass, self.heavy_mass.gather(-1, weakest)))
+    def admit(self, source: int) -> None:
+        """The position in ring slot `source` takes the heavy slot of least mass in the heads where it has more;
+        elsewhere it is dropped (H2O evicts the lowest-scored non-recent token)."""
+        heavy_mass = self.mass[..., : self.heavy]
+        weakest = heavy_mass.argmin(dim=-1, keepdim=True)  # (b, h, 1)
+        candidate = self.mass[..., source : source + 1]  # (b, h, 1)
+        wins = candidate > heavy_mass.gather(-1, weakest)  # (b, h, 1)
+        target = torch.where(wins, weakest, torch.full_like(weakest, source))  # a loser is written onto itself
+        for buffer in (self.keys, self.values):
+            index = target[..., None].expand(*target.shape, buffer.shape[-1])  # (b, h, 1, d|e)
+            buffer.scatter_(2, index, buffer[..., source : source + 1, :].clone())
+        self.mass.scatter_(-1, target, candidate.clone())
 
     @property
     def read_bytes(self) -> int:
         """What the next step reads: the filled slots' keys, values and masses (it writes the masses back)."""
-        t, recent, heavy = self.length, self.ring_k.shape[-2], self.heavy_k.shape[-2]
-        b, h = self.ring_k.shape[:2]
+        t, ring, heavy = self.length, self.keys.shape[-2] - self.heavy, self.heavy
+        recent = ring - 1
+        b, h = self.keys.shape[:2]
         slots = min(t, recent) + min(max(0, t - recent), heavy)
-        row = sum(x.shape[-1] * x.element_size() for x in (self.ring_k, self.ring_v))
-        per_slot = row + self.ring_mass.element_size()
+        row = sum(x.shape[-1] * x.element_size() for x in (self.keys, self.values))
+        per_slot = row + self.mass.element_size()
         return b * h * slots * per_slot
 
 
