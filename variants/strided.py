@@ -66,6 +66,9 @@ from einops import rearrange
 from torch import Tensor
 
 
+HEAD_CHUNK_BYTES = 2 << 20  # the forward takes as many heads at once as keep one of q, k, v within this
+
+
 def default_stride(n: int) -> int:
     return max(1, round(math.sqrt(n)))
 
@@ -382,7 +385,17 @@ class StridedAttention(FlexBackend, AttentionVariant):
                 x, y, z, summary=self.summary, exclude_own_block=exclusive, **options
             )
         if not self.factorize:
-            return combine([first(q, k, v), second(q, k, v, True)])
+            # a few heads at a time past HEAD_CHUNK_BYTES: each part lays its heads out anew (the grid's copies of
+            # q, k, v, its output and log-sum-exp), so all heads at once held ~6x full's peak at N=8192
+            heads = max(1, HEAD_CHUNK_BYTES // max(1, q.shape[0] * n * q.shape[-1] * q.element_size()))
+            if heads >= q.shape[1]:
+                return combine([first(q, k, v), second(q, k, v, True)])
+            out = q.new_empty(*q.shape[:-1], v.shape[-1])
+            for start in range(0, q.shape[1], heads):
+                part = slice(start, start + heads)
+                x, y, z = q[:, part], k[:, part], v[:, part]
+                out[:, part] = combine([first(x, y, z), second(x, y, z, True)])
+            return out
         if q.shape[1] < 2:
             raise UnsupportedOptionError(
                 "strided with factorize=True needs at least 2 heads (even heads: the first part, odd heads: the "

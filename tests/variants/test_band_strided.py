@@ -235,3 +235,23 @@ def test_sinks_in_bfloat16_are_as_accurate_as_the_band_alone() -> None:
         expected = dense_masked_attention(q.double(), k.double(), v.double(), variant.support_mask(n, n, True))
         errors.append((variant(q, k, v, causal=True).double() - expected).abs().max().item())
     assert errors[1] <= 1.5 * errors[0], errors
+
+
+@pytest.mark.parametrize("pattern", ["strided", "fixed"])
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_strided_taken_a_few_heads_at_a_time_is_the_same_attention(monkeypatch, pattern: str, causal: bool) -> None:
+    """Past HEAD_CHUNK_BYTES the forward takes a few heads at a time (its memory at 8K: 6x full's, then under 2x);
+    the output is the pattern's, head by head, with padding too."""
+    from attnbench.variants import strided
+
+    monkeypatch.setattr(strided, "HEAD_CHUNK_BYTES", 2 * 53 * 8 * 8)  # 2 heads at a time of 5
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 5, 53, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    mask = torch.zeros(2, 53, dtype=torch.bool)
+    mask[1, 40:] = True
+    variant = registry.create("strided", pattern=pattern, stride=7)
+    support = variant.support_mask(53, 53, causal)
+    expected = dense_masked_attention(q, k, v, support & ~mask[:, None, None, :])
+    out = variant(q, k, v, causal=causal, key_padding_mask=mask)
+    rows = ~mask if not causal else torch.ones_like(mask)  # padded queries of a non-causal row: compare real ones
+    torch.testing.assert_close(out[rows[:, None, :, None].expand_as(out)], expected[rows[:, None, :, None].expand_as(out)])
