@@ -111,8 +111,8 @@ def test_report_on_a_run_folder_with_no_finished_cell_says_so(tmp_path: Path) ->
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_inside_one_long_call(installed_plugins, tmp_path: Path, stop: signal.Signals) -> None:
     """A 40-second torch call (SDPA on its thread pool) at N=64 never returns to Python; the run still stops
-    within seconds (it waits on the measuring thread, which it abandons), exits 130 (not torch's abort at a
-    normal exit under a running kernel), keeps the rows of N=16 and says how to resume."""
+    within seconds (the watcher beside the main thread leaves 2 s after the signal, the call unfinished), exits 130
+    (not torch's abort at a normal exit under a running kernel), keeps the rows of N=16 and says how to resume."""
     marker = tmp_path / "in-the-long-call"
     config = write_tiny(tmp_path / "long.toml", "seq_lens = [16, 64]\nvariants = ['long-call', 'full']\n", heads=2, head_dim=16)
     log = tmp_path / "run.log"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import textwrap
 import time
@@ -337,24 +338,27 @@ def tune_run(config: SweepConfig, cells: list, run_dir: Path) -> int | None:
     to go on) on Ctrl-C, None when it finished."""
     from attnbench.measure.dispatch import measure_group
     from attnbench.registry import registry
-    from attnbench.run.executors import if_stuck, interruptible
+    from attnbench.run.executors import if_stuck, interruptible, terminate_as_interrupt
     from attnbench.run.tune import tune
     from attnbench.runfolder.tuning import write_tuning
 
     checks: dict = {}
 
     def interrupted() -> None:
-        print(f"\nattnbench: interrupted while tuning; every cell of the sweep is recorded in {run_dir}/, the knob "
-              f"values probed so far in tuning.csv. The sweep's report: attnbench report {run_dir}; tune again (from "
-              f"the start): attnbench run --resume {run_dir}", file=sys.stderr)  # fmt: skip
+        probed = " the knob values probed so far in tuning.csv." if (run_dir / "tuning.csv").is_file() else ""
+        print(f"\nattnbench: interrupted while tuning; every cell of the sweep is recorded in {run_dir}/.{probed} The "
+              f"sweep's report: attnbench report {run_dir}; tune again (from the start): attnbench run --resume "
+              f"{run_dir}", file=sys.stderr)  # fmt: skip
 
     try:
-        with if_stuck(interrupted):
+        with if_stuck(interrupted), terminate_as_interrupt():  # SIGTERM stops a tuning as Ctrl-C does
             rows = tune(config, cells, config.settings.max_error,
                         lambda group: interruptible(lambda: measure_group(group, config.settings, registry,
                                                                           self_checks=checks)),
                         keep=lambda rows: write_tuning(run_dir, rows))  # fmt: skip
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         interrupted()
         return Exit.INTERRUPTED
     if not rows:

@@ -214,6 +214,8 @@ def command_reproduce(names: list[str], out: Path, *, quick: bool, progress: boo
     """The command: exit 0 when every claim that could run holds at least in trend, 1 when one does not, 2 on
     usage errors (an unknown claim), 130 when interrupted (finished claims' folders are kept; run it again to
     continue)."""
+    from attnbench.run.executors import if_stuck
+
     chosen = select(names)
     if isinstance(chosen, str):
         print(f"attnbench: {chosen}", file=sys.stderr)
@@ -226,17 +228,22 @@ def command_reproduce(names: list[str], out: Path, *, quick: bool, progress: boo
         if progress:
             print(f"attnbench: claim {index}/{len(chosen)}: {claim.id} ({claim.paper}, {claim.where})",
                   file=sys.stderr, flush=True)  # fmt: skip
+        again = " ".join(["attnbench reproduce", *names, *(["--quick"] if quick else []), "--out", str(out)])
+
+        def interrupted(claim_id: str = claim.id, again: str = again) -> None:  # also when a call does not return
+            print(f"\nattnbench: interrupted during {claim_id}; the claims' run folders in {out}/ keep every finished "
+                  f"cell. Continue with:\n  {again}", file=sys.stderr)  # fmt: skip
+
         try:
-            results.append(run_claim(claim, out, quick=quick, progress=progress))
+            with if_stuck(interrupted):
+                results.append(run_claim(claim, out, quick=quick, progress=progress))
         except ConfigError as error:  # a catalogue entry this machine's settings refuse (e.g. memory): said, not hidden
             results.append(Checked(claim, None, Outcome(CANNOT, "–", str(error))))
         except RunFolderBusy as error:  # another reproduce (or run) is writing this claim's folder
             print(f"attnbench: {error}", file=sys.stderr)
             return Exit.USAGE
         except KeyboardInterrupt:  # the run folder keeps its finished cells; the next call resumes it
-            again = " ".join(["attnbench reproduce", *names, *(["--quick"] if quick else []), "--out", str(out)])
-            print(f"\nattnbench: interrupted during {claim.id}; the claims' run folders in {out}/ keep every finished "
-                  f"cell. Continue with:\n  {again}", file=sys.stderr)  # fmt: skip
+            interrupted()
             return Exit.INTERRUPTED
     out.mkdir(parents=True, exist_ok=True)
     report = out / ("reproduce-quick.md" if quick else "reproduce.md")

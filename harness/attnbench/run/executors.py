@@ -99,45 +99,54 @@ def interruptible(work: Callable[[], T]) -> T:
     ready_profiler()  # the memory measure's profiler registered before the work
     if threading.current_thread() is not threading.main_thread():
         return work()
-    read, write = os.pipe()
-    os.set_blocking(write, False)
+    stops = {signal.SIGINT, signal.SIGTERM}
     left = threading.Event()
-    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    stops = {int(signal.SIGINT), int(signal.SIGTERM)}
+    decided = threading.Lock()  # the watcher leaving, or the work ending: one of them, never both
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # set-up whole: a signal now waits for the try below
+    try:
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
 
-    def watch() -> None:
-        while True:
-            try:
-                heard = os.read(read, 64)
-            except OSError:
-                return
-            if not heard or left.is_set():
-                return
-            if stops & set(heard) and not left.wait(GRACE_S):  # still inside the call: leave without it
-                for action in reversed(_IF_STUCK):
-                    try:
-                        action()
-                    except Exception:  # noqa: BLE001 - leaving anyway; the next action may still help
-                        pass
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(130)
+        def watch() -> None:
+            while True:
+                try:
+                    heard = os.read(read, 64)
+                except OSError:
+                    return
+                if not heard or left.is_set():
+                    return
+                if {int(s) for s in stops} & set(heard) and not left.wait(GRACE_S) and decided.acquire(blocking=False):
+                    for action in reversed(_IF_STUCK):  # still inside the call: leave without it
+                        try:
+                            action()
+                        except Exception:  # noqa: BLE001 - leaving anyway; the next action may still help
+                            pass
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(130)
 
-    watcher = threading.Thread(target=watch, name="attnbench-watch", daemon=True)
-    watcher.start()
+        watcher = threading.Thread(target=watch, name="attnbench-watch", daemon=True)  # inherits the mask: the
+        watcher.start()  # signals go to the main thread, whose C handler writes the wakeup fd
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     try:
         return work()
     finally:
-        left.set()
-        signal.set_wakeup_fd(previous)
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # tear-down whole, then a pending signal is raised
         try:
-            os.write(write, b"\0")  # wakes the watcher, which sees `left` and returns
-        except OSError:
-            pass
-        watcher.join(timeout=1.0)
-        os.close(write)
-        if not watcher.is_alive():
+            decided.acquire()  # the watcher, if it is leaving, leaves first (this never returns then)
+            left.set()
+            signal.set_wakeup_fd(previous)
+            try:
+                os.write(write, b"\0")  # wakes the watcher, which sees `left` and returns
+            except OSError:
+                pass
+            watcher.join(timeout=1.0)
+            os.close(write)
             os.close(read)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 @contextmanager
