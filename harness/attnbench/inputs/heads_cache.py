@@ -85,13 +85,6 @@ def heads_unfit(params: dict[str, Any], *, causal: bool, positions: int, head_di
     return None
 
 
-def heads_label(params: dict[str, Any]) -> str:
-    """'SmolLM2-135M heads (prose)': the evidence named as the verdict names it."""
-    model = params.get("model", DEFAULT_HEADS_MODEL)
-    manifest = read_manifest(model) or {}
-    return f"{manifest.get('model', Path(model).name)} heads ({params.get('text', 'prose')})"
-
-
 def uncaptured_heads(name: str, params: dict[str, Any]) -> str | None:
     """The note that drops an input of the default model's heads (or needles planted in them) when they were never
     captured here: a preset lists them beside `realistic`, and runs on `realistic` alone until they exist. None for

@@ -77,7 +77,8 @@ def evidence(
     real_verdicts: dict[tuple[str, ...], InputVerdict] = {}
     if combined is not None:
         rows, name = combined
-        for verdict in verdicts(rows, samples, budget):  # speed from the timed input, recall from the needles
+        needed = (rows["input"] == name) | rows.time_median_s.notna() | rows["input"].astype(str).str.startswith("needles")
+        for verdict in verdicts(rows[needed], samples, budget):  # speed from the timed rows, recall from the needles
             if verdict.input == name:
                 real_verdicts[verdict.setting_key] = verdict
     out = []
