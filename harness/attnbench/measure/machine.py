@@ -74,7 +74,14 @@ def _best_time(fn, device: torch.device, trials: int, calls: int = 3) -> float:
 
 
 def measure_peaks(
-    device: str, dtype: torch.dtype, *, size: int = 1024, copy_mib: int = 64, read_mib: int = 256, trials: int = 5
+    device: str,
+    dtype: torch.dtype,
+    *,
+    size: int = 1024,
+    copy_mib: int = 64,
+    read_mib: int = 256,
+    trials: int = 5,
+    streams: bool = False,
 ) -> dict[str, float]:
     """Dense matmul FLOP/s and three bandwidths (bytes/s) on this device and dtype: the yardsticks for efficiency.
 
@@ -83,25 +90,29 @@ def measure_peaks(
       written but one number), what a decode step does with its cache;
     - write: one write stream (`fill_`).
     Each is timed in `trials` separate bursts and the best kept: a burst that met a busy stretch of a shared
-    machine reads low, and a peak read low would make efficiencies above 100%.
+    machine reads low, and a peak read low would make efficiencies above 100%. The read and write streams (a buffer
+    past the last-level cache: seconds, and a GB on a large-cache server) only with `streams`: what decode's step
+    roofline needs, measured by a run with decode cells.
     """
     dev = torch.device(device)
     a = torch.randn(size, size, device=dev).to(dtype)
     b = torch.randn(size, size, device=dev).to(dtype)
     source = torch.empty(copy_mib * 2**20 // 4, dtype=torch.float32, device=dev)
     target = torch.empty_like(source)
+    peaks: dict[str, float] = {
+        "matmul_flops_per_s": 2 * size**3 / _best_time(lambda: a @ b, dev, trials),
+        "copy_bytes_per_s": 2 * source.numel() * 4 / _best_time(lambda: target.copy_(source), dev, trials),
+        "matmul_size": size,
+        "trials": trials,
+    }
+    if not streams:
+        return peaks
     cache = last_level_cache_bytes() if dev.type == "cpu" else None
     read_mib = max(read_mib, 2 * (cache or 0) // 2**20)  # past the last-level cache: memory's own rate
     stream = torch.ones(read_mib * 2**20 // 4, dtype=torch.float32, device=dev)
-    peaks = {
-        "matmul_flops_per_s": 2 * size**3 / _best_time(lambda: a @ b, dev, trials),
-        "copy_bytes_per_s": 2 * source.numel() * 4 / _best_time(lambda: target.copy_(source), dev, trials),
-        "read_bytes_per_s": stream.numel() * 4 / _best_time(lambda: stream.sum(), dev, trials),
-        "write_bytes_per_s": stream.numel() * 4 / _best_time(lambda: stream.fill_(1.0), dev, trials),
-        "matmul_size": size,
-        "read_mib": read_mib,
-        "trials": trials,
-    }
+    peaks["read_bytes_per_s"] = stream.numel() * 4 / _best_time(lambda: stream.sum(), dev, trials, calls=1)
+    peaks["write_bytes_per_s"] = stream.numel() * 4 / _best_time(lambda: stream.fill_(1.0), dev, trials, calls=1)
+    peaks["read_mib"] = read_mib
     del stream
     if cache:  # a working set the cache holds between steps (a decode step re-reads its cache) is read from it
         held = torch.ones(cache // 4 // 4, dtype=torch.float32, device=dev)  # a quarter of it

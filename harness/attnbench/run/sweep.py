@@ -73,7 +73,8 @@ def _measure_peaks(config: SweepConfig, trials: int = 5) -> dict[str, Any]:
     for device in config.axes["device"]:
         for dtype in config.axes["dtype"]:
             try:
-                peaks[f"{device}/{dtype}"] = measure_peaks(device, getattr(torch, dtype), trials=trials)
+                peaks[f"{device}/{dtype}"] = measure_peaks(device, getattr(torch, dtype), trials=trials,
+                                                           streams="decode" in config.axes["mode"])  # fmt: skip
             except Exception as error:  # e.g. cuda asked for on a machine without it: cells say so too
                 peaks[f"{device}/{dtype}"] = {"error": f"{type(error).__name__}: {error}"}
     return peaks
