@@ -143,7 +143,8 @@ def step_roofline(row: pd.Series, peak: dict) -> float:
     if cache and peak.get("read_cached_bytes_per_s") and float(row["bytes_moved"]) <= cache / 2:
         read = peak["read_cached_bytes_per_s"]  # the step's reads stay in the last-level cache between steps
     itemsize = 2 if str(row["dtype"]) in ("float16", "bfloat16") else 8 if str(row["dtype"]) == "float64" else 4
-    written = 3 * int(row["batch"]) * int(row["heads"]) * int(row["head_dim"]) * itemsize
+    shape = [row.get(column) for column in ("batch", "heads", "head_dim")]
+    written = 3 * itemsize * int(math.prod(shape)) if all(pd.notna(x) for x in shape) else 0
     written = min(written, float(row["bytes_moved"]))
     return (float(row["bytes_moved"]) - written) / read + written / write
 
