@@ -43,16 +43,24 @@ def real_heads(
     if not causal or n > int(manifest["positions"]) or d != int(manifest["head_dim"]):
         raise ValueError(f"{manifest.get('model', model)}'s heads: causal cells of N <= {manifest['positions']} and "
                          f"head_dim {manifest['head_dim']} only (asked: causal={causal}, N={n}, head_dim={d})")  # fmt: skip
+    layers, query_heads = len(manifest["layers"]), int(manifest["heads"])
+    shift = float(torch.rand(1, generator=generator))
+    picked = [divmod(index, query_heads) for index in pool_indices(b * h, layers * query_heads, shift)]
+    q, k, v = captured_heads(model, text, picked, n)  # (1, b * h, n, d)
+    return tuple(rearrange(t, "1 (b h) n d -> b h n d", b=b) for t in (q, k, v))
+
+
+def captured_heads(model: str, text: str, heads: list[tuple[int, int]], n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The first n positions of the given (captured layer slot, query head) pairs of `model`'s heads on `text`, side by
+    side: q (1, len(heads), n, d) at the model's scaling x sqrt(d) (the variants scale by 1/sqrt(d)), k and v of each
+    query head's key/value head. The file is memory-mapped: only those heads are read."""
+    manifest = read_manifest(model)
+    assert manifest is not None
     data = torch.load(heads_folder(model) / manifest["texts"][text]["file"], map_location="cpu", weights_only=True, mmap=True)
     q_all, k_all, v_all = data["q"], data["k"], data["v"]  # (l, 1, heads, positions, d), k/v with g heads
-    layers, query_heads, kv_heads = q_all.shape[0], q_all.shape[2], k_all.shape[2]
-    scaling = manifest["scaling"]  # per captured layer
-    shift = float(torch.rand(1, generator=generator))
-    parts = []
-    for index in pool_indices(b * h, layers * query_heads, shift):
-        layer, head = divmod(index, query_heads)
-        kv = head // (query_heads // kv_heads)
-        to_model = float(scaling[layer]) * math.sqrt(d)  # the variants scale by 1/sqrt(d)
-        parts.append((q_all[layer, 0, head, :n].float() * to_model, k_all[layer, 0, kv, :n].float(), v_all[layer, 0, kv, :n].float()))
-    q, k, v = (rearrange(torch.stack(t), "(b h) n d -> b h n d", b=b) for t in zip(*parts))
-    return q, k, v
+    group = q_all.shape[2] // k_all.shape[2]
+    d = q_all.shape[-1]
+    parts = [(q_all[layer, 0, head, :n].float() * (float(manifest["scaling"][layer]) * math.sqrt(d)),
+              k_all[layer, 0, head // group, :n].float(), v_all[layer, 0, head // group, :n].float())
+             for layer, head in heads]  # fmt: skip
+    return tuple(torch.stack(t)[None] for t in zip(*parts))

@@ -27,10 +27,11 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from einops import einsum, rearrange
+from einops import einsum
 from torch import Tensor
 
-from attnbench.inputs.heads_cache import DEFAULT_HEADS_MODEL, heads_folder, read_manifest
+from attnbench.inputs.heads import captured_heads
+from attnbench.inputs.heads_cache import DEFAULT_HEADS_MODEL, read_manifest
 from attnbench.inputs.statistics import STATISTICS, row_statistics
 from attnbench.inputs.synthetic import HeadMix, decoder_mix, mixed_heads
 from attnbench.plan.budget import UNIFORM_EQUIVALENT
@@ -74,14 +75,7 @@ def real_split(model: str, text: str, layer_slots: list[int], n: int) -> tuple[T
     first n positions: q (1, h, n, d) at the model's scaling x sqrt(d), k and v of each head's group."""
     manifest = read_manifest(model)
     assert manifest is not None
-    data = torch.load(heads_folder(model) / manifest["texts"][text]["file"], weights_only=True, mmap=True)
-    q, k, v = data["q"], data["k"], data["v"]  # (l, 1, heads | g, positions, d)
-    group = q.shape[2] // k.shape[2]
-    d = q.shape[-1]
-    scale = torch.tensor([manifest["scaling"][slot] * math.sqrt(d) for slot in layer_slots])[:, None, None, None]
-    q = q[layer_slots, 0, :, :n].float() * scale
-    k, v = (t[layer_slots, 0, :, :n].float().repeat_interleave(group, dim=1) for t in (k, v))
-    return tuple(rearrange(t, "l h n d -> 1 (l h) n d").contiguous() for t in (q, k, v))
+    return captured_heads(model, text, [(slot, head) for slot in layer_slots for head in range(int(manifest["heads"]))], n)
 
 
 def draw(mix: HeadMix, heads: int, n: int, d: int, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:

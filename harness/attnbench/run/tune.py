@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Callable
 
 from attnbench.plan.cells import Cell, Group, InputSpec, VariantSpec
