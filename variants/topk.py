@@ -57,7 +57,6 @@ from attnbench.interface import (
     softmax_attention_flops,
 )
 from attnbench.ops import KVCache, causal_allows, softmax_step
-from attnbench.variants.decoding import softmax_over_parts
 from attnbench.variants.kv_compression import SELECT_PER, heads_to_keep
 from attnbench.variants.blocks import Pattern, expand_over_heads, partial_attention, query_blocks, real_key_blocks
 from attnbench.variants.window import unblocked
@@ -256,27 +255,31 @@ def ranked_pages(t: int, page: int, keep_first: bool) -> range:
     return range(1 if keep_first else 0, t // page)
 
 
-def pages_at(x: Tensor, chosen: Tensor, page: int) -> Tensor:
-    """The chosen pages of a paged buffer, each whole: x (b, g, pages page, d) contiguous, chosen (b, g, s) page
-    indices -> (b, g, s page, d). One index_select of rows of a (b g pages, page d) view: a gather over an index
-    expanded to every element took ~3x as long (a review's profile of this step)."""
-    b, g, s = chosen.shape
-    pages = x.shape[-2] // page
-    rows = rearrange(x, "b g (c j) d -> (b g c) (j d)", j=page)  # a view: the buffer is contiguous
-    first = torch.arange(b * g, device=x.device)[:, None] * pages  # (b g, 1): each head's first page row
-    picked = rows.index_select(0, (first + rearrange(chosen, "b g s -> (b g) s")).flatten())  # (b g s, page d)
+def pages_at(x: Tensor, rows: Tensor, page: int) -> Tensor:
+    """Pages of a paged buffer, each whole: x (b, g, pages page, d) contiguous, rows (b g s) the pages' row numbers
+    in its (b g pages, page d) view (`page_rows`) -> (b, g, s page, d). One index_select of rows: a gather over an
+    index expanded to every element took ~3x as long (a review's profile of this step)."""
+    b, g = x.shape[:2]
+    picked = rearrange(x, "b g (c j) d -> (b g c) (j d)", j=page).index_select(0, rows)  # (b g s, page d)
     return rearrange(picked, "(b g s) (j d) -> b g (s j) d", b=b, g=g, j=page)
+
+
+def page_rows(chosen: Tensor, pages: int) -> Tensor:
+    """chosen (b, g, s) page indices -> (b g s) rows of the (b g pages, page d) view `pages_at` reads, once for the
+    keys and the values."""
+    b, g, _ = chosen.shape
+    first = torch.arange(0, b * g * pages, pages, device=chosen.device)[:, None]  # (b g, 1): each head's first page
+    return (first + rearrange(chosen, "b g s -> (b g) s")).flatten()
 
 
 @dataclass
 class QuestCache(KVCache):
     """Quest's cache: keys and values in pages of `page` positions (capacity a whole number of pages), and each
-    page's elementwise key maximum and minimum, the selection metadata: high, low (b, h, pages, d), filled for the
-    pages that hold a position. A step attends to its own page, the first page when kept, and the `top_k` others
-    with the highest bound Σ_d max(q_d max_d, q_d min_d) of q · k over a page's keys."""
+    page's elementwise key maximum and minimum side by side, the selection metadata: bounds (b, h, pages, 2 d),
+    filled for the pages that hold a position. A step attends to its own page, the first page when kept, and the
+    `top_k` others with the highest bound Σ_d max(q_d max_d, q_d min_d) of q · k over a page's keys."""
 
-    high: Tensor
-    low: Tensor
+    bounds: Tensor
     page: int
     top_k: int
     keep_first: bool
@@ -287,48 +290,65 @@ class QuestCache(KVCache):
         b, h, n, d = k.shape
         pages = block_count(n + room, page)
         cache = KVCache.of(k, v, pages * page - n)
-        high, low = (k.new_zeros(b, h, pages, d) for _ in range(2))
+        bounds = k.new_zeros(b, h, pages, 2 * d)
         filled = block_count(n, page)
         real = real_key_blocks(b, n, page, None, k.device)  # (b, c, j): the last page's rows past n are no keys
-        high[..., :filled, :], low[..., :filled, :] = block_summaries(k, real, page, "minmax")
-        return cls(cache.keys, cache.values, cache.length, high, low, page, top_k, keep_first)
+        bounds[..., :filled, :] = torch.cat(block_summaries(k, real, page, "minmax"), dim=-1)
+        return cls(cache.keys, cache.values, cache.length, bounds, page, top_k, keep_first)
+
+    @property
+    def high(self) -> Tensor:
+        """(b, h, pages, d): each page's elementwise key maximum (a view)."""
+        return self.bounds[..., : self.keys.shape[-1]]
+
+    @property
+    def low(self) -> Tensor:
+        """(b, h, pages, d): each page's elementwise key minimum (a view)."""
+        return self.bounds[..., self.keys.shape[-1] :]
 
     def append(self, k: Tensor, v: Tensor) -> "QuestCache":
         """Add one position k (b, h, 1, d), v (b, h, 1, e) and fold its key into its page's max and min."""
         if self.length == self.keys.shape[-2]:  # full: double the buffers, whole pages, the metadata with them
-            self.keys, self.values, self.high, self.low = (
-                torch.cat([x, torch.zeros_like(x)], dim=-2) for x in (self.keys, self.values, self.high, self.low)
+            self.keys, self.values, self.bounds = (
+                torch.cat([x, torch.zeros_like(x)], dim=-2) for x in (self.keys, self.values, self.bounds)
             )
         t = self.length
         super().append(k, v)
         p, key = t // self.page, k[..., 0, :]
+        high, low = self.high[..., p, :], self.low[..., p, :]  # views: updated in place
         if t % self.page == 0:  # a new page
-            self.high[..., p, :], self.low[..., p, :] = key, key
+            high.copy_(key), low.copy_(key)
         else:
-            self.high[..., p, :] = torch.maximum(self.high[..., p, :], key)
-            self.low[..., p, :] = torch.minimum(self.low[..., p, :], key)
+            torch.maximum(high, key, out=high), torch.minimum(low, key, out=low)
         return self
 
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The new token (position t = length) joins the cache and attends, by exact softmax, to the pages chosen
         for it (all of them when no more than top_k are ranked): q (b, h, 1, d), k, v (b, g, 1, d|e) -> (b, h, 1, e).
-        With grouped-query attention a key/value head's pages are ranked by the mean of its query heads' bounds."""
+        With grouped-query attention a key/value head's pages are ranked by the mean of its query heads' bounds.
+        A step is ~20 operations: its pages are copied together once (one index_select each for keys and values),
+        then one fused attention reads them."""
         self.append(k, v)
         t, page = self.length - 1, self.page
         ranked = ranked_pages(t, page, self.keep_first)
         if len(ranked) <= self.top_k:  # every page: exact attention
             return softmax_step(q, self.k, self.v)
-        own = t // page * page  # the own page's first position
         work = torch.promote_types(q.dtype, torch.float32)  # ranked in float32 at least, as the forward ranks
-        metadata = tuple(x[..., ranked.start : ranked.stop, :].to(work) for x in (self.high, self.low))
         grouped = rearrange(q.to(work), "b (g r) 1 d -> b g r d", g=self.keys.shape[1])
-        bounds = score_blocks(grouped, metadata).mean(dim=-2, keepdim=True)  # (b, g, 1, ranked): the group's mean
-        chosen = largest(bounds, self.top_k)[1][..., 0, :] + ranked.start  # (b, g, s)
-        if ranked.start:  # the kept first page, unscored
-            chosen = torch.cat([chosen.new_zeros(*chosen.shape[:-1], 1), chosen], dim=-1)
-        keys, values = (pages_at(x, chosen, page) for x in (self.keys, self.values))  # (b, g, s page, d|e)
-        newest = (self.keys[..., own : t + 1, :], self.values[..., own : t + 1, :], None)
-        return softmax_over_parts(q, [(keys, values, None), newest])
+        # Σ_d max(q_d hi_d, q_d lo_d) = q⁺ · hi + q⁻ · lo (hi >= lo): one product against [hi | lo]
+        signed = torch.cat([grouped.clamp(min=0), grouped.clamp(max=0)], dim=-1)  # (b, g, r, 2 d)
+        metadata = self.bounds[..., ranked.start : ranked.stop, :].to(work)  # (b, g, ranked, 2 d)
+        scores = torch.matmul(signed, metadata.transpose(-1, -2))  # (b, g, r, ranked)
+        if scores.shape[-2] > 1:
+            scores = scores.mean(dim=-2, keepdim=True)  # the group's mean
+        top = scores[..., 0, :].topk(self.top_k, dim=-1, sorted=False).indices  # (b, g, top_k)
+        # the pages read, in one index: the kept first page, the chosen ones, the own page last
+        edges = [top.new_full((*top.shape[:-1], 1), page_index) for page_index in (0, t // page)]
+        chosen = torch.cat([edges[0], top + ranked.start, edges[1]] if ranked.start else [top, edges[1]], dim=-1)
+        rows = page_rows(chosen, self.keys.shape[-2] // page)
+        held = (chosen.shape[-1] - 1) * page + t % page + 1  # the own page's positions after t are not keys yet
+        keys, values = (pages_at(x, rows, page)[..., :held, :] for x in (self.keys, self.values))
+        return F.scaled_dot_product_attention(q, keys, values, enable_gqa=keys.shape[1] != q.shape[1])
 
     @property
     def read_bytes(self) -> int:
@@ -341,7 +361,7 @@ class QuestCache(KVCache):
         row = self.keys.shape[-1] * self.keys.element_size() + self.values.shape[-1] * self.values.element_size()
         if ranked <= self.top_k:
             return b * h * t * row
-        metadata = 2 * ranked * self.high.shape[-1] * self.high.element_size()
+        metadata = ranked * self.bounds.shape[-1] * self.bounds.element_size()
         rows = (self.top_k + int(self.keep_first)) * page + t % page
         return b * h * (rows * row + metadata)
 

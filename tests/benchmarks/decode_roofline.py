@@ -1,5 +1,5 @@
 """Decode targets, read from a decode run: each step's time over its bandwidth roofline (the bytes a step must read
-over the run's measured read bandwidth, memory's or the last-level cache's where the step's reads fit in it, and
+over the run's measured memory read bandwidth, and
 what it writes over the write bandwidth: `attnbench.report.analysis.step_roofline`; targets: `full` with its KV
 cache within 1.5× of it at N >= 8192, `band` and the RNN states within 3×), and the RNN forms' step time flat in N (the log-log slope of the median
 step time against N, target about 0).
@@ -30,10 +30,9 @@ def main() -> None:
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args()
     view = RunView.read(args.run_dir)
-    rows = view.frame[(view.frame["mode"] == "decode") & (view.frame.status == "ok")]
+    rows = view.frame[(view.frame["mode"] == "decode") & (view.frame.status == "ok") & view.frame.time_median_s.notna()]
     for key, value in view.peaks.items():
         print(f"{key}: read {value.get('read_bytes_per_s', float('nan')) / 1e9:.1f} GB/s (memory), "
-              f"{value.get('read_cached_bytes_per_s', float('nan')) / 1e9:.1f} GB/s (last-level cache), "
               f"write {value.get('write_bytes_per_s', float('nan')) / 1e9:.1f} GB/s, copy "
               f"{value.get('copy_bytes_per_s', float('nan')) / 1e9:.1f} GB/s")  # fmt: skip
     print("| variant | N | ms per token | MB read per step | GB/s | of roofline |\n|---|---:|---:|---:|---:|---:|")

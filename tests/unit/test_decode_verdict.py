@@ -112,12 +112,10 @@ def test_a_decode_groups_memory_slope_is_its_caches() -> None:
 
 
 def test_a_decode_steps_roofline_reads_over_the_read_bandwidth_and_writes_over_the_write_one() -> None:
-    """Reads (bytes_moved less the three token vectors a step writes) over the read stream, from the cache where they
-    fit in half of it; the writes over the write stream; no matmul or copy figure involved."""
+    """Reads (bytes_moved less the three token vectors a step writes) over memory's read stream (a step timed in turns
+    starts after other work: its state is not kept in a cache for it); the writes over the write stream; no
+    matmul or copy figure involved."""
     step = row("decode", time_median_s=1e-3, bytes_moved=4_000_000 + 3 * 8 * 64 * 4, batch=1, heads=8, head_dim=64)
     peaks = {"cpu/float32": {"copy_bytes_per_s": 1e11, "read_bytes_per_s": 2e10, "write_bytes_per_s": 1e10}}
     seconds = 4_000_000 / 2e10 + 3 * 8 * 64 * 4 / 1e10
     assert of_roofline(pd.DataFrame([step]), peaks).iloc[0] == pytest.approx(seconds / 1e-3)
-    cached = {"cpu/float32": {**peaks["cpu/float32"], "read_cached_bytes_per_s": 4e10, "last_level_cache_bytes": 16e6}}
-    in_cache = 4_000_000 / 4e10 + 3 * 8 * 64 * 4 / 1e10  # 4 MB fits in half of 16 MB: the cache's rate
-    assert of_roofline(pd.DataFrame([step]), cached).iloc[0] == pytest.approx(in_cache / 1e-3)

@@ -113,11 +113,6 @@ def measure_peaks(
     peaks["read_bytes_per_s"] = stream.numel() * 4 / _best_time(lambda: stream.sum(), dev, trials, calls=1)
     peaks["write_bytes_per_s"] = stream.numel() * 4 / _best_time(lambda: stream.fill_(1.0), dev, trials, calls=1)
     peaks["read_mib"] = read_mib
-    del stream
-    if cache:  # a working set the cache holds between steps (a decode step re-reads its cache) is read from it
-        held = torch.ones(cache // 4 // 4, dtype=torch.float32, device=dev)  # a quarter of it
-        peaks["read_cached_bytes_per_s"] = held.numel() * 4 / _best_time(lambda: held.sum(), dev, trials)
-        peaks["last_level_cache_bytes"] = cache
     return peaks
 
 

@@ -133,15 +133,14 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
 
 def step_roofline(row: pd.Series, peak: dict) -> float:
     """A decode step's bandwidth roofline in seconds: what it must read (its part of the cache, the token's q, k, v:
-    `bytes_moved` less what it writes) over the read bandwidth, plus what it writes (its output, and the token's k
-    and v where a cache grows: three token vectors) over the write bandwidth. The read bandwidth is memory's (a
-    stream past the last-level cache), or the cache's where what a step reads fits in half of it (the same bytes
-    every step: they stay there). A run before read and write bandwidths were measured falls back to the copy peak."""
+    `bytes_moved` less what it writes) over memory's read bandwidth (a stream past the last-level cache), plus what it
+    writes (its output, and the token's k and v where a cache grows: three token vectors) over the write bandwidth.
+    Memory's rate even where a state would fit in the last-level cache: timed in turns, a step starts after the other
+    variants' steps have run, as a layer's step in a model starts after the other layers' (measured here: `full`'s
+    8K step reads 34 GB/s in a loop of its own, 18 GB/s in turns with the decode preset; the memory stream, 25-26).
+    A run before read and write bandwidths were measured falls back to the copy peak."""
     copy = peak.get("copy_bytes_per_s")
     read, write = peak.get("read_bytes_per_s") or copy, peak.get("write_bytes_per_s") or copy
-    cache = peak.get("last_level_cache_bytes")
-    if cache and peak.get("read_cached_bytes_per_s") and float(row["bytes_moved"]) <= cache / 2:
-        read = peak["read_cached_bytes_per_s"]  # the step's reads stay in the last-level cache between steps
     itemsize = 2 if str(row["dtype"]) in ("float16", "bfloat16") else 8 if str(row["dtype"]) == "float64" else 4
     shape = [row.get(column) for column in ("batch", "heads", "head_dim")]
     written = 3 * itemsize * int(math.prod(shape)) if all(pd.notna(x) for x in shape) else 0

@@ -645,8 +645,6 @@ def about_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Bloc
         + (f", {value['read_bytes_per_s'] / 1e9:.1f} GB/s read ({value.get('read_mib', 0)} MiB), "
            f"{value['write_bytes_per_s'] / 1e9:.1f} GB/s write"
            if value.get("read_bytes_per_s") and value.get("write_bytes_per_s") else "")
-        + (f", {value['read_cached_bytes_per_s'] / 1e9:.1f} GB/s read from the "
-           f"{value['last_level_cache_bytes'] / 2**20:.0f} MiB last-level cache" if value.get("read_cached_bytes_per_s") else "")
         for key, value in meta.peaks.items()
         if "error" not in value
     )

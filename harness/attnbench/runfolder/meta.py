@@ -102,7 +102,7 @@ def best_peaks(*measurements: dict[str, dict]) -> dict[str, dict]:
             current = best.get(key, {})
             if value.get("matmul_flops_per_s", 0) >= current.get("matmul_flops_per_s", 0):
                 best[key] = {**current, **value}
-            for rate in ("copy_bytes_per_s", "read_bytes_per_s", "write_bytes_per_s", "read_cached_bytes_per_s"):
+            for rate in ("copy_bytes_per_s", "read_bytes_per_s", "write_bytes_per_s"):
                 if value.get(rate, 0) > current.get(rate, 0):
                     best[key] = {**best[key], rate: value[rate]}
     return best
