@@ -186,4 +186,4 @@ def _across_chunks(
         torch.baddbmm(kept, keys_to_end[index], written, out=states[index + 1])
         if after_update is not None:
             states[index + 1].mul_(after_update[index])
-    return (states[:-1], pseudo_values), states[-1]
+    return (states[:-1], pseudo_values), states[-1].clone()  # the final state on its own: a decode state holds no more

@@ -57,7 +57,9 @@ from attnbench.interface import (
     softmax_attention_flops,
 )
 from attnbench.ops import KVCache, causal_allows, softmax_step
+from attnbench.variants.block_scores import block_summaries, score_blocks
 from attnbench.variants.kv_compression import SELECT_PER, heads_to_keep
+from attnbench.variants.topk_shared import SHARED_AT_ONCE, shared_attention, shared_selection
 from attnbench.variants.blocks import Pattern, expand_over_heads, partial_attention, query_blocks, real_key_blocks
 from attnbench.variants.window import unblocked
 from einops import einsum, rearrange
@@ -65,6 +67,7 @@ from torch import Tensor
 
 SCORE_QUERY_BLOCKS = 16  # queries are scored this many blocks at a time: (16 b) x N / b scores held, linear in N
 SCORES = ("mean", "minmax")
+SELECT_FOR = ("query", "block")  # see `attnbench.variants.topk_shared`
 
 
 def score_chunk(size: int) -> int:
@@ -75,29 +78,6 @@ def score_chunk(size: int) -> int:
 def block_count(n: int, size: int) -> int:
     """Key blocks of `size` covering n positions (the last one may be partial)."""
     return -(-n // size)
-
-
-def block_summaries(k: Tensor, real: Tensor, size: int, score: str) -> tuple[Tensor, ...]:
-    """What each key block is scored from, (b, h, c, d) each: its mean real key ("mean"), or the per-dimension
-    maximum and minimum over its real keys ("minmax"); a block with no real key gives zeros (it is masked after)."""
-    keys = rearrange(F.pad(k, (0, 0, 0, real.shape[1] * size - k.shape[-2])), "b h (c j) d -> b h c j d", j=size)
-    weight = real[:, None, :, :, None]  # (b, 1, c, j, 1)
-    if score == "mean":
-        counts = real.sum(dim=-1).clamp(min=1)[:, None, :, None]  # (b, 1, c, 1)
-        return ((keys * weight).sum(dim=3) / counts,)
-    high = keys.masked_fill(~weight, float("-inf")).amax(dim=3)
-    low = keys.masked_fill(~weight, float("inf")).amin(dim=3)
-    return high.nan_to_num(0.0, posinf=0.0, neginf=0.0), low.nan_to_num(0.0, posinf=0.0, neginf=0.0)
-
-
-def score_blocks(q: Tensor, summaries: tuple[Tensor, ...]) -> Tensor:
-    """(b, h, i, c) block scores of queries q (b, h, i, d): q · mean, or Quest's Σ_d max(q_d hi_d, q_d lo_d)."""
-    if len(summaries) == 1:
-        return einsum(q, summaries[0], "b h i d, b h c d -> b h i c")
-    high, low = summaries  # high >= low, so the larger product takes high where q_d > 0 and low where q_d < 0
-    return einsum(q.clamp(min=0), high, "b h i d, b h c d -> b h i c") + einsum(
-        q.clamp(max=0), low, "b h i d, b h c d -> b h i c"
-    )
 
 
 GROUP = 8  # `largest` narrows to the top k groups of this many scores before its exact top k (8: fastest of 4, 8, 16)
@@ -390,6 +370,11 @@ class BlockTopKAttention(AttentionVariant):
         "queries_per_chunk": Hyperparameter(128, "queries of one key block attended to together (speed and memory)",
                                             minimum=1),
         "select_per": SELECT_PER,
+        "select_for": Hyperparameter(
+            "query", "who ranks the key blocks: each query (MoBA), or each query block by its mean query, its "
+            "queries sharing the choice (XAttention/SeerAttention/NSA's compressed branch: one attention per query "
+            "block, faster)", str, choices=SELECT_FOR,
+        ),
     }
 
     def size(self, n: int) -> int:
@@ -397,11 +382,23 @@ class BlockTopKAttention(AttentionVariant):
         return min(self.block_size, n)
 
     def select(self, q: Tensor, k: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Selection:
-        """The blocks each query chooses (see `select_blocks`)."""
+        """The blocks each query reads besides its own (see `select_blocks`; with select_for="block", its query
+        block's, `shared_selection`)."""
         size = self.size(k.shape[-2])
+        if self.select_for == "block":
+            ids, used = self.shared(q, k, causal, key_padding_mask)  # (b, h, c, l), the own block last
+            block = torch.arange(q.shape[-2], device=q.device) // size  # each query's block
+            return Selection(ids=ids[:, :, block, :-1], chosen=used[:, :, block, :-1])
         return select_blocks(
             q, k, size=size, top_k=self.top_k, score=self.score, causal=causal, key_padding_mask=key_padding_mask,
             keep_first=self.keep_first_block,
+        )
+
+    def shared(self, q: Tensor, k: Tensor, causal: bool, key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """select_for="block": the key blocks each query block reads, ids and used (b, h, c, l)."""
+        return shared_selection(
+            q, k, size=self.size(k.shape[-2]), top_k=self.top_k, score=self.score, causal=causal,
+            key_padding_mask=key_padding_mask, keep_first=self.keep_first_block,
         )
 
     def support_for(
@@ -413,8 +410,9 @@ class BlockTopKAttention(AttentionVariant):
     @property
     def decode_equals_forward(self) -> bool:  # type: ignore[override]
         """Decode is Quest's: it ranks pages by the min/max bound, as the forward does with score="minmax" (then
-        a step is the causal forward's last row: own block, first block, top_k earlier ones by the same bound)."""
-        return self.score == "minmax"
+        a step is the causal forward's last row: own block, first block, top_k earlier ones by the same bound; with
+        select_for="block" the forward ranks by a query block's mean query, a step by its own)."""
+        return self.score == "minmax" and self.select_for == "query"
 
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
         """The causal forward, and Quest's paged cache (page = `block_size`) with each page's key max and min."""
@@ -439,6 +437,10 @@ class BlockTopKAttention(AttentionVariant):
         b, h, n, _ = q.shape
         size = self.size(n)
         real = real_key_blocks(b, n, size, key_padding_mask, q.device)  # (b, c, j)
+        if self.select_for == "block":
+            with torch.no_grad():
+                ids, used = self.shared(q, k, causal, key_padding_mask)
+            return shared_attention(q, k, v, ids, used, real, causal=causal)
         blocks = real.shape[1]
         own = self.own_block(q, k, v, real, causal)  # (x, i, e), (x, i)
         with torch.no_grad():
@@ -486,6 +488,8 @@ class BlockTopKAttention(AttentionVariant):
         return rearrange(part.out, "t one r e -> (t one r) e"), rearrange(part.lse, "t one r -> (t one r)")
 
     def cost(self, shape: Shape) -> Cost:
+        if self.select_for == "block":
+            return self.shared_cost(shape)
         s = shape
         heads = s.batch * s.heads
         size = self.size(s.n_k)
@@ -512,6 +516,29 @@ class BlockTopKAttention(AttentionVariant):
             matmul_flops=matmul + select,
         )
 
+
+    def shared_cost(self, shape: Shape) -> Cost:
+        """select_for="block": each query block's (top_k + 2) blocks read densely (masked scores computed), the
+        pooled queries' block scores, and SHARED_AT_ONCE query blocks' gathered keys, values and pattern held."""
+        s = shape
+        heads = s.batch * s.heads
+        size = self.size(s.n_k)
+        blocks = block_count(s.n_k, size)
+        read = min(self.top_k, blocks - 1) + int(self.keep_first_block and blocks > 1) + 1  # blocks a query block reads
+        pairs = heads * blocks * size * read * size
+        matmul, other = softmax_attention_flops(pairs, s)
+        summary_dims = 1 if self.score == "mean" else 2
+        select = 2 * heads * blocks * blocks * s.head_dim * summary_dims
+        gathered = heads * blocks * read * size * (s.head_dim + s.value_dim)
+        io = heads * (s.n_q * s.head_dim + s.n_k * (s.head_dim + s.value_dim) + s.n_q * s.value_dim) + gathered
+        at_once = min(blocks, SHARED_AT_ONCE) / blocks
+        held = gathered * at_once + heads * min(blocks, SHARED_AT_ONCE) * size * read * size  # keys, values, bias
+        return Cost(
+            flops=matmul + other + select + heads * s.n_k * s.head_dim * summary_dims,
+            bytes_moved=io * s.dtype_bytes,
+            working_bytes=held * s.dtype_bytes + heads * blocks * blocks * 4,
+            matmul_flops=matmul + select,
+        )
 
 def expected_choosers(n: int, size: int, slots: int, causal: bool, keep_first: bool) -> Tensor:
     """(c,) float64: how many queries read each key block besides their own: with `keep_first`, the first block

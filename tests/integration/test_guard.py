@@ -188,3 +188,27 @@ def test_a_measured_peak_over_the_limit_skips_larger_n(toy_registry, tmp_path: P
     assert frame.loc[16, "status"] == "ok" and frame.loc[16, "peak_mem_bytes"] > 0.02 * 2**30
     assert frame.loc[32, "status"] == "skipped"
     assert "measured a peak of 32 MiB at N=16, over the limit 20 MiB" in frame.loc[32, "reason"]
+
+
+def test_a_sigterm_while_the_peaks_are_measured_stops_the_run_as_ctrl_c_does(tmp_path: Path, monkeypatch) -> None:
+    """The machine's peaks are measured before the first group and after the last, outside the groups' own
+    handling: a SIGTERM there is still an interrupt (not the default kill), and meta.json says the run was
+    interrupted."""
+    import os
+
+    from attnbench.plan.config import parse_config
+    from attnbench.run import sweep
+
+    def terminated(config, trials: int = 5) -> dict:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises inside the sleep
+        raise AssertionError("SIGTERM was not turned into an interrupt")
+
+    monkeypatch.setattr(sweep, "_measure_peaks", terminated)
+    config = parse_config({"variants": ["full"], "seq_lens": [16], "heads": 1, "head_dim": 8, "error": False,
+                           "min_run_time": 0.01, "min_rounds": 2})  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_plan(config, tmp_path, progress=False)
+    [run] = list(tmp_path.iterdir())
+    assert "interrupted" in json.loads((run / "meta.json").read_text())
+    assert signal.getsignal(signal.SIGTERM) is not terminated  # the handler put back

@@ -51,6 +51,10 @@ def test_decode_only_settings_equal_their_patterns_reference(name: str, params: 
         ("band", {"window": 16, "sinks": 4}, False),
         ("linear", {}, False),
         ("performer", {"features": 32}, False),
+        ("retnet", {}, False),
+        ("gla", {}, False),
+        ("deltanet", {}, False),  # its final state once was a view holding every chunk's state (32 MiB at 16K)
+        ("gated-deltanet", {}, False),
     ],
 )
 def test_cache_bytes_constant_in_n_or_linear(name: str, params: dict, grows: bool) -> None:

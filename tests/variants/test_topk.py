@@ -126,6 +126,11 @@ def test_quests_score_bounds_every_key_of_the_block() -> None:
         (41, {"block_size": 5, "top_k": 0, "keep_first_block": False}),
         (7, {"block_size": 64}),
         (1, {"block_size": 4, "top_k": 2}),
+        (75, {"block_size": 8, "top_k": 3, "select_for": "block"}),
+        (130, {"block_size": 16, "top_k": 2, "score": "minmax", "select_for": "block"}),
+        (75, {"block_size": 8, "top_k": 3, "keep_first_block": False, "select_for": "block"}),
+        (41, {"block_size": 5, "top_k": 0, "select_for": "block"}),
+        (7, {"block_size": 64, "select_for": "block"}),
     ],
 )
 def test_topk_matches_the_dense_reference_of_its_selection(n: int, params: dict, causal: bool, padded: str) -> None:
@@ -160,8 +165,10 @@ def test_topk_matches_the_dense_reference_of_its_selection(n: int, params: dict,
 @pytest.mark.parametrize("keep_first", [True, False], ids=["keep-first", "score-first"])
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("score", topk.SCORES)
-def test_choosing_every_block_is_softmax_attention(causal: bool, score: str, keep_first: bool) -> None:
-    variant = registry.create("topk", block_size=8, top_k=100, score=score, keep_first_block=keep_first)
+@pytest.mark.parametrize("select_for", topk.SELECT_FOR)
+def test_choosing_every_block_is_softmax_attention(causal: bool, score: str, keep_first: bool, select_for: str) -> None:
+    variant = registry.create("topk", block_size=8, top_k=100, score=score, keep_first_block=keep_first,
+                              select_for=select_for)  # fmt: skip
     q, k, v = qkv(77)
     mask = padding(77, "end")
     expected = registry.create("full")(q, k, v, causal=causal, key_padding_mask=mask)
@@ -388,3 +395,53 @@ def test_the_self_checks_judge_a_selection_where_there_is_one_to_make() -> None:
     result = check_exact_pattern(CheckContext(lambda: Misreported(), cpu, torch.float64))
     assert result.status == "fail" and "N = 75, 300, 1100" in result.detail
 
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("score", topk.SCORES)
+@pytest.mark.parametrize("padded", ["none", "middle"])
+def test_a_query_block_reads_the_top_k_blocks_of_its_mean_query(causal: bool, score: str, padded: str) -> None:
+    """select_for="block": every query of a block reads the same blocks, the top_k of the block's mean query by the
+    paper's score over real keys (brute force here), among the earlier blocks (causal) or the others; the first
+    block kept besides."""
+    n, size, top_k = 83, 8, 3
+    variant = registry.create("topk", block_size=size, top_k=top_k, score=score, select_for="block")
+    q, k, _ = qkv(n)
+    mask = padding(n, padded)
+    selection = variant.select(q, k, causal, mask)
+    blocks = -(-n // size)
+    for bi in range(2):
+        real = torch.ones(n, dtype=torch.bool) if mask is None else ~mask[bi]
+        for hi in range(2):
+            for c in range(blocks):
+                rows = slice(c * size, min(n, (c + 1) * size))
+                mean_query = q[bi, hi, rows].mean(dim=0)
+                candidates = [b for b in range(1, c if causal else blocks) if b != c
+                              and bool(real[b * size : (b + 1) * size].any())]  # fmt: skip
+                scores = {b: block_score(mean_query, k[bi, hi, b * size : (b + 1) * size][real[b * size : (b + 1) * size]],
+                                         score) for b in candidates}  # fmt: skip
+                expected = set(sorted(scores, key=scores.get, reverse=True)[:top_k])
+                for i in range(rows.start, rows.stop):
+                    ids, chosen = selection.ids[bi, hi, i], selection.chosen[bi, hi, i]
+                    scored = set(ids[:-1][chosen[:-1]].tolist())  # the last slot: the kept first block
+                    assert scored == expected, (bi, hi, c, i)
+                    assert bool(chosen[-1]) == (c >= 1 and bool(real[:size].any()))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_a_block_of_one_query_shares_its_choice_with_nobody(causal: bool) -> None:
+    """Limiting case: with blocks of one position the block-shared choice is the per-query one (MoBA's)."""
+    q, k, v = qkv(29)
+    mask = padding(29, "middle")
+    per_query, per_block = (registry.create("topk", block_size=1, top_k=4, select_for=who) for who in topk.SELECT_FOR)
+    torch.testing.assert_close(per_block(q, k, v, causal=causal, key_padding_mask=mask),
+                               per_query(q, k, v, causal=causal, key_padding_mask=mask), rtol=0, atol=1e-12)  # fmt: skip
+
+
+def test_the_block_shared_selection_never_builds_an_n_by_n_tensor() -> None:
+    variant = registry.create("topk", select_for="block")
+    n = 8192
+    q, k, v = (torch.randn(1, 2, n, 16) for _ in range(3))
+    with LargestTensor() as largest, torch.no_grad():
+        variant(q, k, v, causal=True)
+    assert largest.numel < n * n / 16, f"a tensor of {largest.numel} elements: N x N is {n * n}"

@@ -149,9 +149,17 @@ def run_plan(
             folder.write_meta(meta)  # first, before any work: a run killed at once is still a run folder
             if not resume:
                 folder.write_text("config.toml", config.to_toml())  # `attnbench run <run>/config.toml` runs it again
+            def interruptible(measure: Callable[[], Any]) -> Any:  # Ctrl-C or SIGTERM outside the groups too
+                try:
+                    with terminate_as_interrupt():
+                        return measure()
+                except KeyboardInterrupt:
+                    folder.write_meta({**meta, "interrupted": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                    raise
+
             if "peaks" not in meta:
                 say("measuring this machine's matmul peak and copy, read and write bandwidths (the yardsticks of efficiency)…")
-                meta["peaks"] = _measure_peaks(config)
+                meta["peaks"] = interruptible(lambda: _measure_peaks(config))
                 folder.write_meta(meta)
             remember_peaks(meta["peaks"])  # the guard's time estimates use them
             budgets = Budgets(config.settings)
@@ -191,7 +199,7 @@ def run_plan(
                 finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 status_counts=frame.status.value_counts().to_dict(),
                 noisy_cells=int((frame.noisy.fillna("") != "").sum()),
-                peaks_at_end=_measure_peaks(config),
+                peaks_at_end=interruptible(lambda: _measure_peaks(config)),
             )
             folder.write_meta(meta)
     finally:

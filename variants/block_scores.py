@@ -1,0 +1,34 @@
+"""What a key block is ranked by, for block top-k selection (MoBA's mean key, Quest's elementwise max and min) and
+a query's score of it: shared by the per-query selection, the block-shared one and Quest's decode.
+
+b - batch, h - heads, i - query, c - key block, j - key in block, d - head dim
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from einops import einsum, rearrange
+from torch import Tensor
+
+
+def block_summaries(k: Tensor, real: Tensor, size: int, score: str) -> tuple[Tensor, ...]:
+    """What each key block is scored from, (b, h, c, d) each: its mean real key ("mean"), or the per-dimension
+    maximum and minimum over its real keys ("minmax"); a block with no real key gives zeros (it is masked after)."""
+    keys = rearrange(F.pad(k, (0, 0, 0, real.shape[1] * size - k.shape[-2])), "b h (c j) d -> b h c j d", j=size)
+    weight = real[:, None, :, :, None]  # (b, 1, c, j, 1)
+    if score == "mean":
+        counts = real.sum(dim=-1).clamp(min=1)[:, None, :, None]  # (b, 1, c, 1)
+        return ((keys * weight).sum(dim=3) / counts,)
+    high = keys.masked_fill(~weight, float("-inf")).amax(dim=3)
+    low = keys.masked_fill(~weight, float("inf")).amin(dim=3)
+    return high.nan_to_num(0.0, posinf=0.0, neginf=0.0), low.nan_to_num(0.0, posinf=0.0, neginf=0.0)
+
+
+def score_blocks(q: Tensor, summaries: tuple[Tensor, ...]) -> Tensor:
+    """(b, h, i, c) block scores of queries q (b, h, i, d): q · mean, or Quest's Σ_d max(q_d hi_d, q_d lo_d)."""
+    if len(summaries) == 1:
+        return einsum(q, summaries[0], "b h i d, b h c d -> b h i c")
+    high, low = summaries  # high >= low, so the larger product takes high where q_d > 0 and low where q_d < 0
+    return einsum(q.clamp(min=0), high, "b h i d, b h c d -> b h i c") + einsum(
+        q.clamp(max=0), low, "b h i d, b h c d -> b h i c"
+    )
