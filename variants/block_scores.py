@@ -18,10 +18,11 @@ def block_summaries(k: Tensor, real: Tensor, size: int, score: str) -> tuple[Ten
     weight = real[:, None, :, :, None]  # (b, 1, c, j, 1)
     if score == "mean":
         counts = real.sum(dim=-1).clamp(min=1)[:, None, :, None]  # (b, 1, c, 1)
-        return ((keys * weight).sum(dim=3) / counts,)
-    high = keys.masked_fill(~weight, float("-inf")).amax(dim=3)
-    low = keys.masked_fill(~weight, float("inf")).amin(dim=3)
-    return high.nan_to_num(0.0, posinf=0.0, neginf=0.0), low.nan_to_num(0.0, posinf=0.0, neginf=0.0)
+        return (keys.masked_fill(~weight, 0.0).sum(dim=3) / counts,)
+    empty = ~real.any(dim=-1)[:, None, :, None]  # (b, 1, c, 1): no real key (a NaN or inf key stays: it shows)
+    high = keys.masked_fill(~weight, float("-inf")).amax(dim=3).masked_fill(empty, 0.0)
+    low = keys.masked_fill(~weight, float("inf")).amin(dim=3).masked_fill(empty, 0.0)
+    return high, low
 
 
 def score_blocks(q: Tensor, summaries: tuple[Tensor, ...]) -> Tensor:

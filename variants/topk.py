@@ -411,7 +411,9 @@ class BlockTopKAttention(AttentionVariant):
     def decode_equals_forward(self) -> bool:  # type: ignore[override]
         """Decode is Quest's: it ranks pages by the min/max bound, as the forward does with score="minmax" (then
         a step is the causal forward's last row: own block, first block, top_k earlier ones by the same bound; with
-        select_for="block" the forward ranks by a query block's mean query, a step by its own)."""
+        select_for="block" the forward ranks by a query block's mean query, a step by its own). With grouped-query
+        attention and select_per="kv-head" a step ranks a key/value head's pages by the mean of its query heads'
+        bounds, the forward per query head: equal only for one query head per key/value head (the self-check's)."""
         return self.score == "minmax" and self.select_for == "query"
 
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:

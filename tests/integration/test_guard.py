@@ -205,10 +205,15 @@ def test_a_sigterm_while_the_peaks_are_measured_stops_the_run_as_ctrl_c_does(tmp
         raise AssertionError("SIGTERM was not turned into an interrupt")
 
     monkeypatch.setattr(sweep, "_measure_peaks", terminated)
+    before = signal.getsignal(signal.SIGTERM)
     config = parse_config({"variants": ["full"], "seq_lens": [16], "heads": 1, "head_dim": 8, "error": False,
                            "min_run_time": 0.01, "min_rounds": 2})  # fmt: skip
     with pytest.raises(KeyboardInterrupt):
         sweep.run_plan(config, tmp_path, progress=False)
     [run] = list(tmp_path.iterdir())
     assert "interrupted" in json.loads((run / "meta.json").read_text())
-    assert signal.getsignal(signal.SIGTERM) is not terminated  # the handler put back
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler put back
+    monkeypatch.setattr(sweep, "_measure_peaks", lambda config, trials=5, streams=True: {})
+    sweep.run_plan(config, tmp_path, progress=False, run_dir=run, resume=True)  # resumed to the end
+    meta = json.loads((run / "meta.json").read_text())
+    assert "finished" in meta and "interrupted" not in meta and len(meta["interrupted_before"]) == 1

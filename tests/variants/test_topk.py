@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attnbench.ops import dense_masked_attention
+from attnbench.ops import dense_masked_attention, generate
 from attnbench.registry import registry
 from attnbench.variants import topk
 from attnbench.variants.blocks import real_key_blocks
@@ -347,10 +347,14 @@ def test_never_builds_an_n_by_n_tensor() -> None:
 
 
 @pytest.mark.parametrize("keep_first", [True, False], ids=["keep-first", "score-first"])
-def test_a_nan_key_is_chosen_so_the_nan_shows(keep_first: bool) -> None:
+@pytest.mark.parametrize("score", topk.SCORES)
+@pytest.mark.parametrize("select_for", topk.SELECT_FOR)
+def test_a_nan_key_is_chosen_so_the_nan_shows(keep_first: bool, score: str, select_for: str) -> None:
     """A NaN key makes its block's score NaN: the block is chosen by every query (not silently dropped from the
-    selection), so every output that could have read it is NaN, as with full attention."""
-    variant = registry.create("topk", block_size=8, top_k=3, keep_first_block=keep_first)
+    selection), so every output that could have read it is NaN, as with full attention; so does every decode step
+    (Quest's pages ranked by the same bound)."""
+    variant = registry.create("topk", block_size=8, top_k=3, keep_first_block=keep_first, score=score,
+                              select_for=select_for)  # fmt: skip
     q, k, v = qkv(64)
     k[0, 0, 29, 0] = float("nan")  # in block 3
     selection = variant.select(q, k, False, None)
@@ -359,6 +363,8 @@ def test_a_nan_key_is_chosen_so_the_nan_shows(keep_first: bool) -> None:
     outside = torch.arange(64) // 8 != 3
     assert picks_block_3[outside].all() and selection.chosen[0, 0, :, scored].all()
     assert variant(q, k, v)[0, 0].isnan().any(dim=-1).all()
+    _, steps, _ = generate(variant, q, k, v, prompt=40)  # the NaN key in the prompt's cache
+    assert steps[0, 0].isnan().any(dim=-1).all()
 
 
 def test_low_precision_inputs_are_ranked_in_float32() -> None:

@@ -68,13 +68,15 @@ def _run_groups(
         between()
 
 
-def _measure_peaks(config: SweepConfig, trials: int = 5) -> dict[str, Any]:
+def _measure_peaks(config: SweepConfig, trials: int = 5, streams: bool = True) -> dict[str, Any]:
+    """The yardsticks per device and dtype; the read and write streams (a GB buffer, ~1 s) only for a run with decode
+    cells and where `streams` (at its start and end, not between groups)."""
     peaks = {}
     for device in config.axes["device"]:
         for dtype in config.axes["dtype"]:
             try:
                 peaks[f"{device}/{dtype}"] = measure_peaks(device, getattr(torch, dtype), trials=trials,
-                                                           streams="decode" in config.axes["mode"])  # fmt: skip
+                                                           streams=streams and "decode" in config.axes["mode"])  # fmt: skip
             except Exception as error:  # e.g. cuda asked for on a machine without it: cells say so too
                 peaks[f"{device}/{dtype}"] = {"error": f"{type(error).__name__}: {error}"}
     return peaks
@@ -132,6 +134,8 @@ def run_plan(
             meta = folder.read_meta() if resume else {}
             if resume and meta:
                 meta.setdefault("resumed", []).append(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                if "interrupted" in meta:  # this resume goes on from there: kept as history, no longer the state
+                    meta.setdefault("interrupted_before", []).append(meta.pop("interrupted"))
             else:
                 meta = {
                     "run_id": run_dir.name,
@@ -172,7 +176,7 @@ def run_plan(
             bar = tqdm(total=sum(len(g.cells) for g in todo), disable=not progress, unit="cell", dynamic_ncols=True)
             def peaks_between() -> None:  # a quiet moment between groups may show a higher peak than the ends
                 if executor == "local":  # on Ray the groups run on other machines than this one
-                    meta["peaks_between"] = best_peaks(meta.get("peaks_between", {}), _measure_peaks(config, trials=2))
+                    meta["peaks_between"] = best_peaks(meta.get("peaks_between", {}), _measure_peaks(config, trials=2, streams=False))
 
             try:
                 def stuck() -> None:  # an interrupt inside a call that does not return: meta.json says so
