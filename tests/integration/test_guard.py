@@ -75,7 +75,8 @@ def test_huge_n_ends_within_seconds_with_reasons_and_exit_3(tmp_path: Path) -> N
     assert time.monotonic() - started < 90
     assert result.returncode == 3, result.stderr
     frame = read_results(only_run(tmp_path))
-    assert len(frame) == 12 and (frame.status == "skipped").all()  # full, full-math, band, band with sinks × 3 inputs
+    # full, full-math, band, band with sinks × 2 inputs, and causal (quick's [[also]]): full, band, band with sinks
+    assert len(frame) == 11 and (frame.status == "skipped").all()
     reasons = frame.set_index(["label", "input"]).reason
     assert reasons[("full-math", "realistic")].startswith("estimated peak memory")
     assert "float64 exact reference would take at least" in reasons[("band(window=256)", "realistic")]
@@ -91,7 +92,7 @@ def test_dry_run_prints_the_plan_and_its_estimates_without_a_run_folder(tmp_path
     said = " ".join(out.split())  # as read, the lines wrapped to the terminal joined
     assert "lsh(shared_qk=False) at N=262144: estimated peak memory" in said
     assert "band(window=256) at N=262144: the float64 exact reference would take at least" in said
-    assert said.split("total: ")[-1].startswith("39 of 84 cells would run in 6 groups, at least")
+    assert said.split("total: ")[-1].startswith("30 of 60 cells would run in 6 groups, at least")  # quick: 52 + 8 causal
     assert not any(tmp_path.iterdir())  # nothing was written
 
 

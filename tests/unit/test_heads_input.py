@@ -108,9 +108,9 @@ def test_pool_indices_spread_evenly():
 
 
 def test_a_non_causal_run_says_nothing_of_heads_it_would_never_draw(fake_heads, monkeypatch, tmp_path):
-    assert load_config("quick").notes == []  # non-causal, no heads captured: not a word
+    assert load_config("choices").notes == []  # non-causal, no heads captured: not a word
     fake_heads()
-    assert load_config("quick").plan().notes == []  # captured, still non-causal: nothing to skip aloud
+    assert load_config("choices").plan().notes == []  # captured, still non-causal: nothing to skip aloud
 
 
 def test_a_config_of_heads_alone_without_them_captured_says_how_to_capture_them():

@@ -150,8 +150,10 @@ def test_the_terminal_verdict_fits_80_columns(tmp_path: Path) -> None:
 
 
 def test_the_pareto_plots_show_the_verdicts_own_choices_and_sentence(tmp_path: Path, monkeypatch) -> None:
-    """One rule: each speed-error plot joins exactly the verdict's offered choices and is titled with its answer."""
+    """One rule: each speed-error plot joins exactly the verdict's offered choices, is titled with its choice
+    (attnbench.report.decision_plots) and captioned with its sentence."""
     import attnbench.report.run_report as report
+    from attnbench.report.decision_plots import decision_title
 
     drawn = []
     real = report.plot_pareto
@@ -165,17 +167,14 @@ def test_the_pareto_plots_show_the_verdicts_own_choices_and_sentence(tmp_path: P
     report.write_report(run)
     (verdict,) = [b.verdict for b in verdict_blocks(verdicts(read_results(run)))]
     expected = [
-        (
-            f"At N={a.n} on {verdict.input}: {a.sentence}".replace("`", ""),
-            [c.label for c in a.choices],
-            {c.label for c in a.choices + a.left_out},
-        )
+        (decision_title(a), [c.label for c in a.choices], {c.label for c in a.choices + a.left_out})
         for a in verdict.answers
     ]
     assert drawn == expected
-    assert ("At N=2048 on gaussian: Use band, the fastest within the error budget 0.5: 2.05× [1.95–2.15] faster than "
-            "full at error 0.3 vs uniform on gaussian, 0.5× the memory.",
-            ["full", "band"], {"full", "band"}) in drawn  # fmt: skip
+    assert ("N=2048: band", ["full", "band"], {"full", "band"}) in drawn
+    caption = ("**N=2048 on `gaussian`:** Use band, the fastest within the error budget 0.5: 2.05× [1.95–2.15] "
+               "faster than full at error 0.3 vs uniform on `gaussian`, 0.5× the memory.")  # fmt: skip
+    assert caption in (run / "report.md").read_text()
 
 
 def test_without_an_error_measured_the_verdict_claims_nothing_about_accuracy() -> None:

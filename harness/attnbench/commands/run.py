@@ -14,8 +14,9 @@ from pathlib import Path
 from attnbench.commands.arguments import EXAMPLES, add_budget_flags, comma_separated, true_false_both
 from attnbench.commands.terminal import terminal_width
 from attnbench.exit_status import Exit
+from attnbench.inputs.catalogue import DISTRIBUTIONS
 from attnbench.plan.cells import Plan, compiled_label
-from attnbench.plan.config import ConfigError, SweepConfig, load_config, preset_names
+from attnbench.plan.config import ConfigError, SweepConfig, flag_text, load_config, preset_names
 from attnbench.registry import registry
 
 
@@ -38,6 +39,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--variants",
         help="comma-separated variant settings, as reports label them: a name keeps the config's grid for it, "
         "NAME(key=value, ...) is that one setting, e.g. 'band(window=64),band(window=128),full'",
+    )
+    run.add_argument(
+        "--inputs",
+        help="comma-separated inputs in the same syntax, NAME or NAME(key=value, ...); they replace the config's "
+        "[[inputs]] list, e.g. 'heads(text=code),realistic' or "
+        "'captured(path=real.pt, layer=[4,16]),needles(pairs=16)' (inputs: " + ", ".join(DISTRIBUTIONS) + ")",
     )
     run.add_argument("--seq-lens", type=comma_separated(int), help="comma-separated sequence lengths, e.g. 1024,4096")
     run.add_argument("--device", type=comma_separated(str), help="cpu, cuda or cuda:N (comma-separated for several)")
@@ -130,6 +137,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
 
 
+def switches(args: argparse.Namespace) -> dict[str, str]:
+    """The flags that set a config key without a value (`--no-error` sets `error`), as typed, for the problems they
+    cause; `load_config` writes the others from their values (`--seq-lens 4096`)."""
+    typed = {"error": "--no-error" if args.no_error else None, "tune": "--tune" if args.tune else None}
+    if args.compile is not None:
+        typed["compile"] = "--compile" if False in args.compile else "--compile-only"
+    return {key: flag for key, flag in typed.items() if flag}
+
+
 def compile_words(compiled: list[bool]) -> str:
     """' × eager and compiled' (or ' compiled'): how the compile axis multiplies the settings ('' when eager)."""
     if True not in compiled:
@@ -153,6 +169,7 @@ def main(args: argparse.Namespace) -> int:
         key: value
         for key, value in {
             "variants": args.variants,
+            "inputs": args.inputs,
             "seq_lens": args.seq_lens,
             "device": args.device,
             "dtype": args.dtype,
@@ -192,11 +209,16 @@ def main(args: argparse.Namespace) -> int:
     if args.resume is not None and args.config is not None:
         print(f"attnbench: --resume runs the stored config; drop {args.config}", file=sys.stderr)
         return Exit.USAGE
+    if args.resume is not None and overrides:  # named as typed, not as the config's keys
+        typed = {**{key: flag_text(key, value) for key, value in overrides.items()}, **switches(args)}
+        print(f"attnbench: --resume runs the stored config; drop {', '.join(typed.values())}", file=sys.stderr)
+        return Exit.USAGE
     try:
         if args.resume is not None:
             config = stored_config(args.resume, overrides, cluster=args.executor == "ray")
         else:
-            config = load_config(args.config or "quick", overrides, cluster=args.executor == "ray")
+            config = load_config(args.config or "quick", overrides, cluster=args.executor == "ray",
+                                 flags=switches(args))  # fmt: skip
     except ConfigError as error:  # a flag's problems name the flag, the file's name the file
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
@@ -207,8 +229,9 @@ def main(args: argparse.Namespace) -> int:
     plan = config.plan()
     cells = plan.cells
     if args.executor == "ray" and config.settings.processes > 1:
-        print("attnbench: processes > 1 runs on this machine's worker processes; with --executor ray use "
-              "--isolate instead (each group a process on its node)", file=sys.stderr)  # fmt: skip
+        asked = f"--processes {args.processes}" if args.processes is not None else "processes > 1 (the config's)"
+        print(f"attnbench: {asked} runs on this machine's worker processes; with --executor ray use --isolate "
+              "instead (each group a process on its node)", file=sys.stderr)  # fmt: skip
         return Exit.USAGE
     for note in config.notes + plan.notes:  # inputs left out (real heads not captured, non-causal): said first
         print(f"attnbench: {note}", file=sys.stderr)

@@ -11,7 +11,7 @@ import pandas as pd
 from attnbench.atomic import write_text_atomic
 from attnbench.report.document import Block, render_html, render_markdown
 from attnbench.report.plots import plot_layer_errors, plot_loss_vs_speedup, plot_versus_n, styles
-from attnbench.report.text import format_number, speedup_text
+from attnbench.report.text import format_number, ratio_text, speedup_text
 from attnbench.runfolder.meta import RunMeta
 
 RATIO_RESOLUTION = 1e-4  # perplexity ratios within this of 1 are float rounding (an exact variant)
@@ -186,7 +186,7 @@ def write_model_report(run_dir: Path) -> Path:
             path = plot_loss_vs_speedup(
                 timed,
                 f"{least.label} moves the loss least ({least.loss_change:+.3g} nats per token) at "
-                f"{least.speedup:.2g}× the exact model's speed",
+                f"{ratio_text(least.speedup, '.2g')} the exact model's speed",
                 f"{subtitle}, {longest} tokens",
                 plots / "loss-vs-speedup.png",
                 style,

@@ -44,9 +44,10 @@ class Spec:
         return spec_label(self.name, self.params)
 
     @staticmethod
-    def parse(text: str) -> list[Spec]:
-        """'band(window=64),band(window=128),lsh' -> one spec per setting, in order (see `_parse_specs`)."""
-        return _parse_specs(text)
+    def parse(text: str, *, lists: bool = False) -> list[Spec]:
+        """'band(window=64),band(window=128),lsh' -> one spec per setting, in order (see `_parse_specs`). With
+        `lists`, a list is one value (an input's `captured(layer=[4,16])`), not several settings."""
+        return _parse_specs(text, lists=lists)
 
 
 VariantSpec = Spec  # a variant with one point of its hyperparameter grid
@@ -280,11 +281,11 @@ def _split_top(text: str) -> list[str] | None:
     return None if depth or quote else [*parts, text[start:].strip()]
 
 
-def _parse_specs(text: str) -> list[Spec]:
+def _parse_specs(text: str, *, lists: bool = False) -> list[Spec]:
     """'band(window=64),band(window=128),lsh' -> one spec per setting, in order: the syntax of every
-    `--variants` (run and model) and of the labels reports print. Values are read as `parse_params` reads them,
-    one per key (several settings are several specs). ValueError says what cannot be read; names are not checked
-    here."""
+    `--variants` (run and model), of `run --inputs` and of the labels reports print. Values are read as
+    `parse_params` reads them, one per key (several settings are several specs; with `lists` a list is one value, as
+    an input's `layer=[4,16]`). ValueError says what cannot be read; names are not checked here."""
     parts = _split_top(text)
     if parts is None:
         raise ValueError(f"unbalanced parentheses or quotes in {text!r}")
@@ -302,7 +303,7 @@ def _parse_specs(text: str) -> list[Spec]:
         except ValueError as error:
             raise ValueError(f"{part!r}: {error}") from None
         for key, value in params.items():
-            if isinstance(value, (list, dict)):
+            if isinstance(value, dict) or (isinstance(value, list) and not lists):
                 raise ValueError(
                     f"{part!r}: {key} takes one value here; for several settings write each, "
                     f"e.g. {name}({key}=1),{name}({key}=2)"

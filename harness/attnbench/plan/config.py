@@ -22,10 +22,12 @@ import tomllib
 
 from attnbench.inputs.captured import captured_fit_problems
 from attnbench.inputs.heads_cache import uncaptured_heads
-from attnbench.inputs.catalogue import split_needle_params, validate_input
+from attnbench.inputs.catalogue import DISTRIBUTIONS, split_needle_params, validate_input
 from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
+from attnbench.plan.also import ALSO, differing, further_sweeps, narrowed, union
 from attnbench.plan.budget import DEFAULT_MAX_ERROR, budget_problems
-from attnbench.plan.cells import AXES, InputSpec, Plan, VariantSpec, compiled_label, expand, groups_of
+from attnbench.plan.cells import AXES, InputSpec, Plan, Spec, VariantSpec, compiled_label, expand, groups_of
+from attnbench.plan.devices import by_devices
 from attnbench.plan.fit import causal_only_input, input_unfit
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
@@ -99,6 +101,8 @@ class SweepConfig:
     settings: Settings = field(default_factory=Settings)
     overrides: dict[str, Any] = field(default_factory=dict)  # what the command line changed in the file or preset
     notes: list[str] = field(default_factory=list)  # what was left out and why, said as the run starts
+    # with [[also]] tables (attnbench.plan.also): each sweep's own axes, the file's first; `axes` is then their union
+    sweeps: list[dict[str, list[Any]]] = field(default_factory=list)
 
     @property
     def variants(self) -> list[VariantSpec]:
@@ -109,33 +113,33 @@ class SweepConfig:
         return self.axes["seq_len"]
 
     def plan(self) -> Plan:
-        """The cells and comparison groups, expanded once: a run takes this and hands it along."""
-        listed = 1
-        for values in self.axes.values():
-            listed *= len(values)
-        cells = expand(self.axes)
-        causal_only = [cell for cell in cells if not cell.causal and causal_only_input(cell.input)]
+        """The cells and comparison groups, expanded once: a run takes this and hands it along. Each sweep is its
+        own cross product (a cell two sweeps list runs once); the cells of a causal decoder's heads are planned for
+        causal cells only, and a sweep with causal cells says how many of its non-causal ones that leaves out."""
+        sweeps = self.sweeps or [self.axes]
+        listed = sum(math.prod(len(values) for values in axes.values()) for axes in sweeps)
+        expanded = [expand(axes) for axes in sweeps]
+        duplicates = listed - sum(len(cells) for cells in expanded)  # listed twice within one sweep
+        said = {cell for cells in expanded if any(cell.causal for cell in cells) for cell in cells
+                if not cell.causal and causal_only_input(cell.input)}  # fmt: skip
         notes = [f"input {label} is drawn from a causal decoder's heads: for the causal cells only ({count} "
-                 "non-causal cells not planned)" for label, count in Counter(c.input.label() for c in causal_only).items()
-                 if any(cell.causal for cell in cells)]  # fmt: skip
+                 "non-causal cells not planned)"
+                 for label, count in Counter(cell.input.label() for cell in said).items()]  # fmt: skip
+        cells = list(dict.fromkeys(itertools.chain.from_iterable(expanded)))
         cells = [cell for cell in cells if cell.causal or not causal_only_input(cell.input)]
         every = self.settings.time_every_input or not self.settings.error  # without error, every input is timed
         drawable = [cell for cell in cells if input_unfit(cell, self.settings.decode_steps) is None]
         groups = groups_of(cells, time_every_input=every, drawable=set(drawable))
-        return Plan(cells, groups, duplicates=listed - len(cells) - len(causal_only), notes=notes)
+        return Plan(cells, groups, duplicates=duplicates, notes=notes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as a TOML-like dict that `parse_config` reads back to the same config."""
-        out: dict[str, Any] = {"name": self.name, "description": self.description}
-        for key, (name, kind, _) in AXES.items():
-            values = self.axes[name]
-            if kind is VariantSpec:
-                out[key] = [{"name": v.name, **dict(v.params)} for v in values]
-            elif kind is InputSpec:
-                out[key] = [{"name": i.name, **dict(i.params)} for i in values]
-            else:
-                out[key] = list(values)
+        """The config as a TOML-like dict that `parse_config` reads back to the same config: the file's sweep,
+        its settings, and each further sweep as the `also` table of the axes it changes."""
+        base, *further = self.sweeps or [self.axes]
+        out: dict[str, Any] = {"name": self.name, "description": self.description, **_axes_dict(base)}
         out.update(asdict(self.settings))
+        if further:
+            out[ALSO] = [_axes_dict(differing(base, axes)) for axes in further]
         return out
 
     def to_toml(self) -> str:
@@ -144,12 +148,31 @@ class SweepConfig:
         lines = [
             f"# {self.name}" + (f" with {overrides_text(self.overrides)}" if self.overrides else "") + ", resolved"
         ]
-        tables = {key: values.pop(key) for key in ("inputs", "variants")}
-        lines += [f"{key} = {toml_value(value)}" for key, value in values.items() if value is not None]
-        for key, entries in tables.items():
-            for entry in entries:
-                lines += ["", f"[[{key}]]"] + [f"{k} = {toml_value(v)}" for k, v in entry.items() if v is not None]
+        further = values.pop(ALSO, [])
+        lines += _toml_tables(values)
+        for sweep in further:
+            lines += ["", f"[[{ALSO}]]"] + _toml_tables(sweep, f"{ALSO}.")
         return "\n".join(lines) + "\n"
+
+
+def _axes_dict(axes: dict[str, list[Any]]) -> dict[str, Any]:
+    """Axes (cell field -> values) as config keys, specs as tables: `variants = [{name = "band", window = 64}]`."""
+    out: dict[str, Any] = {}
+    for key, (name, kind, _) in AXES.items():
+        if name in axes:
+            values = axes[name]
+            out[key] = [{"name": s.name, **dict(s.params)} for s in values] if kind is Spec else list(values)
+    return out
+
+
+def _toml_tables(values: dict[str, Any], prefix: str = "") -> list[str]:
+    """TOML lines for a config's keys: plain values first, then its inputs and variants as arrays of tables."""
+    tables = {key: values.pop(key) for key in ("inputs", "variants") if key in values}
+    lines = [f"{key} = {toml_value(value)}" for key, value in values.items() if value is not None]
+    for key, entries in tables.items():
+        for entry in entries:
+            lines += ["", f"[[{prefix}{key}]]"] + [f"{k} = {toml_value(v)}" for k, v in entry.items() if v is not None]
+    return lines
 
 
 def suggest(value: Any, known: Sequence[str], aliases: dict[str, str] | None = None) -> str:
@@ -180,7 +203,7 @@ def toml_value(value: Any) -> str:
 
 
 DESCRIPTIVE_KEYS = ("name", "description", "measured_run_time")  # words about a config, not how it runs
-KNOWN_KEYS = set(AXES) | set(SETTING_KINDS) | set(DESCRIPTIVE_KEYS)
+KNOWN_KEYS = set(AXES) | set(SETTING_KINDS) | set(DESCRIPTIVE_KEYS) | {ALSO}  # [[also]]: attnbench.plan.also
 
 
 MAX_NAME_LENGTH = 100  # run folders are named <time>-<name>: file systems allow 255 bytes a name
@@ -227,12 +250,14 @@ def parse_config(
 ) -> SweepConfig:
     """Validate a config dict (as read from TOML, overrides applied) and resolve it; ConfigError lists every problem.
     With `cluster` (a Ray run) CUDA is not required here, but `cuda:N` is refused: Ray hands each task one GPU.
-    `flags` maps the keys the command line set to their flags (`seq_lens` -> `--seq-lens`): their problems
-    name the flag, not the file."""
+    `flags` maps the keys the command line set to their flags as typed (`seq_lens` -> `--seq-lens 4096`): their
+    problems name the flag, not the file; a problem of several keys names every flag among them."""
     flags = flags or {}
 
-    def at(key: str) -> str:
-        return flags.get(key, key)
+    def at(key: str) -> str:  # one key's problem: the flag's name (`--seq-lens`), else the key
+        return flags[key].split(" ", 1)[0] if key in flags else key
+
+    by = Blame(flags)
 
     problems: list[str] = []
     config = SweepConfig()
@@ -268,9 +293,14 @@ def parse_config(
             else:
                 problems.append(f"{at(key)}: expected {kind.__name__}, got {raw[key]!r}")
     config.settings = Settings(**settings)
-    problems += _axis_problems(config.axes, at) + _setting_problems(config.settings, at)
+    problems += _axis_problems(config.axes, at, by) + _setting_problems(config.settings, at)
 
-    dropped: list[tuple[int, str, dict[str, Any]]] = []  # inputs of heads never captured here
+    dropped: list[tuple[str, str, dict[str, Any]]] = []  # inputs of heads never captured here
+
+    def input_at(index: int, spec: InputSpec) -> str:
+        """`inputs[1]` in a file; `--inputs: heads(text=code)` on the command line."""
+        return f"{at('inputs')}: {spec.label()}" if "inputs" in flags else f"inputs[{index}]"
+
     if "inputs" in raw:
         config.axes["input"] = []
         for index, item in enumerate(_as_list(raw["inputs"])):
@@ -278,16 +308,21 @@ def parse_config(
                 problems.append(f"inputs[{index}]: expected a table with a 'name', got {item!r}")
                 continue
             params = {k: v for k, v in item.items() if k != "name"}
+            spec = InputSpec(item["name"], tuple(sorted(params.items())))
             if note := uncaptured_heads(item["name"], params):  # the default model's heads, not captured here
                 if note not in config.notes and True in config.axes["causal"]:  # a non-causal run never draws them
                     config.notes.append(note)
-                dropped.append((index, item["name"], params))
+                dropped.append((input_at(index, spec), item["name"], params))
                 continue
-            problems += [f"inputs[{index}]: {p}" for p in validate_input(item["name"], params)]
-            config.axes["input"].append(InputSpec(item["name"], tuple(sorted(params.items()))))
+            problems += [f"{input_at(index, spec)}: {p}" for p in validate_input(item["name"], params)]
+            config.axes["input"].append(spec)
 
     config.axes["variant"], variant_problems = parse_variants(raw.get("variants"), registry, at("variants"))
     problems += variant_problems
+    on_devices = by_devices(config.axes["variant"], config.axes["device"], registry,  # no `unsupported` rows
+                            flag=at("variants") if "variants" in flags else None)  # fmt: skip
+    config.axes["variant"], problems = on_devices.kept, problems + on_devices.problems
+    config.notes += [on_devices.note] if on_devices.note else []
     compiled = list(dict.fromkeys(config.axes["compiled"]))
     labels = [compiled_label(spec.label(), c) for spec in config.axes["variant"] for c in compiled]
     if "baseline" not in raw and False not in compiled:  # compiled alone: speedups against the compiled baseline
@@ -296,24 +331,36 @@ def parse_config(
     defaults = (Settings().baseline, compiled_label(Settings().baseline, True))
     if config.settings.baseline not in defaults and config.settings.baseline not in labels and labels:
         problems.append(
-            f"{at('baseline')}: '{config.settings.baseline}' is not one of this run's variant settings "
-            f"({', '.join(labels)}); speedups are measured against it, so name one of them."
+            f"{by('baseline', 'variants', 'compile')}: '{config.settings.baseline}' is not one of this run's variant "
+            f"settings ({', '.join(labels)}); speedups are measured against it, so name one of them."
             + did_you_mean(config.settings.baseline, labels)
         )
     if "inputs" in raw and not config.axes["input"] and dropped:  # nothing left to run on: say why, not "empty"
-        problems += [f"inputs[{index}]: {p}" for index, name, params in dropped for p in validate_input(name, params)]
+        problems += [f"{where}: {p}" for where, name, params in dropped for p in validate_input(name, params)]
     elif "inputs" in raw and not config.axes["input"]:
         problems.append("inputs: an empty list gives no cell; give at least one [[inputs]] table")
     if config.axes["input"] and config.axes["seq_len"] and config.axes["kv_len"]:
-        problems += _machine_problems(config.axes, cluster, at, config.settings.decode_steps)  # every problem at once
+        problems += _machine_problems(config.axes, cluster, at, config.settings.decode_steps, by)  # all at once
     if config.settings.min_recall is not None and not any(s.name == "needles" for s in config.axes["input"]):
-        problems.append(f"{at('min_recall')}: recall is measured on the input `needles`: add [[inputs]] name = \"needles\"")
+        add = ("name needles in --inputs (e.g. --inputs 'realistic,needles(pairs=16)')" if "inputs" in flags
+               else 'add [[inputs]] name = "needles"')  # fmt: skip
+        problems.append(f"{by('min_recall', 'inputs')}: recall is measured on the input `needles`: {add}")
+    problems += _decode_only_problems(config.axes, registry, by)  # refused now, not as unsupported cells
+    if ALSO in raw:  # further sweeps, each parsed as the file with its table's axes replaced
+        def parse(table: dict[str, Any]) -> SweepConfig:
+            return parse_config(table, source=source, registry=registry, cluster=cluster, flags=flags)
+
+        sweeps, notes, also_problems = further_sweeps(raw, flags, parse, problems)
+        config.sweeps = [config.axes]
+        config.sweeps += [axes for index, axes in enumerate(sweeps) if axes not in [config.axes, *sweeps[:index]]]
+        config.axes, problems = union(config.sweeps), problems + also_problems
+        config.notes += [note for note in notes if note not in config.notes]
     if problems:
         raise ConfigError(source, problems)
     return config
 
 
-def _axis_problems(axes: dict[str, list[Any]], at: Callable[[str], str]) -> list[str]:
+def _axis_problems(axes: dict[str, list[Any]], at: Callable[[str], str], by: Blame) -> list[str]:
     problems = [f"{at('seq_lens')}: {n} must be >= 1" for n in axes["seq_len"] if n < 1]
     problems += [f"{at('kv_lens')}: {n} must be >= 0 (0: equal to N)" for n in axes["kv_len"] if n < 0]
     problems += [f"{at('value_dim')}: {n} must be >= 0 (0: equal to head_dim)" for n in axes["value_dim"] if n < 0]
@@ -328,12 +375,13 @@ def _axis_problems(axes: dict[str, list[Any]], at: Callable[[str], str]) -> list
     ]
     problems += [_unknown(at("mode"), m, MODES, ALIASES["mode"]) for m in axes["mode"] if m not in MODES]
     if "decode" in axes["mode"] and False in axes["causal"]:
-        problems.append(f"{at('mode')}: decode is generation, causal by definition: set causal = true (a sweep "
-                        "with non-causal cells too runs decode in a run of its own)")  # fmt: skip
+        fix = "use --causal true" if by.flagged("mode", "causal") else "set causal = true"
+        problems.append(f"{by('mode', 'causal')}: decode is generation, causal only: {fix} (a sweep with "
+                        "non-causal cells too runs decode in a run of its own)")  # fmt: skip
     if "decode" in axes["mode"] and any(p > 0 for p in axes["padding"]):
-        problems.append(f"{at('mode')}: decode generates one sequence per batch row: leave padding at 0")
+        problems.append(f"{by('mode', 'padding')}: decode generates one sequence per batch row: leave padding at 0")
     if "decode" in axes["mode"] and any(n for n in axes["kv_len"]):
-        problems.append(f"{at('mode')}: decode attends over the context itself: leave kv_lens at 0")
+        problems.append(f"{by('mode', 'kv_lens')}: decode attends over the context itself: leave kv_lens at 0")
     problems += [f"{at('padding')}: {p} must be a fraction in [0, 1)" for p in axes["padding"] if not 0.0 <= p < 1.0]
     problems += [
         f"{at('seeds')}: must be between 0 and 2^63 - 1 (torch's generator seeds), got {seed}"
@@ -341,6 +389,21 @@ def _axis_problems(axes: dict[str, list[Any]], at: Callable[[str], str]) -> list
         if not 0 <= seed < 2**63
     ]
     return problems
+
+
+@dataclass(frozen=True)
+class Blame:
+    """Who set the keys a problem is about, for its message: every command-line flag among them as typed
+    (`--causal false`), or, when the file set them all, the first key (`mode`)."""
+
+    flags: dict[str, str]  # key -> the flag that set it, as typed
+
+    def flagged(self, *keys: str) -> bool:
+        return any(key in self.flags for key in keys)
+
+    def __call__(self, *keys: str) -> str:
+        typed = [self.flags[key] for key in keys if key in self.flags]
+        return ", ".join(dict.fromkeys(typed)) if typed else keys[0]
 
 
 def _unknown(where: str, value: str, known: Sequence[str], aliases: dict[str, str], more: str = "") -> str:
@@ -444,11 +507,19 @@ def parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tup
     return list(dict.fromkeys(specs)), problems
 
 
+FIT_KEYS = {  # a captured file's fit problem (attnbench.inputs.captured.captured_fit_problems) -> the keys it is about
+    "holds batch": ("inputs", "batch", "heads"),
+    "head_dim": ("inputs", "head_dim"),
+    "has ": ("inputs", "seq_lens", "kv_lens", "mode", "decode_steps"),  # positions: N, or N + decode_steps
+}
+
+
 def _machine_problems(
-    axes: dict[str, list[Any]], cluster: bool, at: Callable[[str], str], decode_steps: int
+    axes: dict[str, list[Any]], cluster: bool, at: Callable[[str], str], decode_steps: int, by: Blame
 ) -> list[str]:
-    """What this machine cannot run: CUDA devices without CUDA, captured inputs smaller than the cells. On a
-    cluster the devices are the workers': only `cuda:N` is refused (each task sees the one GPU Ray gives it)."""
+    """What this machine cannot run: CUDA devices without CUDA, captured inputs smaller than the cells (named by
+    the flags that asked for more than the file holds). On a cluster the devices are the workers': only `cuda:N` is
+    refused (each task sees the one GPU Ray gives it)."""
     import torch
 
     problems = []
@@ -478,12 +549,51 @@ def _machine_problems(
         if background == "captured":
             decoding = " (a decode cell draws N + decode_steps positions)" if "decode" in axes["mode"] else ""
             problems += [
-                f"inputs: {where} {params.get('path')}: {p}{decoding}"
+                f"{by(*next((keys for start, keys in FIT_KEYS.items() if p.startswith(start)), ('inputs',)))}: "
+                f"{where} {params.get('path')}: {p}{decoding}"
                 for p in captured_fit_problems(
                     params, max(axes["batch"]), max(axes["heads"]), length, set(axes["head_dim"])
                 )
             ]
     return problems
+
+
+def _decode_only_problems(axes: dict[str, list[Any]], registry: Registry, by: Blame) -> list[str]:
+    """A variant setting that runs only in decode (a KV-cache method: h2o, snapkv; full(kv_cache=false)) in a run
+    without decode cells: every one of its cells would be unsupported, so the run is refused before any folder is
+    made, with the flag that makes it run."""
+    devices = [d for d in axes["device"] if d in DEVICES or re.fullmatch(r"cuda:\d+", d)]  # others: refused already
+    dtypes = [d for d in axes["dtype"] if d in ALL_DTYPES]
+    if "decode" in axes["mode"] or not devices or not dtypes:
+        return []
+    modes = ", ".join(dict.fromkeys(axes["mode"]))
+    fix = "--mode decode" + (" --causal true" if False in axes["causal"] else "")
+    problems = []
+    for spec in axes["variant"]:
+        if reason := decode_only(registry.create(spec.name, **dict(spec.params)), devices, dtypes):
+            problems.append(
+                f"{by('variants', 'mode')}: {spec.label()} runs only in decode: {reason}. This run has no decode "
+                f"cells (mode {modes}): run it with {fix} (e.g. attnbench run decode --variants '{spec.label()}'), or "
+                "leave it out"
+            )
+    return problems
+
+
+def decode_only(variant: Any, devices: Sequence[str], dtypes: Sequence[str]) -> str | None:
+    """Why `variant` has no full-sequence call where it can decode (its refusal), or None: it has one on some device
+    and dtype of the run, or it cannot decode there either (its cells then say why)."""
+    if not variant.decodes():
+        return None
+    reasons = []
+    for device, dtype in itertools.product(devices, dtypes):
+        options = dict(device=device, dtype=dtype, padded=False, n_q=8, n_k=8)
+        if variant.unsupported_reason(causal=True, decode=True, **options) is not None:
+            continue
+        refused = [variant.unsupported_reason(causal=causal, **options) for causal in (False, True)]
+        if not all(refused):
+            return None
+        reasons.append(refused[0])
+    return reasons[0] if reasons else None
 
 
 def _preset_files() -> dict[str, Any]:
@@ -538,10 +648,13 @@ def load_config(
     *,
     registry: Registry = default_registry,
     cluster: bool = False,
+    flags: dict[str, str] | None = None,
 ) -> SweepConfig:
     """Read a preset or TOML file, apply CLI overrides (same keys as the file), validate, resolve. The problems
-    an override causes name its flag (`--seq-lens`). `variants` is `--variants` text or a list of specs (or
-    of such text): a setting as written, a plain name with the file's grid for it."""
+    an override causes name its flag as typed (`--seq-lens 4096`): `flags` gives it where it is not `--key value`
+    (`--no-error`), `flag_text` writes the others. `variants` is `--variants` text or a list of specs (or of such
+    text): a setting as written, a plain name with the file's grid for it. `inputs` is `--inputs` text in the same
+    syntax (or a list of specs): it replaces the file's [[inputs]] list."""
     source, text = read_config_text(name_or_path)
     try:
         raw = tomllib.loads(text)
@@ -553,8 +666,19 @@ def load_config(
             if isinstance(item, dict) and isinstance(item.get("path"), str) and not Path(item["path"]).is_absolute():
                 item["path"] = str((Path(name_or_path).resolve().parent / item["path"]))
     overrides = dict(overrides or {})
-    flags = {key: "--" + key.replace("_", "-") for key in overrides}
+    flags = {key: (flags or {}).get(key) or flag_text(key, value) for key, value in overrides.items()}
     problems: list[str] = []
+    if "inputs" in overrides:
+        try:
+            inputs = _as_specs(overrides["inputs"], lists=True)
+        except ValueError as error:  # the file's inputs are checked instead, so every other problem is listed
+            problems.append(f"{flags.pop('inputs')}: {error}; write NAME or NAME(key=value, ...), e.g. "
+                            f"'realistic,needles(pairs=16)' (inputs: {', '.join(DISTRIBUTIONS)})")  # fmt: skip
+            del overrides["inputs"]
+        else:
+            inputs = [Spec(spec.name, _resolved(spec.params)) for spec in inputs]  # they replace the file's
+            raw["inputs"] = [{"name": spec.name, **dict(spec.params)} for spec in inputs]
+            overrides["inputs"] = [spec.label() for spec in inputs]  # as meta.json and the report repeat them
     if "variants" in overrides:
         try:
             specs = _as_specs(overrides["variants"])
@@ -563,8 +687,10 @@ def load_config(
             del overrides["variants"]
         else:
             raw["variants"] = _variant_tables(specs, raw.get("variants"))
+            if ALSO in raw:  # each further sweep keeps the named among its own variants
+                raw[ALSO] = narrowed(raw[ALSO], specs, _variant_tables)
             overrides["variants"] = [spec.label() for spec in specs]  # as meta.json and the report repeat them
-    raw.update({key: value for key, value in overrides.items() if key != "variants"})
+    raw.update({key: value for key, value in overrides.items() if key not in ("variants", "inputs")})
     try:
         config = parse_config(raw, source=source, registry=registry, cluster=cluster, flags=flags)
     except ConfigError as error:
@@ -575,10 +701,38 @@ def load_config(
     return config
 
 
-def _as_specs(value: str | list[str | VariantSpec]) -> list[VariantSpec]:
-    """`--variants` text, or a list of specs and such text, as specs (ValueError: what cannot be read)."""
+def _as_specs(value: str | list[str | VariantSpec], lists: bool = False) -> list[VariantSpec]:
+    """`--variants` (or, with `lists`, `--inputs`) text, or a list of specs and such text, as specs (ValueError: what
+    cannot be read)."""
     items = [value] if isinstance(value, str) else list(value)
-    return [spec for item in items for spec in ([item] if isinstance(item, VariantSpec) else VariantSpec.parse(item))]
+    if lists and not any(isinstance(item, Spec) or item.strip() for item in items):
+        raise ValueError("empty; give at least one input")
+    return [
+        spec for item in items for spec in ([item] if isinstance(item, VariantSpec) else Spec.parse(item, lists=lists))
+    ]
+
+
+def _resolved(params: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """An input's parameters with a relative `path` (a captured file named on the command line) made absolute: the
+    run's stored config reads the same file from wherever it is resumed or compared."""
+    return tuple(
+        (key, str(Path(value).resolve()) if key == "path" and isinstance(value, str) and value else value)
+        for key, value in params
+    )
+
+
+def flag_text(key: str, value: Any) -> str:
+    """The flag that set `key`, as typed, for the problems it causes: `--seq-lens 512,4096`, `--causal false`
+    (`both` for both values); `--variants` and `--inputs` by name alone, as each of their problems names its
+    setting."""
+    flag = "--" + key.replace("_", "-")
+    if key in ("variants", "inputs"):
+        return flag
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if sorted(values) == [False, True] and all(isinstance(v, bool) for v in values):
+        return f"{flag} both"
+    return f"{flag} " + ",".join(toml_value(v) if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+                                 for v in values)  # fmt: skip
 
 
 def _variant_tables(specs: list[VariantSpec], variants: Any) -> list[Any]:

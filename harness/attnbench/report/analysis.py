@@ -11,6 +11,7 @@ import pandas as pd
 from attnbench.interface import mode_work
 from attnbench.plan.cells import GROUP_COLUMNS
 from attnbench.report.modes import mode_of, mode_of_rows
+from attnbench.report.text import ratio_text
 
 
 def loglog_slope(n: pd.Series | list[float], y: pd.Series | list[float]) -> float:
@@ -164,12 +165,12 @@ def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
         matmul, copy = peak.get("matmul_flops_per_s"), peak.get("copy_bytes_per_s")
         if not copy or row["status"] != "ok" or pd.isna(row["time_median_s"]) or not row["time_median_s"]:
             return float("nan")
-        if pd.isna(row["bytes_moved"]):
+        if pd.isna(row.get("bytes_moved")):
             return float("nan")
         if mode_of(row["mode"]).decode:
             roofline = step_roofline(row, peak)
         else:
-            flops = row["useful_flops"] if pd.notna(row.get("useful_flops")) else row["flops"]
+            flops = row["useful_flops"] if pd.notna(row.get("useful_flops")) else row.get("flops")
             if not matmul or pd.isna(flops):
                 return float("nan")
             roofline = mode_work(row["mode"]) * max(flops / matmul, row["bytes_moved"] / copy)
@@ -219,7 +220,7 @@ def compile_sentence(cells: pd.DataFrame) -> str:
         for _, row in rows.sort_values("seq_len").iterrows():
             where = "".join(f", {column} {row[column]}" for column in varying)
             ratio = row.compiled_speedup
-            by_label.setdefault(str(row.label), []).append(f"{ratio:.2f}×" if ratio >= 0.1 else f"{ratio:.2g}×")
+            by_label.setdefault(str(row.label), []).append(ratio_text(ratio))
             by_label[str(row.label)][-1] += f" at N={row.seq_len}{where}"
         return "; ".join(f"{label} ({', '.join(dict.fromkeys(at))})" for label, at in by_label.items())
 

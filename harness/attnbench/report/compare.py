@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.report.modes import mode_of
-from attnbench.report.text import format_number, markdown_table
+from attnbench.report.text import format_number, interval_text, markdown_table, ratio_text
 from attnbench.runfolder.folder import read_samples
 from attnbench.runfolder.meta import RunMeta
 from attnbench.runfolder.results import read_results
@@ -262,7 +262,7 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
 
     def times(value: float, row) -> str:
         if row.measure == "speedup":
-            return format_number(value, ".2f") + "×"
+            return ratio_text(value)
         return format_number(value, ".3g" if row.decode else ".2f") + (" ms/token" if row.decode else " ms")
 
     rows = [
@@ -274,9 +274,9 @@ def format_comparison(result: Comparison, run_a: Path, run_b: Path) -> str:
             r.measure,
             times(r.a, r),
             times(r.b, r),
-            f"{format_number(r.ratio, '.3f')} [{format_number(r.low, '.3f')}–{format_number(r.high, '.3f')}]",
-            format_number(r.memory_ratio, ".3f"),
-            *([format_number(r.prefill_ratio, ".3f")] if decode else []),
+            interval_text(r.ratio, r.low, r.high, ".3f", unit=""),
+            ratio_text(r.memory_ratio, ".3f", unit=""),
+            *([ratio_text(r.prefill_ratio, ".3f", unit="")] if decode else []),
             f"{format_number(r.error_a, '.3g')} → {format_number(r.error_b, '.3g')}",
             r.verdict + (f"; noisy: {r.noise}" if r.noise else ""),
         ]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnbench.report.text import ratio_text
 from attnbench.report.modes import FORWARD, Mode, mib_text
 from attnbench.report.verdict import Choice, InputVerdict
 from attnbench.runfolder.rows import TENSOR_METHOD
@@ -56,7 +57,7 @@ def speedup_title(headline: Headline | None, baseline: str, mode: Mode = FORWARD
         return f"Speedup against {mode.against(baseline)}" + (headline.none_words if headline else "")
     per = " per generated token" if mode.decode else ""
     return (
-        f"At N={headline.n}, {choice.label} (the verdict's choice) runs {choice.speedup:.1f}× as fast{per} as "
+        f"At N={headline.n}, {choice.label} (the verdict's choice) runs {ratio_text(choice.speedup, '.1f')} as fast{per} as "
         f"{mode.against(baseline)}"
     )
 
@@ -66,7 +67,7 @@ def time_title(headline: Headline | None, mode: Mode = FORWARD) -> str:
     if choice is None:
         return f"Time {mode.per} by N" + (headline.none_words if headline else "")
     against = mode.against(headline.baseline)
-    paired = f", {choice.speedup:.2g}× as fast as {against}" if choice.speedup == choice.speedup else ""
+    paired = f", {ratio_text(choice.speedup, '.2g')} as fast as {against}" if choice.speedup == choice.speedup else ""
     return (
         f"At N={headline.n}, {choice.label} (the verdict's choice) takes {choice.time_s * 1e3:.3g} ms {mode.per}"
         + paired
@@ -106,7 +107,7 @@ def memory_title(rows: pd.DataFrame, headline: Headline | None, mode: Mode = FOR
     if headline.baseline in at.index:  # over a baseline figure that is a lower bound, the ratio is an upper one
         base = at.loc[headline.baseline]
         most = "at most " if base["lower_bound"] else ""
-        text += f", {most}{own.peak_mem_bytes / base.peak_mem_bytes:.2g}× {headline.baseline}'s"
+        text += f", {most}{ratio_text(own.peak_mem_bytes / base.peak_mem_bytes, '.2g')} {headline.baseline}'s"
         text += f" ({headline.baseline}'s CPU figure is a lower bound)" if base["lower_bound"] else ""
     return text
 

@@ -95,13 +95,3 @@ def ms_text(seconds: float) -> str:
         return "–"
     ms = seconds * 1e3
     return f"{ms:.0f}" if ms >= 99.95 else f"{ms:.3g}"
-
-
-def ratio_text(value: float) -> str:
-    """A ratio to the baseline: two decimals from 0.1× ("0.51×", "12.17×"), two digits below ("0.0079×"), whole
-    from 100× ("1036×"); a dash when missing."""
-    if value is None or value != value:
-        return "–"
-    if value >= 99.5:
-        return f"{value:.0f}×"
-    return f"{value:.2f}×" if value >= 0.095 else f"{value:.2g}×"

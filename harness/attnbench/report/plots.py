@@ -4,8 +4,10 @@ Drawn with seaborn under one theme sized for a phone: a figure is FIGURE_WIDTH i
 wide (on a 390 px screen) its smallest text is still 11 px. A variant keeps its colour in every report
 (fixed for the built-ins, derived from the name for plugins); its hyperparameter settings differ by marker and
 dashes. Titles say the message, the setting is the subtitle; legends sit under the plot and list only what
-has data; log axes are ticked in plain numbers ("2×", "4096"); plots with several inputs (or swaps) are
-seaborn facets, one panel each.
+has data, and name the reference lines (1×, the roofline, averaging V, the error budget) that data crowds around;
+log axes are ticked in plain numbers ("2×", "4096"); plots with several inputs (or swaps) are seaborn facets, one
+panel each. A direct label never covers a point or other text (`_place_labels`), and markers that would coincide
+are set a little apart (attnbench.report.plot_layout).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from matplotlib.transforms import Bbox  # noqa: E402
 from attnbench.atomic import write_atomic  # noqa: E402
 from attnbench.plan.cells import label_variant  # noqa: E402
 from attnbench.report.analysis import ERROR_RESOLUTION  # noqa: E402
+from attnbench.report.plot_layout import ErrorSpan, dodge, error_span, log_fraction, placed_errors  # noqa: E402
 
 EXACT_FLOOR = 1e-7  # error shown for exact variants (float rounding), so they sit on a log axis
 BUILT_IN_COLOURS = {  # one colour per variant name, the same in every report
@@ -65,6 +68,7 @@ THEME = {"style": "whitegrid", "context": "notebook", "font_scale": 1.3}  # seab
 GREY = "#555555"
 N_LABEL = "sequence length N (tokens)"  # the x axis of plots against N; decode's says context (attnbench.report.modes)
 HALO = {"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1}  # behind text drawn over lines
+MARK_RADIUS = 10  # points: a marker's half width (a bubble's at most), which no direct label may cover
 
 
 @dataclass(frozen=True)
@@ -223,12 +227,6 @@ def _speedup_xerr(row) -> list[list[float]]:
     return [[max(row.speedup - row.speedup_low, 0)], [max(row.speedup_high - row.speedup, 0)]]
 
 
-def _exact_floor(errors: pd.Series) -> float:
-    """Where errors at float rounding are drawn: a decade under the smallest error that is not rounding."""
-    approximate = errors[errors >= ERROR_RESOLUTION]
-    return 10 ** np.floor(np.log10(approximate.min()) - 1) if len(approximate) else 1e-2
-
-
 def _reference_line(
     ax: plt.Axes, y: float, text: str, linestyle: str = "--", colour: str = "#999999", right: bool = False
 ) -> None:
@@ -237,6 +235,13 @@ def _reference_line(
     ax.axhline(y, color=colour, linestyle=linestyle, linewidth=1.2)
     x, ha, va = (0.99, "right", "top") if right else (0.01, "left", "bottom")
     ax.text(x, y, text, transform=ax.get_yaxis_transform(), fontsize="small", color=GREY, ha=ha, va=va, bbox=HALO)
+
+
+def _marks(ax: plt.Axes, points: list[tuple[float, float]]) -> list[Bbox]:
+    """The pixel box of a marker (MARK_RADIUS) at each point, in data coordinates; after the layout."""
+    radius = MARK_RADIUS * ax.figure.dpi / 72
+    centres = [ax.transData.transform(point) for point in points]
+    return [Bbox.from_extents(x - radius, y - radius, x + radius, y + radius) for x, y in centres]
 
 
 def _wrap(text: str, points: float, width_in: float) -> str:
@@ -306,16 +311,26 @@ def facets(
         facet_kws={"sharey": True, "sharex": True, "despine": False},
     )
     grid.set_titles(row_template=row_words)
+    for ax in grid.axes.flat:  # a long input label ("needles(background=heads, pairs=16, text=prose)") wraps
+        title = ax.title
+        ax.set_title(_wrap(title.get_text(), title.get_fontsize(), FIGURE_WIDTH - 1.0))
     return grid, labels
 
 
 def finish_facets(
-    grid: sns.FacetGrid, title: str, subtitle: str, path: Path, style: dict[str, Style], labels: list[str]
+    grid: sns.FacetGrid,
+    title: str,
+    subtitle: str,
+    path: Path,
+    style: dict[str, Style],
+    labels: list[str],
+    legend: dict[str, Line2D] | None = None,
 ) -> Path:
-    """A facet grid sized FIGURE_WIDTH wide and PANEL_HEIGHT a panel, titled, its legend under it, saved."""
+    """A facet grid sized FIGURE_WIDTH wide and PANEL_HEIGHT a panel, titled, its legend under it (a key per label,
+    or `legend` where given), saved."""
     fig = grid.figure
     fig.set_size_inches(FIGURE_WIDTH, PANEL_HEIGHT * len(grid.axes.flat))
-    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+    return _finish(fig, title, subtitle, path, legend or {label: _key(style[label]) for label in labels})
 
 
 @themed
@@ -375,14 +390,15 @@ def plot_speedup(
             group.dodged, y, yerr=np.clip(np.nan_to_num(errors), 0, None), fmt="none", ecolor=style[label].colour,
             capsize=3, linewidth=1.2,
         )  # fmt: skip
-    _reference_line(ax, 1.0, f"{baseline} (1×)", linestyle="-", colour="black")
+    one = ax.axhline(1.0, color="black", linewidth=1.2)  # named in the legend: a dozen lines cross it
     _n_axis(ax, list(cells.seq_len))
     ax.set_yscale("log")
     values = pd.concat([ok.speedup_low, ok.speedup_high, pd.Series([1.0])]).dropna()
     _ratio_axis(ax.yaxis, float(values.min()), float(values.max()))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"speedup vs {baseline} (↑ better)")
-    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+    legend = {label: _key(style[label]) for label in labels} | {f"{baseline} (1×)": one}
+    return _finish(fig, title, subtitle, path, legend)
 
 
 ROOFLINE_TARGET = 1.5  # time over roofline the plot marks: within it, a speedup is mostly the method's
@@ -398,15 +414,56 @@ def plot_roofline(
     ok = cells[(cells.status == "ok") & (cells.of_roofline > 0)]
     ok = ok.assign(over_roofline=1 / ok.of_roofline)
     labels = _lines(ax, ok, "over_roofline", style)
-    _reference_line(ax, 1.0, "roofline (1×)", linestyle="-", colour="black")
-    _reference_line(ax, ROOFLINE_TARGET, f"{ROOFLINE_TARGET:g}×")
+    references = {  # named in the legend: the lines near them would cover their names
+        "roofline (1×)": ax.axhline(1.0, color="black", linewidth=1.2),
+        f"{ROOFLINE_TARGET:g}× the roofline": ax.axhline(ROOFLINE_TARGET, color="#999999", linestyle="--", lw=1.2),
+    }
     _n_axis(ax, list(cells.seq_len))
     ax.set_yscale("log")
     values = pd.concat([ok.over_roofline, pd.Series([1.0, ROOFLINE_TARGET])]).dropna()
     _ratio_axis(ax.yaxis, float(values.min()), float(values.max()))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("time / roofline (↓ better)")
-    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels})
+    return _finish(fig, title, subtitle, path, {label: _key(style[label]) for label in labels} | references)
+
+
+OFF_MARKER = "^"  # a point drawn at the top edge of an error axis: beyond it, or not judged on error
+OFF_SIZE = 70  # its area, pt²: one size, its error is not on the axis to size it by
+
+
+def _off_words(label: str, error: float, judged: bool) -> str:
+    """A legend entry for a variant drawn at the top edge of an error axis (its triangle says where): why."""
+    shown = f"{error:,.0f}" if error >= 100 else f"{error:.3g}"
+    return f"{label}: error {shown}, off the axis" if judged else f"{label}: not judged on error ({shown})"
+
+
+def _error_axis(ax: plt.Axes, span: ErrorSpan, budget: float | None, floor_used: bool) -> dict[str, Line2D]:
+    """A log error axis over `span`, with its reference lines: averaging V (1), the budget, the exact floor if
+    used. Returns their legend entries: named there, not on the plot, where the points crowd around them."""
+    _log_y(ax)
+    ax.set_ylim(span.low, span.high)
+    references = {"uniform averaging (1)": (1.0, "--")}
+    if budget is not None:
+        references[f"error budget {budget:g}"] = (budget, "-.")
+    if floor_used:
+        references["exact (error ≈ 0)"] = (span.floor, ":")
+    ax.set_ylabel("error vs uniform (↓ better)")
+    return {
+        name: ax.axhline(y, color="#999999", linestyle=linestyle, linewidth=1.2)
+        for name, (y, linestyle) in references.items()
+    }
+
+
+def _dodged_n(data: pd.DataFrame, y: str, low: float, high: float, panel: str | None = None) -> pd.Series:
+    """N of each row moved sideways where its marker would hide another's at the same N and about the same `y`
+    (a linear axis from `low` to `high`), panel by panel: one octave-fraction per step, in the rows' order."""
+    ns = data.seq_len.astype(float)
+    octaves = np.log2(ns.max() / ns.min()) * 1.1 if ns.max() > ns.min() else np.log2(1.5**2)  # the axis' span
+    shifted = pd.Series(0.0, index=data.index)
+    for _, rows in data.groupby(panel, sort=False) if panel else [(None, data)]:
+        x = np.log2(rows.seq_len.astype(float)) / octaves
+        shifted[rows.index] = dodge(x, (rows[y].astype(float) - low) / (high - low))
+    return ns * 2 ** (shifted * octaves)
 
 
 @themed
@@ -418,25 +475,40 @@ def plot_error(
     style: dict[str, Style],
     budget: float | None = None,
     xlabel: str = N_LABEL,
+    unjudged: frozenset[str] = frozenset(),
 ) -> Path:
     """Error relative to uniform averaging against N of the approximate variants, a seaborn facet (one panel
     under the other) per input; errors at float rounding (an exact-pattern variant whose support covers
-    everything) sit on an "exact" floor line; with `budget`, the verdict's accuracy budget is a line too."""
+    everything) sit on an "exact" floor line; with `budget`, the verdict's accuracy budget is a line too. The axis
+    spans the errors of the variants the verdict judges on error: those in `unjudged` (a different operator from
+    softmax, `attnbench.report.decision_plots.not_judged_on_error`) and errors beyond the axis are drawn as
+    triangles at its top edge, their legend entry saying so."""
     ok = cells[(cells.status == "ok") & cells.err_vs_uniform.notna() & (cells.family != "exact")]
-    floor = _exact_floor(ok.err_vs_uniform)
-    data = ok.assign(err_vs_uniform=ok.err_vs_uniform.clip(lower=floor))
-    grid, labels = facets(data, "seq_len", "err_vs_uniform", "input", "input: {row_name}", style)
-    for ax in grid.axes.flat:
-        _reference_line(ax, 1.0, "uniform averaging")
-        if budget is not None:
-            _reference_line(ax, budget, f"error budget {budget:g}", linestyle="-.", right=True)
-        if (ok.err_vs_uniform < ERROR_RESOLUTION).any():
-            _reference_line(ax, floor, "exact (error ≈ 0)", linestyle=":")
+    judged = ~ok.label.isin(unjudged)
+    rounding = bool((ok.err_vs_uniform[judged] < ERROR_RESOLUTION).any())  # an exact-pattern variant: a floor line
+    span = error_span(ok.err_vs_uniform[judged], budget, floor=rounding)
+    shown, off = placed_errors(ok.err_vs_uniform, judged, span)
+    data = ok.assign(shown=shown, off=off, line=shown.where(judged))  # a line for the judged, clipped at the edge
+    grid, labels = facets(data, "seq_len", "line", "input", "input: {row_name}", style)
+    edge = data[data.off]
+    edge = edge.assign(dodged=_dodged_n(edge, "shown", 0, 1, panel="input"))
+    for name, ax in grid.axes_dict.items():
+        for row in edge[edge["input"] == name].itertuples():
+            ax.scatter(row.dodged, span.edge, marker=OFF_MARKER, s=OFF_SIZE, color=style[row.label].colour, zorder=3,
+                       edgecolors="white", clip_on=False)  # fmt: skip
+        references = _error_axis(ax, span, budget, rounding)
         _n_axis(ax, list(cells.seq_len))
-        _log_y(ax)
-        ax.set_ylabel("error vs uniform (↓ better)")
         ax.set_xlabel(xlabel)
-    return finish_facets(grid, title, subtitle, path, style, labels)
+    worst = data[data.off].groupby("label").err_vs_uniform.max()
+    legend = {}
+    for label in labels:
+        if label in worst.index:
+            legend[_off_words(label, worst[label], label not in unjudged)] = _key(
+                Style(style[label].colour, OFF_MARKER, style[label].dashes), line=label not in unjudged
+            )
+        else:
+            legend[label] = _key(style[label])
+    return finish_facets(grid, title, subtitle, path, style, labels, legend | references)
 
 
 @themed
@@ -444,12 +516,13 @@ def plot_recall(
     cells: pd.DataFrame, title: str, subtitle: str, path: Path, style: dict[str, Style], xlabel: str = N_LABEL
 ) -> Path:
     """Needle recall against N, one panel per `needles` input (its pairs, margin, background): the share of needles
-    each variant's output retrieves (exact attention at 100%, chance near 0)."""
+    each variant's output retrieves (exact attention at 100%, chance near 0). Markers that would coincide (equal
+    recall at one N, as every variant that finds none) are set side by side, a little apart in N."""
     data = cells[(cells.status == "ok") & cells.needle_accuracy.notna()]
-    grid, labels = facets(
-        data.assign(recall=100 * data.needle_accuracy), "seq_len", "recall", "input", "input: {row_name}",
-        style,
-    )  # fmt: skip
+    order = {label: i for i, label in enumerate(style)}
+    data = data.assign(recall=100 * data.needle_accuracy, order=data.label.map(order)).sort_values(["order", "seq_len"])
+    data = data.assign(dodged=_dodged_n(data, "recall", -3, 103, panel="input"))
+    grid, labels = facets(data, "dodged", "recall", "input", "input: {row_name}", style)
     for ax in grid.axes.flat:
         _n_axis(ax, list(data.seq_len))
         ax.set_ylim(-3, 103)
@@ -458,39 +531,53 @@ def plot_recall(
     return finish_facets(grid, title, subtitle, path, style, labels)
 
 
-def _place_labels(ax: plt.Axes, points: list[tuple[float, float, str, str]]) -> None:
-    """Direct labels beside their points, each on the first spot (right of its point, then left, nudged up or
-    down) inside the axes that covers no point, no other label and no text already drawn. A label with no free
-    spot is left out: the legend names its point. Call after the layout is done (it works in its pixels)."""
+def _label_spots(step: float) -> list[tuple[float, float, str]]:
+    """Where a direct label may go, in order of preference: (x, y offset from its point in points, alignment):
+    beside it, then centred above or below it, then beside it further up or down."""
+    beside = [(10.0 * side, k * step) for k in (0, -1, 1, -2, 2) for side in (1, -1)]
+    centred = [(0.0, k * step) for k in (-1.5, 1.5, -2.5, 2.5, -3.5, 3.5)]
+    further = [(10.0 * side, k * step) for k in (-3, 3, -4, 4, -5, 5) for side in (1, -1)]
+    return [(x, y, "left" if x > 0 else "right" if x < 0 else "center") for x, y in beside + centred + further]
+
+
+def _place_labels(
+    ax: plt.Axes, points: list[tuple[float, float, str, str]], others: list[tuple[float, float]] = ()
+) -> None:
+    """Direct labels beside their points, in the order given (the first gets the best spot): each on the first
+    spot (`_label_spots`; a long label broken after its commas where it fits no other way) inside the axes that
+    covers no point (`others`: the points drawn without a label too), no other label and no text already drawn.
+    A label with no free spot is left out: the legend names its point. Call after the layout is done (it works in
+    its pixels)."""
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)
-    step = plt.rcParams["font.size"]  # points: about a line of the labels' font
-    radius = 9 * fig.dpi / 72  # a marker's half width, in pixels
     taken = [text.get_window_extent(renderer) for text in ax.texts]
-    marks = {}  # the box of each point: no label may cover another's point
-    for x, y, text, _ in points:
-        px, py = ax.transData.transform((x, y))
-        marks[text] = Bbox.from_extents(px - radius, py - radius, px + radius, py + radius)
-    for x, y, text, colour in sorted(points, key=lambda p: (-p[1], p[0])):
-        others = taken + [box for label, box in marks.items() if label != text]
-        kwargs = {"textcoords": "offset points", "fontsize": "small", "color": colour, "va": "center", "bbox": HALO}
-        label = ax.annotate(text, (x, y), xytext=(10, 0), **kwargs)
-        for side, dy in [(side, k * step) for k in (0, -1, 1, -2, 2, -3, 3) for side in (1, -1)]:
-            label.xyann = (10 * side, dy)
-            label.set_horizontalalignment("left" if side > 0 else "right")
+    owners = [text for _, _, text, _ in points] + [""] * len(others)
+    marks = list(zip(owners, _marks(ax, [(x, y) for x, y, _, _ in points] + list(others))))
+    kwargs = {"textcoords": "offset points", "fontsize": "small", "va": "center", "bbox": HALO}
+    for x, y, text, colour in points:
+        avoid = taken + [box for owner, box in marks if owner != text]
+        label = ax.annotate(text, (x, y), xytext=(10, 0), color=colour, **kwargs)
+        step = label.get_fontsize() * 1.2  # points: a line of the label's font
+        forms = [text] + ([text.replace(", ", ",\n")] if ", " in text else [])  # one line, then broken
+        spots = [(form, spot) for form in forms for spot in _label_spots(step)]
+        for form, (dx, dy, ha) in spots:
+            label.set_text(form)
+            label.xyann = (dx, dy * (form.count("\n") + 1) if dy and not dx else dy)
+            label.set_horizontalalignment(ha)
             box = label.get_window_extent(renderer)
             fits = box.x0 >= inside.x0 and box.x1 <= inside.x1 and box.y0 >= inside.y0 and box.y1 <= inside.y1
-            if fits and not any(box.overlaps(other) for other in others):
+            if fits and not any(box.overlaps(other) for other in avoid):
                 break
         else:
             label.remove()
             continue
         taken.append(box)
-        if dy:  # moved off its point's height: drawn again with a thin leader line back to it
+        if label.xyann[1]:  # moved off its point's height: drawn again with a thin leader line back to it
+            offset = label.xyann
             label.remove()
             leader = {"arrowstyle": "-", "color": colour, "lw": 0.8, "alpha": 0.6, "shrinkB": 6}
-            label = ax.annotate(text, (x, y), xytext=(10 * side, dy), ha=label.get_ha(), arrowprops=leader, **kwargs)
+            label = ax.annotate(form, (x, y), xytext=offset, ha=ha, color=colour, arrowprops=leader, **kwargs)
         label.set_in_layout(False)
 
 
@@ -506,58 +593,61 @@ def plot_pareto(
     budget: float | None = None,
     bubble: str = "peak memory",
 ) -> Path:
-    """Speedup against error, one labelled bubble per label (area ~ `bubble`: peak memory, or decode's cache), the
-    verdict's choices joined; with `budget`, the verdict's accuracy budget as a line (above it, no variant is
-    recommended).
+    """Speedup against error, one bubble per label (area ~ `bubble`: peak memory, or decode's cache), the
+    verdict's choices joined and labelled on the plot (the rest named in the legend); with `budget`, the verdict's
+    accuracy budget as a line (above it, no variant is recommended).
 
-    points: label, speedup, speedup_low, speedup_high, error, memory_ratio (to the baseline); `front`: the labels
-    the verdict offers (`attnbench.report.verdict.pareto_set`, one rule for both), drawn as the frontier. Exact variants
-    (error below ERROR_RESOLUTION) sit on a floor line marked "exact", a decade under the most accurate
-    approximation, so the axis spans the errors that differ.
+    points: label, speedup, speedup_low, speedup_high, error, memory_ratio (to the baseline), and optionally
+    judged (whether the verdict weighs its error: `attnbench.report.decision_plots`); `front`: the labels the
+    verdict offers (`attnbench.report.verdict.pareto_set`, one rule for both), drawn as the frontier. The error
+    axis spans the judged errors (`attnbench.report.plot_layout.error_span`): exact variants (error below
+    ERROR_RESOLUTION) sit on a floor line marked "exact", a decade under the most accurate approximation; a variant
+    not judged on error, or beyond the axis, is a triangle at its top edge, its legend entry saying so. Bubbles
+    that would hide one another are set a little apart sideways.
     """
     fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, PANEL_HEIGHT + 0.6))
-    floor = _exact_floor(points.error)
-    shown = points.assign(error=points.error.clip(lower=floor), bubble=points.memory_ratio.fillna(1.0).clip(lower=0.01))
+    judged = points.judged.astype(bool) if "judged" in points else pd.Series(True, index=points.index)
+    span = error_span(points.error[judged], budget)
+    shown, off = placed_errors(points.error, judged, span)
+    memory = points.memory_ratio.fillna(1.0).clip(lower=0.01)
+    shown = points.assign(
+        shown=shown, off=off, judged=judged, size=(50 + 350 * memory / memory.max()).where(~off, OFF_SIZE)
+    )  # area: 50 pt² plus a part in proportion to peak memory
+    _speedup_x_axis(ax, shown)  # the axes first: markers are dodged in their fractions
+    low, high = ax.get_xlim()
+    factor = np.exp(dodge(log_fraction(shown.speedup, low, high), log_fraction(shown.shown, span.low, span.high))
+                    * np.log(high / low))  # fmt: skip
+    shown = shown.assign(x=shown.speedup * factor)
     labels = _present(shown, style)
-    for row in shown.itertuples():
-        ax.errorbar(row.speedup, row.error, xerr=_speedup_xerr(row), color=style[row.label].colour, linewidth=1.2)
-    sns.scatterplot(
-        data=shown,
-        x="speedup",
-        y="error",
-        **_by_label(style, labels, lines=False),
-        size="bubble",
-        sizes=(50, 400),
-        size_norm=(0, float(shown.bubble.max())),  # area: 50 pt² plus a part in proportion to peak memory
-        alpha=0.75,
-        edgecolor="white",
-        legend=False,
-        zorder=3,
-        ax=ax,
-    )
-    legend = {label: _key(style[label], line=False) for label in labels}
+    legend = {}
+    for row in shown.set_index("label").loc[labels].itertuples():
+        colour = style[row.Index].colour
+        low_error, high_error = _speedup_xerr(row)
+        ax.errorbar(row.x, row.shown, xerr=[[e * row.x / row.speedup for e in low_error],
+                    [e * row.x / row.speedup for e in high_error]], color=colour, linewidth=1.2)  # fmt: skip
+        marker = OFF_MARKER if row.off else style[row.Index].marker
+        ax.scatter(row.x, row.shown, s=row.size, marker=marker, color=colour, alpha=0.75, edgecolors="white", zorder=3)
+        name = _off_words(row.Index, row.error, row.judged) if row.off else row.Index
+        legend[name] = _key(Style(colour, marker, ()), line=False)
     chosen = shown.set_index("label").loc[[label for label in front if label in set(shown.label)]]
     if len(chosen) > 1:
-        chosen = chosen.sort_values("speedup")
+        chosen = chosen.sort_values("x")
         (legend["the verdict's choices"],) = ax.step(
-            chosen.speedup, chosen.error, where="post", color="black", linewidth=1.2, alpha=0.5, zorder=1
+            chosen.x, chosen.shown, where="post", color="black", linewidth=1.2, alpha=0.5, zorder=1
         )
-    _reference_line(ax, 1.0, "uniform averaging")
-    if budget is not None:
-        _reference_line(ax, budget, f"error budget {budget:g}", linestyle="-.", right=True)
-    if (points.error < ERROR_RESOLUTION).any():
-        _reference_line(ax, floor, "exact (error ≈ 0)", linestyle=":")
+    legend |= _error_axis(ax, span, budget, bool((points.error[judged] < ERROR_RESOLUTION).any()))
     ax.axvline(1.0, color="black", linewidth=1.2)
-    _speedup_x_axis(ax, shown)
-    _log_y(ax)
-    ax.set_ylim(floor / 2, max(float(shown.error.max()) * 2, 2.0))
     ax.set_xlabel(f"speedup vs {baseline} (→ faster)")
-    ax.set_ylabel("error vs uniform (↓ better)")
     ax.text(1.0, 1.01, f"bubble area ~ {bubble}", transform=ax.transAxes, fontsize="small", color=GREY,
             ha="right", va="bottom")  # fmt: skip
     _frame(fig, title, subtitle, legend)
     fig.canvas.draw()  # the layout first: labels are placed in its pixels
-    _place_labels(ax, [(r.speedup, r.error, r.label, style[r.label].colour) for r in shown.itertuples()])
+    labelled = [label for label in front[1:] + front[:1] if label in set(chosen.index)]  # the exact one last
+    _place_labels(
+        ax,
+        [(chosen.x[label], chosen.shown[label], label, style[label].colour) for label in labelled],
+        [(r.x, r.shown) for r in shown.itertuples() if r.label not in set(chosen.index)],
+    )
     return _save(fig, path)
 
 
@@ -621,5 +711,6 @@ def plot_loss_vs_speedup(finals: pd.DataFrame, title: str, subtitle: str, path: 
     ax.set_ylabel("loss change (nats/token)")
     _frame(fig, title, subtitle, {label: _key(style[label], line=False) for label in labels})
     fig.canvas.draw()
-    _place_labels(ax, [(r.speedup, r.loss_change, r.label, style[r.label].colour) for r in finals.itertuples()])
+    ranked = finals.sort_values(["loss_change", "speedup"], ascending=[False, True])  # from the top, left first
+    _place_labels(ax, [(r.speedup, r.loss_change, r.label, style[r.label].colour) for r in ranked.itertuples()])
     return _save(fig, path)

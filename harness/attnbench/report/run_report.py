@@ -20,6 +20,7 @@ from attnbench.atomic import write_text_atomic
 from attnbench.inputs.catalogue import LOCALITY_WINDOW
 from attnbench.plan.config import overrides_text
 from attnbench.report.analysis import compile_sentence, crossover_table, efficiency, raised_peaks, scaling_table
+from attnbench.report.decision_plots import decision_points, decision_title, not_judged_on_error
 from attnbench.report.document import Block, _slug, render_html, render_markdown
 from attnbench.report.headlines import (
     error_title,
@@ -31,7 +32,7 @@ from attnbench.report.headlines import (
     speedup_title,
     time_title,
 )
-from attnbench.report.modes import mib_text, mode_of_rows, ms_text, ratio_text
+from attnbench.report.modes import mib_text, mode_of_rows, ms_text
 from attnbench.report.plots import (
     plot_error,
     plot_pareto,
@@ -48,8 +49,10 @@ from attnbench.report.text import (
     baseline_of,
     format_number,
     format_percent,
+    interval_text,
     label_order,
     machine_words,
+    ratio_text,
     speedup_text,
     with_machine,
 )
@@ -60,6 +63,7 @@ from attnbench.report.verdict import (
     InputVerdict,
     block_title,
     budget_line,
+    crossover_legend,
     fastest_labels,
     left_out_text,
     setting_key,
@@ -170,8 +174,8 @@ def detail_blocks(
                 "call into.",
                 _pivot(
                     compiled,
-                    lambda r: f"{r.compiled_speedup:.2f}× [{r.compiled_speedup_low:.2f}–"
-                    f"{r.compiled_speedup_high:.2f}], {r.compile_s:.1f} s, {r.compiled_graphs:.0f} graph(s)",
+                    lambda r: f"{interval_text(r.compiled_speedup, r.compiled_speedup_low, r.compiled_speedup_high)}, "
+                    f"{r.compile_s:.1f} s, {r.compiled_graphs:.0f} graph(s)",
                 ),
             )
         )
@@ -221,7 +225,7 @@ def detail_blocks(
                         f"{mib_text(r.peak_mem_bytes)} ({ratio_text(to_base(r, 'peak_mem_bytes'))})"
                         if mode.decode  # a step's scratch is KiB: three digits, not one decimal of MiB
                         else f"{format_number(r.peak_mem_bytes / MIB, '.1f')} "
-                        f"({format_number(to_base(r, 'peak_mem_bytes'), '.2f')}×)"
+                        f"({ratio_text(to_base(r, 'peak_mem_bytes'))})"
                     ),
                     lowest(lambda r: _nan(r.peak_mem_bytes)),
                 ),
@@ -478,30 +482,16 @@ def plot_blocks(
         images.append((path, f"Speedup{per} against `{baseline}` by N, measured in turns; bars are 95% intervals."))
     for verdict in judged:  # one rule: the plot shows the verdict's own choices and its sentence
         for answer in verdict.answers:
-            # a point needs both axes: no error is measured with `error = false`
-            paired = [c for c in answer.choices + answer.left_out if c.speedup == c.speedup and c.error == c.error]
-            if not paired:
+            points = decision_points(answer)  # a point needs both axes: no error is measured with `error = false`
+            if points.empty:
                 continue
-            points = pd.DataFrame(
-                [
-                    {
-                        "label": c.label,
-                        "speedup": c.speedup,
-                        "speedup_low": c.speedup_low,
-                        "speedup_high": c.speedup_high,
-                        "error": c.error,
-                        "memory_ratio": c.memory_ratio,
-                    }
-                    for c in paired
-                ]
-            )
             front = [c.label for c in answer.choices]
             path = plot_pareto(
                 points,
                 front,
                 mode.against(baseline),
-                f"At N={answer.n} on {verdict.input}: {answer.sentence}".replace("`", ""),
-                subtitle,
+                decision_title(answer),  # the choice; the verdict's sentence is the caption's
+                f"on {verdict.input}; {subtitle}",
                 plots_dir / f"{slug}-{_file_part(verdict.input)}-pareto-N{answer.n}.png",
                 style,
                 budget=verdict.budget.max_error,
@@ -510,11 +500,13 @@ def plot_blocks(
             images.append(
                 (
                     path,
-                    f"Speed{' per generated token' if mode.decode else ''} against error at N={answer.n} on "
-                    f"`{verdict.input}`: up and to the left is worse; bubble area is "
-                    f"{'the cache kept at N' if mode.decode else 'peak memory'}; the step line joins the verdict's "
-                    "choices; bars are the speedup's 95% interval; above the dash-dotted line a variant is over the "
-                    f"error budget ({verdict.budget.max_error:g}).",
+                    f"**N={answer.n} on `{verdict.input}`:** {answer.sentence} Speed"
+                    f"{' per generated token' if mode.decode else ''} against error: up and to the left is worse; "
+                    f"bubble area is {'the cache kept at N' if mode.decode else 'peak memory'}; the verdict's choices "
+                    "are named on the plot and joined by the step line; bars are the speedup's 95% interval; above "
+                    f"the dash-dotted line a variant is over the error budget ({verdict.budget.max_error:g})"
+                    + ("" if points.judged.all() else "; a triangle at the top is not judged on error, off the axis")
+                    + ".",
                 )
             )
     if len(first):
@@ -595,14 +587,16 @@ def plot_blocks(
             style,
             budget=budget,
             xlabel=mode.n_axis,
+            unjudged=not_judged_on_error(judged),
         )
         over = f"; above the dash-dotted line a variant is over the error budget ({budget:g})" if budget else ""
         whose = "the approximate variants' steps" if mode.decode else "the approximate variants"
+        top = "; triangles at the top are off the axis (not judged on error, or beyond it)"
         images.append(
             (
                 path,
                 f"Error of {whose} relative to uniform averaging by N, one panel per input: below the dashed line "
-                f"a variant beats averaging V{over}.",
+                f"a variant beats averaging V{over}{top if not_judged_on_error(judged) else ''}.",
             )
         )
     recalls = cells[(cells.status == "ok") & cells.needle_accuracy.notna()]
@@ -689,6 +683,7 @@ def verdict_section(view: RunView, baseline: str) -> list[Block]:
     if said := evidence_markdown(view.evidence):  # what the verdict rests on, first: real heads or a stand-in
         blocks.append(Block("text", said))
     blocks.append(Block("text", budget_line(view.budget, baseline)))
+    explained: set[str] = set()  # each 'faster from N' mark is said once, under the first table showing it
     for verdict_block in view.blocks:
         blocks.append(Block("heading", block_title(verdict_block), level=3))
         for answer in verdict_block.verdict.answers:
@@ -698,6 +693,8 @@ def verdict_section(view: RunView, baseline: str) -> list[Block]:
         for answer in verdict_block.verdict.answers:
             headers, rows = verdict_rows(verdict_block.verdict, answer)
             blocks.append(Block("table", headers=headers, rows=rows, caption=f"N={answer.n}: the choices."))
+            if legend := crossover_legend(rows, explained):
+                blocks.append(Block("text", legend))
             if answer.left_out:
                 blocks.append(Block("text", left_out_text(answer)))
     intro = verdict_intro(view.verdicts, f"`{baseline}`")

@@ -8,7 +8,7 @@ import pandas as pd
 
 from attnbench.atomic import write_text_atomic
 from attnbench.report.analysis import compile_sentence, implausible_timings, scaling_table
-from attnbench.report.modes import DECODE_NOTE, has_decode, mib_text, mode_of, ms_text, ratio_text
+from attnbench.report.modes import DECODE_NOTE, has_decode, mib_text, mode_of, ms_text
 from attnbench.report.text import (
     GROUP_COLUMNS,
     MACHINE,
@@ -16,6 +16,7 @@ from attnbench.report.text import (
     format_number,
     label_order,
     markdown_table,
+    ratio_text,
     shorten,
     speedup_text,
     with_machine,
@@ -75,7 +76,7 @@ def summary_tables(frame: pd.DataFrame) -> str:
                         f"{format_number(cell.time_iqr_s * 1e3, '.2f')}",
                         speedup_text(cell),
                         format_number(cell.peak_mem_bytes / 2**20, ".1f"),
-                        format_number(cell.peak_mem_bytes / base_mem if base_mem else float("nan"), ".2f") + "×",
+                        ratio_text(cell.peak_mem_bytes / base_mem if base_mem else float("nan")),
                         format_number(cell.err_vs_uniform, ".3g"),
                         "; ".join(note for note in notes if note),
                     ]

@@ -79,6 +79,32 @@ def format_number(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
+SMALL_RATIO = 0.095  # below this a ratio reads as its inverse: 0.0011 is "1/900×", where two decimals said "0.00×"
+WHOLE_RATIO = 99.5  # from this a ratio reads whole: "1036×"
+
+
+def ratio_text(value: float | None, spec: str = ".2f", unit: str = "×") -> str:
+    """The one format of a ratio to a baseline (a speedup, a memory or time ratio, a compare's A/B), in every table,
+    sentence and terminal line: `spec` from 0.095 ("0.51×", "12.17×"; sentences take ".3g"), whole from 99.5
+    ("1036×"), and below 0.095 its inverse, "1/900×" (N whole below 100, else to two digits), so a tiny ratio never
+    reads "0.00×"; a dash when missing."""
+    if value is None or value != value:
+        return "–"
+    if value >= WHOLE_RATIO:
+        return f"{value:.0f}{unit}"
+    if value >= SMALL_RATIO or value <= 0:
+        return f"{format(value, spec)}{unit}"
+    inverse = 1 / value
+    return f"1/{round(inverse) if inverse < WHOLE_RATIO else int(float(f'{inverse:.2g}'))}{unit}"
+
+
+def interval_text(
+    value: float | None, low: float | None, high: float | None, spec: str = ".2f", unit: str = "×"
+) -> str:
+    """'2.31× [2.20–2.45]', '1/900× [1/950–1/850]': a ratio and its 95% interval, each as `ratio_text` writes it."""
+    return f"{ratio_text(value, spec, unit)} [{ratio_text(low, spec, '')}–{ratio_text(high, spec, '')}]"
+
+
 def format_percent(share: float | None) -> str:
     """A share as a percent: whole from 10% ("73%"), two digits below ("0.31%"); a dash when it is missing."""
     if share is None or share != share:
@@ -192,10 +218,11 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def speedup_text(row: pd.Series) -> str:
-    """'2.31× [2.20–2.45]': the paired speedup against the group's baseline with its 95% interval."""
+    """'2.31× [2.20–2.45]' (or '1/900× [1/950–1/850]'): the paired speedup against the group's baseline with its 95%
+    interval."""
     if row.speedup is None or pd.isna(row.speedup):
         return "–"
-    return f"{row.speedup:.2f}× [{format_number(row.speedup_low, '.2f')}–{format_number(row.speedup_high, '.2f')}]"
+    return interval_text(row.speedup, row.speedup_low, row.speedup_high)
 
 
 def baseline_of(frame: pd.DataFrame) -> str:

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.report.text import interval_text, ratio_text
 from attnbench.report.evidence import is_real_heads, real_heads_name
 from attnbench.report.modes import mode_of
 from attnbench.report.verdict import error_text
 
 
 def _speed(row: pd.Series) -> str:
-    return f"{row.speedup:.3g}× [{row.speedup_low:.3g}–{row.speedup_high:.3g}]"
+    return interval_text(row.speedup, row.speedup_low, row.speedup_high, ".3g")
 
 
 def _evidence(labels: str) -> str:
@@ -104,7 +105,7 @@ def tuning_plot(tuning: pd.DataFrame, path: Path) -> Path | None:
             for pick in rows[rows["pick"].astype(bool)].itertuples():
                 axis.scatter([pick.value], [pick.err_vs_uniform], s=160, facecolors="none", edgecolors=line.get_color())
                 if pick.speedup == pick.speedup:
-                    axis.annotate(f"{pick.speedup:.2g}×", (pick.value, pick.err_vs_uniform), textcoords="offset points",
+                    axis.annotate(ratio_text(pick.speedup, ".2g"), (pick.value, pick.err_vs_uniform), textcoords="offset points",
                                   xytext=(6, 6), fontsize=8, color=line.get_color())  # fmt: skip
         axis.axhline(at.iloc[0].budget, color="grey", linestyle="--", linewidth=1)
         axis.set_xscale("log", base=2)

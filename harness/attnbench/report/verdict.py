@@ -22,7 +22,7 @@ import pandas as pd
 from attnbench.inputs.catalogue import LOCALITY_WINDOW
 from attnbench.plan.budget import UNIFORM_EQUIVALENT, AccuracyBudget
 from attnbench.report.analysis import ERROR_RESOLUTION, crossover_table, implausible_timings
-from attnbench.report.modes import DECODE_NOTE, FORWARD, Mode, mib_text, mode_of, ms_text, ratio_text
+from attnbench.report.modes import DECODE_NOTE, FORWARD, Mode, mib_text, mode_of, ms_text
 from attnbench.report.text import (
     GROUP_COLUMNS,
     MACHINE,
@@ -30,8 +30,10 @@ from attnbench.report.text import (
     baseline_of,
     format_number,
     format_percent,
-    recall_text,
+    interval_text,
     markdown_table,
+    ratio_text,
+    recall_text,
     speedup_text,
     with_machine,
 )
@@ -655,7 +657,7 @@ def asked_sentence(
 
 
 def _speed(c: Choice) -> str:
-    return f"{c.speedup:.3g}× [{format_number(c.speedup_low, '.3g')}–{format_number(c.speedup_high, '.3g')}]"
+    return interval_text(c.speedup, c.speedup_low, c.speedup_high, ".3g")
 
 
 def _error(c: Choice) -> str:
@@ -674,7 +676,7 @@ def _memory(c: Choice, mode: Mode = FORWARD, baseline: Choice | None = None) -> 
         if baseline is not None and baseline.memory_bytes == baseline.memory_bytes:
             return f", cache {mib_text(c.memory_bytes)} MiB vs {mib_text(baseline.memory_bytes)} MiB"
         return f", cache {mib_text(c.memory_bytes)} MiB"
-    return f", {format_number(ratio, '.2g')}× the memory" if ratio == ratio else ""
+    return f", {ratio_text(ratio, '.2g')} the memory" if ratio == ratio else ""
 
 
 VERDICT_HEADERS = [
@@ -716,7 +718,7 @@ def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list
             memory = f"{mib_text(choice.memory_bytes)} ({ratio_text(choice.memory_ratio)})"
             prefill = [ms_text(choice.prefill_s)]
         else:
-            memory = f"{format_number(choice.memory_bytes / MIB, '.1f')} ({format_number(choice.memory_ratio, '.2f')}×)"
+            memory = f"{format_number(choice.memory_bytes / MIB, '.1f')} ({ratio_text(choice.memory_ratio)})"
             prefill = []
         rows.append([name, speed, error, memory, *prefill, format_percent(choice.of_roofline), choice.pays_off])
     if any(c.recall == c.recall for c in answer.choices):  # the run planted needles: each choice's recall beside
@@ -724,6 +726,25 @@ def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list
         for row, choice in zip(rows, answer.choices):
             row.insert(3, recall_text(choice.recall))
     return headers, rows
+
+
+CROSSOVER_MARKS = {  # a mark in the 'faster from N' column (`_short_crossover`) -> what it means
+    "≈": "≈ N: the crossover estimate, where the median speedup reaches 1× (interpolated between the N measured)",
+    "≤": "≤ N: faster already at the smallest N measured",
+    "> ": "> N: not faster up to the largest N measured",
+    "clear ≥": "clear ≥ N: faster beyond noise (95% intervals) from that N on",
+    "within noise": "within noise: faster by the median, but its 95% interval reaches 1× at the largest N",
+    "not monotone": "not monotone: faster at some smaller N too, then slower again as N grows",
+}
+
+
+def crossover_legend(rows: list[list[str]], explained: set[str]) -> str:
+    """The line under a verdict table that says what its 'faster from N' marks mean (the last column), those not
+    `explained` above it only (they are added to it); '' when there is none new."""
+    shown = [row[-1] for row in rows]
+    new = [mark for mark in CROSSOVER_MARKS if mark not in explained and any(mark in text for text in shown)]
+    explained.update(new)
+    return "faster from N: " + "; ".join(CROSSOVER_MARKS[mark] for mark in new) + "." if new else ""
 
 
 RECALL_HEADER = "needle recall (least)"  # the least share of needles retrieved over the setting's `needles` inputs
@@ -853,6 +874,7 @@ def verdict_markdown(found: list[VerdictBlock]) -> str:
         return "No cell ran ok: there is nothing to recommend.\n"
     first = found[0].verdict
     parts = [budget_line(first.budget, first.baseline), VERDICT_INTRO.format(baseline=f"`{first.baseline}`")]
+    explained: set[str] = set()  # each 'faster from N' mark is said once, under the first table showing it
     for block in found:
         parts.append(f"### {block_title(block)}")
         parts.append(block.sentence)
@@ -860,7 +882,10 @@ def verdict_markdown(found: list[VerdictBlock]) -> str:
             parts.append(f"No variant has both a speedup against `{block.verdict.baseline}` and a result here.")
         for answer in block.verdict.answers:
             parts.append(f"**N={answer.n}:** {answer.sentence}" + (f" {answer.asked}" if answer.asked else ""))
-            parts.append(markdown_table(*verdict_rows(block.verdict, answer)))
+            headers, rows = verdict_rows(block.verdict, answer)
+            parts.append(markdown_table(headers, rows))
+            if legend := crossover_legend(rows, explained):
+                parts.append(f"_{legend}_")
             if answer.left_out:
                 parts.append(left_out_text(answer))
     return "\n\n".join(parts) + "\n"
@@ -872,6 +897,7 @@ def verdict_terminal(found: list[VerdictBlock], width: int) -> str:
         return "No cell ran ok: there is nothing to recommend."
     first = found[0].verdict
     parts = [textwrap.fill(budget_line(first.budget, first.baseline).replace("`", "").replace("**", ""), width)]
+    explained: set[str] = set()  # each 'faster from N' mark is said once, under the first table showing it
     for block in found:
         parts.append(
             textwrap.fill(f"== {block_title(block)}", width) + "\n" + textwrap.fill(block.sentence.replace("`", ""), width)
@@ -879,8 +905,11 @@ def verdict_terminal(found: list[VerdictBlock], width: int) -> str:
         for answer in block.verdict.answers:
             said = f"N={answer.n}: {answer.sentence}" + (f" {answer.asked}" if answer.asked else "")
             lines = [textwrap.fill(said.replace("`", ""), width)]
-            table = aligned_table(*verdict_rows(block.verdict, answer), width=width - 2, breakable=(0,))  # names
-            lines += ["  " + line for line in table.splitlines()]
+            headers, rows = verdict_rows(block.verdict, answer)
+            table = aligned_table(headers, rows, width=width - 2, breakable=(0,))  # names may break
+            lines.append(textwrap.indent(table, "  "))  # the blank line between wrapped rows stays empty
+            if legend := crossover_legend(rows, explained):
+                lines.append(textwrap.fill(legend, width, initial_indent="  ", subsequent_indent="    "))
             if answer.left_out:
                 lines.append(textwrap.fill(left_out_text(answer), width, initial_indent="  ", subsequent_indent="    "))
             parts.append("\n".join(lines))
