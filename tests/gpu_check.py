@@ -5,8 +5,8 @@ Each step is a row of the pass/fail table printed at the end, in this order:
                      float32, for every registered variant (full-xformers, xformers' CUDA kernel, among them)
   sweep              `attnbench run gpu-check` (configs/gpu-check.toml): forward, forward+backward and decode cells in
                      bfloat16, with the run's report; every cell must run ok
-  model              `attnbench model` on SmolLM2-135M at N=2048 when the model folder exists (`make model`), else
-                     skipped with a line; on the CPU for now: that command has no device option yet
+  model              `attnbench model --device cuda` on SmolLM2-135M at N=2048 when the model folder exists (`make
+                     model`), else skipped with a line
   check NAME(backend=flex) DTYPE   the same checks through each other backend a variant declares (band and strided
                      through FlexAttention, compiled by Triton: the slowest rows, so the last)
 A step that has not started when the budget (--budget-s, 480 s) is spent fails as not run (the sweep and the model
@@ -176,11 +176,11 @@ def model_step(model_dir: Path, folder: Path, timeout: float) -> Step:
         return Step(name, "skip", 0.0, f"no model folder at {model_dir}: `make model` makes it")
     text = resources.files("attnbench.model.texts") / "python_tutorial.txt"
     command = [sys.executable, "-m", "attnbench.cli", "model", str(model_dir), "--variants", MODEL_VARIANTS,
-               "--text-file", str(text), "--seq-len", str(MODEL_LEN), "--out", str(folder / "model")]  # fmt: skip
+               "--text-file", str(text), "--seq-len", str(MODEL_LEN), "--device", "cuda",
+               "--out", str(folder / "model")]  # fmt: skip
     code, seconds = run_logged(command, folder / "model.log", timeout)
     detail = "did not finish within the budget" if code is None else f"exit {code}"
-    where = "on the CPU: attnbench model has no device option yet"  # attnbench.model.study places the model there
-    return Step(name, "pass" if code == 0 else "fail", seconds, f"{detail}, {where} ({folder / 'model.log'})")
+    return Step(name, "pass" if code == 0 else "fail", seconds, f"{detail}, on the GPU ({folder / 'model.log'})")
 
 
 def within_budget(steps: Iterable[tuple[str, Callable[[float], Step]]], budget_s: float,

@@ -170,3 +170,21 @@ def test_the_memory_estimate_grows_with_the_length_and_the_single_layer_swaps(mo
     assert estimated_peak_bytes(shape, 8192, full, causal=True, single_layers=True) > long
     dense = [registry.create("full-math")]  # builds the (h, n, n) scores: the estimate sees them
     assert estimated_peak_bytes(shape, 8192, dense, causal=True, single_layers=False) > long + 4 * 8192**2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_device_cuda_without_cuda_is_refused_before_any_work(models, tmp_path: Path, capsys) -> None:
+    """`make gpu-check` runs `attnbench model --device cuda`; without CUDA that is bad input, named, before loading."""
+    argv = ["model", str(models["decoder"]), "--variants", "band", "--random-tokens", "100", "--seq-len", "16",
+            "--device", "cuda", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 2
+    assert "--device cuda: CUDA is not available" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_device_cpu_runs_the_study_as_before(models, tmp_path: Path) -> None:
+    argv = ["model", str(models["decoder"]), "--variants", "band(window=4)", "--random-tokens", "40", "--seq-len",
+            "16", "--device", "cpu", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    rows = pd.read_csv(next(tmp_path.iterdir()) / "model.csv")
+    assert (rows[rows.layer == "final"].status.fillna("ok") == "ok").all() and len(rows) > 1

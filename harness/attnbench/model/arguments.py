@@ -71,6 +71,10 @@ def add_model_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
         default=None,
         help="refuse lengths whose estimated peak memory exceeds this (default: 80%% of the memory available now)",
     )
+    model.add_argument(
+        "--device", default="cpu", choices=("cpu", "cuda"),
+        help="where the model and its swapped attention run (default cpu; cuda: the current GPU, float32 both ways)",
+    )
     model.add_argument("--seed", type=int, default=0, help="seed of --random-tokens and of the masked positions")
     model.add_argument("--out", type=Path, default=Path("results"), help="folder for run folders (default: results)")
     return model

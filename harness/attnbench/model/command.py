@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model")
 
 
+
+def device_of(args: argparse.Namespace) -> str:
+    """Where the study runs: --device (cpu unless asked)."""
+    return getattr(args, "device", "cpu")
+
 def requested_lengths(args: argparse.Namespace) -> list[int]:
     """--seq-len's lengths, each once, shortest first (given as `--seq-len 2048 4096` or `--seq-len 2048,4096`)."""
     return sorted({n for group in args.seq_len for n in group})
@@ -40,6 +45,10 @@ def argument_problems(args: argparse.Namespace, specs: list[VariantSpec]) -> tup
         problems.append(f"--min-run-time must be a finite number > 0, got {args.min_run_time:g}")
     if args.memory_limit_gb is not None and not 0 < args.memory_limit_gb < math.inf:
         problems.append(f"--memory-limit-gb must be a finite number > 0, got {args.memory_limit_gb:g}")
+    import torch
+
+    if device_of(args) == "cuda" and not torch.cuda.is_available():
+        problems.append("--device cuda: CUDA is not available here (a CPU build of torch, or no GPU)")
     if args.random_tokens is not None and args.random_tokens < 2:
         problems.append(f"--random-tokens must be >= 2, got {args.random_tokens}")
     if args.token_ids is not None and (len(args.token_ids) < 2 or min(args.token_ids) < 0):
@@ -110,10 +119,10 @@ def memory_problems(model: object, lengths: list[int], specs: list[VariantSpec],
             variant = registry.create(spec.name, seed=0, **dict(spec.params))
         except Exception:  # its row says why
             continue
-        if variant.unsupported_reason(device="cpu", dtype="float32", causal=causal, padded=False, n_q=lengths[-1],
-                                      n_k=lengths[-1], backward=False) is None:  # fmt: skip
+        if variant.unsupported_reason(device=device_of(args), dtype="float32", causal=causal, padded=False,
+                                      n_q=lengths[-1], n_k=lengths[-1], backward=False) is None:  # fmt: skip
             variants.append(variant)
-    limit, source = memory_limit(Settings(memory_limit_gb=args.memory_limit_gb), "cpu")
+    limit, source = memory_limit(Settings(memory_limit_gb=args.memory_limit_gb), device_of(args))
     if args.memory_limit_gb is not None:
         source = f"--memory-limit-gb {args.memory_limit_gb:g}"
     shape = ModelShape.of(model)
@@ -172,6 +181,7 @@ def model_command(args: argparse.Namespace, width: int) -> int:
                   file=sys.stderr)  # fmt: skip
         print(f"attnbench: loading {args.model_dir}…", file=sys.stderr, flush=True)
         model, kind = load_model(args.model_dir)
+        model = model.to(device_of(args))
         too_big, memory = memory_problems(model, lengths, specs, args, is_causal_model(model))
         if too_big:
             raise ModelStudyError("; ".join(too_big))
@@ -190,7 +200,8 @@ def model_command(args: argparse.Namespace, width: int) -> int:
 
     def study_at(n: int) -> ModelStudy:
         timing = args.min_run_time if args.time else None
-        return ModelStudy(model, kind, ids[:, :n], None if labels is None else labels[:, :n],
+        return ModelStudy(model, kind, ids[:, :n].to(device_of(args)),
+                          None if labels is None else labels[:, :n].to(device_of(args)),
                           single_layers=args.per_layer, min_run_time=timing)  # fmt: skip
 
     def exact_at(n: int) -> ModelStudy:
@@ -230,7 +241,7 @@ def model_command(args: argparse.Namespace, width: int) -> int:
         "native_tolerance": NATIVE_TOLERANCE,
         "memory": memory,
         "dtype": "float32",
-        "machine": machine_info(["cpu"]),
+        "machine": machine_info([device_of(args)]),
     }
     passes = f"every layer{' + each layer alone' if args.per_layer else ''}{', timed' if args.time else ''}"
     print(f"attnbench: {len(specs)} variant setting(s) × {len(lengths)} length(s) ({', '.join(map(str, lengths))} "

@@ -347,7 +347,8 @@ class ModelStudy:
             return [ModelRow(**base, swap="all", layer="final", status="error", reason=f"could not build: {error}")]
         n = self.seq_len
         reason = variant.unsupported_reason(
-            device="cpu", dtype="float32", causal=self.causal, padded=False, n_q=n, n_k=n, backward=False
+            device=self.ids.device.type, dtype="float32", causal=self.causal, padded=False, n_q=n, n_k=n,
+            backward=False,
         )
         if reason is not None:
             return [ModelRow(**base, swap="all", layer="final", status="unsupported", reason=reason)]
@@ -401,7 +402,7 @@ class ModelStudy:
                 "exact": call(Routing(outputs=KeptOutputs(()))),
                 "swapped": call(Routing(everywhere=variant, outputs=KeptOutputs(()))),
             },
-            torch.device("cpu"),
+            self.ids.device,
             min_rounds=5,
             min_run_time=min_run_time,
         )
