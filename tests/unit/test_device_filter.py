@@ -3,6 +3,7 @@ own list runs without it and says so in one note before the plan; a setting name
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,25 @@ def test_quick_on_the_cpu_leaves_xformers_out_in_one_line(capsys, tmp_path: Path
     err = capsys.readouterr().err
     assert "--variants: full-xformers runs only on cuda, and this run is on cpu" in err
     assert not (tmp_path / "runs").exists()  # refused before any folder
+
+
+def test_a_causal_only_run_leaves_out_the_configs_settings_without_a_causal_form() -> None:
+    """`run quick --causal true` (the README's recipe): the preset's non-causal-only settings are left out with one
+    note, not a row `unsupported` per input and N; a run with non-causal cells keeps them; settings named with
+    --variants stay (their cells say why)."""
+    variants = ["full", "nystromformer", {"name": "lsh", "shared_qk": [True, False]}, "band"]
+    causal = parse_config({"variants": variants, "causal": True, **SMALL})
+    assert [spec.label() for spec in causal.variants] == ["full", "lsh(shared_qk=True)", "band"]
+    [note] = [n for n in causal.notes if "no causal form" in n]
+    assert "nystromformer" in note and "lsh(shared_qk=False)" in note
+    both = parse_config({"variants": variants, "causal": [False, True], **SMALL})
+    assert len(both.variants) == 5 and not any("no causal form" in n for n in both.notes)
+
+
+
+def test_the_readmes_causal_recipe_plans_no_cell_that_cannot_run(capsys) -> None:
+    assert main(["run", "quick", "--causal", "true", "--seq-lens", "512", "--dry-run"]) == 0
+    said = capsys.readouterr()
+    text = said.out + said.err
+    total = re.search(r"total: (\d+) of (\d+) cells would run", text)
+    assert total and total.group(1) == total.group(2) and "cannot run" not in text, text

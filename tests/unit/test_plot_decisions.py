@@ -71,7 +71,9 @@ def test_the_title_names_the_verdicts_choice_or_says_none_in_one_short_line() ->
     use = judge(8192, [full(), choice(BAND, "band", 3.0, 0.3), choice("linformer", "low-rank", 5.0, 0.8)], "full")
     assert use.use == BAND and decision_title(use) == f"N=8192: {BAND}"
     over = judge(8192, [full(), choice("nystromformer", "low-rank", 4.0, 0.78)], "full")
-    assert decision_title(over) == "N=8192: none within the budget"
+    assert decision_title(over) == "N=8192: nothing within the error budget 0.5 beats full"
+    slower = judge(256, [full(), choice("topk", "block-sparse", 0.5, 0.1)], "full")  # within the budget, slower
+    assert decision_title(slower) == "N=256: nothing beats full"
     unclear = judge(8192, [full(), choice("band", "band", 1.5, 0.3, low=0.9)], "full")  # its interval reaches 1×
     assert [c.label for c in unclear.choices] == ["full", "band"] and unclear.use == ""
     assert decision_title(unclear) == "N=8192: none recommended"

@@ -27,7 +27,7 @@ from attnbench.interface import ALL_DTYPES, VariantError, did_you_mean
 from attnbench.plan.also import ALSO, differing, further_sweeps, narrowed, union
 from attnbench.plan.budget import DEFAULT_MAX_ERROR, budget_problems
 from attnbench.plan.cells import AXES, InputSpec, Plan, Spec, VariantSpec, compiled_label, expand, groups_of
-from attnbench.plan.devices import by_devices
+from attnbench.plan.devices import by_devices, causal_forms
 from attnbench.plan.fit import causal_only_input, input_unfit
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
@@ -323,6 +323,10 @@ def parse_config(
                             flag=at("variants") if "variants" in flags else None)  # fmt: skip
     config.axes["variant"], problems = on_devices.kept, problems + on_devices.problems
     config.notes += [on_devices.note] if on_devices.note else []
+    if "variants" not in flags:  # named on the command line: each cell says why it cannot run
+        causal_only = causal_forms(config.axes["variant"], config.axes["causal"], registry)
+        config.axes["variant"] = causal_only.kept
+        config.notes += [causal_only.note] if causal_only.note else []
     compiled = list(dict.fromkeys(config.axes["compiled"]))
     labels = [compiled_label(spec.label(), c) for spec in config.axes["variant"] for c in compiled]
     if "baseline" not in raw and False not in compiled:  # compiled alone: speedups against the compiled baseline

@@ -53,3 +53,30 @@ def by_devices(
 
 def _devices(spec: VariantSpec, registry: Registry) -> tuple[str, ...]:
     return tuple(registry.load(spec.name).supports.devices)
+
+
+def causal_forms(specs: Sequence[VariantSpec], causal: Sequence[bool], registry: Registry) -> DeviceFilter:
+    """A causal-only run (`--causal true` on quick) leaves out a config's own settings whose variant has no causal
+    form (Nyströmformer's landmarks, Linformer's projection, lsh(shared_qk=False), …) with one note, not a row `unsupported` per input and N;
+    a run with non-causal cells keeps them. All of them without a causal form: kept, so the run says why per cell."""
+    if False in causal:
+        return DeviceFilter(list(specs))
+    gone = [spec for spec in specs if not _has_causal_form(spec, registry)]
+    kept = [spec for spec in specs if spec not in gone]
+    if not gone or not kept:
+        return DeviceFilter(list(specs))
+    listed = ", ".join(spec.label() for spec in gone)
+    return DeviceFilter(kept, note=f"{listed}: no causal form, left out of this causal run (`attnbench list` shows "
+                                   "each variant's capabilities)")  # fmt: skip
+
+
+def _has_causal_form(spec: VariantSpec, registry: Registry) -> bool:
+    """The setting runs causal where it runs at all (lsh's shared_qk=False does not; a setting that cannot be built
+    is kept: its cells say why)."""
+    try:
+        variant = registry.create(spec.name, **dict(spec.params))
+    except Exception:
+        return True
+    options = dict(device="cpu", dtype="float32", padded=False, n_q=16, n_k=16)
+    causal, plain = (variant.unsupported_reason(causal=c, **options) for c in (True, False))
+    return causal is None or plain is not None

@@ -29,13 +29,14 @@ def not_judged_on_error(judged: list[InputVerdict]) -> frozenset[str]:
 
 
 def decision_title(answer: Answer) -> str:
-    """'N=8192: band(sinks=4, window=256)' (the variant the verdict recommends; '(exact)' after an exact one),
-    'N=8192: none within the budget' where it offers no approximation, else 'N=8192: none recommended'."""
+    """'N=8192: band(sinks=4, window=256)' (the variant the verdict recommends; '(exact)' after an exact one);
+    where it offers no approximation, the verdict's own words ('N=256: nothing beats full', which covers
+    approximations within the budget but slower as well as ones over it); else 'N=8192: none recommended'."""
     chosen = next((c for c in answer.choices if c.label == answer.use), None) if answer.use else None
     if chosen is not None:
         return f"N={answer.n}: {chosen.label}" + (" (exact)" if chosen.family == "exact" else "")
-    if not any(c.family != "exact" for c in answer.choices):
-        return f"N={answer.n}: none within the budget"
+    if not any(c.family != "exact" for c in answer.choices) and answer.sentence.startswith("Nothing"):
+        return f"N={answer.n}: nothing" + answer.sentence.removeprefix("Nothing").split(" here")[0]
     return f"N={answer.n}: none recommended"
 
 
