@@ -70,14 +70,24 @@ SPEEDUPS = {BAND: ("3.0", "2.5", "3.5"), "linear": ("0.5", "0.4", "0.6"), "full(
 
 def with_band_chosen(run: Path) -> Path:
     """The run with band made a clear choice at every N (error 0.3 within the budget, 3× [2.5–3.5] per token), the
-    others slower than full, and the per-round samples dropped: the verdict reads these intervals, not the noise."""
+    others slower than full, their medians set to agree (a machine loaded while the run was timed could make N=64
+    slower than N=128, which the verdict calls implausible), and the per-round samples dropped: the verdict reads
+    these intervals, not the noise."""
 
     def edit(rows: list[dict]) -> list[dict]:
+        full = {}  # full's step: 10 µs per 64 positions, so the times rise with N as the verdict checks
+        for row in rows:
+            if row["label"] == "full" and row["time_median_s"]:
+                row["time_median_s"] = str(1e-5 * int(row["seq_len"]) / 64)
+                full[row["input"], row["seq_len"]] = row["time_median_s"]
         for row in rows:
             row["speedup_coverage"] = "0.96"  # a 95% interval, however few rounds a busy machine allowed
+            row["noisy"] = ""  # nor its spread's flag
             if row["label"] in SPEEDUPS:
                 speedup, low, high = SPEEDUPS[row["label"]]
                 row.update(speedup=speedup, speedup_low=low, speedup_high=high)
+                if (row["input"], row["seq_len"]) in full:  # its median time agrees: full's over the speedup
+                    row["time_median_s"] = str(float(full[row["input"], row["seq_len"]]) / float(speedup))
             if row["label"] == BAND:
                 row.update(err_vs_uniform="0.3")
         return rows
