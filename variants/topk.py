@@ -62,7 +62,7 @@ from attnbench.variants.kv_compression import SELECT_PER, heads_to_keep
 from attnbench.variants.topk_shared import SHARED_AT_ONCE, shared_attention, shared_selection
 from attnbench.variants.blocks import Pattern, expand_over_heads, partial_attention, query_blocks, real_key_blocks
 from attnbench.variants.window import unblocked
-from einops import einsum, rearrange
+from einops import rearrange
 from torch import Tensor
 
 SCORE_QUERY_BLOCKS = 16  # queries are scored this many blocks at a time: (16 b) x N / b scores held, linear in N

@@ -56,9 +56,10 @@ def _devices(spec: VariantSpec, registry: Registry) -> tuple[str, ...]:
 
 
 def causal_forms(specs: Sequence[VariantSpec], causal: Sequence[bool], registry: Registry) -> DeviceFilter:
-    """A causal-only run (`--causal true` on quick) leaves out a config's own settings whose variant has no causal
-    form (Nyströmformer's landmarks, Linformer's projection, lsh(shared_qk=False), …) with one note, not a row `unsupported` per input and N;
-    a run with non-causal cells keeps them. All of them without a causal form: kept, so the run says why per cell."""
+    """A causal-only run (`--causal true` on quick) leaves out a config's own settings with no causal form
+    (Nyströmformer's landmarks, Linformer's projection, lsh(shared_qk=False), …) with one note, not a row
+    `unsupported` per input and N; a run with non-causal cells keeps them. All of them without a causal form: kept,
+    so the run says why per cell."""
     if False in causal:
         return DeviceFilter(list(specs))
     gone = [spec for spec in specs if not _has_causal_form(spec, registry)]

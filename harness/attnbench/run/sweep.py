@@ -75,8 +75,9 @@ def _measure_peaks(config: SweepConfig, trials: int = 5, streams: bool = True) -
     for device in config.axes["device"]:
         for dtype in config.axes["dtype"]:
             try:
+                with_streams = streams and "decode" in config.axes["mode"]
                 peaks[f"{device}/{dtype}"] = measure_peaks(device, getattr(torch, dtype), trials=trials,
-                                                           streams=streams and "decode" in config.axes["mode"])  # fmt: skip
+                                                           streams=with_streams)  # fmt: skip
             except Exception as error:  # e.g. cuda asked for on a machine without it: cells say so too
                 peaks[f"{device}/{dtype}"] = {"error": f"{type(error).__name__}: {error}"}
     return peaks
@@ -176,7 +177,8 @@ def run_plan(
             bar = tqdm(total=sum(len(g.cells) for g in todo), disable=not progress, unit="cell", dynamic_ncols=True)
             def peaks_between() -> None:  # a quiet moment between groups may show a higher peak than the ends
                 if executor == "local":  # on Ray the groups run on other machines than this one
-                    meta["peaks_between"] = best_peaks(meta.get("peaks_between", {}), _measure_peaks(config, trials=2, streams=False))
+                    quick_look = _measure_peaks(config, trials=2, streams=False)
+                    meta["peaks_between"] = best_peaks(meta.get("peaks_between", {}), quick_look)
 
             try:
                 def stuck() -> None:  # an interrupt inside a call that does not return: meta.json says so

@@ -100,7 +100,8 @@ def best_peaks(*measurements: dict[str, dict]) -> dict[str, dict]:
     for peaks in measurements:
         for key, value in (peaks or {}).items():
             current = best.get(key, {})
-            merged = {**current, **value} if value.get("matmul_flops_per_s", 0) >= current.get("matmul_flops_per_s", 0) else dict(current)
+            higher_matmul = value.get("matmul_flops_per_s", 0) >= current.get("matmul_flops_per_s", 0)
+            merged = {**current, **value} if higher_matmul else dict(current)
             for rate in ("copy_bytes_per_s", "read_bytes_per_s", "write_bytes_per_s"):  # each its own highest
                 highest = max(current.get(rate, 0), value.get(rate, 0))
                 if highest:
