@@ -100,6 +100,19 @@ class WindowState(DecodeState):
         self.push(k, v)
         return softmax_step(q, self.keys, self.values, self.visible())
 
+    evicts = True  # a step writes over the position leaving the window
+
+    def kept(self) -> tuple[Tensor, Tensor]:
+        """The sinks and the window, in position order."""
+        return self.ordered()
+
+    @property
+    def held_bytes(self) -> int:
+        """The filled slots' keys and values (the ring's spare slot for the next token left out)."""
+        b, h = self.keys.shape[:2]
+        return b * h * self.filled * (self.keys.shape[-1] * self.keys.element_size()
+                                      + self.values.shape[-1] * self.values.element_size())
+
     def ordered(self) -> tuple[Tensor, Tensor]:
         """Every kept position's key and value in position order: (b, h, kept, d), (b, h, kept, e)."""
         slots = torch.argsort(self.positions)[self.positions.shape[0] - self.filled :]

@@ -11,8 +11,10 @@ them: a `score` saying which positions matter, and one shared `compress` keeping
 - `snapkv` (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before Generation"): at the end of the
   prompt the last `window` queries (the observation window) vote: their softmax weights on the prefix keys, summed
   over the window, pooled along the keys (max or average over `kernel` neighbours, so a kept key brings its
-  neighbours); per head the top budget - window prefix positions are kept, and the window. Then exact attention on
-  what was kept, new tokens appended (the cache grows by one a step).
+  neighbours), per query head; under grouped-query attention a key/value head's score is the mean of its query
+  heads' pooled votes (kvpress's SnapKVPress.score, kvpress/presses/snapkv_press.py); per head the top budget -
+  window prefix positions are kept, and the window. Then exact attention on what was kept, new tokens appended (the
+  cache grows by one a step).
 
 Both compute exact causal attention over the prompt (they compress after it), keep everything when the prompt fits
 the budget (then they are exact decoding; H2O until the budget fills), and change generation only: a full-sequence
@@ -25,7 +27,6 @@ b - batch, h - heads, i - query position, j - key position, d - head dim, e - va
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,11 +45,19 @@ from attnbench.interface import (
     query_group,
     softmax_attention_flops,
 )
-from attnbench.ops import KVCache, causal_allows, default_scale, softmax_step
+from attnbench.ops import (
+    SCORE_CHUNK,
+    KVCache,
+    attention_mass,
+    causal_allows,
+    default_scale,
+    group_mean,
+    prompt_mass,
+    softmax_step,
+)
 from einops import einsum, rearrange
 from torch import Tensor
 
-SCORE_CHUNK = 256  # prompt queries whose weights H2O holds at once: (b, h, 256, n), never n x n
 BUDGET = Hyperparameter(512, "positions kept per head (the compressed cache's size)", minimum=1)
 POOLS = ("max", "avg")
 SELECT_PER = Hyperparameter(
@@ -67,11 +76,6 @@ def heads_to_keep(q: Tensor, k: Tensor, v: Tensor, select_per: str) -> tuple[Ten
     return k, v, group
 
 
-def group_mean(x: Tensor, group: int) -> Tensor:
-    """Per-query-head scores (b, h, ...) averaged over each key/value head's `group` query heads: (b, h / group, ...)."""
-    return x if group == 1 else x.unflatten(1, (x.shape[1] // group, group)).mean(dim=2)
-
-
 # ---- kvpress's split: a score per position, one compress for every method --------------------------------------
 
 
@@ -87,59 +91,18 @@ def gather_positions(x: Tensor, positions: Tensor) -> Tensor:
     return x.gather(2, positions[..., None].expand(*positions.shape, x.shape[-1]))
 
 
-def attention_mass(
-    q: Tensor, k: Tensor, v: Tensor, chunk: int = SCORE_CHUNK, outputs: bool = True
-) -> tuple[Tensor | None, Tensor]:
-    """H2O's score of the prompt: causal softmax attention, and the mass each key received, the sum over queries
-    i >= j of weight(i, j). q (b, h, n, d), k (b, g, n, d), v (b, g, n, e) -> out (b, h, n, e), mass (b, g, n) in
-    float32 at least (averaged over each key/value head's query heads). Taken `chunk` queries at a time:
-    (b, h, chunk, n) weights held, never n x n. `outputs=False`: the masses alone (out None)."""
-    group = query_group(q, k)
-    k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
-    b, h, n, _ = q.shape
-    work = torch.promote_types(q.dtype, torch.float32)
-    out = v.new_empty(b, h, n, v.shape[-1]) if outputs else None
-    mass = torch.zeros(b, h, n, dtype=work, device=q.device)
-    for start in range(0, n, chunk):
-        stop = min(n, start + chunk)
-        scores = einsum(q[:, :, start:stop].to(work), k[:, :, :stop].to(work), "b h i d, b h j d -> b h i j")
-        i, j = torch.arange(start, stop, device=q.device)[:, None], torch.arange(stop, device=q.device)[None, :]
-        weights = (scores * default_scale(q.shape[-1])).masked_fill_(~causal_allows(i, j), float("-inf")).softmax(-1)
-        mass[..., :stop] += weights.sum(dim=-2)
-        if out is not None:
-            out[:, :, start:stop] = einsum(weights, v[:, :, :stop].to(work), "b h i j, b h j e -> b h i e").to(v.dtype)
-    return out, group_mean(mass, group)
-
-
-_LAST_MASS: list[tuple[Any, Any, tuple[int, int], Tensor]] = []  # weak q, weak k, their versions, their masses
-
-
-def prompt_mass(q: Tensor, k: Tensor) -> Tensor:
-    """`attention_mass`'s masses alone, (b, g, n), kept for the last (q, k) asked (while both tensors live): H2O at
-    several budgets over one prompt (a generation grid's shares) scores it once."""
-    versions = (q._version, k._version)  # written in place since: not the same prompt
-    if _LAST_MASS:
-        q_ref, k_ref, seen, mass = _LAST_MASS[0]
-        if q_ref() is q and k_ref() is k and seen == versions:
-            return mass
-    mass = attention_mass(q, k, k[..., :1], outputs=False)[1]  # v unused without outputs
-    _LAST_MASS[:] = [(weakref.ref(q), weakref.ref(k), versions, mass)]
-    return mass
-
-
 def window_votes(q: Tensor, k: Tensor, window: int) -> Tensor:
     """SnapKV's observation: the last `window` queries' causal softmax weights (over every key) on the prefix keys,
-    summed over the window's queries: q (b, h, n, d), k (b, g, n, d) -> (b, g, n - window), in float32 at least
-    (averaged over each key/value head's query heads)."""
-    group = query_group(q, k)
-    k = expand_kv_heads(k, group)
+    summed over the window's queries, per query head: q (b, h, n, d), k (b, g, n, d) -> (b, h, n - window), in
+    float32 at least. (kvpress averages over the window: the same ranking, pooling being linear in the votes.)"""
+    k = expand_kv_heads(k, query_group(q, k))
     n = k.shape[-2]
     work = torch.promote_types(q.dtype, torch.float32)
     scores = einsum(q[:, :, n - window :].to(work), k.to(work), "b h i d, b h j d -> b h i j")
     scores = scores * default_scale(q.shape[-1])
     i, j = torch.arange(n - window, n, device=q.device)[:, None], torch.arange(n, device=q.device)[None, :]
     weights = scores.masked_fill_(~causal_allows(i, j), float("-inf")).softmax(-1)  # (b, h, w, n)
-    return group_mean(weights[..., : n - window].sum(dim=-2), group)
+    return weights[..., : n - window].sum(dim=-2)
 
 
 def pooled(votes: Tensor, kernel: int, pool: str) -> Tensor:
@@ -190,6 +153,22 @@ class HeavyHitterCache(DecodeState):
             keys[..., :kept, :], values[..., :kept, :] = kept_k, kept_v
             masses[..., :kept] = scores.gather(-1, positions)
         return cls(keys, values, masses, heavy, n)
+
+    evicts = True  # a step drops the lightest position when the window moves on
+
+    def kept(self) -> tuple[Tensor, Tensor]:
+        """The filled slots' keys and values (the heavy hitters and the recent positions; the ring's slot for the
+        next token left out)."""
+        filled = (self.mass[0, 0] != float("-inf")).nonzero()[:, 0]  # every head fills the same slots
+        return self.keys[..., filled, :], self.values[..., filled, :]
+
+    @property
+    def held_bytes(self) -> int:
+        """The filled slots' keys, values and masses."""
+        filled = int((self.mass[0, 0] != float("-inf")).sum())
+        b, h = self.keys.shape[:2]
+        row = sum(x.shape[-1] * x.element_size() for x in (self.keys, self.values)) + self.mass.element_size()
+        return b * h * filled * row
 
     @property
     def heavy_mass(self) -> Tensor:
@@ -366,9 +345,11 @@ class SnapKV(KVCompression):
             )
 
     def score(self, q: Tensor, k: Tensor) -> Tensor:
-        """(b, h, n): the prefix positions' pooled votes, the window's +inf (always kept)."""
-        votes = pooled(window_votes(q, k, self.window), self.kernel, self.pool)
-        return F.pad(votes, (0, self.window), value=float("inf"))
+        """(b, g, n): the prefix positions' votes, pooled per query head then averaged over each key/value head's
+        query heads (kvpress's SnapKVPress.score: pooled before the group's mean, which differs from pooling the
+        mean for max pooling), the window's +inf (always kept)."""
+        votes = pooled(window_votes(q, k, self.window), self.kernel, self.pool)  # (b, h, n - window)
+        return F.pad(group_mean(votes, query_group(q, k)), (0, self.window), value=float("inf"))
 
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
         """Exact causal attention over the prompt, then the cache of the `budget` positions it keeps (all when the

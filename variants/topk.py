@@ -28,14 +28,25 @@ log-sum-exp, with the own block's part computed block-diagonally. Without autogr
 half the queries' slots, each merged into a running sum (`OnlineMerge`) and dropped: the memory of a batch, not of
 all (top_k + 1) N gathered queries and outputs at once (28x band's at N=8192 before, about band's now).
 
-Decode (`prefill` / `step`) is Quest's, whatever `score`: the cache is cut in pages of `block_size` and keeps each
-page's elementwise key max and min (2 d values a page, the metadata); a step ranks the pages before its own by the
-bound and attends by exact softmax to its own page (the newest positions), the first page when kept, and the top_k
-ranked pages: (top_k + 2) pages of keys and values read, the bound's metadata besides. With score="minmax" that is
-the causal forward's last row (`decode_equals_forward`); MoBA's mean gate is a prefill method and is not kept.
+Decode (`prefill` / `step`) is Quest's, whatever `score` (ported from its authors' code: the decode path of
+quest/models/QuestAttention.py, whose kernels' reference is `_ref_self_approx_attention` in
+quest/tests/test_approx_attention.py; the bound is evaluation/quest_attention.py's): the cache, per key/value head, is
+cut in pages of `block_size` and keeps each page's elementwise key max and min (2 d values a page, the metadata); a
+step (its token appended first) ranks the pages before its own by the bound and attends by exact softmax to its own
+page (always read: Quest's current page), the first page when kept, and the top_k ranked pages.
+- select_per="query-head" (Quest): each query head ranks by its own query and reads its own pages of its key/value
+  head (under grouped-query attention the group's heads may read different pages; the cache is not repeated);
+- select_per="kv-head": a key/value head ranks once, by the mean of its query heads' bounds, and its group shares the
+  pages (one choice per group).
+Quest as published is keep_first_block=False, select_per="query-head": top_k + 1 pages read per query head (Quest's
+page budget, the current page among them), and every page while no more than top_k are ranked. The NSA-style rule
+(the decode before 2026-11-28: a forced first page, the group's mean) is keep_first_block=True, select_per="kv-head".
+With score="minmax" and select_per="query-head" a step is the causal forward's last row (`decode_equals_forward`);
+MoBA's mean gate is a prefill method and is not kept.
 
-b - batch, h - heads, x - (b h), i - query position, c - key block, j - key in block, s - chosen slot, t - chunk,
-r - query in chunk, d - head dim, e - value dim
+b - batch, h - heads, x - (b h), i - query position, c - key block (page), j - key in block, s - chosen slot,
+t - chunk, r - query in chunk (decode: query head of a key/value head's group), g - key/value heads, d - head dim,
+e - value dim
 """
 
 from __future__ import annotations
@@ -58,7 +69,6 @@ from attnbench.interface import (
 )
 from attnbench.ops import KVCache, causal_allows, softmax_step
 from attnbench.variants.block_scores import block_summaries, score_blocks
-from attnbench.variants.kv_compression import SELECT_PER, heads_to_keep
 from attnbench.variants.topk_shared import SHARED_AT_ONCE, shared_attention, shared_selection
 from attnbench.variants.blocks import Pattern, expand_over_heads, partial_attention, query_blocks, real_key_blocks
 from attnbench.variants.window import unblocked
@@ -68,6 +78,12 @@ from torch import Tensor
 SCORE_QUERY_BLOCKS = 16  # queries are scored this many blocks at a time: (16 b) x N / b scores held, linear in N
 SCORES = ("mean", "minmax")
 SELECT_FOR = ("query", "block")  # see `attnbench.variants.topk_shared`
+SELECT_PER = Hyperparameter(
+    "query-head", "grouped-query decode: who ranks a key/value head's pages, each of its query heads by its own query "
+    "(query-head: Quest's rule, its heads may read different pages; the cache stays per key/value head) or the "
+    "key/value head once, by the mean of its query heads' bounds (kv-head: the group shares the pages; with "
+    "keep_first_block, the NSA-style rule)", kind=str, choices=("query-head", "kv-head"),
+)  # fmt: skip
 
 
 def score_chunk(size: int) -> int:
@@ -235,59 +251,65 @@ def ranked_pages(t: int, page: int, keep_first: bool) -> range:
     return range(1 if keep_first else 0, t // page)
 
 
-def pages_at(x: Tensor, rows: Tensor, page: int) -> Tensor:
-    """Pages of a paged buffer, each whole: x (b, g, pages page, d) contiguous, rows (b g s) the pages' row numbers
-    in its (b g pages, page d) view (`page_rows`) -> (b, g, s page, d). One index_select of rows: a gather over an
-    index expanded to every element took ~3x as long (a review's profile of this step)."""
-    b, g = x.shape[:2]
-    picked = rearrange(x, "b g (c j) d -> (b g c) (j d)", j=page).index_select(0, rows)  # (b g s, page d)
-    return rearrange(picked, "(b g s) (j d) -> b g (s j) d", b=b, g=g, j=page)
-
-
 def page_rows(chosen: Tensor, pages: int) -> Tensor:
-    """chosen (b, g, s) page indices -> (b g s) rows of the (b g pages, page d) view `pages_at` reads, once for the
-    keys and the values."""
-    b, g, _ = chosen.shape
-    first = torch.arange(0, b * g * pages, pages, device=chosen.device)[:, None]  # (b g, 1): each head's first page
-    return (first + rearrange(chosen, "b g s -> (b g) s")).flatten()
+    """chosen (b, g, r, s) page indices -> (b g r s) rows of the (b g pages, page d) view `pages_at` reads, once for
+    the keys and the values."""
+    b, g = chosen.shape[:2]
+    first = torch.arange(0, b * g * pages, pages, device=chosen.device).view(b, g, 1, 1)  # each head's first page
+    return (first + chosen).flatten()
+
+
+def pages_at(x: Tensor, rows: Tensor, choosers: int, page: int) -> Tensor:
+    """Pages of a paged buffer, each whole: x (b, g, pages page, d) contiguous, rows (b g r s) from `page_rows` for
+    r = `choosers` per key/value head -> (b, g r, s page, d). One index_select of rows: a gather over an index
+    expanded to every element took ~3x as long (a review's profile of this step)."""
+    b, g = x.shape[:2]
+    picked = rearrange(x, "b g (c j) d -> (b g c) (j d)", j=page).index_select(0, rows)  # (b g r s, page d)
+    return rearrange(picked, "(b g r s) (j d) -> b (g r) (s j) d", b=b, g=g, r=choosers, j=page)
 
 
 @dataclass
 class QuestCache(KVCache):
-    """Quest's cache: keys and values in pages of `page` positions (capacity a whole number of pages), and each
-    page's elementwise key maximum and minimum side by side, the selection metadata: bounds (b, h, pages, 2 d),
-    filled for the pages that hold a position. A step attends to its own page, the first page when kept, and the
-    `top_k` others with the highest bound Σ_d max(q_d max_d, q_d min_d) of q · k over a page's keys."""
+    """Quest's cache: keys and values in pages of `page` positions (capacity a whole number of pages), per key/value
+    head, and each page's elementwise key maximum and minimum side by side, the selection metadata: bounds (b, g,
+    pages, 2 d), filled for the pages that hold a position. A step attends to its own page, the first page when
+    kept, and the `top_k` others with the highest bound Σ_d max(q_d max_d, q_d min_d) of q · k over a page's keys,
+    ranked by each of a key/value head's `choosers` query heads (its group: Quest's rule) or once for the group
+    (1: by the mean of its query heads' bounds)."""
 
     bounds: Tensor
     page: int
     top_k: int
     keep_first: bool
+    choosers: int  # who ranks a key/value head's pages: its query heads (the group), or 1 (the group's mean)
+    context_pages: int | None = None  # after `close_context`: only these first pages are ranked, the later read whole
 
     @classmethod
-    def of_prompt(cls, k: Tensor, v: Tensor, *, page: int, room: int, top_k: int, keep_first: bool) -> "QuestCache":
-        """The cache of the prompt k (b, h, n, d), v (b, h, n, e), with room for `room` more positions."""
-        b, h, n, d = k.shape
+    def of_prompt(
+        cls, k: Tensor, v: Tensor, *, page: int, room: int, top_k: int, keep_first: bool, choosers: int
+    ) -> "QuestCache":
+        """The cache of the prompt k (b, g, n, d), v (b, g, n, e), with room for `room` more positions."""
+        b, g, n, d = k.shape
         pages = block_count(n + room, page)
         cache = KVCache.of(k, v, pages * page - n)
-        bounds = k.new_zeros(b, h, pages, 2 * d)
+        bounds = k.new_zeros(b, g, pages, 2 * d)
         filled = block_count(n, page)
         real = real_key_blocks(b, n, page, None, k.device)  # (b, c, j): the last page's rows past n are no keys
         bounds[..., :filled, :] = torch.cat(block_summaries(k, real, page, "minmax"), dim=-1)
-        return cls(cache.keys, cache.values, cache.length, bounds, page, top_k, keep_first)
+        return cls(cache.keys, cache.values, cache.length, bounds, page, top_k, keep_first, choosers)
 
     @property
     def high(self) -> Tensor:
-        """(b, h, pages, d): each page's elementwise key maximum (a view)."""
+        """(b, g, pages, d): each page's elementwise key maximum (a view)."""
         return self.bounds[..., : self.keys.shape[-1]]
 
     @property
     def low(self) -> Tensor:
-        """(b, h, pages, d): each page's elementwise key minimum (a view)."""
+        """(b, g, pages, d): each page's elementwise key minimum (a view)."""
         return self.bounds[..., self.keys.shape[-1] :]
 
     def append(self, k: Tensor, v: Tensor) -> "QuestCache":
-        """Add one position k (b, h, 1, d), v (b, h, 1, e) and fold its key into its page's max and min."""
+        """Add one position k (b, g, 1, d), v (b, g, 1, e) and fold its key into its page's max and min."""
         if self.length == self.keys.shape[-2]:  # full: double the buffers, whole pages, the metadata with them
             self.keys, self.values, self.bounds = (
                 torch.cat([x, torch.zeros_like(x)], dim=-2) for x in (self.keys, self.values, self.bounds)
@@ -302,48 +324,87 @@ class QuestCache(KVCache):
             torch.maximum(high, key, out=high), torch.minimum(low, key, out=low)
         return self
 
-    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """The new token (position t = length) joins the cache and attends, by exact softmax, to the pages chosen
-        for it (all of them when no more than top_k are ranked): q (b, h, 1, d), k, v (b, g, 1, d|e) -> (b, h, 1, e).
-        With grouped-query attention a key/value head's pages are ranked by the mean of its query heads' bounds.
-        A step is ~20 operations: its pages are copied together once (one index_select each for keys and values),
-        then one fused attention reads them."""
-        self.append(k, v)
+    def kept(self) -> None:
+        """Quest keeps every position and selects what it reads: not a set of kept positions."""
+        return None
+
+    @property
+    def held_bytes(self) -> int:
+        """The filled positions' keys and values, and the metadata of the pages holding them."""
+        pages = block_count(self.length, self.page)
+        return KVCache.held_bytes.fget(self) + self.bounds[..., :pages, :].numel() * self.bounds.element_size()  # type: ignore[attr-defined]
+
+    def close_context(self) -> None:
+        """kvpress's budget rule: the pages wholly inside the context are ranked from now on, the context's last
+        (partial) page and every later one read whole (the question and the answer are appended, as for every
+        method)."""
+        self.context_pages = self.length // self.page
+
+    def ranked(self, t: int) -> range:
+        """The pages the step at position t ranks (see `ranked_pages`), the context's alone after `close_context`."""
+        pages = ranked_pages(t, self.page, self.keep_first)
+        return pages if self.context_pages is None else range(pages.start, max(pages.start, min(pages.stop, self.context_pages)))
+
+    def reads_every_page(self, t: int) -> bool:
+        """The step at position t ranks no more than top_k pages: it reads them all (exact attention)."""
+        return len(self.ranked(t)) <= self.top_k
+
+    def whole_pages(self, t: int) -> int:
+        """Pages the step at position t reads whole besides the ranked ones and its own: after `close_context`, those
+        from the context's last on."""
+        return 0 if self.context_pages is None else max(0, t // self.page - max(self.context_pages, self.ranked(t).start))
+
+    def select(self, q: Tensor) -> Tensor:
+        """The pages the step at t = length - 1 (its token appended) reads when it ranks more than top_k: q (b, h,
+        1, d) -> page indices (b, g, r, s), r = `choosers` per key/value head; the top_k ranked ones, the first page
+        when kept, the own page last."""
         t, page = self.length - 1, self.page
-        ranked = ranked_pages(t, page, self.keep_first)
-        if len(ranked) <= self.top_k:  # every page: exact attention
-            return softmax_step(q, self.k, self.v)
+        ranked = self.ranked(t)
         work = torch.promote_types(q.dtype, torch.float32)  # ranked in float32 at least, as the forward ranks
         grouped = rearrange(q.to(work), "b (g r) 1 d -> b g r d", g=self.keys.shape[1])
         # Σ_d max(q_d hi_d, q_d lo_d) = q⁺ · hi + q⁻ · lo (hi >= lo): one product against [hi | lo]
         signed = torch.cat([grouped.clamp(min=0), grouped.clamp(max=0)], dim=-1)  # (b, g, r, 2 d)
         metadata = self.bounds[..., ranked.start : ranked.stop, :].to(work)  # (b, g, ranked, 2 d)
         scores = torch.matmul(signed, metadata.transpose(-1, -2))  # (b, g, r, ranked)
-        if scores.shape[-2] > 1:
-            scores = scores.mean(dim=-2, keepdim=True)  # the group's mean
-        top = scores[..., 0, :].topk(self.top_k, dim=-1, sorted=False).indices  # (b, g, top_k)
-        # the pages read, in one index: the kept first page, the chosen ones, the own page last
-        edges = [top.new_full((*top.shape[:-1], 1), page_index) for page_index in (0, t // page)]
-        chosen = torch.cat([edges[0], top + ranked.start, edges[1]] if ranked.start else [top, edges[1]], dim=-1)
+        if self.choosers == 1 and scores.shape[-2] > 1:
+            scores = scores.mean(dim=-2, keepdim=True)  # the group's mean: (b, g, 1, ranked)
+        top = scores.topk(self.top_k, dim=-1, sorted=False).indices + ranked.start  # (b, g, r, top_k)
+        whole = torch.arange(t // page - self.whole_pages(t), t // page + 1, device=q.device)  # ..., the own page last
+        edges = [top.new_full((*top.shape[:-1], 1), 0), whole.expand(*top.shape[:-1], -1)]
+        return torch.cat([top, edges[0], edges[1]] if ranked.start else [top, edges[1]], dim=-1)
+
+    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The new token (position t = length) joins the cache and attends, by exact softmax, to the pages chosen
+        for it (all of them when no more than top_k are ranked): q (b, h, 1, d), k, v (b, g, 1, d|e) -> (b, h, 1, e).
+        A step is ~20 operations: its pages are copied together once (one index_select each for keys and values,
+        (b, h, s page, d) when each query head chooses), then one fused attention reads them."""
+        self.append(k, v)
+        t, page = self.length - 1, self.page
+        if self.reads_every_page(t):
+            return softmax_step(q, self.k, self.v)
+        chosen = self.select(q)  # (b, g, r, s)
         rows = page_rows(chosen, self.keys.shape[-2] // page)
         held = (chosen.shape[-1] - 1) * page + t % page + 1  # the own page's positions after t are not keys yet
-        keys, values = (pages_at(x, rows, page)[..., :held, :] for x in (self.keys, self.values))
+        keys, values = (pages_at(x, rows, chosen.shape[2], page)[..., :held, :] for x in (self.keys, self.values))
         return F.scaled_dot_product_attention(q, keys, values, enable_gqa=keys.shape[1] != q.shape[1])
 
     @property
     def read_bytes(self) -> int:
-        """What the next step (at t = length) reads of the cache: the metadata of the pages it ranks, and the keys
-        and values of the pages it keeps, its own page's held part (every held position when it ranks no more than
-        top_k)."""
+        """What the next step (at t = length) reads of the cache: the metadata of the pages it ranks (once per
+        key/value head), and the keys and values of the pages it keeps, its own page's held part, counted per
+        chooser: per query head when each ranks (what its gather reads, and Quest's per-head kernel: the group's
+        heads may share pages, so a kernel reading each distinct page of a key/value head once reads between 1 and
+        `choosers` times less), per key/value head for the group's mean; every held position, once per key/value
+        head, when it ranks no more than top_k."""
         t, page = self.length, self.page
-        b, h = self.keys.shape[:2]
-        ranked = len(ranked_pages(t, page, self.keep_first))
+        b, g = self.keys.shape[:2]
         row = self.keys.shape[-1] * self.keys.element_size() + self.values.shape[-1] * self.values.element_size()
-        if ranked <= self.top_k:
-            return b * h * t * row
+        if self.reads_every_page(t):
+            return b * g * t * row
+        ranked = len(self.ranked(t))
         metadata = ranked * self.bounds.shape[-1] * self.bounds.element_size()
-        rows = (self.top_k + int(self.keep_first)) * page + t % page
-        return b * h * (rows * row + metadata)
+        rows = (self.top_k + int(self.keep_first) + self.whole_pages(t)) * page + t % page
+        return b * g * (self.choosers * rows * row + metadata)
 
 
 class BlockTopKAttention(AttentionVariant):
@@ -364,7 +425,8 @@ class BlockTopKAttention(AttentionVariant):
         "top_k": Hyperparameter(8, "blocks chosen by score per query, besides the kept own and first blocks (8)",
                                 minimum=0),
         "keep_first_block": Hyperparameter(True, "always attend to the first key block (the attention sink), as NSA "
-                                           "does, outside top_k; False: it is scored like the others", bool),
+                                           "does, outside top_k; False: it is scored like the others (Quest's "
+                                           "decode)", bool),
         "score": Hyperparameter("mean", "block score: mean (MoBA: q . mean K) or minmax (Quest's bound)", str,
                                 choices=SCORES),
         "queries_per_chunk": Hyperparameter(128, "queries of one key block attended to together (speed and memory)",
@@ -410,10 +472,10 @@ class BlockTopKAttention(AttentionVariant):
     @property
     def decode_equals_forward(self) -> bool:  # type: ignore[override]
         """Decode is Quest's: it ranks pages by the min/max bound, as the forward does with score="minmax" (then
-        a step is the causal forward's last row: own block, first block, top_k earlier ones by the same bound; with
-        select_for="block" the forward ranks by a query block's mean query, a step by its own). With grouped-query
-        attention and select_per="kv-head" a step ranks a key/value head's pages by the mean of its query heads'
-        bounds, the forward per query head: equal only for one query head per key/value head (the self-check's)."""
+        a step is the causal forward's last row: own block, first block when kept, top_k earlier ones by the same
+        bound, per query head; with select_for="block" the forward ranks by a query block's mean query, a step by its
+        own). With select_per="kv-head" under grouped-query attention a step ranks by the group's mean bound: equal
+        only for one query head per key/value head (the self-check's)."""
         return self.score == "minmax" and self.select_for == "query"
 
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
@@ -424,15 +486,15 @@ class BlockTopKAttention(AttentionVariant):
 
     def prefill_state(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> DecodeState:
         """Quest's paged cache (page = `block_size`) with each page's key max and min, per key/value head."""
-        kept_k, kept_v, _ = heads_to_keep(q, k, v, self.select_per)
+        choosers = query_group(q, k) if self.select_per == "query-head" else 1
         return QuestCache.of_prompt(
-            kept_k, kept_v, page=self.block_size, room=room, top_k=self.top_k, keep_first=self.keep_first_block
+            k, v, page=self.block_size, room=room, top_k=self.top_k, keep_first=self.keep_first_block,
+            choosers=choosers,
         )
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         if not isinstance(state, QuestCache):
             raise UnsupportedOptionError(f"topk cannot step from a {type(state).__name__}")
-        k, v, _ = heads_to_keep(q, k, v, self.select_per)
         return state.step(q, k, v), state
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:

@@ -75,6 +75,24 @@ class DecodeState:
     def read_bytes(self) -> int:
         return self.nbytes
 
+    @property
+    def held_bytes(self) -> int:
+        """What the state holds of positions seen (a cache's room for later tokens left out): `nbytes` unless a
+        state says otherwise."""
+        return self.nbytes
+
+    evicts = False  # its own steps drop kept positions (a sliding window, H2O); else it only appends or is fixed
+
+    def kept(self) -> tuple[Tensor, Tensor] | None:
+        """The positions the state keeps, as keys (b, g, n, d) and values (b, g, n, e) in any order, when it is a
+        set of kept positions (a KV cache, a window, heavy hitters); None for anything else (an RNN state, pages
+        read by selection). What kvpress's budget rule freezes once the context ends."""
+        return None
+
+    def close_context(self) -> None:
+        """The context has ended and, under kvpress's budget rule, every later position is kept and read whole: a
+        state that selects what it reads (Quest's pages) ranks only the context's from now on. Nothing for others."""
+
     def clone(self) -> "DecodeState":
         """A copy whose tensors share nothing with this state's (a step may write into its buffers)."""
 

@@ -13,12 +13,16 @@ import torch
 from einops import einsum, rearrange
 from torch import Tensor
 
+import weakref
 from dataclasses import dataclass
+from typing import Any
 
 from attnbench.interface import (
     AttentionVariant,
     DecodeState,
     default_scale,
+    expand_kv_heads,
+    query_group,
     dense_attention_cost,
     saved_scores_bytes,
     softmax_attention_flops,
@@ -28,6 +32,11 @@ __all__ = [
     "KVCache",
     "TOLERANCE",
     "allowed_keys",
+    "attention_mass",
+    "attention_and_masses",
+    "group_mean",
+    "prompt_mass",
+    "remember_mass",
     "band_allows",
     "causal_allows",
     "default_scale",
@@ -220,6 +229,94 @@ class KVCache(DecodeState):
     def read_bytes(self) -> int:
         """A step reads the filled part of both buffers."""
         return (self.k.numel() * self.k.element_size()) + (self.v.numel() * self.v.element_size())
+
+    @property
+    def held_bytes(self) -> int:
+        """The filled part of both buffers (their room for later tokens left out)."""
+        return KVCache.read_bytes.fget(self)  # type: ignore[attr-defined]
+
+    def kept(self) -> tuple[Tensor, Tensor] | None:
+        return self.k, self.v
+
+
+SCORE_CHUNK = 256  # prompt queries whose weights `attention_mass` holds at once: (b, h, 256, n), never n x n
+
+
+def group_mean(x: Tensor, group: int) -> Tensor:
+    """Per-query-head scores (b, h, ...) averaged over each key/value head's `group` query heads: (b, h / group, ...)."""
+    return x if group == 1 else x.unflatten(1, (x.shape[1] // group, group)).mean(dim=2)
+
+
+def attention_mass(
+    q: Tensor, k: Tensor, v: Tensor, chunk: int = SCORE_CHUNK, outputs: bool = True
+) -> tuple[Tensor | None, Tensor]:
+    """Causal softmax attention, and the mass each key received, the sum over queries i >= j of weight(i, j) (H2O's
+    and ObservedAttention's score of a prompt). q (b, h, n, d), k (b, g, n, d), v (b, g, n, e) -> out (b, h, n, e),
+    mass (b, g, n) in float32 at least (averaged over each key/value head's query heads). Taken `chunk` queries at a
+    time: (b, h, chunk, n) weights held, never n x n. `outputs=False`: the masses alone (out None)."""
+    group = query_group(q, k)
+    k, v = expand_kv_heads(k, group), expand_kv_heads(v, group)
+    b, h, n, _ = q.shape
+    work = torch.promote_types(q.dtype, torch.float32)
+    out = v.new_empty(b, h, n, v.shape[-1]) if outputs else None
+    mass = torch.zeros(b, h, n, dtype=work, device=q.device)
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        scores = einsum(q[:, :, start:stop].to(work), k[:, :, :stop].to(work), "b h i d, b h j d -> b h i j")
+        i, j = torch.arange(start, stop, device=q.device)[:, None], torch.arange(stop, device=q.device)[None, :]
+        weights = (scores * default_scale(q.shape[-1])).masked_fill_(~causal_allows(i, j), float("-inf")).softmax(-1)
+        mass[..., :stop] += weights.sum(dim=-2)
+        if out is not None:
+            out[:, :, start:stop] = einsum(weights, v[:, :, :stop].to(work), "b h i j, b h j e -> b h i e").to(v.dtype)
+    return out, group_mean(mass, group)
+
+
+def attention_and_masses(q: Tensor, k: Tensor, v: Tensor, chunk: int = SCORE_CHUNK) -> tuple[Tensor, Tensor]:
+    """Causal softmax attention by the fused kernel (SDPA's own outputs), and `attention_mass`'s masses (b, g, n)
+    from the kernel's log-sum-exp: each chunk of queries' scores minus their log-sum-exp, exponentiated, summed over
+    the queries (a key's weight from each later query, without the softmax's own max and sum passes). On the CPU with
+    values as wide as keys (the kernel's condition); else `attention_mass` (its own pass)."""
+    group = query_group(q, k)
+    if q.device.type != "cpu" or v.shape[-1] != q.shape[-1]:
+        out, mass = attention_mass(q, k, v, chunk)
+        assert out is not None
+        return out, mass
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out, lse = flash(q, expand_kv_heads(k, group), expand_kv_heads(v, group), 0.0, True)[:2]  # lse (b, h, n)
+    work = torch.promote_types(q.dtype, torch.float32)
+    grouped = rearrange(q.to(work) * default_scale(q.shape[-1]), "b (g r) n d -> b g r n d", g=k.shape[1])
+    lse = rearrange(lse.to(work), "b (g r) n -> b g r n", g=k.shape[1])
+    n = q.shape[-2]
+    mass = torch.zeros(k.shape[0], k.shape[1], n, dtype=work, device=q.device)
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        weights = torch.matmul(grouped[:, :, :, start:stop], k[:, :, None, :stop].to(work).transpose(-1, -2))
+        weights.sub_(lse[:, :, :, start:stop, None]).exp_()  # (b, g, r, chunk, stop): softmax weights
+        later = torch.ones(stop - start, stop - start, dtype=torch.bool, device=q.device).triu_(1)
+        weights[..., start:stop].masked_fill_(later, 0.0)  # keys after the query
+        mass[..., :stop] += weights.sum(dim=(2, 3))
+    return out, mass / group
+
+
+_LAST_MASS: list[tuple[Any, Any, tuple[int, int], Tensor]] = []  # weak q, weak k, their versions, their masses
+
+
+def remember_mass(q: Tensor, k: Tensor, mass: Tensor) -> None:
+    """Keep `mass` (b, g, n) as the prompt masses of (q, k) while both tensors live and are not written: a caller
+    that computed them with the prompt's attention (the in-model exact prefill) spares `prompt_mass` a second pass."""
+    _LAST_MASS[:] = [(weakref.ref(q), weakref.ref(k), (q._version, k._version), mass)]
+
+
+def prompt_mass(q: Tensor, k: Tensor) -> Tensor:
+    """`attention_mass`'s masses alone, (b, g, n), kept for the last (q, k) asked or remembered (while both tensors
+    live): H2O at several budgets over one prompt (a generation grid's shares) scores it once."""
+    if _LAST_MASS:
+        q_ref, k_ref, seen, mass = _LAST_MASS[0]
+        if q_ref() is q and k_ref() is k and seen == (q._version, k._version):
+            return mass
+    mass = attention_mass(q, k, k[..., :1], outputs=False)[1]  # v unused without outputs
+    remember_mass(q, k, mass)
+    return mass
 
 
 def softmax_step(q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None = None) -> Tensor:

@@ -102,8 +102,9 @@ def test_overrides_rewrite_the_grid_s_description() -> None:
 
 def test_a_paper_s_name_labels_only_the_paper_s_setting() -> None:
     grid = parse_grid({**GRID, "methods": [{"name": "quest", "prefill": "own", "decode": "exact"}]})
-    assert [m.label() for m in grid.methods] == ["full", "topk(block_size=16, score=minmax) [own prefill, first 2 layers "
-                                                  "exact, exact decoding]"]  # fmt: skip
+    assert [m.label() for m in grid.methods] == ["full", "topk(block_size=16, keep_first_block=False, score=minmax, "
+                                                  "select_per=query-head) [own prefill, first 2 layers exact, exact "
+                                                  "decoding]"]  # fmt: skip
 
 
 def test_full_is_only_the_exact_model() -> None:

@@ -1,4 +1,4 @@
-"""The generation report from rows: accuracy with its interval over samples, the exact model's own accuracy beside
+"""The generation report from rows: accuracy with its Wilson interval, the exact model's own accuracy beside
 every figure, a task the exact model fails marked beyond the model and kept out of the verdict, continuation quality
 as the geometric mean of perplexity ratios, and the plots a person reads."""
 
@@ -11,6 +11,7 @@ import pandas as pd
 from attnbench.report.generation import EXACT_FLOOR, summarize, verdict_lines, write_generation_report
 from attnbench.report.text import share_text
 from attnbench.runfolder.generations import COLUMNS
+from attnbench.stats import wilson_interval
 
 
 def rows() -> pd.DataFrame:
@@ -40,7 +41,8 @@ def rows() -> pd.DataFrame:
 def test_summary_intervals_and_continuation() -> None:
     summary = summarize(rows())
     snap = summary[(summary.method == "snapkv") & (summary.share == 0.5) & (summary.task == "passkey")].iloc[0]
-    assert snap.accuracy == 0.75 and 0.0 <= snap.low < 0.75 < snap.high <= 1.0
+    wilson = wilson_interval(0.75, 4)
+    assert snap.accuracy == 0.75 and (snap.low, snap.high) == (wilson.low, wilson.high)
     forced = summary[(summary.method == "snapkv") & (summary.task == "continuation")].iloc[0]
     assert math.isclose(forced.ppl_ratio, math.sqrt(1.1 * 1.21))
 
@@ -48,14 +50,14 @@ def test_summary_intervals_and_continuation() -> None:
 def test_the_verdict_follows_the_exact_model_and_leaves_out_what_it_fails() -> None:
     lines = verdict_lines(rows(), summarize(rows()))
     text = "\n".join(lines)
-    assert "passkey 100%" in lines[0] and "niah_multikey 25%" in lines[0]
+    assert "passkey 100% [51–100]" in lines[0] and "niah_multikey 25% [4–70]" in lines[0]
     assert f"below {EXACT_FLOOR:.0%}" in lines[0] and "niah_multikey" in lines[0].split("Beyond the model")[1]
-    half = next(line for line in lines if "keeping 1/2" in line)
-    assert "snapkv 75%" in half  # the multikey 100% is left out: the exact model fails that task
-    eighth = next(line for line in lines if "keeping 1/8" in line)
-    assert eighth.index("snapkv 25%") < eighth.index("h2o 0%")  # ranked
-    assert "deltanet 0%" in text and "its state 9.0% of the cache" in text
-    assert "snapkv 75% [" in half  # with its interval over samples
+    half = next(line for line in lines if "budget of 1/2" in line)
+    assert "snapkv 75% [30–96]" in half  # the multikey 100% is left out: the exact model fails that task
+    assert "(the exact model 100% [51–100])" in half  # beside every figure
+    eighth = next(line for line in lines if "budget of 1/8" in line)
+    assert "no clear difference between h2o 0% [0–49] and snapkv 25% [4–70]" in eighth  # 0/4 and 1/4 overlap
+    assert "deltanet 0% [0–49]" in text and "its state 9.0% of the cache" in text
 
 
 def test_share_text() -> None:
@@ -65,7 +67,8 @@ def test_share_text() -> None:
 def test_the_report_and_its_plots_are_written(tmp_path: Path) -> None:
     report = write_generation_report(tmp_path, rows(), {"command": ["attnbench", "generate"], "grid": "t"})
     text = report.read_text()
-    assert "## Verdict" in text and "† the exact model answers below 80%" in text
+    assert "## Verdict" in text and "† the exact model's interval lies wholly below 80%" in text
+    assert text.index("What this run can resolve") < text.index("## Verdict")
     assert (tmp_path / "plots" / "generation-accuracy-vs-kept.png").is_file()
     assert (tmp_path / "plots" / "generation-continuation-vs-kept.png").is_file()
     assert (tmp_path / "report.html").is_file()

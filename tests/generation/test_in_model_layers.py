@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attnbench.generation.kept import BUDGET_RULES, appends_after_prompt
 from attnbench.generation.layers import ExactPrompt, Method, MethodRows, layer_prefill, layer_step
+from attnbench.generation.step_timing import time_rows
 from attnbench.interface import expand_kv_heads
-from attnbench.ops import dense_masked_attention
+from attnbench.ops import KVCache, dense_masked_attention, softmax_step
 from attnbench.registry import registry
 
 HEADS, KV_HEADS, PROMPT, STEPS, D = 6, 2, 70, 5, 16
@@ -58,8 +60,10 @@ def drive(rows: MethodRows, qkv: list[tuple], *, from_exact: bool) -> list[torch
     return list(torch.cat([first, rest], dim=-2).split(1))
 
 
-def standalone(variant, q, k, v, *, from_exact: bool) -> torch.Tensor:
-    """The method alone on the same q/k/v: its prefill (or its state from the prompt), then one step per token."""
+def standalone(variant, q, k, v, *, from_exact: bool, rule: str = "fixed-total") -> torch.Tensor:
+    """The method alone on the same q/k/v: its prefill (or its state from the prompt), then one step per token; under
+    kvpress's rule a state of kept positions becomes exact attention over them and every later token, and one that
+    selects (Quest) ranks the context's pages alone."""
     prompt = (x[:, :, :PROMPT] for x in (q, k, v))
     if from_exact and variant.decodes():
         group = HEADS // KV_HEADS
@@ -67,9 +71,17 @@ def standalone(variant, q, k, v, *, from_exact: bool) -> torch.Tensor:
         state = variant.prefill_state(q[:, :, :PROMPT], kk[:, :, :PROMPT], vv[:, :, :PROMPT], room=STEPS)
     else:
         _, state = layer_prefill(variant, *prompt, STEPS)
+    kept = KVCache.of(*state.kept(), room=STEPS) if appends_after_prompt(state, rule) else None  # type: ignore[misc]
+    if rule == "kvpress":
+        state.close_context()
     outs = []
     for t in range(PROMPT, PROMPT + STEPS):
-        out, state = layer_step(variant, state, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1])
+        one = (q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1])
+        if kept is not None:
+            kept.append(*(expand_kv_heads(x, kept.keys.shape[1] // KV_HEADS) for x in one[1:]))
+            out = softmax_step(one[0], kept.k, kept.v)
+        else:
+            out, state = layer_step(variant, state, *one)
         outs.append(out)
     return torch.cat(outs, dim=-2)
 
@@ -81,14 +93,15 @@ def ways_to_meet_the_prompt() -> list[tuple[str, bool]]:
             if not exact or registry.load(name).decodes()]  # fmt: skip
 
 
+@pytest.mark.parametrize("rule", BUDGET_RULES)
 @pytest.mark.parametrize("name, from_exact", ways_to_meet_the_prompt(),
                          ids=[f"{n}-{'exact-prompt' if e else 'own-prefill'}" for n, e in ways_to_meet_the_prompt()])
-def test_each_row_gets_what_its_method_gives_alone(name: str, from_exact: bool) -> None:
+def test_each_row_gets_what_its_method_gives_alone(name: str, from_exact: bool, rule: str) -> None:
     variant = registry.create(name, **SMALL.get(name, {}))
     methods = [Method(registry.create("full")), Method(variant, "dense" if from_exact else "own")]
     qkv = [tokens(0), tokens(1)]
-    rows = drive(MethodRows(methods, room=STEPS), qkv, from_exact=from_exact)
-    expected = [standalone(m.variant, *x, from_exact=True) for m, x in zip(methods, qkv)]
+    rows = drive(MethodRows(methods, room=STEPS, rule=rule), qkv, from_exact=from_exact)
+    expected = [standalone(m.variant, *x, from_exact=True, rule=rule) for m, x in zip(methods, qkv)]
     for got, want in zip(rows, expected):
         assert (got - want).abs().max() < 1e-5
 
@@ -121,10 +134,19 @@ def test_a_method_without_a_decode_form_is_its_prefill_then_the_whole_cache(name
     assert (out - expected).abs().max() < 1e-6
 
 
-def test_attention_time_is_counted_per_row() -> None:
-    rows = MethodRows([Method(registry.create("full")), Method(registry.create("band", window=4))], room=STEPS)
-    drive(rows, [tokens(4), tokens(5)], from_exact=True)
-    assert all(seconds > 0 for seconds in rows.attention_s)
+def test_each_rows_step_is_timed_alone_in_turns_with_the_exact_one() -> None:
+    """After generation every row's layer step is timed (a fresh copy each round, the states left as they were):
+    the exact row's ratio to itself is 1, a window over a fifth of the cache is cheaper per token."""
+    rows = MethodRows([Method(registry.create("full")), Method(registry.create("band", window=4)),
+                       Method(registry.create("topk", block_size=8, top_k=1, score="minmax"))],
+                      room=STEPS + 20)  # fmt: skip
+    drive(rows, [tokens(4), tokens(5), tokens(6)], from_exact=True)
+    held = [rows.row_bytes(row) for row in range(3)]
+    times = time_rows(rows, exact_row=0, layers=1, shapes=(HEADS, KV_HEADS, D, D), rounds=6)
+    assert [rows.row_bytes(row) for row in range(3)] == held  # timing stepped copies
+    assert times[0].ratio == times[0].low == times[0].high == 1.0
+    assert all(t.step_s > 0 and t.attention_s > 0 and t.low <= t.ratio <= t.high for t in times)
+    assert all(t.attention_s == t.step_s for t in times)  # one layer, none kept dense
 
 
 def test_a_sparse_prefill_with_exact_decoding() -> None:

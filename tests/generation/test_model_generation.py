@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from attnbench.generation.decoder import InModelDecoder
+from attnbench.generation.kept import BUDGET_RULES, appends_after_prompt
 from attnbench.generation.layers import Method, MethodRows, layer_state, layer_step
+from attnbench.ops import KVCache, softmax_step
 from attnbench.generation.tasks import build_samples
 from attnbench.generation.unit import encoder, loaded
 from attnbench.model.study import load_model
@@ -56,9 +58,12 @@ METHODS = [("h2o", {"budget": 96}), ("snapkv", {"budget": 96}), ("band", {"windo
            ("topk", {"block_size": 16, "top_k": 3, "score": "minmax"}), ("deltanet", {})]  # fmt: skip
 
 
-def test_in_model_steps_equal_each_methods_standalone_steps(smollm, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rule", BUDGET_RULES)
+def test_in_model_steps_equal_each_methods_standalone_steps(smollm, monkeypatch: pytest.MonkeyPatch, rule: str) -> None:
     """Every method in one batch; at layers 3 and 20 the q/k/v the model hands the router and the outputs it gets back
-    are recorded; each method's standalone state (from the same prompt) and steps on those q/k/v give those outputs."""
+    are recorded; each method's standalone state (from the same prompt) and steps on those q/k/v give those outputs:
+    under fixed-total its own steps; under kvpress's rule, once the prompt ends, exact attention over the positions it
+    kept and every later token (a state that keeps no positions, Quest's pages or an RNN, its own steps)."""
     _, _, decoder, prompt = smollm
     methods = [Method(registry.create(name, **params), "own" if name == "deltanet" else "dense") for name, params in METHODS]
     watched, seen = (3, 20), {}
@@ -72,7 +77,7 @@ def test_in_model_steps_equal_each_methods_standalone_steps(smollm, monkeypatch:
         return out
 
     monkeypatch.setattr(MethodRows, "attend", recording)
-    decoder.run(methods, prompt, new_tokens=5)
+    decoder.run(methods, prompt, new_tokens=5, rule=rule)
     for layer in watched:
         calls = seen[layer]  # the own-prefill rows' prompt, then the steps (every row), in order
         steps = [c for c in calls if c[0].shape[0] == len(methods)]
@@ -84,9 +89,19 @@ def test_in_model_steps_equal_each_methods_standalone_steps(smollm, monkeypatch:
             else:  # the exact prompt's q/k/v: the first row of the first step's layer input came after it
                 continue_from = decoder_prompt_qkv(decoder, prompt, layer)
                 state = layer_state(method.variant, *continue_from, room=8)
+            frozen = appends_after_prompt(state, rule)
+            kept = KVCache.of(*state.kept(), room=8) if frozen else None  # type: ignore[misc]
+            if rule == "kvpress":
+                state.close_context()
             for q, k, v, out in steps:
-                got, state = layer_step(method.variant, state, *(x[row : row + 1] for x in (q, k, v)))
-                assert (got - out[row : row + 1]).abs().max() < 1e-4, (method.label, layer)
+                one = tuple(x[row : row + 1] for x in (q, k, v))
+                if kept is not None:
+                    kept.append(*one[1:])
+                    got = softmax_step(one[0], kept.k, kept.v)
+                else:
+                    got, state = layer_step(method.variant, state, *one)
+                assert (got - out[row : row + 1]).abs().max() < 1e-4, (method.label, layer, rule)
+            assert frozen == (method.variant.name != "deltanet" and (rule == "kvpress" or method.variant.name not in ("band", "h2o")) and method.variant.name != "topk")
 
 
 def decoder_prompt_qkv(decoder: InModelDecoder, prompt: torch.Tensor, layer: int):

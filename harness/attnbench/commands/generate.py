@@ -20,6 +20,8 @@ from attnbench.exit_status import Exit
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from attnbench.generation.grid import DEFAULT_GRID, PROTOCOLS, grid_descriptions
+    from attnbench.generation.kept import BUDGET_RULES
+    from attnbench.generation.tasks import TASKS
     from attnbench.generation.preflight import DEFAULT_MODEL
 
     generate = subparsers.add_parser(
@@ -36,15 +38,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("grid", nargs="?", default=None, help=f"a shipped grid or a TOML file (default: {DEFAULT_GRID})")
     generate.add_argument("--model", type=Path, default=None, help=f"the model folder (default: $ATTNBENCH_MODEL_DIR or "
                           f"{DEFAULT_MODEL}, where `make model` writes SmolLM2-135M)")  # fmt: skip
-    generate.add_argument("--tasks", help="comma-separated tasks replacing the grid's: passkey, niah_single, "
-                          "niah_multikey, continuation, or jsonl:PATH (rows of context, question, answers: a reply scores the share of "
-                          "its answers it contains, RULER's string_match_all)")  # fmt: skip
+    generate.add_argument("--tasks", help="comma-separated tasks replacing the grid's: RULER's "
+                          f"{', '.join(t for t in TASKS if t not in ('passkey', 'continuation'))}; passkey; "
+                          "continuation; or jsonl:PATH (rows of context, question, answers, optionally answer_prefix, "
+                          "metric = string_match_all | string_match_part, max_new_tokens; joined verbatim)")  # fmt: skip
     generate.add_argument("--seq-lens", help="comma-separated context lengths N, e.g. 2048,8192")
     generate.add_argument("--samples", type=int, help="samples per task and N (needles at depths spread over 0-100%%)")
     generate.add_argument("--keep", help="comma-separated shares of the prompt's cache a KV method keeps, e.g. 0.5,0.125")
     generate.add_argument("--methods", help="comma-separated method settings replacing the grid's, e.g. "
                           "'h2o,snapkv(window=64),band(sinks=4)' (full, the exact model, is always run)")  # fmt: skip
     generate.add_argument("--protocols", help=f"comma-separated: {', '.join(PROTOCOLS)}")
+    generate.add_argument("--budget-rule", choices=BUDGET_RULES,
+                          help="kvpress (the default): the context is compressed once when it ends, the question and "
+                          "the answer appended for every method; fixed-total: every method stays at its share "
+                          "throughout (a window and H2O evict as they step, SnapKV leaves room for what follows)")  # fmt: skip
     generate.add_argument("--executor", choices=("local", "ray"), default="local",
                           help="local: the units one after another here; ray: each unit a Ray task")  # fmt: skip
     generate.add_argument("--jobs", type=int, default=2, help="units at once on this machine, each in its own process "
@@ -61,7 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def grid_flags(args: argparse.Namespace) -> dict[str, object]:
     """The flags that change a grid, with their values (None: not given)."""
     return {"--tasks": args.tasks, "--seq-lens": args.seq_lens, "--samples": args.samples, "--keep": args.keep,
-            "--methods": args.methods, "--protocols": args.protocols}  # fmt: skip
+            "--methods": args.methods, "--protocols": args.protocols, "--budget-rule": args.budget_rule}  # fmt: skip
 
 
 def _items(text: str | None, kind: type, flag: str) -> list | None:
@@ -121,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
         overrides = dict(
             tasks=_items(args.tasks, str, "--tasks"), seq_lens=_items(args.seq_lens, int, "--seq-lens"),
             samples=args.samples, keep=_items(args.keep, float, "--keep"), methods=_methods(args.methods),
-            protocols=_items(args.protocols, str, "--protocols"),
+            protocols=_items(args.protocols, str, "--protocols"), budget_rule=args.budget_rule,
         )  # fmt: skip
         grid = read_grid(source, **overrides)
     except ValueError as error:  # ConfigError lists every problem

@@ -1,13 +1,23 @@
 """The cache a method keeps, as a share of the prompt: each family's knob, set from the share and the prompt's length.
 
 kvpress sweeps the compression ratio (the share of key/value pairs removed); the share kept here is 1 minus it. A
-share s of a prompt of n tokens is round(s n) positions per key/value head (at least the method's smallest
-setting):
-- `band` (StreamingLLM's sinks + window): window = s n - sinks - 1 (the sinks, the window and the token itself);
-- `h2o`, `snapkv`: budget = s n (SnapKV's observation window is part of it);
-- `topk` (Quest): top_k = s n / page - 2 pages ranked, besides the first and the newest (Quest keeps every key and
-  reads that share: its cache is the exact one, what a step reads is the budget).
-A method without a knob (an RNN state, full) is run once, whatever the share.
+share s of a prompt of n tokens is T = round(s n) tokens (`tokens_kept`), counted right after the prompt, exactly:
+- `band` (StreamingLLM's sinks + window): window = T - c - 1 for c = max(sinks, global_tokens) first positions, so
+  the cache holds the c sinks and the last window + 1 positions, T per key/value head (a step then sees the sinks,
+  the window and itself, T keys);
+- `h2o`: budget = T positions per key/value head (its `recent` ones among them);
+- `snapkv`: budget = T per key/value head (its observation window among them);
+- `topk` (Quest): Quest's token budget is T: a step reads T // page pages per query head (Quest's page budget),
+  its current page among them, and every page while the context has no more: top_k = T // page - 1 ranked pages,
+  and one fewer with keep_first_block (its forced first page is one of the T // page). Quest keeps every key: what
+  is budgeted is what a step reads, whole pages, so (T // page) page <= T < (T // page + 1) page.
+A prompt no longer than T is kept whole (Quest: every page is read while there are no more than T // page). Below a
+method's smallest setting it holds that instead: band c + 1 positions, h2o `recent` (when set), snapkv window + 1,
+topk its current page (and the first one with keep_first_block). `tests/generation/test_knob_shares.py` checks each
+count on the states themselves. A method without a knob (an RNN state, full) is run once, whatever the share.
+Under the fixed-total budget rule (`attnbench.generation.kept`) a method whose cache grows by every later token
+(SnapKV) keeps T less the tokens that will follow (`reserve`: the question and the answer's budget), so it never
+holds more than T; a window and H2O hold T as they step, and Quest reads its T at every step.
 """
 
 from __future__ import annotations
@@ -23,13 +33,16 @@ class Knob:
     parameter: str
     value: Callable[[int, dict[str, Any]], int]  # (tokens kept, the variant's hyperparameters) -> the knob's value
     reads_only: bool = False  # the knob sets what a step reads; the cache keeps everything (Quest)
+    appends: bool = False  # its own steps append every later token (SnapKV): fixed-total keeps room for them
 
 
 KNOBS: dict[str, Knob] = {
-    "band": Knob("window", lambda tokens, p: max(1, tokens - p["sinks"] - 1)),
-    "h2o": Knob("budget", lambda tokens, p: max(2, tokens)),
-    "snapkv": Knob("budget", lambda tokens, p: max(p["window"] + 1, tokens)),
-    "topk": Knob("top_k", lambda tokens, p: max(1, tokens // p["block_size"] - 2), reads_only=True),
+    "band": Knob("window", lambda tokens, p: max(0, tokens - max(p["sinks"], p["global_tokens"]) - 1)),
+    "h2o": Knob("budget", lambda tokens, p: max(1, p["recent"] or 0, tokens)),
+    "snapkv": Knob("budget", lambda tokens, p: max(p["window"] + 1, tokens), appends=True),
+    "topk": Knob(
+        "top_k", lambda tokens, p: max(0, tokens // p["block_size"] - 1 - int(p["keep_first_block"])), reads_only=True
+    ),
 }
 
 
@@ -38,11 +51,14 @@ def knob_of(name: str) -> Knob | None:
 
 
 def tokens_kept(share: float, n: int) -> int:
-    """Positions per key/value head a share of a prompt of n tokens keeps."""
+    """Positions per key/value head a share of a prompt of n tokens keeps (Quest: its token budget, what a step
+    reads per query head)."""
     return max(1, round(share * n))
 
 
-def at_share(name: str, hparams: dict[str, Any], share: float, n: int) -> dict[str, Any]:
-    """The variant's hyperparameters (every one resolved) with its knob set for `share` of a prompt of n tokens."""
+def at_share(name: str, hparams: dict[str, Any], share: float, n: int, reserve: int = 0) -> dict[str, Any]:
+    """The variant's hyperparameters (every one resolved) with its knob set for `share` of a prompt of n tokens;
+    `reserve` tokens fewer for a method whose steps append (the fixed-total rule's room for what follows)."""
     knob = KNOBS[name]
-    return {**hparams, knob.parameter: knob.value(tokens_kept(share, n), hparams)}
+    tokens = tokens_kept(share, n) - (reserve if knob.appends else 0)
+    return {**hparams, knob.parameter: knob.value(max(1, tokens), hparams)}

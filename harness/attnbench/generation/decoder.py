@@ -33,14 +33,12 @@ class RowResult:
     nll: list[float] = field(default_factory=list)  # teacher-forced: -log p of each forced token
     cache_bytes: int = 0  # what its states hold after the prompt (every layer)
     read_bytes: int = 0  # what its first step reads of them
+    final_cache_bytes: int = 0  # what they hold after its last token
     prefill_s: float = 0.0  # its prompt: the shared exact pass and building its states, or its own prefill (batched)
-    attention_times: list[float] = field(default_factory=list)  # per step: its time inside attention, every layer
     logits: list[Tensor] = field(default_factory=list)  # with keep_logits: (v,) before each greedy token
 
-    @property
-    def attention_s(self) -> float | None:
-        """Its median time inside attention per token (every layer), None before a step."""
-        return float(torch.tensor(self.attention_times).median()) if self.attention_times else None
+
+PHASES = ("exact prefill", "own prefills", "state builds", "question", "steps")
 
 
 class InModelDecoder:
@@ -51,6 +49,9 @@ class InModelDecoder:
         hf_attention.register()
         model.set_attn_implementation(IMPLEMENTATION)
         self.model, self.stop_ids, self.end_ids = model, stop_ids | end_ids, end_ids
+        self.rows: MethodRows | None = None  # the last run's states
+        self.order: list[int] = []  # the last run's rows: the index of each row's method
+        self.phases: dict[str, float] = {}  # the last run's seconds per phase
 
     def forward(self, router: ExactPrompt | MethodRows, ids: Tensor, start: int) -> Tensor:
         """ids (b, n) at positions start.. -> the last position's logits (b, v) in float32."""
@@ -71,42 +72,53 @@ class InModelDecoder:
         new_tokens: int = 0,
         forced: Tensor | None = None,
         keep_logits: bool = False,
+        rule: str = "kvpress",
     ) -> list[RowResult]:
         """Each method through the prompt (n,), then `follow` (t,) for every row, then `forced` (f,) teacher-forced or
-        `new_tokens` greedy: one RowResult per method, in order."""
+        `new_tokens` greedy, under the budget `rule` (`attnbench.generation.kept`): one RowResult per method, in
+        order. Kept until the next run: `rows`, the rows' states (shared rows first: `order`), and `phases`, seconds
+        per phase (`PHASES`)."""
         follow = prompt.new_zeros(0) if follow is None else follow
         forced = prompt.new_zeros(0) if forced is None else forced
         room = len(follow) + len(forced) + new_tokens
         order = sorted(range(len(methods)), key=lambda i: not methods[i].shares_exact_prompt)  # shared rows first
         shared = [methods[i] for i in order if methods[i].shares_exact_prompt]
         own = [methods[i] for i in order if not methods[i].shares_exact_prompt]
-        rows, logits, prefill_s = MethodRows(shared, room), [], []
+        rows, logits, prefill_s = MethodRows(shared, room, rule), [], []
+        phases = dict.fromkeys(PHASES, 0.0)
         if shared:
-            started, exact = time.perf_counter(), ExactPrompt()
+            started = time.perf_counter()
+            exact = ExactPrompt(with_masses=any(m.variant.name == "h2o" and m.decodes for m in shared))
             exact_logits = self.forward(exact, prompt[None], 0)
-            exact_s = time.perf_counter() - started  # one exact pass, every such row's prompt
+            phases["exact prefill"] = time.perf_counter() - started  # one exact pass, every such row's prompt
+            started = time.perf_counter()
             rows.from_exact(exact)
+            phases["state builds"] = time.perf_counter() - started
             del exact
             logits.append(exact_logits.expand(len(shared), -1))
-            prefill_s += [exact_s + built for built in rows.build_s]
+            prefill_s += [phases["exact prefill"] + built for built in rows.build_s]
         if own:
-            started, own_rows = time.perf_counter(), MethodRows(own, room)
+            started, own_rows = time.perf_counter(), MethodRows(own, room, rule)
             logits.append(self.forward(own_rows, prompt[None].expand(len(own), -1), 0))
-            prefill_s += [time.perf_counter() - started] * len(own)
+            phases["own prefills"] = time.perf_counter() - started
+            prefill_s += [phases["own prefills"]] * len(own)
             rows = rows.join(own_rows)
         next_logits = torch.cat(logits)
         results = [RowResult(prefill_s=s) for s in prefill_s]
         for row, result in enumerate(results):
             result.cache_bytes, result.read_bytes = rows.row_bytes(row)
         position = len(prompt)
-        if len(follow):  # one forward pass, each row's method stepping through the tokens in turn
+        started = time.perf_counter()
+        if len(follow):  # one forward pass, the rows that append together, each other row stepping in turn
             next_logits = self.forward(rows, follow[None].expand(len(order), -1), position)
             position += len(follow)
+        phases["question"] = time.perf_counter() - started
+        started = time.perf_counter()
         for token in forced:
             losses = F.cross_entropy(next_logits, token.expand(len(order)), reduction="none")
             for result, loss in zip(results, losses.tolist()):
                 result.nll.append(loss)
-            next_logits = self.step(rows, token.expand(len(order), 1), position, results)
+            next_logits = self.forward(rows, token.expand(len(order), 1), position)
             position += 1
         stopped = [False] * len(order)
         for index in range(new_tokens):
@@ -119,17 +131,13 @@ class InModelDecoder:
                         results[row].logits.append(next_logits[row].clone())
             if all(stopped) or index == new_tokens - 1:
                 break
-            next_logits = self.step(rows, chosen[:, None], position, results)
+            next_logits = self.forward(rows, chosen[:, None], position)
             position += 1
+        phases["steps"] = time.perf_counter() - started
+        for row, result in enumerate(results):
+            result.final_cache_bytes = rows.row_bytes(row)[0]
         in_order: list[RowResult] = [RowResult()] * len(methods)
         for row, index in enumerate(order):
             in_order[index] = results[row]
+        self.rows, self.order, self.phases = rows, order, phases
         return in_order
-
-    def step(self, rows: MethodRows, tokens: Tensor, position: int, results: list[RowResult]) -> Tensor:
-        """One token per row (b, 1) at `position`; each row's attention time noted."""
-        rows.reset_clock()
-        logits = self.forward(rows, tokens, position)
-        for result, seconds in zip(results, rows.attention_s):
-            result.attention_times.append(seconds)
-        return logits

@@ -6,7 +6,9 @@ Keys: `tasks` (built-in names, `jsonl:PATH` for a user's file), `seq_lens`, `sam
 inside the prompt, so a method that reads the prompt's last queries sees it), `keep` (shares of the prompt's cache),
 `methods` (the variants grammar of a sweep, each table also taking `prefill` = "dense" | "own", `decode` = "own" |
 "exact" (its sparse prefill, then exact decoding), `dense_layers` and `label`),
-`block` (samples per unit of work: one Ray task or one in-process step), `continuation_tokens`, `seed`.
+`block` (samples per unit of work: one Ray task or one in-process step), `continuation_tokens`, `seed`,
+`budget_rule` ("kvpress", the default: the context compressed once when it ends, the question and the answer appended
+for every method; "fixed-total": every method at its share throughout, `attnbench.generation.kept`).
 
 The unit of work is (task, N, protocol, a block of samples): every method runs inside it, batched, on prompts built
 once; each finished unit appends its rows, so a resume runs only units with a missing row.
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.generation.budgets import KNOBS, at_share
+from attnbench.generation.kept import BUDGET_RULES
 from attnbench.generation.layers import DECODES, PREFILLS
 from attnbench.generation.tasks import TASKS, TaskError, read_jsonl
 from attnbench.interface import did_you_mean
@@ -36,11 +39,17 @@ PROTOCOLS = ("question-agnostic", "question-aware")
 JSONL = "jsonl:"
 DESCRIPTIVE = ("name", "description", "measured_run_time")
 KEYS = DESCRIPTIVE + ("tasks", "seq_lens", "samples", "protocols", "keep", "methods", "block", "continuation_tokens",
-                      "seed", "answer_tokens")  # fmt: skip
+                      "seed", "answer_tokens", "budget_rule")  # fmt: skip
 METHOD_KEYS = ("prefill", "dense_layers", "label", "decode")
 # the methods the papers name, as settings of the variants that compute them (`--methods quest,streamingllm`)
+QUEST = {"name": "topk", "score": "minmax", "block_size": 16, "dense_layers": 2}
 ALIASES: dict[str, dict[str, Any]] = {
-    "quest": {"name": "topk", "score": "minmax", "block_size": 16, "dense_layers": 2, "label": "quest"},
+    # Quest as its code selects (evaluation/quest_attention.py, its kernels): pages ranked per query head by the
+    # min/max bound, the current page always read, no forced first page, the first two layers dense
+    "quest": {**QUEST, "keep_first_block": False, "select_per": "query-head", "label": "quest"},
+    # the NSA-style departure (attnbench's Quest before 2026-11-28): the first page always read, a key/value head's
+    # pages ranked by the mean of its query heads' bounds
+    "quest-first-page": {**QUEST, "keep_first_block": True, "select_per": "kv-head", "label": "quest-first-page"},
     "streamingllm": {"name": "band", "sinks": 4, "label": "streamingllm"},
 }
 NO_QUESTION = "no question"  # a continuation's protocol: nothing follows its context but the text itself
@@ -117,8 +126,9 @@ class GenerationGrid:
     methods: tuple[MethodSpec, ...]
     block: int = 5
     continuation_tokens: int = 64
-    answer_tokens: int = 12
+    answer_tokens: int | None = None  # caps every task's own answer budget (RULER's tokens_to_generate); None: none
     seed: int = 0
+    budget_rule: str = BUDGET_RULES[0]
     jsonl_rows: dict[str, int] = field(default_factory=dict, compare=False)  # a user's task -> its rows
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -136,8 +146,9 @@ class GenerationGrid:
                         out.append(Unit(task, n, protocol, tuple(range(start, min(count, start + self.block)))))
         return sorted(out, key=lambda unit: unit.seq_len)  # by N (a stable sort: the tasks' order within one)
 
-    def settings(self, n: int, registry: Registry = default_registry) -> list[Setting]:
-        """Every method at every share for a prompt of n tokens (a method without a knob once)."""
+    def settings(self, n: int, registry: Registry = default_registry, reserve: int = 0) -> list[Setting]:
+        """Every method at every share for a prompt of n tokens (a method without a knob once); `reserve`: the tokens
+        that follow it, which the fixed-total rule leaves room for (`budgets.at_share`)."""
         out = []
         for method in self.methods:
             hparams = registry.create(method.variant.name, **dict(method.variant.params)).hparams
@@ -145,7 +156,7 @@ class GenerationGrid:
                 out.append(Setting(method, None, tuple(sorted(hparams.items()))))
                 continue
             for share in self.keep:
-                out.append(Setting(method, share, tuple(sorted(at_share(method.variant.name, hparams, share, n).items()))))
+                out.append(Setting(method, share, tuple(sorted(at_share(method.variant.name, hparams, share, n, reserve).items()))))
         return out
 
 
@@ -215,10 +226,15 @@ def parse_grid(raw: dict[str, Any], source: str = "grid", registry: Registry = d
     add("keep", found)
     forced, found = _numbers({"continuation_tokens": raw.get("continuation_tokens", 64)}, "continuation_tokens", int, 1, single=True)
     add("continuation_tokens", found)
-    answer, found = _numbers({"answer_tokens": raw.get("answer_tokens", 12)}, "answer_tokens", int, 1, single=True)
+    answer, found = ((None,), []) if raw.get("answer_tokens") is None else _numbers(
+        {"answer_tokens": raw["answer_tokens"]}, "answer_tokens", int, 1, single=True)
     add("answer_tokens", found)
     seed, found = _numbers({"seed": raw.get("seed", 0)}, "seed", int, 0, single=True)
     add("seed", found)
+    rule = raw.get("budget_rule", BUDGET_RULES[0])
+    if rule not in BUDGET_RULES:
+        hint = did_you_mean(str(rule), list(BUDGET_RULES))
+        problems.append(f"{_flag('budget_rule', flags)}: {rule!r} is not one of {', '.join(BUDGET_RULES)}.{hint}")
     protocols = raw.get("protocols", [PROTOCOLS[0]])
     protocols = protocols if isinstance(protocols, list) else [protocols]
     if not protocols:
@@ -235,7 +251,7 @@ def parse_grid(raw: dict[str, Any], source: str = "grid", registry: Registry = d
         raise ConfigError(source, problems)
     return GenerationGrid(
         str(raw["name"]), tasks, seq_lens, samples[0], tuple(dict.fromkeys(protocols)), keep, methods, block[0],
-        forced[0], answer[0], seed[0], jsonl_rows, raw,
+        forced[0], answer[0], seed[0], str(rule), jsonl_rows, raw,
     )  # fmt: skip
 
 

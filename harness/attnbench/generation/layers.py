@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench.generation.kept import BUDGET_RULES, appends_after_prompt, attend_appended, batched, row_held_bytes
 from attnbench.interface import AttentionVariant, DecodeState, expand_kv_heads, query_group
-from attnbench.ops import KVCache, softmax_step
+from attnbench.ops import KVCache, attention_and_masses, remember_mass, softmax_step
 
 PREFILLS = ("dense", "own")
 DECODES = ("own", "exact")  # the variant's own decode form, or exact decoding against every key kept
@@ -132,11 +133,17 @@ class ExactPrompt:
     layer's post-rotary q (b, h, n, d), k, v (b, g, n, d|e) kept for the methods that build their state from it."""
 
     layers: list[tuple[Tensor, Tensor, Tensor]] = field(default_factory=list)
+    with_masses: bool = False  # the attention mass each key receives, from the same pass (H2O's prompt score)
+    masses: list[Tensor] = field(default_factory=list)  # (1, g, n) per layer, with_masses
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
                cross: bool) -> Tensor:
         self_attention_only(causal, padding, cross)
         self.layers.append((query, key, value))
+        if self.with_masses:  # the fused kernel's outputs, and the masses from its log-sum-exp (no softmax pass)
+            out, mass = attention_and_masses(query, key, value)
+            self.masses.append(mass)
+            return out
         return F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=query.shape[1] != key.shape[1])
 
     @property
@@ -145,28 +152,40 @@ class ExactPrompt:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for _, k, v in self.layers)
 
 
+@dataclass
+class Member:
+    """What steps one or several rows of a layer after the prompt: a batched cache of kept positions (`batched`, the
+    rows stepping together) or one row's own state, stepped by its method a token at a time."""
+
+    rows: list[int]
+    state: DecodeState
+    batched: bool
+
+
 class MethodRows:
     """Router of a batch whose row r generates with methods[r]: each layer's states per row, filled by `prefill`
     (the model's forward over the prompt, for methods with their own prefill) or `from_exact` (the shared exact
-    prompt), then advanced token by token through each method's `step` (a forward pass over one token per row, or
-    over several that every row takes in turn: the question after a compressed context)."""
+    prompt), then advanced through every later token (a forward pass over one token per row, or over several: the
+    question after a compressed context). At a layer's first call after the prompt its states are sorted under the
+    budget rule (`attnbench.generation.kept`): the rows that only append from then on, grouped by how many positions
+    they kept, step together as one batched cache; every other row steps alone through its method's `step`."""
 
-    def __init__(self, methods: list[Method], room: int) -> None:
-        self.methods, self.room = methods, room
-        self.states: list[list[DecodeState]] = []  # [layer][row]
+    def __init__(self, methods: list[Method], room: int, rule: str = "kvpress") -> None:
+        if rule not in BUDGET_RULES:
+            raise ValueError(f"budget rule must be one of {', '.join(BUDGET_RULES)}; got {rule!r}")
+        self.methods, self.room, self.rule = methods, room, rule
+        self.states: list[list[DecodeState]] = []  # [layer][row], after the prompt
+        self.members: list[list[Member]] = []  # [layer], from the first call after the prompt
         self.layer = 0  # the next self-attention call's layer: the caller resets it before each forward pass
-        self.attention_s = [0.0] * len(methods)  # each row's time inside attention since the last `reset_clock`
         self.build_s = [0.0] * len(methods)  # each row's time building its states from the exact prompt
-
-    def reset_clock(self) -> None:
-        self.attention_s = [0.0] * len(self.methods)
 
     def join(self, other: "MethodRows") -> "MethodRows":
         """One batch of this batch's rows, then the other's, their states kept (both past the same prompt)."""
         if not self.methods or not other.methods:
             return other if not self.methods else self
-        joined = MethodRows(self.methods + other.methods, self.room)
+        joined = MethodRows(self.methods + other.methods, self.room, self.rule)
         joined.states = [mine + theirs for mine, theirs in zip(self.states, other.states)]
+        joined.build_s = self.build_s + other.build_s
         return joined
 
     def variant_at(self, row: int, layer: int) -> AttentionVariant | None:
@@ -178,11 +197,13 @@ class MethodRows:
 
     def from_exact(self, exact: ExactPrompt) -> None:
         """Each layer's state of every row built from the exact prompt's q/k/v (the outputs are the exact model's): the
-        rows share that one prompt (a batch of 1)."""
+        rows share that one prompt (a batch of 1). H2O's prompt masses come from the exact pass when it kept them."""
         if any(q.shape[0] != 1 for q, _, _ in exact.layers):
             raise ValueError("the exact prompt is one sequence that every row shares (batch 1)")
         self.states = []
         for layer, (q, k, v) in enumerate(exact.layers):
+            if exact.masses:
+                remember_mass(q, k, exact.masses[layer])
             states = []
             for row in range(len(self.methods)):
                 started = time.perf_counter()
@@ -190,30 +211,76 @@ class MethodRows:
                 self.build_s[row] += time.perf_counter() - started
             self.states.append(states)
 
+    def members_of(self, layer: int) -> list[Member]:
+        """The layer's rows as they step after the prompt (sorted once, at the first such call)."""
+        while len(self.members) <= layer:
+            index = len(self.members)
+            groups: dict[tuple, list[int]] = {}
+            members = []
+            for row, state in enumerate(self.states[index]):
+                if appends_after_prompt(state, self.rule):
+                    k, v = state.kept()  # type: ignore[misc]
+                    groups.setdefault((k.shape, v.shape, k.dtype), []).append(row)
+                else:
+                    if self.rule == "kvpress":
+                        state.close_context()
+                    members.append(Member([row], state, batched=False))
+            for rows in groups.values():
+                members.append(Member(rows, batched([self.states[index][r] for r in rows], self.room), batched=True))
+            self.members.append(members)
+            self.states[index] = []  # the members hold them now
+        return self.members[layer]
+
     def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
                cross: bool) -> Tensor:
         self_attention_only(causal, padding, cross)
         layer, self.layer = self.layer, self.layer + 1
-        rows = range(query.shape[0])
-        if layer == len(self.states):  # the prompt: each row's prefill
+        if layer == len(self.states) and layer >= len(self.members):  # the prompt: each row's prefill
             parts = [layer_prefill(self.variant_at(r, layer), *(x[r : r + 1] for x in (query, key, value)), self.room,
-                                   self.own_decode(r)) for r in rows]  # fmt: skip
+                                   self.own_decode(r)) for r in range(query.shape[0])]  # fmt: skip
             self.states.append([state for _, state in parts])
             return torch.cat([out for out, _ in parts], dim=0)
-        outputs = []  # after the prompt: each row's tokens through its method's step, one at a time
-        for r in rows:
-            started, tokens = time.perf_counter(), []
-            for t in range(query.shape[-2]):
-                out, self.states[layer][r] = layer_step(
-                    self.variant_at(r, layer), self.states[layer][r],
-                    *(x[r : r + 1, :, t : t + 1] for x in (query, key, value)), self.own_decode(r),
-                )  # fmt: skip
-                tokens.append(out)
-            self.attention_s[r] += time.perf_counter() - started
-            outputs.append(torch.cat(tokens, dim=-2))
-        return torch.cat(outputs, dim=0)
+        out = query.new_empty(*query.shape[:-1], value.shape[-1])
+        for member in self.members_of(layer):
+            rows = torch.tensor(member.rows, device=query.device)
+            q, k, v = (x.index_select(0, rows) for x in (query, key, value))
+            out[rows] = self.step_member(member, layer, q, k, v)
+        return out
+
+    def step_member(self, member: Member, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """A member's rows through t new tokens: q (m, h, t, d), k, v (m, g, t, d|e) -> (m, h, t, e)."""
+        if member.batched:
+            assert isinstance(member.state, KVCache)
+            return attend_appended(member.state, q, k, v)
+        row, tokens = member.rows[0], []
+        for t in range(q.shape[-2]):  # one token at a time through the method's own step
+            out, member.state = layer_step(self.variant_at(row, layer), member.state,
+                                           *(x[:, :, t : t + 1] for x in (q, k, v)), self.own_decode(row))  # fmt: skip
+            tokens.append(out)
+        return torch.cat(tokens, dim=-2)
+
+    def row_states(self, layer: int, row: int) -> tuple[DecodeState, int | None]:
+        """A row's state at a layer, and its index inside a batched cache (None: its own state)."""
+        if layer < len(self.members):
+            for member in self.members[layer]:
+                if row in member.rows:
+                    return member.state, member.rows.index(row) if member.batched else None
+        return self.states[layer][row], None
 
     def row_bytes(self, row: int) -> tuple[int, int]:
-        """(held, read by the next step) of one row's states over every layer."""
-        states = [layer[row] for layer in self.states]
-        return sum(s.nbytes for s in states), sum(s.read_bytes for s in states)
+        """(held, read by the next step) of one row's states over every layer: after the prompt, the positions kept
+        (a state that will only append counts what it kept, not the room it was given)."""
+        held = read = 0
+        for layer in range(max(len(self.states), len(self.members))):
+            state, index = self.row_states(layer, row)
+            if index is not None:
+                assert isinstance(state, KVCache)
+                held += row_held_bytes(state)
+                read += row_held_bytes(state)
+            elif appends_after_prompt(state, self.rule):
+                k, v = state.kept()  # type: ignore[misc]
+                size = k.numel() * k.element_size() + v.numel() * v.element_size()
+                held, read = held + size, read + size
+            else:
+                held, read = held + state.held_bytes, read + state.read_bytes
+        return held, read

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.generation.grid import JSONL, GenerationGrid
-from attnbench.generation.tasks import HAYSTACK, TASKS, TaskError, build_samples, read_jsonl
+from attnbench.generation.tasks import TaskError, build_samples, jsonl_samples, probe_text, read_jsonl
 from attnbench.generation.unit import encoder
 
 # where `make model` writes SmolLM2-135M; $ATTNBENCH_MODEL_DIR points elsewhere
@@ -114,18 +114,18 @@ def task_problems(grid: GenerationGrid, tokenizer: Any, limit: int | None, lengt
     problems = []
     for task in grid.tasks:
         if task.startswith(JSONL):
-            for index, row in enumerate(read_jsonl(Path(task[len(JSONL):])), 1):
-                tokens = len(tokenizer.encode(row["context"] + "\n" + row["question"], add_special_tokens=False))
-                if limit and tokens + grid.answer_tokens > limit:
-                    problems.append(f"{task} row {index}: {tokens} tokens and its answer, beyond the model's {limit} positions")
+            rows = read_jsonl(Path(task[len(JSONL):]))
+            for sample in jsonl_samples(task, rows, encoder(tokenizer), grid.answer_tokens):
+                tokens = len(sample.context) + len(sample.question)
+                if limit and tokens + sample.answer_tokens > limit:
+                    problems.append(f"{task} row {sample.index + 1}: {tokens} tokens and its answer's "
+                                    f"{sample.answer_tokens}, beyond the model's {limit} positions")  # fmt: skip
                     break
             continue
-        spec = TASKS[task]
-        if spec.kind == "needle":
-            text = spec.intro + spec.needle.format(key="amber-anchor", value="1234567") + HAYSTACK + spec.question
-            if tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) != text:
-                problems.append(f"{task}: the tokenizer cannot encode its text faithfully (decoding it back differs)")
-                continue
+        text = probe_text(task)
+        if text and tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) != text:
+            problems.append(f"{task}: the tokenizer cannot encode its text faithfully (decoding it back differs)")
+            continue
         for n in lengths:
             try:
                 build_samples(task, n, grid.samples, encoder(tokenizer), seed=grid.seed,

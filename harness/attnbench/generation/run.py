@@ -106,7 +106,10 @@ def run_grid(
         start = time.monotonic()
         threads = THREADS if executor == "ray" else max(1, THREADS // workers)
         jobs = [UnitJob(grid, unit, str(model_dir), threads) for unit in todo]
+        phases = dict(before.get("phases", {}))
         for finished, outcome in enumerate(outcomes(jobs, executor, workers, address, say), 1):
+            for phase, seconds in outcome.phases.items():
+                phases[phase] = round(phases.get(phase, 0.0) + seconds, 3)
             rows = outcome.rows if not outcome.reason else failed_rows(grid, outcome)
             for row in rows:
                 if row.key not in done:
@@ -116,9 +119,18 @@ def run_grid(
             say(f"[{finished}/{len(todo)} units, {elapsed:.0f} s, ~{left:.0f} s left] {outcome.job.unit.name()}: "
                 + (f"FAILED: {outcome.reason}" if outcome.reason else summary(outcome.rows)))  # fmt: skip
         seconds = before.get("seconds", 0.0) + round(time.monotonic() - start, 1)
-        meta = {**meta, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(seconds, 1)}
+        meta = {**meta, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(seconds, 1), "phases": phases}
         writer.write_meta(meta)
+    if phases:
+        say(phase_breakdown(phases))
     return meta
+
+
+def phase_breakdown(phases: dict[str, float]) -> str:
+    """One line: the seconds spent in each phase over the units (summed over workers), and each one's share."""
+    total = sum(phases.values()) or 1.0
+    parts = ", ".join(f"{name} {seconds:.0f} s ({seconds / total:.0%})" for name, seconds in phases.items() if seconds)
+    return f"time by phase (summed over units): {parts}"
 
 
 def summary(rows: list[GenerationRow]) -> str:

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from attnbench.generation.decoder import InModelDecoder, RowResult
+from attnbench.generation.decoder import PHASES, InModelDecoder, RowResult
 from attnbench.generation.grid import JSONL, GenerationGrid, Setting, Unit, row_key
 from attnbench.generation.layers import Method
+from attnbench.generation.step_timing import FORM, StepTime, time_rows
 from attnbench.generation.tasks import Sample, build_samples, jsonl_samples, read_jsonl, score
 from attnbench.registry import registry
 from attnbench.runfolder.generations import GenerationRow
@@ -40,6 +41,7 @@ class UnitOutcome:
     rows: list[GenerationRow] = field(default_factory=list)
     reason: str = ""  # why the whole unit failed ("" when it ran)
     node: str = ""
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase (`decoder.PHASES`, "step timing")
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,7 +72,8 @@ def unit_samples(grid: GenerationGrid, unit: Unit, tokenizer: Any) -> list[Sampl
         return [s for s in jsonl_samples(unit.task, rows, encode, grid.answer_tokens) if s.index in unit.samples]
     indices = range(unit.samples[0], unit.samples[-1] + 1)
     return build_samples(unit.task, unit.seq_len, grid.samples, encode, seed=grid.seed,
-                         continuation_tokens=grid.continuation_tokens, indices=indices)  # fmt: skip
+                         continuation_tokens=grid.continuation_tokens, indices=indices,
+                         answer_tokens=grid.answer_tokens)  # fmt: skip
 
 
 def run_unit(job: UnitJob) -> UnitOutcome:
@@ -81,11 +84,13 @@ def run_unit(job: UnitJob) -> UnitOutcome:
         samples = unit_samples(job.grid, job.unit, tokenizer)
     except Exception as error:
         return UnitOutcome(job, reason=f"{type(error).__name__}: {error}")
-    rows, started = [], time.monotonic()
+    rows, started, phases = [], time.monotonic(), dict.fromkeys(PHASES + ("step timing",), 0.0)
     for done, sample in enumerate(samples, 1):
         aware = job.unit.protocol == "question-aware"
         prompt = sample.context + (sample.question if aware else [])
-        settings = job.grid.settings(len(prompt))
+        follows = (0 if aware else len(sample.question)) + (sample.answer_tokens if sample.answers else 0)
+        follows += len(sample.continuation)
+        settings = job.grid.settings(len(prompt), reserve=follows if job.grid.budget_rule == "fixed-total" else 0)
         try:
             methods = [Method(registry.create(s.method.variant.name, seed=job.grid.seed, **dict(s.hparams)),
                               s.method.prefill, s.method.dense_layers, s.label(), s.method.decode) for s in settings]  # fmt: skip
@@ -95,14 +100,37 @@ def run_unit(job: UnitJob) -> UnitOutcome:
                 follow=None if aware else torch.tensor(sample.question, dtype=torch.long),
                 new_tokens=sample.answer_tokens if sample.answers else 0,
                 forced=torch.tensor(sample.continuation, dtype=torch.long) if sample.continuation else None,
+                rule=job.grid.budget_rule,
             )
+            for phase, seconds in decoder.phases.items():
+                phases[phase] += seconds
+            timing_started = time.perf_counter()
+            times = step_times(decoder, model, settings) if done == 1 else None  # the unit's first sample only
+            phases["step timing"] += time.perf_counter() - timing_started
             reason = ""
         except Exception as error:
-            results, reason = [RowResult() for _ in settings], f"{type(error).__name__}: {error}"
-        rows += sample_rows(job, sample, len(prompt), settings, results, reason, tokenizer)
+            results, times, reason = [RowResult() for _ in settings], None, f"{type(error).__name__}: {error}"
+        rows += sample_rows(job, sample, len(prompt), settings, results, reason, tokenizer, times)
         print(f"attnbench:   {job.unit.name()}: {done}/{len(samples)} samples, {time.monotonic() - started:.0f} s",
               file=sys.stderr, flush=True)  # fmt: skip
-    return UnitOutcome(job, rows)
+    return UnitOutcome(job, rows, phases={k: round(v, 3) for k, v in phases.items()})
+
+
+def step_times(decoder: InModelDecoder, model: Any, settings: list[Setting]) -> list[StepTime] | None:
+    """Each setting's attention cost per token (in the settings' order), timed in turns with the exact model's on the
+    last run's states (`step_timing`); None without the exact model among them."""
+    exact = exact_index(settings)
+    if exact is None or decoder.rows is None:
+        return None
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    shapes = (heads, config.num_key_value_heads, head_dim, head_dim)
+    timed = time_rows(decoder.rows, decoder.order.index(exact), config.num_hidden_layers, shapes)
+    in_order: list[StepTime] = [timed[0]] * len(settings)
+    for row, index in enumerate(decoder.order):
+        in_order[index] = timed[row]
+    return in_order
 
 
 def setting_row(unit: Unit, sample: int, setting: Setting, **fields: Any) -> GenerationRow:
@@ -125,31 +153,37 @@ def exact_index(settings: list[Setting]) -> int | None:
 
 
 def sample_rows(job: UnitJob, sample: Sample, prompt_tokens: int, settings: list[Setting], results: list[RowResult],
-                reason: str, tokenizer: Any) -> list[GenerationRow]:  # fmt: skip
+                reason: str, tokenizer: Any, times: list[StepTime] | None = None) -> list[GenerationRow]:  # fmt: skip
     """The rows of one sample: each setting's answer and score, or its continuation's perplexity against the exact
     model's, and its cache as a share of the exact model's."""
     exact = exact_index(settings)
     reference = results[exact] if exact is not None and not reason else None
     rows = []
-    for setting, result in zip(settings, results):
+    for index, (setting, result) in enumerate(zip(settings, results)):
         row = setting_row(job.unit, sample.index, setting, depth=sample.depth, prompt_tokens=prompt_tokens,
-                          host=socket.gethostname())  # fmt: skip
+                          host=socket.gethostname(), budget_rule=job.grid.budget_rule)  # fmt: skip
         if reason:
             row.status, row.reason = "error", reason
             rows.append(row)
             continue
         if sample.answers:
             row.answer = tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
-            row.score = score(row.answer, sample.answers)
+            row.score = score(row.answer, sample.answers, sample.metric)
+            row.metric = sample.metric
         if result.nll:
             row.nll = sum(result.nll) / len(result.nll)
             if reference is not None and reference.nll:
                 row.nll_exact = sum(reference.nll) / len(reference.nll)
                 row.ppl_ratio = math.exp(row.nll - row.nll_exact)
         row.cache_bytes, row.read_bytes = result.cache_bytes, result.read_bytes
+        row.final_cache_bytes = result.final_cache_bytes
         if reference is not None and reference.cache_bytes:
             row.cache_share = result.cache_bytes / reference.cache_bytes
             row.read_share = result.read_bytes / reference.read_bytes
-        row.attention_s, row.prefill_s = result.attention_s, result.prefill_s
+        row.prefill_s = result.prefill_s
+        if times is not None:
+            timed = times[index]
+            row.attention_s, row.step_form = timed.attention_s, FORM
+            row.attention_ratio, row.attention_low, row.attention_high = timed.ratio, timed.low, timed.high
         rows.append(row)
     return rows

@@ -34,7 +34,8 @@ class GenerationRow:
     depth: float | None = None  # where the asked needle lies (0..1)
     prompt_tokens: int | None = None  # context (and, question-aware, question) tokens prefilled
     answer: str = ""  # the greedy answer (needle tasks)
-    score: float | None = None  # RULER's string match: the share of the references in the answer
+    score: float | None = None  # RULER's string match (`metric`): the references found in the answer
+    metric: str = ""  # string_match_all (the share of the references found) | string_match_part (any found)
     nll: float | None = None  # continuation: mean -log p of the forced tokens
     nll_exact: float | None = None  # the exact model's, on the same tokens
     ppl_ratio: float | None = None  # exp(nll - nll_exact): perplexity against the exact model's
@@ -42,7 +43,13 @@ class GenerationRow:
     cache_share: float | None = None  # cache_bytes / the exact model's
     read_bytes: int | None = None  # what its first step reads of them
     read_share: float | None = None  # read_bytes / the exact model's
-    attention_s: float | None = None  # median time per token inside attention, every layer (main thread)
+    final_cache_bytes: int | None = None  # what its states hold after its last token (kvpress's rule: it grew)
+    attention_s: float | None = None  # time per token inside attention, every layer: its layer step, timed in turns
+    attention_ratio: float | None = None  # attention_s / the exact model's, median over rounds of the turns
+    attention_low: float | None = None  # the ratio's 95% interval (order statistics over rounds)
+    attention_high: float | None = None
+    step_form: str = ""  # how its steps ran when timed: eager (PyTorch operations one by one)
+    budget_rule: str = ""  # kvpress (compressed once, the question and answer appended) | fixed-total
     prefill_s: float | None = None  # its prompt: the shared exact pass and building its states, or its own prefill
     host: str = ""
     node: str = ""  # the Ray node ("" outside Ray)
@@ -50,7 +57,7 @@ class GenerationRow:
 
 COLUMNS = [f.name for f in fields(GenerationRow)]
 TEXT_COLUMNS = ("key", "task", "protocol", "method", "variant", "hparams", "prefill", "decode", "status", "reason", "answer",
-                "host", "node")  # fmt: skip
+                "host", "node", "step_form", "budget_rule", "metric")  # fmt: skip
 
 
 class GenerationsFolder(KeyedRowsFolder):

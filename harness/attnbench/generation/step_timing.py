@@ -1,0 +1,105 @@
+"""What a method costs per generated token inside the model: its layer step timed alone, on the main thread, in turns
+with the exact model's step, as the decode mode times variants.
+
+A generation steps its rows together (batched caches, one forward pass for every method), so the time of a forward
+pass says little about one method. Here each row's state at one layer (the middle one: past the first layers that
+Quest keeps exact) is copied after the answer, and the rows take single-row steps in turns, round after round, in a
+shuffled order, each from a fresh copy (copied outside the clock): a slow stretch of the machine falls on all of
+them alike, and a method's ratio to the exact step is taken within each round. Its time inside attention per token
+is that step times its compressed layers plus the exact step times the layers it keeps exact. The steps are eager
+PyTorch (`FORM`).
+
+b - rows, h - query heads, g - key/value heads, d - head dim, e - value dim
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from attnbench.generation.kept import attend_appended
+from attnbench.generation.layers import MethodRows, layer_step
+from attnbench.interface import DecodeState
+from attnbench.ops import KVCache
+from attnbench.stats import median_interval
+
+FORM = "eager"  # how the steps run: PyTorch operations one by one (no compiled or fused kernel)
+ROUNDS = 15
+STEPS = 4  # consecutive steps timed together from one copy (a step's time is their mean)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One row's attention cost per token: its layer step (median over rounds), all layers' estimate, and its ratio
+    to the exact model's per token within each round (median and the order-statistic interval)."""
+
+    step_s: float
+    attention_s: float
+    ratio: float
+    low: float
+    high: float
+
+
+def row_step(rows: MethodRows, layer: int, row: int) -> Callable[[], Callable[[Tensor, Tensor, Tensor], Tensor]]:
+    """A maker of fresh single-row steppers of `row` at `layer`: each call copies its state (outside any clock) and
+    returns the function that steps the copy through one token q (1, h, 1, d), k, v (1, g, 1, d|e)."""
+    state, index = rows.row_states(layer, row)
+    if index is not None:  # a row of a batched cache: its own slice, appended as the batch appends
+        assert isinstance(state, KVCache)
+
+        def fresh_batched() -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+            mine = KVCache(state.keys[index : index + 1].clone(), state.values[index : index + 1].clone(), state.length)
+            return lambda q, k, v: attend_appended(mine, q, k, v)
+
+        return fresh_batched
+    variant, own = rows.variant_at(row, layer), rows.own_decode(row)
+
+    def fresh_own() -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+        mine: list[DecodeState] = [state.clone()]
+
+        def step(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            out, mine[0] = layer_step(variant, mine[0], q, k, v, own)
+            return out
+
+        return step
+
+    return fresh_own
+
+
+def time_rows(rows: MethodRows, exact_row: int, layers: int, shapes: tuple[int, int, int, int],
+              rounds: int = ROUNDS, seed: int = 0) -> list[StepTime]:  # fmt: skip
+    """Every row's StepTime (in `rows`' order), timed in turns with `exact_row`'s: shapes = (query heads, key/value
+    heads, head dim, value dim); `layers` the model's self-attention layers."""
+    heads, kv_heads, d, e = shapes
+    layer = min(layers - 1, max(layers // 2, max(m.dense_layers for m in rows.methods)))  # past the dense ones
+    makers = [row_step(rows, layer, row) for row in range(len(rows.methods))]
+    generator = torch.Generator().manual_seed(seed)
+    inputs = [(torch.randn(1, heads, 1, d, generator=generator), torch.randn(1, kv_heads, 1, d, generator=generator),
+               torch.randn(1, kv_heads, 1, e, generator=generator)) for _ in range(STEPS)]  # fmt: skip
+    order, samples = list(range(len(makers))), [[] for _ in makers]  # type: list[int], list[list[float]]
+    shuffle = random.Random(seed)
+    with torch.no_grad():
+        for _ in range(rounds + 1):  # the first round warms up and is dropped
+            shuffle.shuffle(order)
+            for row in order:
+                step = makers[row]()
+                started = time.perf_counter()
+                for q, k, v in inputs:
+                    step(q, k, v)
+                samples[row].append((time.perf_counter() - started) / STEPS)
+    samples = [s[1:] for s in samples]
+    exact = samples[exact_row]
+    out = []
+    for row, method in enumerate(rows.methods):
+        dense = min(method.dense_layers, layers)
+        per_token = [(layers - dense) * mine + dense * full for mine, full in zip(samples[row], exact)]
+        ratios = [mine / (layers * full) for mine, full in zip(per_token, exact)]
+        interval = median_interval(ratios)
+        out.append(StepTime(statistics.median(samples[row]), statistics.median(per_token), interval.estimate, interval.low, interval.high))
+    return out
