@@ -118,3 +118,29 @@ def test_an_unknown_rule_is_refused() -> None:
     with pytest.raises(ValueError, match="budget rule must be one of kvpress, fixed-total"):
         MethodRows([], room=0, rule="kvpres")
     assert BUDGET_RULES == ("kvpress", "fixed-total")
+
+
+@pytest.mark.parametrize("rule", BUDGET_RULES)
+def test_a_row_that_finished_leaves_the_batch_and_the_others_step_as_before(rule: str) -> None:
+    """`retain`: rows whose answer ended take no more steps; the rest get exactly what they got in the whole batch."""
+    methods = KV_METHODS + [("topk", {"block_size": 8, "top_k": 2, "score": "minmax"})]
+    whole, part = rows_for(rule, methods), rows_for(rule, methods)
+    question = tokens(FOLLOW, len(methods), 1)
+    forward(whole, *question), forward(part, *question)
+    kept = [0, 2, 4]  # full, h2o, topk stay; band and snapkv ended (one of a batched cache, one alone)
+    part.retain(kept)
+    for seed in range(3):
+        one = tokens(1, len(methods), 5 + seed)
+        expected = forward(whole, *one)
+        got = forward(part, *(x[kept] for x in one))
+        for layer in range(LAYERS):
+            torch.testing.assert_close(got[layer], expected[layer][kept])
+    with pytest.raises(KeyError, match="its answer ended"):
+        part.row_bytes(1)
+
+
+def test_a_reply_looping_on_one_token_is_cut() -> None:
+    from attnbench.generation.decoder import LOOP, looping
+
+    assert looping([7] * LOOP) and looping([1, 2] + [0] * LOOP)
+    assert not looping([7] * (LOOP - 1)) and not looping([1, 2] * LOOP) and not looping([3] * (LOOP - 1) + [4])

@@ -10,7 +10,7 @@ import pytest
 import torch
 from attnbench.generation.decoder import InModelDecoder
 from attnbench.generation.kept import BUDGET_RULES, appends_after_prompt
-from attnbench.generation.layers import Method, MethodRows, layer_state, layer_step
+from attnbench.generation.layers import ExactPrompt, Method, MethodRows, layer_state, layer_step
 from attnbench.ops import KVCache, softmax_step
 from attnbench.generation.tasks import build_samples
 from attnbench.generation.unit import encoder, loaded
@@ -40,6 +40,32 @@ def test_full_is_transformers_generate_token_for_token(model_dir: Path, smollm) 
     assert result.tokens == expected
     for ours, theirs in zip(result.logits, out.logits):
         assert (ours - theirs[0].float()).abs().max() < 2e-3 * theirs.abs().max()
+
+
+@pytest.mark.parametrize("rule", BUDGET_RULES)
+def test_teacher_forcing_in_one_pass_equals_one_token_at_a_time(model_dir: Path, smollm, rule: str) -> None:
+    """The forced tokens of a continuation go through in one forward pass (they are known): each method's per-token
+    losses equal those of stepping one token at a time (a window and H2O evicting as they go under fixed-total); the
+    exact model's equal transformers' own forward over the whole text."""
+    _, _, decoder, prompt = smollm
+    context, forced = prompt[:-10], prompt[-10:]
+    methods = [Method(registry.create(name, **params)) for name, params in METHODS if name != "deltanet"]
+    results = decoder.run([Method(registry.create("full")), *methods], context, forced=forced, rule=rule)
+    for row, method in enumerate([None, *methods]):
+        rows = MethodRows([Method(registry.create("full")) if method is None else method], room=len(forced), rule=rule)
+        exact = ExactPrompt()
+        logits = decoder.forward(exact, context[None], 0)
+        rows.from_exact(exact)
+        losses = []
+        for index, token in enumerate(forced):
+            losses.append(torch.nn.functional.cross_entropy(logits, token[None]).item())
+            logits = decoder.forward(rows, token[None, None], len(context) + index)
+        assert results[row].nll == pytest.approx(losses, rel=1e-4, abs=1e-4), (method and method.label, rule)
+    reference, _ = load_model(model_dir)
+    with torch.no_grad():
+        whole = reference(prompt[None]).logits[0, len(context) - 1 : -1].float()
+    expected = torch.nn.functional.cross_entropy(whole, forced, reduction="none").tolist()
+    assert results[0].nll == pytest.approx(expected, rel=2e-3, abs=2e-3)
 
 
 def test_the_question_after_the_prompt_equals_the_question_in_it(smollm) -> None:

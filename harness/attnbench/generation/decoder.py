@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,14 @@ class RowResult:
 
 
 PHASES = ("exact prefill", "own prefills", "state builds", "question", "steps")
+LOOP = 16  # a reply whose last LOOP tokens are one token has fallen into a greedy loop: it is cut there
+
+
+def looping(tokens: list[int]) -> bool:
+    """The reply ends in LOOP copies of one token (e.g. "6666…"): greedy decoding repeats it to the budget, and a
+    run of one token cannot bring in a reference string it does not already hold (every built-in answer holds
+    fewer than LOOP equal tokens in a row), so stopping changes no score and spares up to ~110 forward passes."""
+    return len(tokens) >= LOOP and len(set(tokens[-LOOP:])) == 1
 
 
 class InModelDecoder:
@@ -53,15 +62,16 @@ class InModelDecoder:
         self.order: list[int] = []  # the last run's rows: the index of each row's method
         self.phases: dict[str, float] = {}  # the last run's seconds per phase
 
-    def forward(self, router: ExactPrompt | MethodRows, ids: Tensor, start: int) -> Tensor:
-        """ids (b, n) at positions start.. -> the last position's logits (b, v) in float32."""
+    def forward(self, router: ExactPrompt | MethodRows, ids: Tensor, start: int, every: bool = False) -> Tensor:
+        """ids (b, n) at positions start.. -> the last position's logits (b, v) in float32 (`every`: each position's,
+        (b, n, v))."""
         hf_attention.ACTIVE = router
         if isinstance(router, MethodRows):
             router.layer = 0
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
         with torch.no_grad():
-            out = self.model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=1)
-        return out.logits[:, -1].float()
+            out = self.model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=0 if every else 1)
+        return out.logits.float() if every else out.logits[:, -1].float()
 
     def run(
         self,
@@ -73,11 +83,13 @@ class InModelDecoder:
         forced: Tensor | None = None,
         keep_logits: bool = False,
         rule: str = "kvpress",
+        after_question: Callable[[MethodRows, list[int]], None] | None = None,
     ) -> list[RowResult]:
         """Each method through the prompt (n,), then `follow` (t,) for every row, then `forced` (f,) teacher-forced or
         `new_tokens` greedy, under the budget `rule` (`attnbench.generation.kept`): one RowResult per method, in
-        order. Kept until the next run: `rows`, the rows' states (shared rows first: `order`), and `phases`, seconds
-        per phase (`PHASES`)."""
+        order. `after_question(rows, order)` is called once every row has taken the question (before the first answer
+        token; rows are then dropped from the batch as their answers end). Kept until the next run: `rows`, the rows'
+        states (shared rows first: `order`), and `phases`, seconds per phase (`PHASES`)."""
         follow = prompt.new_zeros(0) if follow is None else follow
         forced = prompt.new_zeros(0) if forced is None else forced
         room = len(follow) + len(forced) + new_tokens
@@ -113,29 +125,46 @@ class InModelDecoder:
             next_logits = self.forward(rows, follow[None].expand(len(order), -1), position)
             position += len(follow)
         phases["question"] = time.perf_counter() - started
+        if after_question is not None:
+            after_question(rows, order)
         started = time.perf_counter()
-        for token in forced:
-            losses = F.cross_entropy(next_logits, token.expand(len(order)), reduction="none")
-            for result, loss in zip(results, losses.tolist()):
-                result.nll.append(loss)
-            next_logits = self.forward(rows, token.expand(len(order), 1), position)
-            position += 1
-        stopped = [False] * len(order)
+        if len(forced):  # teacher-forced: the tokens are known, so one forward pass takes them all but the last
+            logits = next_logits[:, None]
+            if len(forced) > 1:
+                later = self.forward(rows, forced[None, :-1].expand(len(order), -1), position, every=True)
+                logits = torch.cat([logits, later], dim=1)  # (b, f, v): the logits before each forced token
+                position += len(forced) - 1
+            losses = F.cross_entropy(logits.flatten(0, 1), forced.repeat(len(order)), reduction="none")
+            for result, row_losses in zip(results, losses.view(len(order), -1).tolist()):
+                result.nll.extend(row_losses)
+        alive = list(range(len(order)))  # the rows still answering, in the batch's order
         for index in range(new_tokens):
-            chosen = next_logits.argmax(dim=-1)  # (b,) greedy
-            for row, token in enumerate(chosen.tolist()):  # a newline before any other token starts the answer's line
-                stopped[row] = stopped[row] or token in self.end_ids or (token in self.stop_ids and bool(results[row].tokens))
-                if not stopped[row]:
-                    results[row].tokens.append(token)
-                    if keep_logits:
-                        results[row].logits.append(next_logits[row].clone())
-            if all(stopped) or index == new_tokens - 1:
+            chosen = next_logits.argmax(dim=-1)  # (alive,) greedy
+            ended = []
+            for place, token in enumerate(chosen.tolist()):  # a newline before any other token starts the answer's line
+                row = alive[place]
+                if token in self.end_ids or (token in self.stop_ids and bool(results[row].tokens)):
+                    ended.append(row)
+                    continue
+                results[row].tokens.append(token)
+                if keep_logits:
+                    results[row].logits.append(next_logits[place].clone())
+                if looping(results[row].tokens):
+                    ended.append(row)
+            if len(ended) == len(alive) or index == new_tokens - 1:
                 break
+            if ended:  # finished rows leave the batch: what they hold is what they end with
+                for row in ended:
+                    results[row].final_cache_bytes = rows.row_bytes(row)[0]
+                places = [place for place, row in enumerate(alive) if row not in ended]
+                alive = [alive[place] for place in places]
+                rows.retain(alive)
+                chosen = chosen[torch.tensor(places)]
             next_logits = self.forward(rows, chosen[:, None], position)
             position += 1
         phases["steps"] = time.perf_counter() - started
-        for row, result in enumerate(results):
-            result.final_cache_bytes = rows.row_bytes(row)[0]
+        for row in alive:
+            results[row].final_cache_bytes = rows.row_bytes(row)[0]
         in_order: list[RowResult] = [RowResult()] * len(methods)
         for row, index in enumerate(order):
             in_order[index] = results[row]

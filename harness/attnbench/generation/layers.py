@@ -178,6 +178,7 @@ class MethodRows:
         self.members: list[list[Member]] = []  # [layer], from the first call after the prompt
         self.layer = 0  # the next self-attention call's layer: the caller resets it before each forward pass
         self.build_s = [0.0] * len(methods)  # each row's time building its states from the exact prompt
+        self.alive = list(range(len(methods)))  # the rows a call's batch holds, in order (`retain` drops finished ones)
 
     def join(self, other: "MethodRows") -> "MethodRows":
         """One batch of this batch's rows, then the other's, their states kept (both past the same prompt)."""
@@ -187,6 +188,27 @@ class MethodRows:
         joined.states = [mine + theirs for mine, theirs in zip(self.states, other.states)]
         joined.build_s = self.build_s + other.build_s
         return joined
+
+    def retain(self, rows: list[int]) -> None:
+        """From the next call on, the batch holds these rows alone (in this order): a row whose answer has ended
+        takes no more steps. Every layer's members lose the others (a batched cache keeps its remaining rows)."""
+        keep = set(rows)
+        for layer in range(len(self.states)):
+            members = []
+            for member in self.members_of(layer):
+                mine = [index for index, row in enumerate(member.rows) if row in keep]
+                if len(mine) == len(member.rows):
+                    members.append(member)
+                elif mine and member.batched:
+                    assert isinstance(member.state, KVCache)
+                    index = torch.tensor(mine, device=member.state.keys.device)
+                    state = KVCache(member.state.keys.index_select(0, index), member.state.values.index_select(0, index),
+                                    member.state.length)  # fmt: skip
+                    members.append(Member([member.rows[i] for i in mine], state, batched=True))
+                elif mine:
+                    members.append(member)
+            self.members[layer] = members
+        self.alive = list(rows)
 
     def variant_at(self, row: int, layer: int) -> AttentionVariant | None:
         method = self.methods[row]
@@ -241,8 +263,9 @@ class MethodRows:
             self.states.append([state for _, state in parts])
             return torch.cat([out for out, _ in parts], dim=0)
         out = query.new_empty(*query.shape[:-1], value.shape[-1])
+        place = {row: position for position, row in enumerate(self.alive)}  # a row's place in this call's batch
         for member in self.members_of(layer):
-            rows = torch.tensor(member.rows, device=query.device)
+            rows = torch.tensor([place[row] for row in member.rows], device=query.device)
             q, k, v = (x.index_select(0, rows) for x in (query, key, value))
             out[rows] = self.step_member(member, layer, q, k, v)
         return out
@@ -260,27 +283,23 @@ class MethodRows:
         return torch.cat(tokens, dim=-2)
 
     def row_states(self, layer: int, row: int) -> tuple[DecodeState, int | None]:
-        """A row's state at a layer, and its index inside a batched cache (None: its own state)."""
-        if layer < len(self.members):
-            for member in self.members[layer]:
+        """A row's state at a layer, and its index inside a batched cache (None: its own state); a row dropped by
+        `retain` has none (KeyError)."""
+        if layer < len(self.members) or self.states[layer]:
+            for member in self.members_of(layer):
                 if row in member.rows:
                     return member.state, member.rows.index(row) if member.batched else None
-        return self.states[layer][row], None
+        raise KeyError(f"row {row} holds no state at layer {layer} (its answer ended)")
 
     def row_bytes(self, row: int) -> tuple[int, int]:
-        """(held, read by the next step) of one row's states over every layer: after the prompt, the positions kept
-        (a state that will only append counts what it kept, not the room it was given)."""
+        """(held, read by the next step) of one row's states over every layer: the positions a state that only appends
+        holds (not the room it was given), what any other state holds and its next step reads."""
         held = read = 0
         for layer in range(max(len(self.states), len(self.members))):
             state, index = self.row_states(layer, row)
-            if index is not None:
+            if index is not None:  # a row of a batched cache
                 assert isinstance(state, KVCache)
-                held += row_held_bytes(state)
-                read += row_held_bytes(state)
-            elif appends_after_prompt(state, self.rule):
-                k, v = state.kept()  # type: ignore[misc]
-                size = k.numel() * k.element_size() + v.numel() * v.element_size()
-                held, read = held + size, read + size
+                held, read = held + row_held_bytes(state), read + row_held_bytes(state)
             else:
                 held, read = held + state.held_bytes, read + state.read_bytes
         return held, read

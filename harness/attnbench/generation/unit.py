@@ -18,7 +18,7 @@ import torch
 
 from attnbench.generation.decoder import PHASES, InModelDecoder, RowResult
 from attnbench.generation.grid import JSONL, GenerationGrid, Setting, Unit, row_key
-from attnbench.generation.layers import Method
+from attnbench.generation.layers import Method, MethodRows
 from attnbench.generation.step_timing import FORM, StepTime, time_rows
 from attnbench.generation.tasks import Sample, build_samples, jsonl_samples, read_jsonl, score
 from attnbench.registry import registry
@@ -94,6 +94,13 @@ def run_unit(job: UnitJob) -> UnitOutcome:
         try:
             methods = [Method(registry.create(s.method.variant.name, seed=job.grid.seed, **dict(s.hparams)),
                               s.method.prefill, s.method.dense_layers, s.label(), s.method.decode) for s in settings]  # fmt: skip
+            timed: list[list[StepTime] | None] = [None]
+
+            def time_steps(rows: MethodRows, order: list[int]) -> None:  # the unit's first sample, before its answer
+                started = time.perf_counter()
+                timed[0] = step_times(rows, order, model, settings)
+                phases["step timing"] += time.perf_counter() - started
+
             results = decoder.run(
                 methods,
                 torch.tensor(prompt),
@@ -101,12 +108,11 @@ def run_unit(job: UnitJob) -> UnitOutcome:
                 new_tokens=sample.answer_tokens if sample.answers else 0,
                 forced=torch.tensor(sample.continuation, dtype=torch.long) if sample.continuation else None,
                 rule=job.grid.budget_rule,
+                after_question=time_steps if done == 1 else None,
             )
             for phase, seconds in decoder.phases.items():
                 phases[phase] += seconds
-            timing_started = time.perf_counter()
-            times = step_times(decoder, model, settings) if done == 1 else None  # the unit's first sample only
-            phases["step timing"] += time.perf_counter() - timing_started
+            times = timed[0]
             reason = ""
         except Exception as error:
             results, times, reason = [RowResult() for _ in settings], None, f"{type(error).__name__}: {error}"
@@ -116,19 +122,19 @@ def run_unit(job: UnitJob) -> UnitOutcome:
     return UnitOutcome(job, rows, phases={k: round(v, 3) for k, v in phases.items()})
 
 
-def step_times(decoder: InModelDecoder, model: Any, settings: list[Setting]) -> list[StepTime] | None:
-    """Each setting's attention cost per token (in the settings' order), timed in turns with the exact model's on the
-    last run's states (`step_timing`); None without the exact model among them."""
+def step_times(rows: MethodRows, order: list[int], model: Any, settings: list[Setting]) -> list[StepTime] | None:
+    """Each setting's attention cost per token (in the settings' order), timed in turns with the exact model's on
+    the rows' states (`step_timing`; `order`: each row's setting); None without the exact model among them."""
     exact = exact_index(settings)
-    if exact is None or decoder.rows is None:
+    if exact is None:
         return None
     config = model.config
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     shapes = (heads, config.num_key_value_heads, head_dim, head_dim)
-    timed = time_rows(decoder.rows, decoder.order.index(exact), config.num_hidden_layers, shapes)
+    timed = time_rows(rows, order.index(exact), config.num_hidden_layers, shapes)
     in_order: list[StepTime] = [timed[0]] * len(settings)
-    for row, index in enumerate(decoder.order):
+    for row, index in enumerate(order):
         in_order[index] = timed[row]
     return in_order
 
