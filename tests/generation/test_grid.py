@@ -82,3 +82,10 @@ def test_every_problem_at_once_and_flags_by_name() -> None:
 def test_a_decode_only_method_alone_runs_with_the_exact_model() -> None:
     grid = parse_grid({**BASE, "methods": ["snapkv"]})
     assert [m.variant.name for m in grid.methods] == ["full", "snapkv"]
+
+
+def test_the_stop_rule_is_checked() -> None:
+    assert parse_grid({**BASE, "stop": "end-of-text"}).stop == "end-of-text"
+    assert parse_grid(BASE).stop == "newline"
+    with pytest.raises(ConfigError, match="stop: 'newlines' is not one of newline, end-of-text"):
+        parse_grid({**BASE, "stop": "newlines"})

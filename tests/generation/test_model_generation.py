@@ -137,3 +137,13 @@ def decoder_prompt_qkv(decoder: InModelDecoder, prompt: torch.Tensor, layer: int
     exact = ExactPrompt()
     decoder.forward(exact, prompt[None], 0)
     return exact.layers[layer]
+
+
+def test_an_answer_stops_at_its_first_newline_unless_the_grid_says_end_of_text(smollm) -> None:
+    _, tokenizer, decoder, prompt = smollm
+    newline = tokenizer.encode("\n", add_special_tokens=False)[0]
+    full = [Method(registry.create("full"))]
+    (lines,) = decoder.run(full, prompt, new_tokens=24)
+    (whole,) = decoder.run(full, prompt, new_tokens=24, stop_lines=False)
+    assert newline not in lines.tokens and whole.tokens[: len(lines.tokens)] == lines.tokens
+    assert len(whole.tokens) >= len(lines.tokens)

@@ -236,3 +236,19 @@ def test_every_task_fits_n_with_the_real_tokenizer(model_dir: Path, n: int) -> N
             context = tokenizer.decode(sample.context)
             if task not in ("cwe", "fwe", "vt"):  # their answers are counted or chained, not stated
                 assert all(answer in context for answer in sample.answers), task
+
+
+def test_a_near_miss_of_a_rows_key_is_refused_and_other_keys_are_left_alone(tmp_path) -> None:
+    """`metirc` would silently score the row with the default metric: refused with the key it meant; a data set's own
+    columns (id, task, length) pass."""
+    from attnbench.generation.tasks import TaskError, read_jsonl
+
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"context": "c", "question": "q", "answers": ["a"], "id": 3, "task": "x", "length": 9}\n')
+    assert read_jsonl(good)[0]["id"] == 3
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"context": "c", "question": "q", "answers": ["a"], "metirc": "string_match_part"}\n'
+                   '{"context": "c", "question": "q", "answers": ["a"], "answer_prefx": "A:"}\n')
+    with pytest.raises(TaskError, match=r"line 1: unknown key 'metirc': did you mean 'metric'\?.*line 2: unknown key "
+                                        r"'answer_prefx': did you mean 'answer_prefix'\?"):
+        read_jsonl(bad)

@@ -19,7 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     reproduce.add_argument("claims", nargs="*", help="claim ids (default: the whole catalogue; see --list)")
     reproduce.add_argument("--list", action="store_true", help="list the claims and whether each can run here")
     reproduce.add_argument(
-        "--quick", action="store_true", help="smaller N, fewer seeds or rounds (about 40 s on 2 cores)"
+        "--quick", action="store_true", help="smaller N, fewer seeds or rounds (about 2 min on 2 cores for the "
+        "catalogue without the model; the three generation claims add about 3 min)",
     )
     reproduce.add_argument(
         "--out", type=Path, default=Path("results") / "reproduce", help="folder for the claims' run folders "

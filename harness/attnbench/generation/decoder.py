@@ -84,10 +84,12 @@ class InModelDecoder:
         keep_logits: bool = False,
         rule: str = "kvpress",
         after_question: Callable[[MethodRows, list[int]], None] | None = None,
+        stop_lines: bool = True,
     ) -> list[RowResult]:
         """Each method through the prompt (n,), then `follow` (t,) for every row, then `forced` (f,) teacher-forced or
         `new_tokens` greedy, under the budget `rule` (`attnbench.generation.kept`): one RowResult per method, in
-        order. `after_question(rows, order)` is called once every row has taken the question (before the first answer
+        order. An answer ends at end of text, or with `stop_lines` at its first newline once it has begun (every
+        built-in answer is one line), or when it loops (`looping`). `after_question(rows, order)` is called once every row has taken the question (before the first answer
         token; rows are then dropped from the batch as their answers end). Kept until the next run: `rows`, the rows'
         states (shared rows first: `order`), and `phases`, seconds per phase (`PHASES`)."""
         follow = prompt.new_zeros(0) if follow is None else follow
@@ -143,7 +145,7 @@ class InModelDecoder:
             ended = []
             for place, token in enumerate(chosen.tolist()):  # a newline before any other token starts the answer's line
                 row = alive[place]
-                if token in self.end_ids or (token in self.stop_ids and bool(results[row].tokens)):
+                if token in self.end_ids or (stop_lines and token in self.stop_ids and bool(results[row].tokens)):
                     ended.append(row)
                     continue
                 results[row].tokens.append(token)

@@ -7,7 +7,8 @@ inside the prompt, so a method that reads the prompt's last queries sees it), `k
 `methods` (the variants grammar of a sweep, each table also taking `prefill` = "dense" | "own", `decode` = "own" |
 "exact" (its sparse prefill, then exact decoding), `dense_layers` and `label`),
 `block` (samples per unit of work: one Ray task or one in-process step), `continuation_tokens`, `seed`,
-`budget_rule` ("kvpress", the default: the context compressed once when it ends, the question and the answer appended
+`stop` ("newline", the default: an answer ends at its first newline once begun, or at end of text; "end-of-text":
+only there or at its budget, for multi-line answers), `budget_rule` ("kvpress", the default: the context compressed once when it ends, the question and the answer appended
 for every method; "fixed-total": every method at its share throughout, `attnbench.generation.kept`).
 
 The unit of work is (task, N, protocol, a block of samples): every method runs inside it, batched, on prompts built
@@ -39,7 +40,8 @@ PROTOCOLS = ("question-agnostic", "question-aware")
 JSONL = "jsonl:"
 DESCRIPTIVE = ("name", "description", "measured_run_time")
 KEYS = DESCRIPTIVE + ("tasks", "seq_lens", "samples", "protocols", "keep", "methods", "block", "continuation_tokens",
-                      "seed", "answer_tokens", "budget_rule")  # fmt: skip
+                      "seed", "answer_tokens", "budget_rule", "stop")  # fmt: skip
+STOPS = ("newline", "end-of-text")
 METHOD_KEYS = ("prefill", "dense_layers", "label", "decode")
 # the methods the papers name, as settings of the variants that compute them (`--methods quest,streamingllm`)
 QUEST = {"name": "topk", "score": "minmax", "block_size": 16, "dense_layers": 2}
@@ -129,6 +131,7 @@ class GenerationGrid:
     answer_tokens: int | None = None  # caps every task's own answer budget (RULER's tokens_to_generate); None: none
     seed: int = 0
     budget_rule: str = BUDGET_RULES[0]
+    stop: str = STOPS[0]
     jsonl_rows: dict[str, int] = field(default_factory=dict, compare=False)  # a user's task -> its rows
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -235,6 +238,9 @@ def parse_grid(raw: dict[str, Any], source: str = "grid", registry: Registry = d
     if rule not in BUDGET_RULES:
         hint = did_you_mean(str(rule), list(BUDGET_RULES))
         problems.append(f"{_flag('budget_rule', flags)}: {rule!r} is not one of {', '.join(BUDGET_RULES)}.{hint}")
+    stop = raw.get("stop", STOPS[0])
+    if stop not in STOPS:
+        problems.append(f"{_flag('stop', flags)}: {stop!r} is not one of {', '.join(STOPS)}.{did_you_mean(str(stop), list(STOPS))}")
     protocols = raw.get("protocols", [PROTOCOLS[0]])
     protocols = protocols if isinstance(protocols, list) else [protocols]
     if not protocols:
@@ -251,7 +257,7 @@ def parse_grid(raw: dict[str, Any], source: str = "grid", registry: Registry = d
         raise ConfigError(source, problems)
     return GenerationGrid(
         str(raw["name"]), tasks, seq_lens, samples[0], tuple(dict.fromkeys(protocols)), keep, methods, block[0],
-        forced[0], answer[0], seed[0], str(rule), jsonl_rows, raw,
+        forced[0], answer[0], seed[0], str(rule), str(stop), jsonl_rows, raw,
     )  # fmt: skip
 
 

@@ -7,7 +7,8 @@ Quest keeps exact) is copied after the answer, and the rows take single-row step
 shuffled order, each from a fresh copy (copied outside the clock): a slow stretch of the machine falls on all of
 them alike, and a method's ratio to the exact step is taken within each round. Its time inside attention per token
 is that step times its compressed layers plus the exact step times the layers it keeps exact. The steps are eager
-PyTorch (`FORM`).
+PyTorch (`FORM`), on one thread (a one-token step gains nothing from more, and on a busy machine they are
+noise).
 
 b - rows, h - query heads, g - key/value heads, d - head dim, e - value dim
 """
@@ -82,8 +83,28 @@ def time_rows(rows: MethodRows, exact_row: int, layers: int, shapes: tuple[int, 
     generator = torch.Generator().manual_seed(seed)
     inputs = [(torch.randn(1, heads, 1, d, generator=generator), torch.randn(1, kv_heads, 1, d, generator=generator),
                torch.randn(1, kv_heads, 1, e, generator=generator)) for _ in range(STEPS)]  # fmt: skip
-    order, samples = list(range(len(makers))), [[] for _ in makers]  # type: list[int], list[list[float]]
     shuffle = random.Random(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a one-token step gains nothing from threads, and a busy machine's cores make them noise
+    try:
+        samples = timed_rounds(makers, inputs, rounds, shuffle)
+    finally:
+        torch.set_num_threads(threads)
+    exact = samples[exact_row]
+    out = []
+    for row, method in enumerate(rows.methods):
+        dense = min(method.dense_layers, layers)
+        per_token = [(layers - dense) * mine + dense * full for mine, full in zip(samples[row], exact)]
+        ratios = [mine / (layers * full) for mine, full in zip(per_token, exact)]
+        interval = median_interval(ratios)
+        out.append(StepTime(statistics.median(samples[row]), statistics.median(per_token), interval.estimate,
+                            interval.low, interval.high))  # fmt: skip
+    return out
+
+
+def timed_rounds(makers: list, inputs: list, rounds: int, shuffle: random.Random) -> list[list[float]]:
+    """Each maker's seconds per step, a sample a round (the warm-up round dropped), in a shuffled order each round."""
+    order, samples = list(range(len(makers))), [[] for _ in makers]  # type: list[int], list[list[float]]
     with torch.no_grad():
         for _ in range(rounds + 1):  # the first round warms up and is dropped
             shuffle.shuffle(order)
@@ -93,13 +114,4 @@ def time_rows(rows: MethodRows, exact_row: int, layers: int, shapes: tuple[int, 
                 for q, k, v in inputs:
                     step(q, k, v)
                 samples[row].append((time.perf_counter() - started) / STEPS)
-    samples = [s[1:] for s in samples]
-    exact = samples[exact_row]
-    out = []
-    for row, method in enumerate(rows.methods):
-        dense = min(method.dense_layers, layers)
-        per_token = [(layers - dense) * mine + dense * full for mine, full in zip(samples[row], exact)]
-        ratios = [mine / (layers * full) for mine, full in zip(per_token, exact)]
-        interval = median_interval(ratios)
-        out.append(StepTime(statistics.median(samples[row]), statistics.median(per_token), interval.estimate, interval.low, interval.high))
-    return out
+    return [s[1:] for s in samples]

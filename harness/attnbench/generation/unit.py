@@ -109,6 +109,7 @@ def run_unit(job: UnitJob) -> UnitOutcome:
                 forced=torch.tensor(sample.continuation, dtype=torch.long) if sample.continuation else None,
                 rule=job.grid.budget_rule,
                 after_question=time_steps if done == 1 else None,
+                stop_lines=job.grid.stop == "newline",
             )
             for phase, seconds in decoder.phases.items():
                 phases[phase] += seconds

@@ -10,6 +10,8 @@ by the answer prefix, with nothing added between them: put any newline or space 
 
 from __future__ import annotations
 
+import difflib
+
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from attnbench.generation.scoring import METRICS, STRING_MATCH_ALL
 
 DEFAULTS = {"metric": STRING_MATCH_ALL, "max_new_tokens": 50}  # a row's answer rules unless the row or file says
 MAX_PROBLEMS = 10
+ROW_KEYS = ("context", "question", "answers", "answer", "answer_prefix", *DEFAULTS)  # what a row's keys may set
 
 
 def rule_problems(values: dict[str, Any]) -> list[str]:
@@ -55,6 +58,10 @@ def row_problems(row: dict[str, Any]) -> list[str]:
         problems.append("answers must be a non-empty string or list of strings")
     if "answer_prefix" in row and not isinstance(row["answer_prefix"], str):
         problems.append(f"answer_prefix must be text, not {row['answer_prefix']!r}")
+    for key in sorted(set(row) - set(ROW_KEYS)):  # other keys (a data set's id, task, length) are left alone
+        close = difflib.get_close_matches(key, ROW_KEYS, n=1, cutoff=0.75)
+        if close:  # but a near miss of a key that matters would silently change the row
+            problems.append(f"unknown key {key!r}: did you mean {close[0]!r}?")
     return problems + rule_problems(row)
 
 

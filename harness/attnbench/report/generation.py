@@ -61,7 +61,7 @@ def rule_text(rows: pd.DataFrame) -> str:
 
 def metric_words(rows: pd.DataFrame) -> str:
     """The needle tasks' metric: the rows' own `metric` column where they carry it, else RULER's string match."""
-    metrics = sorted(set(rows.metric.dropna().astype(str))) if "metric" in rows else []
+    metrics = sorted(set(rows.metric.dropna().astype(str)) - {""}) if "metric" in rows else []  # "": a continuation
     return ", ".join(metrics) if metrics else "RULER's string match"
 
 

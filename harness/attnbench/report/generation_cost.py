@@ -119,7 +119,7 @@ def cost_caption(frame: pd.DataFrame) -> str:
     )  # fmt: skip
     return (
         "What each method holds, as a share of the exact model's KV cache (every layer), after the prompt (the "
-        "cache's room for the generated tokens included) and at its end (after its last token, against the exact "
+        "positions it holds, not the room kept for later tokens) and at its end (after its last token, against the exact "
         "model's after its own: under kvpress's rule a cache grows by the question and the answer, under fixed-total "
         "a method stays at its share); the share a step reads; and the continuation's perplexity against the exact model's on the same "
         f"tokens (geometric mean over samples). {timing}"
