@@ -113,3 +113,16 @@ def test_the_accuracy_plot_places_each_method_at_what_it_reads_and_holds(tmp_pat
     assert len(quest_x["reads"]) == len(quest_x["holds"]) == 1
     assert all(0.2 < x < 0.25 for x in quest_x["reads"])  # its real read share (0.225), a few % dodge at most
     assert all(0.95 < x < 1.05 for x in quest_x["holds"])  # it holds the whole cache
+
+
+def test_two_protocols_are_two_lines_named_by_protocol(tmp_path: Path, monkeypatch) -> None:
+    """SnapKV question-aware and question-agnostic at one budget are two lines in the plot's legend, not one."""
+    figures = []
+    finish = generation_plots._finish
+    monkeypatch.setattr(generation_plots, "_finish", lambda fig, *args: figures.append(fig) or finish(fig, *args))
+    hits = {("niah_single", "full", None): 10, ("niah_single", "snapkv", 0.5): 2}
+    aware = grid(hits).assign(protocol="question-aware", key=lambda f: f.key + "aware")
+    aware.loc[aware.method == "snapkv", "score"] = 1.0
+    write_generation_report(tmp_path, pd.concat([grid(hits), aware], ignore_index=True), {"grid": "t"})
+    names = {text.get_text() for fig in figures[:1] for legend in fig.legends for text in legend.get_texts()}
+    assert {"snapkv (question-agnostic)", "snapkv (question-aware)"} <= names

@@ -105,7 +105,11 @@ def plot_accuracy_vs_cost(
     of the exact cache read and held; `reads`: a method whose knob sets what a step reads (Quest) is among
     them, which the caption says."""
     made = []
-    style = styles([m for m in dict.fromkeys(summary.method) if m != "full"])
+    if len(overall) and overall.protocol.nunique() > 1:  # one line per method and protocol, named so
+        overall = overall.assign(method=[m if exact else f"{m} ({p})" for m, p, exact
+                                         in zip(overall.method, overall.protocol, overall.exact_method)])  # fmt: skip
+    names = [m for m in dict.fromkeys([*summary.method, *(overall.method if len(overall) else [])]) if m != "full"]
+    style = styles(names)
     quest = " Quest holds the whole cache and reads its budget: its points differ most between the panels."
     quest = quest if reads else ""
     others = overall[~overall.exact_method] if len(overall) else overall
