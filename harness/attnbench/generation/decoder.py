@@ -58,8 +58,6 @@ class InModelDecoder:
         hf_attention.register()
         model.set_attn_implementation(IMPLEMENTATION)
         self.model, self.stop_ids, self.end_ids = model, stop_ids | end_ids, end_ids
-        self.rows: MethodRows | None = None  # the last run's states
-        self.order: list[int] = []  # the last run's rows: the index of each row's method
         self.phases: dict[str, float] = {}  # the last run's seconds per phase
 
     def forward(self, router: ExactPrompt | MethodRows, ids: Tensor, start: int, every: bool = False) -> Tensor:
@@ -90,8 +88,8 @@ class InModelDecoder:
         `new_tokens` greedy, under the budget `rule` (`attnbench.generation.kept`): one RowResult per method, in
         order. An answer ends at end of text, or with `stop_lines` at its first newline once it has begun (every
         built-in answer is one line), or when it loops (`looping`). `after_question(rows, order)` is called once every row has taken the question (before the first answer
-        token; rows are then dropped from the batch as their answers end). Kept until the next run: `rows`, the rows'
-        states (shared rows first: `order`), and `phases`, seconds per phase (`PHASES`)."""
+        token; rows are then dropped from the batch as their answers end). Kept until the next run: `phases`, seconds per
+        phase (`PHASES`)."""
         follow = prompt.new_zeros(0) if follow is None else follow
         forced = prompt.new_zeros(0) if forced is None else forced
         room = len(follow) + len(forced) + new_tokens
@@ -170,5 +168,5 @@ class InModelDecoder:
         in_order: list[RowResult] = [RowResult()] * len(methods)
         for row, index in enumerate(order):
             in_order[index] = results[row]
-        self.rows, self.order, self.phases = rows, order, phases
+        self.phases = phases
         return in_order
