@@ -15,7 +15,7 @@ import functools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, ClassVar, TypeVar
+from typing import Any, Callable, ClassVar, Hashable, TypeVar
 
 import torch
 from torch import Tensor
@@ -92,6 +92,20 @@ class DecodeState:
     def close_context(self) -> None:
         """The context has ended and, under kvpress's budget rule, every later position is kept and read whole: a
         state that selects what it reads (Quest's pages) ranks only the context's from now on. Nothing for others."""
+
+    def stack_key(self) -> Hashable | None:
+        """States of several batch rows with one key (not None) can step as one (`stack`): a generation's rows of one
+        method at several budgets. None (the default): the state steps alone."""
+        return None
+
+    @classmethod
+    def stack(cls, states: list["DecodeState"]) -> "DecodeState":
+        """One state of the given states' rows, in order (their `stack_key`s equal)."""
+        raise NotImplementedError(f"{cls.__name__} does not stack")
+
+    def select_rows(self, rows: list[int]) -> "DecodeState":
+        """The state of these batch rows alone, in this order (a generation drops the rows whose answers ended)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot select rows")
 
     def clone(self) -> "DecodeState":
         """A copy whose tensors share nothing with this state's (a step may write into its buffers)."""
@@ -371,6 +385,16 @@ class AttentionVariant(ABC):
         same object updated in place, or a new one). The token sees itself and what the state kept before it.
         With `supports.grouped_kv`, k and v have the g heads the prefill's had."""
         raise UnsupportedOptionError(f"{self.name} has no decode form")
+
+    def steps(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        """t new tokens, each as `step` takes it (the tokens before it in the chunk seen): q (b, h, t, d), k, v as
+        `step`'s with t positions -> (b, h, t, e) and the state. This default steps one token at a time; a variant whose
+        state takes a chunk at once (Quest's pages) overrides it, with equal outputs."""
+        outs = []
+        for t in range(q.shape[-2]):
+            out, state = self.step(state, *(x[..., t : t + 1, :] for x in (q, k, v)))
+            outs.append(out)
+        return torch.cat(outs, dim=-2), state
 
     def support_mask(self, n_q: int, n_k: int, causal: bool) -> Tensor | None:
         """For exact-pattern variants: the dense (i, j) bool pattern, True where query i sees key j.

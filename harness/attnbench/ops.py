@@ -34,6 +34,8 @@ __all__ = [
     "allowed_keys",
     "attention_mass",
     "attention_and_masses",
+    "attention_with_lse",
+    "masses_from_lse",
     "group_mean",
     "prompt_mass",
     "remember_mass",
@@ -238,6 +240,12 @@ class KVCache(DecodeState):
     def kept(self) -> tuple[Tensor, Tensor] | None:
         return self.k, self.v
 
+    def select_rows(self, rows: list[int]) -> "KVCache":
+        if type(self) is not KVCache:  # a subclass's own tensors would be left whole
+            return super().select_rows(rows)  # type: ignore[return-value]
+        index = torch.tensor(rows, device=self.keys.device)
+        return KVCache(self.keys.index_select(0, index), self.values.index_select(0, index), self.length)
+
 
 SCORE_CHUNK = 256  # prompt queries whose weights `attention_mass` holds at once: (b, h, 256, n), never n x n
 
@@ -273,16 +281,32 @@ def attention_mass(
 
 def attention_and_masses(q: Tensor, k: Tensor, v: Tensor, chunk: int = SCORE_CHUNK) -> tuple[Tensor, Tensor]:
     """Causal softmax attention by the fused kernel (SDPA's own outputs), and `attention_mass`'s masses (b, g, n)
-    from the kernel's log-sum-exp: each chunk of queries' scores minus their log-sum-exp, exponentiated, summed over
-    the queries (a key's weight from each later query, without the softmax's own max and sum passes). On the CPU with
-    values as wide as keys (the kernel's condition); else `attention_mass` (its own pass)."""
-    group = query_group(q, k)
-    if q.device.type != "cpu" or v.shape[-1] != q.shape[-1]:
+    from the kernel's log-sum-exp (`attention_with_lse`, then `masses_from_lse`); where the kernel does not serve,
+    `attention_mass` (its own pass)."""
+    fused = attention_with_lse(q, k, v)
+    if fused is None:
         out, mass = attention_mass(q, k, v, chunk)
         assert out is not None
         return out, mass
+    return fused[0], masses_from_lse(q, k, fused[1], chunk)
+
+
+def attention_with_lse(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor] | None:
+    """Causal softmax attention by the fused kernel: out (b, h, n, e) and each query's log-sum-exp (b, h, n); None
+    off the CPU or with values not as wide as keys (the kernel's condition)."""
+    if q.device.type != "cpu" or v.shape[-1] != q.shape[-1]:
+        return None
+    group = query_group(q, k)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out, lse = flash(q, expand_kv_heads(k, group), expand_kv_heads(v, group), 0.0, True)[:2]  # lse (b, h, n)
+    out, lse = flash(q, expand_kv_heads(k, group), expand_kv_heads(v, group), 0.0, True)[:2]
+    return out, lse
+
+
+def masses_from_lse(q: Tensor, k: Tensor, lse: Tensor, chunk: int = SCORE_CHUNK) -> Tensor:
+    """`attention_mass`'s masses (b, g, n) from the queries' log-sum-exp (b, h, n): each chunk of queries' scores
+    minus their log-sum-exp, exponentiated, summed over the queries (a key's weight from each later query, without the
+    softmax's own max and sum passes)."""
+    group = query_group(q, k)
     work = torch.promote_types(q.dtype, torch.float32)
     grouped = rearrange(q.to(work) * default_scale(q.shape[-1]), "b (g r) n d -> b g r n d", g=k.shape[1])
     lse = rearrange(lse.to(work), "b (g r) n -> b g r n", g=k.shape[1])
@@ -295,7 +319,7 @@ def attention_and_masses(q: Tensor, k: Tensor, v: Tensor, chunk: int = SCORE_CHU
         later = torch.ones(stop - start, stop - start, dtype=torch.bool, device=q.device).triu_(1)
         weights[..., start:stop].masked_fill_(later, 0.0)  # keys after the query
         mass[..., :stop] += weights.sum(dim=(2, 3))
-    return out, mass / group
+    return mass / group
 
 
 _LAST_MASS: list[tuple[Any, Any, tuple[int, int], Tensor]] = []  # weak q, weak k, their versions, their masses

@@ -144,3 +144,35 @@ def test_a_reply_looping_on_one_token_is_cut() -> None:
 
     assert looping([7] * LOOP) and looping([1, 2] + [0] * LOOP)
     assert not looping([7] * (LOOP - 1)) and not looping([1, 2] * LOOP) and not looping([3] * (LOOP - 1) + [4])
+
+
+@pytest.mark.parametrize("rule", BUDGET_RULES)
+def test_quest_at_several_budgets_steps_as_one_stacked_cache_equal_to_each_alone(rule: str) -> None:
+    """Quest's rows of one grid (one rule, several top_k) step as one stacked cache: the question as one chunk, then
+    single tokens, then with a row dropped (`retain`); each row gets what it gets in a batch of its own."""
+    quest = [("topk", {"block_size": 8, "top_k": top_k, "score": "minmax", "keep_first_block": False,
+                       "select_per": "query-head"}) for top_k in (1, 4, 2)]  # fmt: skip
+    methods = [KV_METHODS[0], *quest]
+    together = rows_for(rule, methods)
+    alone = [rows_for(rule, [method]) for method in quest]
+    question = tokens(FOLLOW, len(methods), 1)
+    outs = forward(together, *question)
+    assert [member.rows for member in together.members[0] if not member.batched] == [[1, 2, 3]]
+    for row, single in enumerate(alone, 1):
+        expected = forward(single, *(x[row : row + 1] for x in question))
+        for layer in range(LAYERS):
+            torch.testing.assert_close(outs[layer][row : row + 1], expected[layer], atol=1e-5, rtol=1e-5)
+    for seed in range(4):
+        if seed == 2:
+            together.retain([0, 1, 3])  # the row at top_k=4 ended
+        live = [0, 1, 2, 3] if seed < 2 else [0, 1, 3]
+        one = tokens(1, len(methods), 5 + seed)
+        got = forward(together, *(x[live] for x in one))
+        for place, row in enumerate(live):
+            if row == 0:
+                continue
+            expected = forward(alone[row - 1], *(x[row : row + 1] for x in one))
+            for layer in range(LAYERS):
+                torch.testing.assert_close(got[layer][place : place + 1], expected[layer], atol=1e-5, rtol=1e-5)
+    for row in (1, 3):
+        assert together.row_bytes(row) == alone[row - 1].row_bytes(0)

@@ -82,7 +82,7 @@ def test_the_papers_names_are_methods() -> None:
     grid = parse_grid({**GRID, "methods": ["quest", {"name": "streamingllm", "sinks": 8}]})
     specs = {m.label(): m for m in grid.methods}
     assert specs["quest"].variant.name == "topk" and specs["quest"].dense_layers == 2
-    assert dict(specs["streamingllm"].variant.params)["sinks"] == 8
+    assert dict(specs["streamingllm(sinks=8)"].variant.params)["sinks"] == 8
 
 
 def test_a_grid_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
@@ -101,10 +101,12 @@ def test_overrides_rewrite_the_grid_s_description() -> None:
 
 
 def test_a_paper_s_name_labels_only_the_paper_s_setting() -> None:
-    grid = parse_grid({**GRID, "methods": [{"name": "quest", "prefill": "own", "decode": "exact"}]})
-    assert [m.label() for m in grid.methods] == ["full", "topk(block_size=16, keep_first_block=False, score=minmax, "
-                                                  "select_per=query-head) [own prefill, first 2 layers exact, exact "
-                                                  "decoding]"]  # fmt: skip
+    """What a table changes of a paper's setting is in its label: `quest` alone is Quest as published."""
+    grid = parse_grid({**GRID, "methods": [{"name": "quest", "prefill": "own", "decode": "exact"},
+                                           {"name": "quest", "top_k": 3}, "quest-first-page"]})  # fmt: skip
+    assert [m.label() for m in grid.methods] == ["full", "quest(prefill=own, decode=exact)", "quest(top_k=3)",
+                                                  "quest-first-page"]  # fmt: skip
+    assert grid.methods[1].decode == "exact" and dict(grid.methods[2].variant.params)["top_k"] == 3
 
 
 def test_full_is_only_the_exact_model() -> None:
@@ -117,7 +119,15 @@ def test_a_report_refuses_flags_and_a_user_s_file_is_kept_by_its_absolute_path(t
     folder = folder_with_rows(tmp_path, 2)
     assert main(["generate", "--report", str(folder), "--seq-lens", "512"]) == 2
     assert "--seq-lens cannot change them" in capsys.readouterr().err
+    assert main(["generate", "--report", str(folder), "--resume", str(folder)]) == 2  # never one of them silently
+    assert "give one of them" in capsys.readouterr().err
     (tmp_path / "rows.jsonl").write_text('{"context": "a", "question": "b?", "answers": ["c"]}\n')
     monkeypatch.chdir(tmp_path)
     grid = parse_grid({**GRID, "tasks": ["jsonl:rows.jsonl"]})
     assert grid.tasks == (f"jsonl:{tmp_path / 'rows.jsonl'}",)
+
+
+def test_one_task_under_two_names_is_refused() -> None:
+    """niah_single is niah_single_1's earlier name: both would pool each sample twice."""
+    with pytest.raises(ConfigError, match="niah_single and niah_single_1 are one task"):
+        parse_grid({**GRID, "tasks": ["niah_single_1", "passkey", "niah_single"]})

@@ -77,7 +77,7 @@ def held(variant: AttentionVariant, state: DecodeState, q: Tensor, k: Tensor, v:
         assert isinstance(state, QuestCache)
         if state.reads_every_page(n):
             return [n // state.page + 1] * q.shape[1]
-        chosen = state.select(q[:, :, n:])  # (b, g, r, s): r = 1 when the group shares one choice
+        chosen, _ = state.select(q[:, :, n:])  # (b, g, r, s): r = 1 when the group shares one choice
         per_chooser = [len(set(pages)) for pages in chosen.flatten(0, 2).tolist()]
         return per_chooser * (q.shape[1] // (chosen.shape[1] * chosen.shape[2]))  # per query head
     return [state.length] * state.keys.shape[1]  # KVCache (SnapKV)

@@ -99,7 +99,7 @@ def pages_read(state: QuestCache, q: Tensor) -> Tensor:
     b, h = q.shape[:2]
     if state.reads_every_page(t):
         return torch.ones(b, h, pages, dtype=torch.bool)
-    chosen = state.select(q)  # (b, g, r, s)
+    chosen, _ = state.select(q)  # (b, g, r, s)
     chosen = expand_kv_heads(chosen.flatten(1, 2), h // chosen.flatten(1, 2).shape[1])  # (b, h, s)
     assert bool((chosen.sort(dim=-1).values.diff(dim=-1) > 0).all()), "a page chosen twice"
     return torch.zeros(b, h, pages, dtype=torch.bool).scatter_(-1, chosen, True)

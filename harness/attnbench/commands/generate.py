@@ -107,6 +107,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"attnbench: --jobs: must be >= 1, got {args.jobs}", file=sys.stderr)
         return Exit.USAGE
     if args.report is not None:
+        if args.resume is not None:
+            print("attnbench: --report rewrites a finished grid's report, --resume continues a grid: give one of them",
+                  file=sys.stderr)  # fmt: skip
+            return Exit.USAGE
         changed = [flag for flag, value in grid_flags(args).items() if value is not None]
         if changed:
             print(f"attnbench: --report rewrites DIR's report from its rows: {', '.join(changed)} cannot change them",

@@ -39,7 +39,8 @@ class RowResult:
     logits: list[Tensor] = field(default_factory=list)  # with keep_logits: (v,) before each greedy token
 
 
-PHASES = ("exact prefill", "own prefills", "state builds", "question", "steps")
+PHASES = ("exact prefill", "own prefills", "prompt masses", "state builds", "question", "steps")  # "prompt masses":
+# H2O's score of the prompt, taken during the exact prefill from its kernel's log-sum-exp, but a cost of H2O's rows
 LOOP = 16  # a reply whose last LOOP tokens are one token has fallen into a greedy loop: it is cut there
 
 
@@ -100,15 +101,18 @@ class InModelDecoder:
         phases = dict.fromkeys(PHASES, 0.0)
         if shared:
             started = time.perf_counter()
-            exact = ExactPrompt(with_masses=any(m.variant.name == "h2o" and m.decodes for m in shared))
+            scored = [m.variant.name == "h2o" and m.decodes for m in shared]  # rows that score the prompt's masses
+            exact = ExactPrompt(with_masses=any(scored))
             exact_logits = self.forward(exact, prompt[None], 0)
-            phases["exact prefill"] = time.perf_counter() - started  # one exact pass, every such row's prompt
+            phases["prompt masses"] = exact.masses_s
+            phases["exact prefill"] = time.perf_counter() - started - exact.masses_s  # one exact pass, shared
             started = time.perf_counter()
             rows.from_exact(exact)
             phases["state builds"] = time.perf_counter() - started
             del exact
             logits.append(exact_logits.expand(len(shared), -1))
-            prefill_s += [phases["exact prefill"] + built for built in rows.build_s]
+            prefill_s += [phases["exact prefill"] + built + phases["prompt masses"] * mine
+                          for built, mine in zip(rows.build_s, scored)]  # fmt: skip
         if own:
             started, own_rows = time.perf_counter(), MethodRows(own, room, rule)
             logits.append(self.forward(own_rows, prompt[None].expand(len(own), -1), 0))

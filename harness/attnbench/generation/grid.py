@@ -25,6 +25,7 @@ from typing import Any
 from attnbench.generation.budgets import KNOBS, at_share
 from attnbench.generation.kept import BUDGET_RULES
 from attnbench.generation.layers import DECODES, PREFILLS
+from attnbench.generation.tasks import ALIASES as TASK_ALIASES
 from attnbench.generation.tasks import TASKS, TaskError, read_jsonl
 from attnbench.interface import did_you_mean
 from attnbench.plan.cells import VariantSpec
@@ -48,11 +49,11 @@ QUEST = {"name": "topk", "score": "minmax", "block_size": 16, "dense_layers": 2}
 ALIASES: dict[str, dict[str, Any]] = {
     # Quest as its code selects (evaluation/quest_attention.py, its kernels): pages ranked per query head by the
     # min/max bound, the current page always read, no forced first page, the first two layers dense
-    "quest": {**QUEST, "keep_first_block": False, "select_per": "query-head", "label": "quest"},
+    "quest": {**QUEST, "keep_first_block": False, "select_per": "query-head"},
     # the NSA-style departure (attnbench's Quest before 2026-11-28): the first page always read, a key/value head's
     # pages ranked by the mean of its query heads' bounds
-    "quest-first-page": {**QUEST, "keep_first_block": True, "select_per": "kv-head", "label": "quest-first-page"},
-    "streamingllm": {"name": "band", "sinks": 4, "label": "streamingllm"},
+    "quest-first-page": {**QUEST, "keep_first_block": True, "select_per": "kv-head"},
+    "streamingllm": {"name": "band", "sinks": 4},
 }
 NO_QUESTION = "no question"  # a continuation's protocol: nothing follows its context but the text itself
 
@@ -283,6 +284,9 @@ def _tasks(raw: Any, problems: list[str], where: str) -> tuple[tuple[str, ...], 
             tasks.append(item)
     if not items:
         problems.append(f"{where}: empty; name at least one task")
+    for alias, name in TASK_ALIASES.items():  # one task twice would count its samples twice in every pooled figure
+        if alias in tasks and name in tasks:
+            problems.append(f"{where}: {alias} and {name} are one task ({alias} is its earlier name): give one of them")
     return tuple(dict.fromkeys(tasks)), rows
 
 
@@ -293,10 +297,10 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
     placed, stripped = [], []
     for index, item in enumerate(items):
         table = item if isinstance(item, dict) else {"name": item}
-        if table.get("name") in ALIASES:  # the paper's name labels it only as the paper runs it
-            changed = any(key in table for key in ("prefill", "decode", "dense_layers"))
-            alias = {k: v for k, v in ALIASES[table["name"]].items() if not (changed and k == "label")}
-            table = {**alias, **{k: v for k, v in table.items() if k != "name"}}
+        if table.get("name") in ALIASES:  # the paper's name, and what a table changes of its setting: quest(top_k=3)
+            changed = {k: v for k, v in table.items() if k not in ("name", "label")}
+            label = table["name"] + (f"({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else "")
+            table = {**ALIASES[table["name"]], "label": label, **{k: v for k, v in table.items() if k != "name"}}
         name = table.get("name")
         if not isinstance(name, str) or not name:
             problems.append(f"{where}[{index}]: a [[methods]] table needs a `name` (the variant, or "

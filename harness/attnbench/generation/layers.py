@@ -31,7 +31,14 @@ from torch import Tensor
 
 from attnbench.generation.kept import BUDGET_RULES, appends_after_prompt, attend_appended, batched, row_held_bytes
 from attnbench.interface import AttentionVariant, DecodeState, expand_kv_heads, query_group
-from attnbench.ops import KVCache, attention_and_masses, remember_mass, softmax_step
+from attnbench.ops import (
+    KVCache,
+    attention_and_masses,
+    attention_with_lse,
+    masses_from_lse,
+    remember_mass,
+    softmax_step,
+)
 
 PREFILLS = ("dense", "own")
 DECODES = ("own", "exact")  # the variant's own decode form, or exact decoding against every key kept
@@ -117,12 +124,16 @@ def layer_state(
 def layer_step(
     variant: AttentionVariant | None, state: DecodeState, q: Tensor, k: Tensor, v: Tensor, own_decode: bool = True
 ) -> tuple[Tensor, DecodeState]:
-    """One token through a layer: q (b, h, 1, d), k, v (b, g, 1, d|e) -> (b, h, 1, e) and the state (exact against
-    the whole cache without the variant's own decode form)."""
+    """t new tokens through a layer, each as a step takes it: q (b, h, t, d), k, v (b, g, t, d|e) -> (b, h, t, e) and
+    the state (exact against the whole cache without the variant's own decode form). One token: the variant's
+    `step`; several: its `steps` (a chunk at once where its state allows, else a token at a time)."""
     if own_form(variant, own_decode):
         assert variant is not None
-        return variant.step(state, q, *kv_for(variant, q, k, v))
+        k, v = kv_for(variant, q, k, v)
+        return variant.step(state, q, k, v) if q.shape[-2] == 1 else variant.steps(state, q, k, v)
     assert isinstance(state, KVCache)
+    if q.shape[-2] > 1:
+        return attend_appended(state, q, k, v), state
     state.append(k, v)
     return softmax_step(q, state.k, state.v), state
 
@@ -135,16 +146,24 @@ class ExactPrompt:
     layers: list[tuple[Tensor, Tensor, Tensor]] = field(default_factory=list)
     with_masses: bool = False  # the attention mass each key receives, from the same pass (H2O's prompt score)
     masses: list[Tensor] = field(default_factory=list)  # (1, g, n) per layer, with_masses
+    masses_s: float = 0.0  # seconds spent on the masses (H2O's cost, not the exact model's)
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
                cross: bool) -> Tensor:
         self_attention_only(causal, padding, cross)
         self.layers.append((query, key, value))
-        if self.with_masses:  # the fused kernel's outputs, and the masses from its log-sum-exp (no softmax pass)
+        if not self.with_masses:
+            return F.scaled_dot_product_attention(query, key, value, is_causal=True,
+                                                  enable_gqa=query.shape[1] != key.shape[1])  # fmt: skip
+        fused = attention_with_lse(query, key, value)  # the fused kernel's outputs, the masses from its log-sum-exp
+        started = time.perf_counter()
+        if fused is None:  # no kernel to take them from: a pass of their own, counted as theirs
             out, mass = attention_and_masses(query, key, value)
-            self.masses.append(mass)
-            return out
-        return F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=query.shape[1] != key.shape[1])
+        else:
+            out, mass = fused[0], masses_from_lse(query, key, fused[1])
+        self.masses_s += time.perf_counter() - started
+        self.masses.append(mass)
+        return out
 
     @property
     def cache_bytes(self) -> int:
@@ -155,7 +174,8 @@ class ExactPrompt:
 @dataclass
 class Member:
     """What steps one or several rows of a layer after the prompt: a batched cache of kept positions (`batched`, the
-    rows stepping together) or one row's own state, stepped by its method a token at a time."""
+    rows stepping together by `attend_appended`), or the state of one method's rows, stacked (`DecodeState.stack`:
+    Quest at several budgets) or one row's alone, stepped by the method."""
 
     rows: list[int]
     state: DecodeState
@@ -199,14 +219,8 @@ class MethodRows:
                 mine = [index for index, row in enumerate(member.rows) if row in keep]
                 if len(mine) == len(member.rows):
                     members.append(member)
-                elif mine and member.batched:
-                    assert isinstance(member.state, KVCache)
-                    index = torch.tensor(mine, device=member.state.keys.device)
-                    state = KVCache(member.state.keys.index_select(0, index), member.state.values.index_select(0, index),
-                                    member.state.length)  # fmt: skip
-                    members.append(Member([member.rows[i] for i in mine], state, batched=True))
-                elif mine:
-                    members.append(member)
+                elif mine:  # rows of a batched or stacked state: the state of those left
+                    members.append(Member([member.rows[i] for i in mine], member.state.select_rows(mine), member.batched))
             self.members[layer] = members
         self.alive = list(rows)
 
@@ -238,17 +252,26 @@ class MethodRows:
         while len(self.members) <= layer:
             index = len(self.members)
             groups: dict[tuple, list[int]] = {}
+            stacks: dict[tuple, list[int]] = {}
             members = []
             for row, state in enumerate(self.states[index]):
                 if appends_after_prompt(state, self.rule):
                     k, v = state.kept()  # type: ignore[misc]
                     groups.setdefault((k.shape, v.shape, k.dtype), []).append(row)
-                else:
-                    if self.rule == "kvpress":
-                        state.close_context()
+                    continue
+                if self.rule == "kvpress":
+                    state.close_context()
+                key = state.stack_key()
+                if key is None:
                     members.append(Member([row], state, batched=False))
+                else:  # one method's rows (its variant's step, whatever their budgets)
+                    stacks.setdefault((key, self.variant_at(row, index).name, self.own_decode(row)), []).append(row)
             for rows in groups.values():
                 members.append(Member(rows, batched([self.states[index][r] for r in rows], self.room), batched=True))
+            for rows in stacks.values():
+                states = [self.states[index][r] for r in rows]
+                state = states[0] if len(rows) == 1 else type(states[0]).stack(states)
+                members.append(Member(rows, state, batched=False))
             self.members.append(members)
             self.states[index] = []  # the members hold them now
         return self.members[layer]
@@ -265,8 +288,13 @@ class MethodRows:
         out = query.new_empty(*query.shape[:-1], value.shape[-1])
         place = {row: position for position, row in enumerate(self.alive)}  # a row's place in this call's batch
         for member in self.members_of(layer):
-            rows = torch.tensor([place[row] for row in member.rows], device=query.device)
-            q, k, v = (x.index_select(0, rows) for x in (query, key, value))
+            places = [place[row] for row in member.rows]
+            if places == list(range(places[0], places[0] + len(places))):  # side by side in the batch: views
+                rows: slice | Tensor = slice(places[0], places[0] + len(places))
+                q, k, v = query[rows], key[rows], value[rows]
+            else:
+                rows = torch.tensor(places, device=query.device)
+                q, k, v = (x.index_select(0, rows) for x in (query, key, value))
             out[rows] = self.step_member(member, layer, q, k, v)
         return out
 
@@ -275,20 +303,21 @@ class MethodRows:
         if member.batched:
             assert isinstance(member.state, KVCache)
             return attend_appended(member.state, q, k, v)
-        row, tokens = member.rows[0], []
-        for t in range(q.shape[-2]):  # one token at a time through the method's own step
-            out, member.state = layer_step(self.variant_at(row, layer), member.state,
-                                           *(x[:, :, t : t + 1] for x in (q, k, v)), self.own_decode(row))  # fmt: skip
-            tokens.append(out)
-        return torch.cat(tokens, dim=-2)
+        row = member.rows[0]  # a stacked state's rows share their method
+        out, member.state = layer_step(self.variant_at(row, layer), member.state, q, k, v, self.own_decode(row))
+        return out
 
     def row_states(self, layer: int, row: int) -> tuple[DecodeState, int | None]:
-        """A row's state at a layer, and its index inside a batched cache (None: its own state); a row dropped by
-        `retain` has none (KeyError)."""
+        """A row's state at a layer, and its index inside a batched cache (None: its own state, a copy of its rows'
+        when stacked); a row dropped by `retain` has none (KeyError)."""
         if layer < len(self.members) or self.states[layer]:
             for member in self.members_of(layer):
                 if row in member.rows:
-                    return member.state, member.rows.index(row) if member.batched else None
+                    if member.batched:
+                        return member.state, member.rows.index(row)
+                    if len(member.rows) > 1:
+                        return member.state.select_rows([member.rows.index(row)]), None
+                    return member.state, None
         raise KeyError(f"row {row} holds no state at layer {layer} (its answer ended)")
 
     def row_bytes(self, row: int) -> tuple[int, int]:

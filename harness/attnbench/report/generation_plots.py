@@ -3,12 +3,14 @@ bars) and continuation quality, each in two panels per N, against the share of t
 against the share it holds (kvpress's figure, with its two panels). Quest holds every key and reads a share of them:
 its points sit at its real read share on the left, and at the whole cache on the right. A method without a knob (an
 RNN state, a sparse prefill) is one point; the exact model is the reference line, its interval a band. A figure far
-off the scale (an untrained RNN's perplexity thousands of times the exact model's) is drawn at the panel's edge and
-named there, so the band where the methods differ stays readable. Drawn under the run report's theme, styles and
-legend (attnbench.report.plots)."""
+off the scale (an untrained RNN's perplexity thousands of times the exact model's) is drawn at the panel's edge, so
+the band where the methods differ stays readable. Every name and figure is in the legend, none drawn over a panel:
+labels at line ends collide where lines end close together (the review found two edge labels printed over each
+other). Drawn under the run report's theme, styles and legend (attnbench.report.plots)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -16,18 +18,21 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from attnbench.report.generation_summary import interval_of
+from attnbench.report.generation_summary import interval_of, n_text
 from attnbench.report.generation_verdict import accuracy_text
-from attnbench.report.plots import (
-    FIGURE_WIDTH, GREY, HALO, PANEL_HEIGHT, Style, _finish, _key, _log_y, _reference_line, styles, themed,
-)  # fmt: skip
+from attnbench.report.plots import FIGURE_WIDTH, PANEL_HEIGHT, Style, _finish, _key, styles, themed
 from attnbench.report.text import share_text
 from attnbench.stats import Interval
 
 HEADROOM = 1.15  # the ratio axis ends this far above the swept methods' largest; a figure beyond is drawn at the edge
+EDGE_ROOM = 1.05  # the ratio axis's frame this far above the edge where a figure off the scale sits; no tick that close
 DODGE = 0.04  # methods' points spread by this much of an octave (±3% for five), so bars at one cost don't hide
 COSTS = (("read_share", "reads", "share a step reads"), ("cache_share", "holds", "share it holds"))
 EXACT_BAND = "#dddddd"  # the exact model's interval behind the methods' lines
+EXACT_LINE = "#999999"  # the exact model's dashed reference line, and its legend key
+RATIO_STEPS = (1, 2, 2.5, 5, 10, 20)  # a narrow ratio axis steps by one of these × 10^k, the finest that fits
+RATIO_LADDERS = ((1, 2, 5), (1, 3), (1,))  # mantissas per decade of a wide ratio axis, finest first
+MAX_TICKS = 6  # a ratio axis labels at most this many values, so its labels never crowd
 
 
 def _cost_axis(ax: plt.Axes, ticks: list[float], points: list[float], label: str) -> None:
@@ -40,48 +45,105 @@ def _cost_axis(ax: plt.Axes, ticks: list[float], points: list[float], label: str
     ax.set_xlabel(label)
 
 
-def _draw_method(ax: plt.Axes, rows: pd.DataFrame, x: pd.Series, value: str, top: float | None, look: Style) -> None:
+def ratio_ticks(low: float, high: float) -> list[float]:
+    """The most plain values, at most MAX_TICKS, between `low` and `high` for a log ratio axis: on a range under ×10
+    (where a log axis is near linear) even steps of RATIO_STEPS (0.86–1.39: 0.9, 1, 1.1, 1.2, 1.3), on a wider one
+    the finest of RATIO_LADDERS that fits (1–3,000: 1, 10, 100, 1,000). matplotlib's log ticks label only 0.9 and 1
+    on the first and every minor tick on the second."""
+    if high / low < 10:
+        base = 10.0 ** math.floor(math.log10((high - low) / MAX_TICKS))
+        for step in (base * m for m in RATIO_STEPS):
+            ticks = [k * step for k in range(math.ceil(low / step), math.floor(high / step) + 1)]
+            if len(ticks) <= MAX_TICKS:
+                break
+    else:
+        decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+        for mantissas in RATIO_LADDERS:
+            ticks = [m * 10.0**e for e in decades for m in mantissas if low <= m * 10.0**e <= high]
+            if len(ticks) <= MAX_TICKS:
+                break
+        ticks = ticks[:: math.ceil(len(ticks) / MAX_TICKS)]
+    return [float(f"{t:.10g}") for t in ticks if low <= t <= high]
+
+
+def _ratio_y(ax: plt.Axes, low: float, high: float) -> None:
+    """A log ratio y axis from `low` to the edge `high` (where a figure off the scale sits) and EDGE_ROOM above it,
+    labelled at `ratio_ticks` only (no minor labels to crowd them), none within EDGE_ROOM of the edge (a tick there
+    would read as the off-scale figure)."""
+    ax.set_yscale("log")
+    ax.set_ylim(low, high * EDGE_ROOM)
+    ax.yaxis.set_major_locator(FixedLocator(ratio_ticks(low, high / EDGE_ROOM)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def _draw_method(ax: plt.Axes, rows: pd.DataFrame, x: pd.Series, value: str, top: float | None,
+                 look: Style) -> list[float]:  # fmt: skip
     """One method's line of `value` (its budgets in order), its interval as bars for an accuracy; a figure above
-    `top` at the edge, named."""
-    method = rows.method.iloc[0]
+    `top` a triangle at that edge, returned (the legend names it: a label at the edge would cover another's)."""
     y = rows[value] * (100 if value == "accuracy" else 1)
-    if top is not None and (y > top).any():  # off the scale: at the edge, named with its figure
-        for spot, figure in zip(x[y > top], y[y > top]):
-            ax.plot([spot], [top], color=look.colour, marker="^", markersize=9, linestyle="none", clip_on=False)
-            ax.annotate(f"{method} {figure:,.0f}×", (spot, top), xytext=(6, -4), textcoords="offset points",
-                        fontsize="small", color=GREY, va="top", bbox=HALO)  # fmt: skip
+    off = [] if top is None else [float(figure) for figure in y[y > top]]
+    if off:
+        ax.plot(x[y > top], [top] * len(off), color=look.colour, marker="^", markersize=9, linestyle="none",
+                clip_on=False)  # fmt: skip
         rows, x, y = rows[y <= top], x[y <= top], y[y <= top]
     ax.plot(x, y, color=look.colour, marker=look.marker, linestyle=look.linestyle if len(rows) > 1 else "none",
             markersize=7)  # fmt: skip
     if value == "accuracy" and len(rows):
         ax.errorbar(x, y, yerr=[y - 100 * rows.low, 100 * rows.high - y], fmt="none", ecolor=look.colour, alpha=0.6,
                     capsize=3)  # fmt: skip
+    return off
+
+
+def _exact_name(exact: dict[int, tuple[Interval, str]], band: bool) -> str:
+    """The exact model's legend name: its figure ('exact model 93% [78–99]', one per N where there are several) and,
+    with `band`, what the grey band is."""
+    figures = [(n, words) for n, (_, words) in sorted(exact.items()) if words]
+    name = "exact model"
+    if len(figures) == 1:
+        name += f" {figures[0][1]}"
+    elif figures:
+        name += ": " + ", ".join(f"{words} at {n_text(n)}" for n, words in figures)
+    return name + (" (band: its interval)" if band else "")
+
+
+def _method_name(method: str, off: dict[int, list[float]], several_n: bool) -> str:
+    """A method's legend name, with its figures drawn as a triangle at the panel's top edge ('deltanet (2,950×: ▲ at
+    the top edge)'; each with its N where the plot has `several_n`)."""
+    figures = [(n, figure) for n, values in sorted(off.items()) for figure in values]
+    if not figures:
+        return method
+    words = ", ".join(f"{figure:,.0f}×" + (f" at {n_text(n)}" if several_n else "") for n, figure in figures)
+    return f"{method} ({words}: ▲ at the top edge)"
 
 
 @themed
 def _panels(data: pd.DataFrame, value: str, exact: dict[int, tuple[Interval, str]], ylabel: str, title: str,
             subtitle: str, path: Path, style: dict[str, Style]) -> Path:  # fmt: skip
     """Two panels per N, one under the other: `value` against the share a step reads | the share held, a line per
-    method; the exact model's (estimate, its words) a reference line, its interval a band."""
+    method; the exact model's (estimate, its figure in words) a reference line, its interval a band; every name and
+    figure in the legend."""
     percent = value == "accuracy"
     ns = sorted(set(data.seq_len))
     fig, axes = plt.subplots(len(ns), 2, figsize=(FIGURE_WIDTH, PANEL_HEIGHT * len(ns)), squeeze=False, sharey="row")
     methods = list(dict.fromkeys(data.method))
     shift = {m: 2 ** (DODGE * (i - (len(methods) - 1) / 2)) for i, m in enumerate(methods)}
     budgets = sorted(set(data.share.dropna()) | {1.0})
+    off: dict[str, dict[int, list[float]]] = {m: {} for m in methods}  # figures drawn at the top edge
     for row, n in zip(axes, ns):
         panel = data[data.seq_len == n].sort_values("share", ascending=False, na_position="last")
         swept = panel[panel.share.notna()][value]
         top = None if percent else max(1.1, HEADROOM * float(swept.max() if len(swept) else 1.0))
         for ax, (column, short, label) in zip(row, COSTS):
             for method, rows in panel.groupby("method", sort=False):
-                _draw_method(ax, rows, rows[column] * shift[method], value, top, style[method])
-            if n in exact:  # named once, under the right end of the reads panel, where few methods read
-                interval, words = exact[n]
+                if figures := _draw_method(ax, rows, rows[column] * shift[method], value, top, style[method]):
+                    off[method][n] = figures  # the same in both panels
+            if n in exact:
+                interval, _ = exact[n]
                 scale = 100 if percent else 1
                 if interval.low == interval.low and interval.high > interval.low:
                     ax.axhspan(scale * interval.low, scale * interval.high, color=EXACT_BAND, alpha=0.6, zorder=0)
-                _reference_line(ax, scale * interval.estimate, words if column == "read_share" else "", right=True)
+                ax.axhline(scale * interval.estimate, color=EXACT_LINE, linestyle="--", linewidth=1.2)
             _cost_axis(ax, budgets, [x for x in panel[column] if x == x], label)
             ax.set_title(f"{'N = ' + format(n, ',') if n else 'own lengths'}: {short}", fontsize="medium")
         row[0].set_ylabel(ylabel)
@@ -89,11 +151,9 @@ def _panels(data: pd.DataFrame, value: str, exact: dict[int, tuple[Interval, str
             row[0].set_ylim(-3, 103)
         else:
             for ax in row:
-                _log_y(ax)
-            row[0].set_ylim(min(0.95, float(panel[value].min()) / HEADROOM), top * 1.05)
-    legend = {method: _key(style[method]) for method in methods}
-    exact_key = "exact model (band: its interval)" if percent else "exact model"
-    legend[exact_key] = Line2D([], [], color="#999999", linestyle="--")
+                _ratio_y(ax, min(0.95, float(panel[value].min()) / HEADROOM), top)
+    legend = {_method_name(method, off[method], len(ns) > 1): _key(style[method]) for method in methods}
+    legend[_exact_name(exact, band=percent)] = Line2D([], [], color=EXACT_LINE, linestyle="--")
     return _finish(fig, title, subtitle, path, legend)
 
 
@@ -114,7 +174,7 @@ def plot_accuracy_vs_cost(
     quest = quest if reads else ""
     others = overall[~overall.exact_method] if len(overall) else overall
     if len(others):
-        exact = {r.seq_len: (interval_of(r), f"exact model {accuracy_text(interval_of(r))}")
+        exact = {r.seq_len: (interval_of(r), accuracy_text(interval_of(r)))
                  for r in overall[overall.exact_method].itertuples()}  # fmt: skip
         path = _panels(others, "accuracy", exact, "needles answered, % (↑)", "What the model answers with each method",
                        f"{', '.join(tasks)} (the tasks within the model); mean over samples, Wilson 95% interval",
@@ -129,11 +189,11 @@ def plot_accuracy_vs_cost(
             ppl_ratio=("ppl_ratio", "mean"), cache_share=("cache_share", "mean"), read_share=("read_share", "mean"),
         ).reset_index()  # fmt: skip
         data["share"] = data.share.where(data.share >= 0)
-        path = _panels(data, "ppl_ratio", {n: (Interval(1.0, 1.0, 1.0), "exact model") for n in set(forced.seq_len)},
+        path = _panels(data, "ppl_ratio", {n: (Interval(1.0, 1.0, 1.0), "") for n in set(forced.seq_len)},
                        "perplexity ÷ exact (↓)", "Continuation quality with each method",
                        "the next tokens of a real text after the compressed prompt, teacher-forced; geometric mean",
                        folder / "generation-continuation-vs-kept.png", style)  # fmt: skip
         made.append((path, "The continuation's perplexity against the exact model's on the same tokens, against the "
                            "share of the exact cache a step reads (left) and holds (right) (a figure off the scale is "
-                           "drawn at the edge, named)." + quest))  # fmt: skip
+                           "a triangle at the top edge, its figure in the legend)." + quest))  # fmt: skip
     return made

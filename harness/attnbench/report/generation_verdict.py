@@ -5,8 +5,10 @@ Per N, task and protocol the exact model's own accuracy comes first; a task whos
 EXACT_FLOOR at that N is beyond the model and left out of the verdict, and one kept only because its interval is too
 wide to decide is said to be. The verdict, per N and budget: the methods' accuracy over the tasks within the model,
 two of them put in order only when their intervals do not overlap (`clearly_above`: stricter than a 5% test on the
-difference, so it errs toward "no clear difference"), the exact model's beside them. Near the top, what the run can
-resolve: the smallest difference whose intervals separate at its number of samples.
+difference, so it errs toward "no clear difference"), the exact model's beside them and each method set against it by
+the same rule. A method whose measured read share is off its nominal budget (Quest ranks pages per query head: at 1/2
+it reads more than the whole cache) says what it reads, so a line never compares unequal costs unsaid. Near the top,
+what the run can resolve: the smallest difference whose intervals separate at its number of samples.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import math
 import pandas as pd
 
 from attnbench.report.generation_summary import EXACT, accuracy_interval, exact_accuracy, interval_of, labelled, n_text
-from attnbench.report.text import recall_text, share_text
+from attnbench.report.text import format_percent, recall_text, share_text
 from attnbench.stats import Interval, clearly_above, separable_difference
 
 EXACT_FLOOR = 0.8  # an exact model whose interval lies wholly below this fails the task at that N: beyond the model
+READ_TOLERANCE = 0.1  # a read share within 10% of the budget (a page or sink tokens rounding it) is at the budget
 ABLE, UNDECIDED, BEYOND = "able", "undecided", "beyond"  # the exact model's standing on a task at an N
 
 
@@ -44,8 +47,8 @@ POOLED_COLUMNS = ["seq_len", "protocol", "method", "share", "samples", "accuracy
 
 def pooled(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     """Per (N, protocol, method, share): the mean score over every sample of the needle tasks within the model, its
-    Wilson interval over those samples, and the shares of the exact cache held and read (what the verdict and the
-    plot show)."""
+    Wilson interval over those samples, the mean share of the exact cache held and the median share a step reads
+    (what the verdict and the plot show; the median, so a few odd rows do not move a method off its budget)."""
     judged = within_model(summary)
     tasks = set(zip(judged.seq_len, judged.task, judged.protocol))
     ok = labelled(rows[(rows.status == "ok") & rows.score.notna()])
@@ -56,7 +59,7 @@ def pooled(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         interval = accuracy_interval(at.score.tolist())
         out.append(dict(seq_len=int(n), protocol=protocol, method=method, share=None if share < 0 else float(share),
                         samples=len(at), accuracy=interval.estimate, low=interval.low, high=interval.high,
-                        cache_share=at.cache_share.mean(), read_share=at.read_share.mean(),
+                        cache_share=at.cache_share.mean(), read_share=at.read_share.median(),
                         exact_method=method == EXACT, exact_decoding=bool((at.decode == "exact").any())))  # fmt: skip
     return pd.DataFrame(out, columns=POOLED_COLUMNS)
 
@@ -102,6 +105,27 @@ def ranking_text(figures: dict[str, str], intervals: dict[str, Interval]) -> str
     parts = [f"{_group_text(names, figures, above)} {'lies' if len(names) == 1 else 'lie'} clearly below {whom(over)}"
              for over, names in sorted(below.items(), key=lambda item: (-len(item[0]), item[0]))]  # fmt: skip
     return f"at the top, {overlap}; " + "; ".join(parts)
+
+
+def exact_comparison_text(intervals: dict[str, Interval], exact: Interval) -> str:
+    """Each method set against the exact model by the ranking's rule (`clearly_above`): 'every method lies clearly
+    below it', or which are not clearly below it (their intervals overlap), clearly above it, and clearly below it.
+    Names in alphabetical order within each part."""
+    over = clearly_above({**intervals, EXACT: exact})
+    above, below = over[EXACT], sorted(m for m in intervals if EXACT in over[m])
+    level = sorted(m for m in intervals if m not in above and m not in below)
+    if len(below) == len(intervals) > 1:
+        return "Against the exact model: every method lies clearly below it"
+    parts = [f"{and_list(level)} {'is' if len(level) == 1 else 'are'} not clearly below it" if level else "",
+             f"{and_list(above)} {'lies' if len(above) == 1 else 'lie'} clearly above it" if above else "",
+             f"{and_list(below)} {'lies' if len(below) == 1 else 'lie'} clearly below it" if below else ""]  # fmt: skip
+    return "Against the exact model: " + "; ".join(part for part in parts if part)
+
+
+def reads_off_budget(read: float, share: float | None) -> bool:
+    """Whether a method's measured read share is off its nominal budget by more than READ_TOLERANCE (relative): its
+    budget line then compares unequal costs and must say so. A method without a budget is never off it."""
+    return share is not None and share == share and read == read and abs(read / share - 1) > READ_TOLERANCE
 
 
 def _group_text(names: list[str], figures: dict[str, str], above: dict[str, list[str]]) -> str:
@@ -184,21 +208,34 @@ def verdict_lines(rows: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
             lines.append("No task within the model at this N: nothing to judge.")
             continue
         reference = here[here.exact_method]
-        beside = f" (the exact model {accuracy_text(interval_of(reference.iloc[0]))})" if len(reference) else ""
+        exact_here = interval_of(reference.iloc[0]) if len(reference) else None
+        beside = "" if exact_here is None else f" (the exact model {accuracy_text(exact_here)})"
         for share in sorted(set(chosen.share.dropna()), reverse=True):
             at = chosen[chosen.share == share]
-            lines.append(f"- at a budget of {share_text(share)} of the cache{beside}: {_ranked(at)}.")
+            lines.append(f"- at a budget of {share_text(share)} of the cache{beside}: {_ranked(at, exact_here)}.")
         fixed = chosen[chosen.share.isna()]
-        kinds = (("a fixed state, swapped untrained into a softmax model", ~fixed.exact_decoding),
+        kinds = (("at a setting of its own (not swept over the budgets: a fixed window, an RNN's state)",
+                  ~fixed.exact_decoding),
                  ("its own prefill, then exact decoding of the whole cache", fixed.exact_decoding))  # fmt: skip
         for words_for, which in kinds:
             if which.any():
-                lines.append(f"- {words_for}{beside}: {_ranked(fixed[which], state=True)}.")
+                lines.append(f"- {words_for}{beside}: {_ranked(fixed[which], exact_here)}.")
     return lines
 
 
-def _ranked(methods: pd.DataFrame, state: bool = False) -> str:
-    """`ranking_text` of a pooled frame's methods (with `state`, each with its state's share of the cache)."""
-    suffix = {r.method: f" (its state {r.cache_share:.1%} of the cache)" if state else "" for r in methods.itertuples()}
-    figures = {r.method: f"{r.method} {accuracy_text(interval_of(r))}{suffix[r.method]}" for r in methods.itertuples()}
-    return ranking_text(figures, {r.method: interval_of(r) for r in methods.itertuples()})
+def _ranked(methods: pd.DataFrame, exact: Interval | None) -> str:
+    """`ranking_text` of a pooled frame's methods, each with its cost where the budget does not say it
+    (`_cost_note`), then each set against the `exact` model's interval (`exact_comparison_text`) where there is one."""
+    figures = {r.method: f"{r.method} {accuracy_text(interval_of(r))}{_cost_note(r)}" for r in methods.itertuples()}
+    intervals = {r.method: interval_of(r) for r in methods.itertuples()}
+    text = ranking_text(figures, intervals)
+    return text if exact is None else f"{text}. {exact_comparison_text(intervals, exact)}"
+
+
+def _cost_note(row: object) -> str:
+    """' (its state 9.0% of the cache)' for a method without a budget; ' (reads 150% of the cache a step)' for one
+    whose measured read share is off its budget (`reads_off_budget`); '' for one that reads its budget."""
+    share, read = row.share, row.read_share  # type: ignore[attr-defined]
+    if share is None or share != share:
+        return f" (its state {row.cache_share:.1%} of the cache)"  # type: ignore[attr-defined]
+    return f" (reads {format_percent(read)} of the cache a step)" if reads_off_budget(read, share) else ""
