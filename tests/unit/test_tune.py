@@ -71,3 +71,63 @@ def test_a_report_at_another_budget_says_the_tuning_was_for_its_own():
     [again] = tuning_sentences(pd.DataFrame(rows), "full", max_error=0.2)
     assert "Tuned for the error budget 0.5; this report judges at 0.2" in again and "band(sinks=4, window=128)" in again
     assert "--tune --max-error 0.2" in again
+
+
+def fake_measure(error, recall):
+    """A `measure` for `tune` without running anything: error and needle recall as functions of band's window, and
+    every timed cell 1 ms against the baseline's 4 ms (so each pick is clearly faster)."""
+    from attnbench.measure.group import GroupResult
+    from attnbench.runfolder.rows import row_for
+
+    def measure(group):
+        rows, samples = [], []
+        for cell in group.cells:
+            window = dict(cell.variant.params).get("window")
+            needles = cell.input.name == "needles"
+            fields = {"needle_accuracy": recall(window)} if needles and window else {}
+            rows.append(row_for(cell, status="ok", err_vs_uniform=error(window) if window else 0.0, **fields))
+            if group.timed:
+                samples += [(cell.key(), r, 4e-3 if window is None else 1e-3) for r in range(9)]
+        return GroupResult(rows, samples)
+
+    return measure
+
+
+def needles_config(**overrides):
+    return parse_config(tiny(variants=["full", {"name": "band", "window": 64}], seq_lens=[1024], heads=1,
+                             inputs=[{"name": "realistic"}, {"name": "needles", "pairs": 4}], **overrides))  # fmt: skip
+
+
+def test_where_needles_fit_the_knob_is_searched_for_continuation_and_for_retrieval():
+    """The verdict's two answers, tuned: the smallest window within the error budget, and the smallest also
+    retrieving at least 90% of the needles (error falls and recall grows with the window)."""
+    import pandas as pd
+    from attnbench.report.tuning import tuning_sentences
+    from attnbench.run.tune import search_rules, tune
+
+    config = needles_config()
+    assert [rule for rule, _ in search_rules(config, config.plan().cells[0])] == ["continuation", "retrieval"]
+    rows = tune(config, config.plan().cells, 0.5, fake_measure(lambda w: 16 / w, lambda w: min(1.0, w / 400)),
+                say=lambda line: None)  # fmt: skip
+    picks = {r["rule"]: r["value"] for r in rows if r["pick"]}
+    assert picks == {"continuation": 32, "retrieval": 512}  # 16/32 = 0.5 within; 512/400 >= 0.9, 256/400 not
+    assert all(r["recall"] == r["recall"] for r in rows if r["rule"] == "retrieval")
+    [said] = tuning_sentences(pd.DataFrame(rows), "full")
+    assert "For continuation (error alone): Use band(window=32)" in said
+    assert "For retrieval (needle recall at least 90%): Use band(window=512)" in said and "recall 100%" in said
+
+
+def test_a_recall_the_user_asked_is_the_one_rule_and_no_needles_leave_error_alone():
+    from attnbench.run.tune import search_rules
+
+    asked = needles_config(min_recall=0.5)
+    assert search_rules(asked, asked.plan().cells[0]) == [("retrieval", 0.5)]
+    plain = parse_config(tiny(variants=["full", "band"], seq_lens=[1024]))
+    assert search_rules(plain, plain.plan().cells[0]) == [("continuation", None)]
+
+
+def test_the_retrieval_search_needs_both_error_and_recall():
+    search = Search(VariantSpec("band", ()), KNOBS["band"], ladder(KNOBS["band"], 1024), "retrieval", 0.9)
+    while (value := search.next_value()) is not None:
+        search.record(value, 0.1, 0.5, recall=1.0 if value >= 256 else 0.5)
+    assert search.pick == 256

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.report.text import interval_text, ratio_text
+from attnbench.report.text import format_percent, interval_text, ratio_text
 from attnbench.report.evidence import is_real_heads, real_heads_name
-from attnbench.report.modes import mode_of
+from attnbench.report.modes import Mode, mode_of
 from attnbench.report.verdict import error_text
 
 
@@ -27,15 +27,17 @@ def _evidence(labels: str) -> str:
 def tuning_sentences(
     tuning: pd.DataFrame, baseline: str, max_error: float | None = None, min_recall: float | None = None
 ) -> list[str]:
-    """Per mode and N the tuned answer: the fastest pick clearly faster than the baseline, then the others. Where
-    the report judges with another budget (`max_error`) than the tuning did, or asks for needle recall
-    (`min_recall`, which the search does not weigh), the answer says so."""
+    """Per mode and N the tuned answer under each rule searched (`attnbench.run.tune.RULES`: error alone, and with
+    needle recall where the run planted needles, as the verdict answers): the fastest pick clearly faster than the
+    baseline, then the others. Where the report judges with another budget (`max_error`) than the tuning did, or asks
+    a needle recall (`min_recall`) the search did not, the answer says so."""
     if tuning.empty:
         return []
+    tuning = tuning.assign(rule=tuning["rule"].fillna("continuation")) if "rule" in tuning else tuning.assign(
+        rule="continuation", recall=float("nan"), min_recall=float("nan"))  # a tuning.csv from before the rules
     out = []
     for (mode_name, causal, n), rows in tuning.groupby(["mode", "causal", "seq_len"], sort=False):
         mode = mode_of(mode_name)
-        picks = rows[rows["pick"].astype(bool)].sort_values("speedup", ascending=False)
         where = (f"Tuned at N={n} ({mode.words}{', causal' if str(causal) == 'True' else ''}, error on "
                  f"{_evidence(rows.iloc[0].evidence)})")  # fmt: skip
         budget = rows.iloc[0].budget
@@ -46,26 +48,38 @@ def tuning_sentences(
             caveats += (f" (Tuned for the error budget {budget:g}; this report judges at {max_error:g}, where the "
                         f"smallest values probed within it are: {smallest}, not timed: tune again with --tune "
                         f"--max-error {max_error:g}.)")  # fmt: skip
-        if min_recall is not None:
-            caveats += " (The search weighs error alone, not the needle recall --min-recall asks for.)"
-        if picks.empty:
-            least = rows.loc[rows.err_vs_uniform.idxmin()] if rows.err_vs_uniform.notna().any() else None
-            said = f" (the least: {least.label}'s {error_text(least.err_vs_uniform)})" if least is not None else ""
-            out.append(f"{where}: no value of any knob brings a setting within the error budget {budget:g}{said}.{caveats}")
-            continue
-        faster = picks[picks.speedup_low > 1]
-        others = "; ".join(f"{r.label} {_speed(r)} at {error_text(r.err_vs_uniform)}" for r in picks.itertuples()
-                           if faster.empty or r.label != faster.iloc[0].label)  # fmt: skip
-        if faster.empty:
-            out.append(f"{where}: no tuned setting within the error budget {budget:g} is faster than "
-                       f"{mode.against(baseline)} beyond noise ({others}).{caveats}")  # fmt: skip
-            continue
-        best = faster.iloc[0]
-        per = " per generated token" if mode.decode else ""
-        out.append(f"{where}: Use {best.label}: {_speed(best)} faster{per} than {mode.against(baseline)} at error "
-                   f"{error_text(best.err_vs_uniform)} vs uniform, the fastest setting within the error budget "
-                   f"{budget:g} of each family's key knob" + (f" (then: {others})." if others else ".") + caveats)  # fmt: skip
+        asked = rows.min_recall.dropna()
+        if min_recall is not None and not (len(asked) and (asked - min_recall).abs().min() < 1e-12):
+            caveats += f" (The search did not ask the needle recall --min-recall {min_recall:g} asks.)"
+        both = rows.rule.nunique() > 1
+        parts = [_rule_answer(ruled, budget, baseline, mode, both) for _, ruled in rows.groupby("rule", sort=False)]
+        out.append(f"{where}: {' '.join(parts)}{caveats}")
     return out
+
+
+def _rule_answer(rows: pd.DataFrame, budget: float, baseline: str, mode: Mode, both: bool) -> str:
+    """One rule's tuned answer: 'Use X: S× … at error E …', or that no value is within it; prefixed with the rule
+    when it asks needle recall ('For retrieval (needle recall at least 90%): …'), or when `both` rules were searched."""
+    recall = rows.min_recall.dropna()
+    asks = f"needle recall at least {format_percent(float(recall.iloc[0]))}" if len(recall) else ""
+    prefix = f"For retrieval ({asks}): " if asks else ("For continuation (error alone): " if both else "")
+    within = f"the error budget {budget:g}" + (f" with {asks}" if asks else "")
+    picks = rows[rows["pick"].astype(bool)].sort_values("speedup", ascending=False)
+    recalled = (lambda r: f", recall {format_percent(r.recall)}" if asks and r.recall == r.recall else "")
+    if picks.empty:
+        least = rows.loc[rows.err_vs_uniform.idxmin()] if rows.err_vs_uniform.notna().any() else None
+        said = f" (the least error: {least.label}'s {error_text(least.err_vs_uniform)}{recalled(least)})" if least is not None else ""
+        return f"{prefix}no value of any knob brings a setting within {within}{said}."
+    faster = picks[picks.speedup_low > 1]
+    others = "; ".join(f"{r.label} {_speed(r)} at {error_text(r.err_vs_uniform)}{recalled(r)}" for r in picks.itertuples()
+                       if faster.empty or r.label != faster.iloc[0].label)  # fmt: skip
+    if faster.empty:
+        return f"{prefix}no tuned setting within {within} is faster than {mode.against(baseline)} beyond noise ({others})."
+    best = faster.iloc[0]
+    per = " per generated token" if mode.decode else ""
+    return (f"{prefix}Use {best.label}: {_speed(best)} faster{per} than {mode.against(baseline)} at error "
+            f"{error_text(best.err_vs_uniform)} vs uniform{recalled(best)}, the fastest setting within {within} of each "
+            f"family's key knob" + (f" (then: {others})." if others else "."))  # fmt: skip
 
 
 def tuning_table(tuning: pd.DataFrame) -> tuple[list[str], list[list[str]]]:

@@ -108,6 +108,7 @@ class Answer:
     sentence: str = ""  # "Use X, the fastest within the error budget …" or "Nothing beats <baseline> here: ..."
     use: str = ""  # the label the sentence recommends ("" when it recommends none): what plot titles may headline
     asked: str = ""  # the answer to `min_speedup` ("" when not asked)
+    retrieval_use: str | None = None  # with a retrieval answer (`with_retrieval`): the label it recommends, or ""
 
 
 @dataclass
@@ -273,6 +274,8 @@ def verdicts(
                 for c in candidates:
                     c.recall = recalls.get((c.label, int(n)), float("nan"))
                 answer = judge(int(n), candidates, baseline, budget, str(source), mode)
+                if answer is not None and weighs_retrieval(candidates, budget):
+                    answer = with_retrieval(answer, candidates, baseline, budget, str(source), mode)
                 if answer is not None and int(n) in contradicted:
                     answer = withheld(answer, contradicted[int(n)])
                 if answer is not None:
@@ -420,6 +423,32 @@ def _fastest_exact(exact: list[Choice], baseline: str) -> Choice | None:
     if base is not None and not faster:
         return base
     return fastest(faster or exact)[0] if exact else None
+
+
+def weighs_retrieval(candidates: list[Choice], budget: AccuracyBudget) -> bool:
+    """The run measured needle recall at this N for an approximation and the user asked no recall of their own: the
+    verdict answers both uses it measured, continuation (error alone) and retrieval (`AccuracyBudget.for_retrieval`)."""
+    return budget.min_recall is None and any(c.family != "exact" and c.recall == c.recall for c in candidates)
+
+
+CONTINUATION = "For continuation (error alone): "
+RETRIEVAL = "For retrieval (needle recall at least {recall}): "
+
+
+def with_retrieval(
+    answer: Answer, candidates: list[Choice], baseline: str, budget: AccuracyBudget, on: str, mode: Mode
+) -> Answer:
+    """`answer` (error alone) and the same candidates judged again asking needle recall, both said: 'For
+    continuation (error alone): Use X … For retrieval (needle recall at least 90%): Nothing beats full here: …'. The
+    offered choices and reasons stay the continuation answer's (the table shows each one's recall beside them)."""
+    fresh = [replace(c, left_out="", ties=[], fastest_exact=False) for c in candidates]
+    strict = budget.for_retrieval
+    retrieval = judge(answer.n, fresh, baseline, strict, on, mode)
+    assert retrieval is not None  # the same candidates: never none
+    label = RETRIEVAL.format(recall=recall_text(strict.min_recall or 0.0))
+    both = [f"{prefix}{one.sentence}" + (f" {one.asked}" if one.asked else "")
+            for prefix, one in ((CONTINUATION, answer), (label, retrieval))]  # each use's answer, then its --min-speedup's
+    return replace(answer, sentence=" ".join(both), asked="", retrieval_use=retrieval.use)
 
 
 def over_budget(c: Choice, budget: AccuracyBudget) -> bool:
@@ -590,7 +619,8 @@ def answer_sentence(
     slower = [c.label for c in approximate if c.speedup <= 1]
     slower += [c.label for c in left_out if c.family != "exact" and c.left_out.startswith("slower")]
     useless = [c.label for c in left_out if "averaging V" in c.left_out]
-    forgetful = [c.label for c in left_out if c.left_out.startswith(BELOW_RECALL) or c.left_out == RECALL_UNMEASURED]
+    forgetful = [f"{c.label} {recall_text(c.recall)}" if c.recall == c.recall else c.label
+                 for c in left_out if c.left_out.startswith(BELOW_RECALL) or c.left_out == RECALL_UNMEASURED]  # fmt: skip
     reasons = []
     if slower:
         reasons.append(f"slower ({', '.join(slower)})")

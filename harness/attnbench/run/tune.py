@@ -9,6 +9,11 @@ budget is the family's pick; the picks are then timed in turns with the baseline
 probe is a row of `tuning.csv` (the knob's curve in the report); the answer is "Use band(sinks=4, window=W): S× at
 error E". Bisection assumes error does not grow with the knob: a probe that breaks it is kept and shown, not hidden.
 
+The same rule as the verdict's (`attnbench.report.verdict.with_retrieval`): where the run plants needles that fit the
+cell, a second search per setting asks needle recall too (at least `--min-recall`, else `RETRIEVAL_RECALL`: the
+retrieval answer, beside the continuation answer of error alone; with `--min-recall` given, that search alone).
+Recall grows with the knob as error falls, so one bisection serves.
+
 Its own module: orchestration beside `run.plan_runner`, measuring through `measure.dispatch.measure_group`.
 """
 
@@ -18,6 +23,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from attnbench.plan.budget import RETRIEVAL_RECALL
 from attnbench.plan.cells import Cell, Group, InputSpec, VariantSpec
 from attnbench.plan.config import SweepConfig
 from attnbench.plan.fit import input_unfit
@@ -73,6 +79,25 @@ def judging_inputs(config: SweepConfig, cell: Cell) -> list[InputSpec]:
     return [s for s in inputs if s.name == "realistic"][:1] or inputs[:1]
 
 
+def needle_inputs(config: SweepConfig, cell: Cell) -> list[InputSpec]:
+    """The run's `needles` inputs that can be drawn for this cell (its recall: the least over them)."""
+    return [s for s in config.axes["input"] if s.name == "needles"
+            and input_unfit(replace(cell, input=s), config.settings.decode_steps) is None]  # fmt: skip
+
+
+RULES = ("continuation", "retrieval")  # error alone; error and needle recall (the verdict's two answers)
+
+
+def search_rules(config: SweepConfig, cell: Cell) -> list[tuple[str, float | None]]:
+    """The rules the knob is searched under at this cell, each with the needle recall it asks (None: none): error
+    alone, and error with recall where needles fit; with `--min-recall` given, only the latter (the verdict's one
+    answer then)."""
+    if not needle_inputs(config, cell):
+        return [(RULES[0], None)]
+    asked = config.settings.min_recall
+    return [(RULES[1], asked)] if asked is not None else [(RULES[0], None), (RULES[1], RETRIEVAL_RECALL)]
+
+
 def with_knob(spec: VariantSpec, knob: Knob, value: int) -> VariantSpec:
     return VariantSpec(spec.name, tuple(sorted((*spec.params, (knob.name, value)))))
 
@@ -84,6 +109,8 @@ class Search:
     spec: VariantSpec
     knob: Knob
     values: list[int]
+    rule: str = RULES[0]
+    min_recall: float | None = None  # the needle recall a value needs (the retrieval rule), with the error budget
     low: int = 0
     high: int = -1
     errors: dict[int, float] | None = None
@@ -102,15 +129,20 @@ class Search:
             return None
         return self.values[(self.low + self.high) // 2]
 
-    def record(self, value: int, error: float, budget: float) -> None:
+    def within(self, error: float, recall: float, budget: float) -> bool:
+        """A probe meets this search's rule: its error within the budget, and its recall where the rule asks one."""
+        return error <= budget and (self.min_recall is None or recall >= self.min_recall)
+
+    def record(self, value: int, error: float, budget: float, recall: float = float("nan")) -> None:
         assert self.errors is not None
         self.errors[value] = error
         index = self.values.index(value)
-        if value == self.values[-1] and not error <= budget:
+        within = self.within(error, recall, budget)
+        if value == self.values[-1] and not within:
             self.low = self.high = index  # nothing on the ladder is within: done
             self.high = -1
             return
-        if error <= budget:
+        if within:
             self.high = index
         else:
             self.low = index + 1
@@ -148,26 +180,33 @@ def tune(
             bases.append(cell)
     for base in bases:
         inputs = judging_inputs(config, base)
+        needles = needle_inputs(config, base)
         n = base.seq_len
-        searches = [Search(spec, knob, ladder(knob, n)) for spec, knob in settings]
+        searches = [Search(spec, knob, ladder(knob, n), rule, recall) for spec, knob in settings
+                    for rule, recall in search_rules(config, base)]  # fmt: skip
         searches = [s for s in searches if s.values]
         evidence = ", ".join(s.label() for s in inputs)
         unsupported: set[str] = set()
-        say(f"tuning at N={n} ({base.mode}{', causal' if base.causal else ''}) on {evidence}: "
-            + ", ".join(f"{s.spec.label()} by {s.knob.name}" for s in searches))  # fmt: skip
+        rules = " and ".join(dict.fromkeys(s.rule for s in searches))
+        say(f"tuning at N={n} ({base.mode}{', causal' if base.causal else ''}) on {evidence}, for {rules}: "
+            + ", ".join(dict.fromkeys(f"{s.spec.label()} by {s.knob.name}" for s in searches)))  # fmt: skip
         while True:
             probes = {id(s): v for s in searches if (v := s.next_value()) is not None}
             if not probes:
                 break
+            variants = list(dict.fromkeys(with_knob(s.spec, s.knob, probes[id(s)]) for s in searches if id(s) in probes))
             worst: dict[str, float] = {}
-            for spec_input in inputs:
-                group_cells = tuple(
-                    replace(base, input=spec_input, variant=with_knob(s.spec, s.knob, probes[id(s)]), compiled=False)
-                    for s in searches if id(s) in probes
-                )  # fmt: skip
+            recall: dict[str, float] = {}
+            recalled = any(s.min_recall is not None for s in searches if id(s) in probes)
+            for spec_input in inputs + (needles if recalled else []):
+                group_cells = tuple(replace(base, input=spec_input, variant=v, compiled=False) for v in variants)
                 for row in measure(Group(group_cells, timed=False)).rows:
                     if row.status == "unsupported":  # no form for this cell (a causal one, say): not searched
                         unsupported.add(row.label)
+                    if spec_input in needles:  # the least recall over the needle inputs
+                        value = row.needle_accuracy if row.status == "ok" and row.needle_accuracy is not None else float("nan")
+                        recall[row.label] = min(recall.get(row.label, float("inf")), value) if value == value else float("nan")
+                        continue
                     error = row.err_vs_uniform if row.status == "ok" else float("nan")
                     worst[row.label] = max(worst.get(row.label, float("-inf")), error) if error == error else float("nan")
             said = []
@@ -178,12 +217,12 @@ def tune(
                     say(f"N={n}: {s.spec.label()} has no form for these cells ({base.mode}"
                         f"{', causal' if base.causal else ''}): not searched")  # fmt: skip
                     continue
-                error = worst.get(label, float("nan"))
-                s.record(probes[id(s)], error, budget)
-                rows.append(_row(base, s, probes[id(s)], label, error, evidence, budget))
-                said.append(f"{label} {error:.3g}")
+                error, got = worst.get(label, float("nan")), recall.get(label, float("nan"))
+                s.record(probes[id(s)], error, budget, got)
+                rows.append(_row(base, s, probes[id(s)], label, error, evidence, budget, got))
+                said.append(f"{label} {error:.3g}" + (f" (recall {got:.0%})" if s.min_recall is not None else ""))
             if said:
-                say(f"N={n}: error vs uniform " + ", ".join(said))  # progress: each bisection step's probes
+                say(f"N={n}: error vs uniform " + ", ".join(dict.fromkeys(said)))  # progress: each bisection step
             keep(rows)
         picks = [(s, with_knob(s.spec, s.knob, s.pick)) for s in searches if s.pick is not None]
         if not picks:
@@ -202,7 +241,7 @@ def tune(
         for s, spec in picks:
             key = replace(base, input=inputs[0], variant=spec, compiled=False).key()
             speed = paired_speedup(by_cell.get(base_key, []), by_cell.get(key, [])) if key in by_cell else None
-            row = next(r for r in rows[::-1] if r["label"] == spec.label() and r["seq_len"] == n)
+            row = next(r for r in rows[::-1] if r["label"] == spec.label() and r["seq_len"] == n and r["rule"] == s.rule)
             row.update(pick=True, speedup=speed.estimate if speed else float("nan"),
                        speedup_low=speed.low if speed else float("nan"),
                        speedup_high=speed.high if speed else float("nan"))  # fmt: skip
@@ -210,11 +249,13 @@ def tune(
     return rows
 
 
-def _row(base: Cell, search: Search, value: int, label: str, error: float, evidence: str, budget: float) -> dict[str, Any]:
+def _row(base: Cell, search: Search, value: int, label: str, error: float, evidence: str, budget: float,
+         recall: float = float("nan")) -> dict[str, Any]:  # fmt: skip
     return {
         "seq_len": base.seq_len, "mode": base.mode, "causal": base.causal, "setting": search.spec.label(),
         "knob": search.knob.name, "value": value, "label": label, "err_vs_uniform": error,
-        "within": bool(error <= budget), "budget": budget, "evidence": evidence, "pick": False,
-        "speedup": float("nan"), "speedup_low": float("nan"), "speedup_high": float("nan"),
+        "within": search.within(error, recall, budget), "budget": budget, "evidence": evidence, "pick": False,
+        "speedup": float("nan"), "speedup_low": float("nan"), "speedup_high": float("nan"), "rule": search.rule,
+        "recall": recall, "min_recall": search.min_recall,
     }  # fmt: skip
 
