@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from attnbench.commands.terminal import grid_table, resume_problem, terminal_width
 from attnbench.exit_status import Exit
 
+if TYPE_CHECKING:
+    from attnbench.generation.grid import GenerationGrid
+    from attnbench.generation.run import GridEstimate
+
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from attnbench.generation.grid import DEFAULT_GRID, PROTOCOLS, grid_descriptions
+    from attnbench.generation.grid import ALIASES, DEFAULT_GRID, PROTOCOLS, grid_descriptions
     from attnbench.generation.kept import BUDGET_RULES
     from attnbench.generation.tasks import TASKS
     from attnbench.generation.preflight import DEFAULT_MODEL
@@ -46,7 +52,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--samples", type=int, help="samples per task and N (needles at depths spread over 0-100%%)")
     generate.add_argument("--keep", help="comma-separated shares of the prompt's cache a KV method keeps, e.g. 0.5,0.125")
     generate.add_argument("--methods", help="comma-separated method settings replacing the grid's, e.g. "
-                          "'h2o,snapkv(window=64),band(sinks=4)' (full, the exact model, is always run)")  # fmt: skip
+                          "'h2o,snapkv(window=64),band(sinks=4)', or the papers' names with their own parameters, "
+                          f"e.g. 'quest(token_budget=512),streamingllm(start_size=4)' ({', '.join(ALIASES)}: "
+                          "`attnbench list`); full, the exact model, is always run")  # fmt: skip
     generate.add_argument("--protocols", help=f"comma-separated: {', '.join(PROTOCOLS)}")
     generate.add_argument("--budget-rule", choices=BUDGET_RULES,
                           help="kvpress (the default): the context is compressed once when it ends, the question and "
@@ -61,7 +69,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--out", type=Path, default=Path("results"), help="where the grid's folder goes (results/)")
     generate.add_argument("--resume", type=Path, metavar="DIR", help="continue the grid in DIR: run what has no row")
     generate.add_argument("--report", type=Path, metavar="DIR", help="only rewrite DIR's report (no generation)")
-    generate.add_argument("--dry-run", action="store_true", help="list the units and stop")
+    generate.add_argument("--dry-run", action="store_true", help="list the units still to run and their estimated "
+                          "time on this machine (the model's forward pass timed once), then stop")  # fmt: skip
     generate.add_argument("--list", action="store_true", help="list the shipped grids")
 
 
@@ -140,23 +149,56 @@ def main(args: argparse.Namespace) -> int:
         return Exit.USAGE
     model_dir = args.model or _model_of(folder) or DEFAULT_MODEL
     try:
-        check(grid, model_dir)
+        tokenizer = check(grid, model_dir)
     except PreflightError as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
     if args.dry_run:
-        from attnbench.generation.run import units_to_run
-        from attnbench.runfolder.generations import generated_keys
-
-        done = generated_keys(folder) if folder is not None else set()
-        todo = units_to_run(grid, done)
-        for unit in todo:
-            print(unit.name())
-        settings = [s.label() for s in grid.settings(grid.seq_lens[0])]
-        print(f"methods ({len(settings)} each): {', '.join(settings)}")
-        print(f"total: {len(todo)} units" + (f" ({len(grid.units()) - len(todo)} done already)" if done else ""))
-        return Exit.OK
+        return _dry_run(args, grid, folder, model_dir, tokenizer)
     return _generate(args, grid, folder, model_dir)
+
+
+def _dry_run(args: argparse.Namespace, grid: GenerationGrid, folder: Path | None, model_dir: Path,
+             tokenizer: Any) -> int:
+    """`generate --dry-run`: the units still to run, the method settings, and the time they will take here."""
+    from attnbench.generation.run import grid_estimate, units_to_run
+    from attnbench.runfolder.generations import generated_keys
+
+    done = generated_keys(folder) if folder is not None else set()
+    todo = units_to_run(grid, done)
+    for unit in todo:
+        print(unit.name())
+    settings = [s.label() for s in grid.settings(grid.seq_lens[0])]
+    print(f"methods ({len(settings)} each): {', '.join(settings)}")
+    print(f"total: {len(todo)} units" + (f" ({len(grid.units()) - len(todo)} done already)" if done else ""))
+    if todo:
+        print("attnbench: timing the model's forward pass for the estimate…", file=sys.stderr, flush=True)
+        estimate = grid_estimate(grid, todo, model_dir, tokenizer, executor=args.executor, workers=args.jobs)
+        print(textwrap.fill(estimate_text(estimate, grid.raw.get("measured_run_time"), args.executor), terminal_width(),
+                            subsequent_indent="  "))  # fmt: skip
+    return Exit.OK
+
+
+def estimate_text(estimate: GridEstimate, recorded: str | None, executor: str) -> str:
+    """The estimate as said: its range and why it is one, what it rests on and leaves out, and the grid's recorded run
+    time where it has one."""
+    from attnbench.measure.estimate import seconds_text
+
+    low, high = seconds_text(estimate.low_s), seconds_text(estimate.high_s)
+    plural = lambda count: "s" if count > 1 else ""  # noqa: E731
+    where = ("one unit at a time here (a Ray cluster runs them side by side)" if executor == "ray"
+             else f"{estimate.workers} worker{plural(estimate.workers)} here (--jobs)")  # fmt: skip
+    span = f"{low} with {where}" if low == high else (
+        f"{low} to {high} with {where}: the low end if every answer ends at its first token, the high end if each "
+        "runs to its budget"
+    )  # fmt: skip
+    return (
+        f"estimated time: {span}. It rests on the grid's forward passes in FLOPs (prefills, questions, answers, "
+        f"continuations) at the model's speed timed here now, {estimate.flops_per_s / 1e9:.3g} GFLOP/s on a worker's "
+        f"{estimate.threads} thread{plural(estimate.threads)}, and on its loading, {estimate.load_s:.1f} s a worker; "
+        "not counted: the methods' state builds, the step timing, starting the workers; a busy machine is slower"
+        + (f". Recorded for this grid: {recorded}" if recorded else "")
+    )
 
 
 def _model_of(folder: Path | None) -> Path | None:

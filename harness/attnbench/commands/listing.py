@@ -1,5 +1,5 @@
-"""`attnbench list`: every registered variant (built-in and plugins) with its capabilities and package, then the
-plugins that failed to load."""
+"""`attnbench list`: every registered variant (built-in and plugins) with its capabilities and package, the papers'
+names `attnbench generate` takes (each a variant's setting), then the plugins that failed to load."""
 
 from __future__ import annotations
 
@@ -21,12 +21,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """The `list` verb (it takes no arguments)."""
     subparsers.add_parser(
         "list",
-        help="every variant: family, relation to softmax, capabilities, package; broken plugins",
+        help="every variant: family, relation to softmax, capabilities, package; the papers' names; broken plugins",
         description=(
             "List every registered variant (built-in and plugins) with its capabilities and package. softmax: exact "
             "(softmax on its own support), approx. (an approximation of softmax attention) or other (a different "
             "operator, e.g. gated linear attention: never recommended on its error vs softmax). causal: only = it "
-            "refuses non-causal calls; decode = it runs in --mode decode alone (a KV-cache method)."
+            "refuses non-causal calls; decode = it runs in --mode decode alone (a KV-cache method). Then the papers' "
+            "names `attnbench generate --methods` takes (quest, streamingllm, ...): the variant setting each is, and "
+            "its paper's parameter names mapped onto the variant's."
         ),
     )
 
@@ -51,6 +53,22 @@ def causal_mark(cls: type[AttentionVariant]) -> str:
     if not accepted:  # a decode-only method, or one this machine cannot run at all (its declaration then)
         return "decode" if cls.decodes() else "yes"
     return "only" if accepted == [True] else "yes"
+
+
+def print_aliases(width: int) -> None:
+    """The papers' names `attnbench generate` takes: what each runs, and its paper's parameters as the variant's."""
+    from attnbench.generation.budgets import KNOBS
+    from attnbench.generation.grid import ALIASES, PAPER_PARAMETERS, alias_method
+
+    print("\n" + textwrap.fill("papers' names (attnbench generate --methods): each a setting of a variant; it takes "
+                               "its paper's parameter names (paper's -> variant's) and the variant's own", width))  # fmt: skip
+    for alias in ALIASES:
+        method = alias_method(alias)
+        swept = f"; {KNOBS[method.variant.name].parameter} set by --keep" if method.swept else ""
+        print(textwrap.fill(f"{alias:<17} = {method.label()}{swept}", width, subsequent_indent=" " * 20))
+        for key, parameter in PAPER_PARAMETERS.get(alias, {}).items():
+            said = f"{key} -> {parameter.sets}: {parameter.doc}"
+            print(textwrap.fill(said, width, initial_indent=" " * 18, subsequent_indent=" " * 20))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -90,6 +108,7 @@ def main(args: argparse.Namespace) -> int:
         for entry in working:
             print(entry.name)
             hyperparameters(entry, 2)
+    print_aliases(width)
     if broken:
         print("\nbroken plugins (every other variant still works):")
         for entry in broken:

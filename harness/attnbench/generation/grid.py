@@ -4,11 +4,13 @@ file or a shipped grid (configs/generation/), checked whole before any work (eve
 Keys: `tasks` (built-in names, `jsonl:PATH` for a user's file), `seq_lens`, `samples` (per task and N), `protocols`
 ("question-agnostic": the context compressed, then the question, kvpress's default; "question-aware": the question
 inside the prompt, so a method that reads the prompt's last queries sees it), `keep` (shares of the prompt's cache),
-`methods` (the variants grammar of a sweep, each table also taking `prefill` = "dense" | "own", `decode` = "own" |
+`methods` (the variants grammar of a sweep, or the papers' names, ALIASES, each taking its paper's parameter names as
+well, PAPER_PARAMETERS; each table also taking `prefill` = "dense" | "own", `decode` = "own" |
 "exact" (its sparse prefill, then exact decoding), `dense_layers` and `label`),
 `block` (samples per unit of work: one Ray task or one in-process step), `continuation_tokens`, `seed`,
-`stop` ("newline", the default: an answer ends at its first newline once begun, or at end of text; "end-of-text":
-only there or at its budget, for multi-line answers), `budget_rule` ("kvpress", the default: the context compressed once when it ends, the question and the answer appended
+`stop` ("newline", the default: an answer ends at its first newline once begun, or at end of text, but a user's row
+whose answers may take more than one line runs on, `user_tasks.needs_lines`; "end-of-text": only there or at its
+budget, for multi-line answers), `budget_rule` ("kvpress", the default: the context compressed once when it ends, the question and the answer appended
 for every method; "fixed-total": every method at its share throughout, `attnbench.generation.kept`).
 
 The unit of work is (task, N, protocol, a block of samples): every method runs inside it, batched, on prompts built
@@ -20,14 +22,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from attnbench.generation.budgets import KNOBS, at_share
 from attnbench.generation.kept import BUDGET_RULES
 from attnbench.generation.layers import DECODES, PREFILLS
 from attnbench.generation.tasks import ALIASES as TASK_ALIASES
 from attnbench.generation.tasks import TASKS, TaskError, read_jsonl
-from attnbench.interface import did_you_mean
+from attnbench.interface import Hyperparameter, did_you_mean
 from attnbench.plan.cells import VariantSpec
 from attnbench.plan.config import ConfigError, name_problem, parse_variants
 from attnbench.plan.shipped import grid_descriptions as shipped_descriptions
@@ -54,6 +56,41 @@ ALIASES: dict[str, dict[str, Any]] = {
     # pages ranked by the mean of its query heads' bounds
     "quest-first-page": {**QUEST, "keep_first_block": True, "select_per": "kv-head"},
     "streamingllm": {"name": "band", "sinks": 4},
+}
+
+
+@dataclass(frozen=True)
+class PaperParameter:
+    """A parameter of a paper's own code, as its alias takes it: the variant's hyperparameter it sets and from what.
+    `value` maps the given whole number onto it, reading the variant's other hyperparameters (resolved); None: as
+    given."""
+
+    sets: str
+    doc: str
+    minimum: int = 0
+    value: Callable[[int, dict[str, Any]], Any] | None = None
+
+    def problem(self, name: str, given: Any) -> str | None:
+        """What is wrong with a given value (a whole number >= minimum), said with the paper's name."""
+        return Hyperparameter(None, self.doc, int, minimum=self.minimum).check(name, given)
+
+
+QUEST_PARAMETERS = {  # the names of Quest's code: its kernels' page_size, its evaluation's token_budget
+    "page_size": PaperParameter("block_size", "tokens per page (Quest's page_size)", 1),
+    "token_budget": PaperParameter(  # one rule with the share's: budgets.KNOBS["topk"]
+        "top_k", "tokens a step reads per query head, in whole pages, its current page among them (Quest's "
+        "token_budget): top_k = token_budget // page_size - 1 ranked pages, one fewer with a forced first page", 1,
+        KNOBS["topk"].value,
+    ),
+}  # fmt: skip
+PAPER_PARAMETERS: dict[str, dict[str, PaperParameter]] = {  # an alias -> its paper's names, mapped in this order
+    "quest": QUEST_PARAMETERS,
+    "quest-first-page": QUEST_PARAMETERS,
+    # streaming_llm/kv_cache.py's StartRecentKVCache: a step sees start_size + recent_size earlier keys and itself
+    "streamingllm": {
+        "start_size": PaperParameter("sinks", "the first tokens, always kept (StreamingLLM's start_size)"),
+        "recent_size": PaperParameter("window", "recent tokens kept before the current one (StreamingLLM's recent_size)"),
+    },
 }
 NO_QUESTION = "no question"  # a continuation's protocol: nothing follows its context but the text itself
 
@@ -297,10 +334,11 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
     placed, stripped = [], []
     for index, item in enumerate(items):
         table = item if isinstance(item, dict) else {"name": item}
+        if isinstance(table.get("name"), str) and table["name"] not in method_names(registry):
+            problems.append(f"{where}: {unknown_method(table['name'], registry)}")
+            continue
         if table.get("name") in ALIASES:  # the paper's name, and what a table changes of its setting: quest(top_k=3)
-            changed = {k: v for k, v in table.items() if k not in ("name", "label")}
-            label = table["name"] + (f"({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else "")
-            table = {**ALIASES[table["name"]], "label": label, **{k: v for k, v in table.items() if k != "name"}}
+            table = _alias_table(table, registry, problems, where)
         name = table.get("name")
         if not isinstance(name, str) or not name:
             problems.append(f"{where}[{index}]: a [[methods]] table needs a `name` (the variant, or "
@@ -354,3 +392,65 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
         problems.append(f"{where}: two methods are labelled {', '.join(map(repr, clashes))} (the exact model is "
                         "`full`): give each its own label, or drop the repeat")  # fmt: skip
     return tuple(methods)
+
+
+# ---- the papers' names -------------------------------------------------------------------------------------------
+
+
+def method_names(registry: Registry = default_registry) -> list[str]:
+    """Every name a grid's methods may take: the registry's variants, then the papers' names (ALIASES)."""
+    return [*registry.names(), *ALIASES]
+
+
+def unknown_method(name: str, registry: Registry = default_registry) -> str:
+    """The problem of a method name that is neither a variant nor a paper's name: the closest names, then all."""
+    papers = ", ".join(f"{alias} ({setting['name']})" for alias, setting in ALIASES.items())
+    return (f"unknown method {name!r}.{did_you_mean(name, method_names(registry))} Available: "
+            f"{', '.join(registry.names())}; the papers' names, settings of a variant: {papers} (`attnbench list`)")  # fmt: skip
+
+
+def alias_method(alias: str) -> MethodSpec:
+    """What a paper's name runs when a table changes nothing: its variant's setting and how it sits in the model."""
+    name, dense = ALIASES[alias]["name"], ALIASES[alias].get("dense_layers", 0)
+    setting = {k: v for k, v in ALIASES[alias].items() if k not in ("name", "dense_layers")}
+    return MethodSpec(VariantSpec(name, tuple(setting.items())), default_prefill(name), dense)
+
+
+def alias_parameters_text(alias: str, registry: Registry = default_registry) -> str:
+    """The names an alias takes, said in its terms: its paper's, then its variant's own, then the grid's keys."""
+    variant = ALIASES[alias]["name"]
+    papers = ", ".join(PAPER_PARAMETERS.get(alias, {})) or "none"
+    own = ", ".join(registry.load(variant).hyperparameters)
+    return f"{alias} takes its paper's {papers}; or {variant}'s own {own}; and {', '.join(METHOD_KEYS)}"
+
+
+def _alias_table(table: dict[str, Any], registry: Registry, problems: list[str], where: str) -> dict[str, Any]:
+    """An alias's table as its variant's: the alias's setting, what the table changes of it (its paper's parameter
+    names mapped onto the variant's, in PAPER_PARAMETERS' order; the variant's own names as they are), labelled with
+    the change as given (`quest(token_budget=64)`). A wrong name or value is answered in the alias's terms and left
+    out."""
+    alias, setting = table["name"], ALIASES[table["name"]]
+    papers = PAPER_PARAMETERS.get(alias, {})
+    own = registry.load(setting["name"]).hyperparameters
+    given = {k: v for k, v in table.items() if k not in ("name", "label")}
+    label = alias + (f"({', '.join(f'{k}={v}' for k, v in given.items())})" if given else "")
+    at = f"{where}: {label}"
+    out = {**setting, "label": table.get("label", label)}
+    for key, value in given.items():
+        if key in own or key in METHOD_KEYS:
+            out[key] = value
+        elif key not in papers:
+            hint = did_you_mean(key, [*papers, *own])
+            problems.append(f"{at}: unknown parameter {key!r}.{hint} {alias_parameters_text(alias, registry)}")
+    resolved = {k: spec.default for k, spec in own.items()} | out
+    for key, parameter in papers.items():
+        if key not in given:
+            continue
+        if parameter.sets in given:
+            problems.append(f"{at}: {key} is {parameter.sets} in {setting['name']}'s terms: give one of them")
+        elif (problem := parameter.problem(key, given[key])) is not None:
+            problems.append(f"{at}: {problem}")
+        else:
+            value = given[key] if parameter.value is None else parameter.value(given[key], resolved)
+            out[parameter.sets] = resolved[parameter.sets] = value
+    return out

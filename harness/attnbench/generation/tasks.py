@@ -30,13 +30,13 @@ from attnbench.generation.generators import GENERATORS
 from attnbench.generation.ruler import NOISE, RULER_TASKS, Family, Niah, TaskSpec
 from attnbench.generation.sample import MAX_ANSWER_TOKENS, Encode, Sample, TaskError
 from attnbench.generation.scoring import METRICS, STRING_MATCH_ALL, STRING_MATCH_PART, score
-from attnbench.generation.user_tasks import jsonl_samples, read_jsonl
+from attnbench.generation.user_tasks import jsonl_samples, needs_lines, read_jsonl
 from attnbench.generation.words import shipped_text
 
 __all__ = [
     "ALIASES", "HAYSTACK", "MAX_ANSWER_TOKENS", "METRICS", "STRING_MATCH_ALL", "STRING_MATCH_PART", "TASKS", "Encode",
-    "Sample", "TaskError", "TaskSpec", "build_samples", "jsonl_samples", "probe_text", "read_jsonl", "score",
-    "text_tokens",
+    "Sample", "TaskError", "TaskSpec", "build_samples", "jsonl_samples", "needs_lines", "probe_text", "read_jsonl",
+    "score", "text_tokens",
 ]  # fmt: skip
 
 HAYSTACK = NOISE  # RULER's "noise" haystack, the sentences of the passkey test

@@ -16,13 +16,16 @@ from typing import Any
 
 import torch
 
-from attnbench.generation.decoder import PHASES, InModelDecoder, RowResult
+from attnbench.generation.decoder import PHASES, InModelDecoder, RowResult, looping
 from attnbench.generation.grid import JSONL, GenerationGrid, Setting, Unit, row_key
 from attnbench.generation.layers import Method, MethodRows
 from attnbench.generation.step_timing import FORM, StepTime, time_rows
-from attnbench.generation.tasks import Sample, build_samples, jsonl_samples, read_jsonl, score
+from attnbench.generation.tasks import Sample, build_samples, jsonl_samples, needs_lines, read_jsonl, score
 from attnbench.registry import registry
 from attnbench.runfolder.generations import GenerationRow
+
+
+UNIT_PHASES = ("step timing", "reply check")  # besides the decoder's: timing the steps, `exact_reply_flag`
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class UnitOutcome:
     rows: list[GenerationRow] = field(default_factory=list)
     reason: str = ""  # why the whole unit failed ("" when it ran)
     node: str = ""
-    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase (`decoder.PHASES`, "step timing")
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase (`decoder.PHASES`, UNIT_PHASES)
 
 
 @functools.lru_cache(maxsize=1)
@@ -84,7 +87,7 @@ def run_unit(job: UnitJob) -> UnitOutcome:
         samples = unit_samples(job.grid, job.unit, tokenizer)
     except Exception as error:
         return UnitOutcome(job, reason=f"{type(error).__name__}: {error}")
-    rows, started, phases = [], time.monotonic(), dict.fromkeys(PHASES + ("step timing",), 0.0)
+    rows, started, phases = [], time.monotonic(), dict.fromkeys(PHASES + UNIT_PHASES, 0.0)
     for done, sample in enumerate(samples, 1):
         aware = job.unit.protocol == "question-aware"
         prompt = sample.context + (sample.question if aware else [])
@@ -109,18 +112,59 @@ def run_unit(job: UnitJob) -> UnitOutcome:
                 forced=torch.tensor(sample.continuation, dtype=torch.long) if sample.continuation else None,
                 rule=job.grid.budget_rule,
                 after_question=time_steps if done == 1 else None,
-                stop_lines=job.grid.stop == "newline",
+                stop_lines=stops_at_newline(job.grid, job.unit, sample),
             )
             for phase, seconds in decoder.phases.items():
                 phases[phase] += seconds
             times = timed[0]
+            checked = time.perf_counter()
+            flag = exact_reply_flag(decoder, job, sample, sample.context + sample.question, methods, settings, results,
+                                    tokenizer)  # fmt: skip
+            phases["reply check"] += time.perf_counter() - checked
             reason = ""
         except Exception as error:
-            results, times, reason = [RowResult() for _ in settings], None, f"{type(error).__name__}: {error}"
-        rows += sample_rows(job, sample, len(prompt), settings, results, reason, tokenizer, times)
+            results, times, flag = [RowResult() for _ in settings], None, ""
+            reason = f"{type(error).__name__}: {error}"
+        rows += sample_rows(job, sample, len(prompt), settings, results, reason, tokenizer, times, flag)
         print(f"attnbench:   {job.unit.name()}: {done}/{len(samples)} samples, {time.monotonic() - started:.0f} s",
               file=sys.stderr, flush=True)  # fmt: skip
     return UnitOutcome(job, rows, phases={k: round(v, 3) for k, v in phases.items()})
+
+
+def stops_at_newline(grid: GenerationGrid, unit: Unit, sample: Sample) -> bool:
+    """Whether the sample's answers end at their first newline: the grid's `stop`, but a user's row whose answer may
+    take more than one line (`user_tasks.needs_lines`) runs to end of text or its budget."""
+    multiline = unit.task.startswith(JSONL) and needs_lines(sample.answers, sample.metric)
+    return grid.stop == "newline" and not multiline
+
+
+def exact_reply_flag(decoder: InModelDecoder, job: UnitJob, sample: Sample, text: list[int], methods: list[Method],
+                     settings: list[Setting], results: list[RowResult], tokenizer: Any) -> str:  # fmt: skip
+    """Why the exact model's reply could not hold the answer (`REPLY_FLAGS`), or "": it ran to its budget short of a
+    reference (cut at budget); a user's row (JSONL) ended before its budget under the newline rule, and the exact
+    model, going on past that point to its budget, names a reference the reply lacks (cut at stop: the answer lay on a
+    later line; a reply
+    that ended at end of text goes no further); else a reply with nothing but space is empty. A loop is left alone:
+    it cannot bring in a reference (`decoder.looping`). `text`: the context and the question."""
+    exact = exact_index(settings)
+    if not sample.answers or exact is None:
+        return ""
+    tokens = results[exact].tokens
+    reply = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    found = score(reply, sample.answers, sample.metric)
+    if found == 1.0:
+        return ""
+    if tokens and not looping(tokens):
+        if len(tokens) >= sample.answer_tokens:
+            return "cut at budget"
+        if job.unit.task.startswith(JSONL) and stops_at_newline(job.grid, job.unit, sample):  # a built-in answer
+            # is one line: only a user's row is checked (one more exact pass over its prompt)
+            (going,) = decoder.run([methods[exact]], torch.tensor(text + tokens), stop_lines=False,
+                                   new_tokens=sample.answer_tokens - len(tokens))  # fmt: skip
+            longer = tokenizer.decode(tokens + going.tokens, skip_special_tokens=True).strip()
+            if score(longer, sample.answers, sample.metric) > found:
+                return "cut at stop"
+    return "" if reply else "empty"
 
 
 def step_times(rows: MethodRows, order: list[int], model: Any, settings: list[Setting]) -> list[StepTime] | None:
@@ -160,9 +204,10 @@ def exact_index(settings: list[Setting]) -> int | None:
 
 
 def sample_rows(job: UnitJob, sample: Sample, prompt_tokens: int, settings: list[Setting], results: list[RowResult],
-                reason: str, tokenizer: Any, times: list[StepTime] | None = None) -> list[GenerationRow]:  # fmt: skip
+                reason: str, tokenizer: Any, times: list[StepTime] | None = None,
+                flag: str = "") -> list[GenerationRow]:  # fmt: skip
     """The rows of one sample: each setting's answer and score, or its continuation's perplexity against the exact
-    model's, and its cache as a share of the exact model's."""
+    model's, and its cache as a share of the exact model's; `flag` on the exact model's row (`exact_reply_flag`)."""
     exact = exact_index(settings)
     reference = results[exact] if exact is not None and not reason else None
     rows = []
@@ -177,6 +222,7 @@ def sample_rows(job: UnitJob, sample: Sample, prompt_tokens: int, settings: list
             row.answer = tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
             row.score = score(row.answer, sample.answers, sample.metric)
             row.metric = sample.metric
+            row.reply_flag = flag if index == exact else ""
         if result.nll:
             row.nll = sum(result.nll) / len(result.nll)
             if reference is not None and reference.nll:

@@ -5,7 +5,10 @@ A row is {"context", "question", "answers"} ("answer" too; a string or a list of
 when any is found, for alternative phrasings) and "max_new_tokens" (the answer's budget, 1 to 128; default 50,
 kvpress's pipeline's). A first line {"defaults": {"metric": ..., "max_new_tokens": ...}} sets the file's own defaults.
 The prompt is the row's text joined verbatim: the context (what is compressed), then the question followed directly
-by the answer prefix, with nothing added between them: put any newline or space you want in the strings.
+by the answer prefix, with nothing added between them: put any newline or space you want in the strings. The answer
+prefix is the start of the reply the model completes ("\nAnswer:"): without one an instruction-tuned model may end
+its turn at once (an empty reply, flagged in the exact model's row: `reply_flag`). A row whose answer may take more
+than one line (`needs_lines`) is generated past its first newline.
 """
 
 from __future__ import annotations
@@ -63,6 +66,13 @@ def row_problems(row: dict[str, Any]) -> list[str]:
         if close:  # but a near miss of a key that matters would silently change the row
             problems.append(f"unknown key {key!r}: did you mean {close[0]!r}?")
     return problems + rule_problems(row)
+
+
+def needs_lines(answers: tuple[str, ...] | list[str], metric: str) -> bool:
+    """A row's answer may take more than one line: a reference holds a newline, or several must all be found
+    (string_match_all), which a model may write one a line. Such a row is generated to end of text or its budget
+    whatever the grid's `stop`, so the newline rule never cuts an answer the row needs."""
+    return any("\n" in answer for answer in answers) or (metric == STRING_MATCH_ALL and len(answers) > 1)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -16,7 +16,9 @@ import pandas as pd
 
 from attnbench.report.document import Block, render_html, render_markdown
 from attnbench.report.generation_cost import cost_caption, cost_table, costs
-from attnbench.report.generation_summary import EXACT, budget_rules, exact_accuracy, interval_of, n_text, summarize
+from attnbench.report.generation_summary import (
+    EXACT, budget_rules, exact_accuracy, flagged_replies, interval_of, n_text, summarize,
+)  # fmt: skip
 from attnbench.report.generation_verdict import (
     ABLE, BEYOND, EXACT_FLOOR, UNDECIDED, accuracy_text, and_list, pooled, ranking_text, resolution_text, standing,
     verdict_lines, within_model,
@@ -32,6 +34,23 @@ BUDGET_RULES = {  # the grid's `budget_rule` -> what it does, said in the report
     "kvpress": "the context is compressed once when it ends; the question and answer are appended for every method",
     "fixed-total": "every method stays at its share throughout",
 }
+
+
+FLAG_ADVICE = {  # a reply flag -> what it means and what to do
+    "empty": "it ended before writing anything; end each row's question with an answer_prefix, the words its "
+             "answer follows (e.g. `\\nAnswer:`), so that it completes an answer",
+    "cut at stop": "its answer lay past its first newline, where the stop rule ends a reply; end the question with an "
+                   "answer_prefix the answer follows on the same line, or give the grid stop = \"end-of-text\"",
+    "cut at budget": "it ran out of tokens short of a reference; raise max_new_tokens (the row's, or the file's "
+                     "defaults line; a grid's answer_tokens caps it)",
+}  # fmt: skip
+
+
+def flag_lines(rows: pd.DataFrame) -> list[str]:
+    """A line per task and flag: how many of the exact model's replies could not hold the answer, why, and what to
+    do, so a task at zero is never silently zero."""
+    return [f"**Flagged replies**: {task}: the exact model's reply is {flag} in {count} of its {total} answers "
+            f"(`reply_flag` in generations.csv): {FLAG_ADVICE[flag]}." for task, flag, count, total in flagged_replies(rows)]  # fmt: skip
 
 
 def accuracy_table(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -95,8 +114,8 @@ def table_blocks(rows: pd.DataFrame, summary: pd.DataFrame) -> list[Block]:
 
 
 def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict, missing: int = 0, reads: bool = False) -> list[Block]:
-    """The report's blocks: the header, the budget rule and what the run can resolve, the verdict, the plots, the
-    tables, and the generations that failed."""
+    """The report's blocks: the header, the budget rule and what the run can resolve, the flagged replies, the
+    verdict, the plots, the tables, and the generations that failed."""
     from attnbench.report.generation_plots import plot_accuracy_vs_cost
 
     summary = summarize(rows)
@@ -104,6 +123,7 @@ def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict, missing: int
     blocks = [Block("heading", f"Generation grid: {meta.get('grid', folder.name)}", level=1),
               Block("text", header_text(folder, rows, meta, reads))]  # fmt: skip
     blocks += [Block("text", text) for text in (rule_text(rows), resolution_text(summary, overall)) if text]
+    blocks += [Block("text", line) for line in flag_lines(rows)]
     if missing:
         blocks.append(Block("text", f"**Unfinished**: {missing} unit(s) of the grid have no rows yet; "
                                     f"`attnbench generate --resume {folder}` runs them."))  # fmt: skip
@@ -136,12 +156,12 @@ def write_generation_report(folder: Path, rows: pd.DataFrame, meta: dict, missin
 
 
 def terminal_summary(rows: pd.DataFrame, width: int) -> str:
-    """What the command prints at the end: what the run can resolve, the verdict lines and the accuracy table, cut
-    to the terminal."""
+    """What the command prints at the end: what the run can resolve, the flagged replies, the verdict lines and the
+    accuracy table, cut to the terminal."""
     summary = summarize(rows)
     if summary.empty:
         return "no generation finished"
     top = [text for text in (rule_text(rows), resolution_text(summary, pooled(rows, summary))) if text]
-    lines = [line.replace("**", "") for line in top + verdict_lines(rows, summary)]
+    lines = [line.replace("**", "") for line in top + flag_lines(rows) + verdict_lines(rows, summary)]
     headers, table = accuracy_table(summary)
     return "\n".join(lines) + "\n\n" + aligned_table(headers, table, width=width)

@@ -2,7 +2,7 @@
 share) with the mean RULER score and its Wilson 95% interval (n = samples; a multi-answer row's fractional score
 enters the mean), the continuation's perplexity ratio (geometric mean over samples) and the shares of the exact cache
 held and read. A grid mixing budget rules names a method under a rule other than kvpress's with it, so two rules are
-never pooled as one method.
+never pooled as one method. The exact model's flagged replies (`reply_flag`) are counted per task.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import math
 
 import pandas as pd
 
+from attnbench.runfolder.generations import REPLY_FLAGS
 from attnbench.stats import Interval, wilson_interval
 
 EXACT = "full"  # the exact model's label: full attention with its KV cache, every layer
@@ -85,3 +86,13 @@ def exact_accuracy(summary: pd.DataFrame) -> dict[tuple[int, str, str], Interval
     """(N, task, protocol) -> the exact model's mean score with its interval."""
     exact = summary[summary.exact_method & summary.accuracy.notna()]
     return {(r.seq_len, r.task, r.protocol): interval_of(r) for r in exact.itertuples()}
+
+
+def flagged_replies(rows: pd.DataFrame) -> list[tuple[str, str, int, int]]:
+    """(task, flag, the exact model's answers with that `reply_flag`, all its answers on the task), in REPLY_FLAGS'
+    order: where the exact model's reply could not hold the answer (none in runs from before the column)."""
+    if "reply_flag" not in rows:
+        return []
+    exact = rows[(rows.status == "ok") & is_exact(rows) & rows.score.notna()]
+    return [(task, flag, int((at.reply_flag == flag).sum()), len(at))
+            for task, at in exact.groupby("task", sort=False) for flag in REPLY_FLAGS if (at.reply_flag == flag).any()]  # fmt: skip

@@ -36,6 +36,7 @@ class GenerationRow:
     answer: str = ""  # the greedy answer (needle tasks)
     score: float | None = None  # RULER's string match (`metric`): the references found in the answer
     metric: str = ""  # string_match_all (the share of the references found) | string_match_part (any found)
+    reply_flag: str = ""  # the exact model's row: why its reply could not hold the answer (REPLY_FLAGS), else ""
     nll: float | None = None  # continuation: mean -log p of the forced tokens
     nll_exact: float | None = None  # the exact model's, on the same tokens
     ppl_ratio: float | None = None  # exp(nll - nll_exact): perplexity against the exact model's
@@ -57,7 +58,10 @@ class GenerationRow:
 
 COLUMNS = [f.name for f in fields(GenerationRow)]
 TEXT_COLUMNS = ("key", "task", "protocol", "method", "variant", "hparams", "prefill", "decode", "status", "reason", "answer",
-                "host", "node", "step_form", "budget_rule", "metric")  # fmt: skip
+                "host", "node", "step_form", "budget_rule", "metric", "reply_flag")  # fmt: skip
+# the exact model's reply could not hold the answer: nothing after the prompt; it ended at a newline (the grid's stop
+# rule) and went on it would have named a reference it lacks; it ran to its answer budget without every reference
+REPLY_FLAGS = ("empty", "cut at stop", "cut at budget")
 
 
 class GenerationsFolder(KeyedRowsFolder):
