@@ -82,7 +82,7 @@ def test_verdict_names_the_fastest_exact_the_pareto_set_and_crossovers(tmp_path:
     text = report_text(run)
     verdict_section = text.split("## Verdict")[1].split("## Plots")[0]
     assert ("**N=2048:** Use band, the fastest within the error budget 0.5: 2.05× [1.95–2.15] faster than full at "
-            "error 0.3 vs uniform on `gaussian`, 0.5× the memory.") in text  # fmt: skip
+            "error 0.3 vs uniform on `gaussian`, 0.5× the peak memory of a call.") in text  # fmt: skip
     # of roofline: 4·N²·64 flops at 1e11 FLOP/s over the median time: full 1e-8·N², band 1e-5·N
     assert "| full (fastest exact) | 1.00× [0.95–1.05] | exact | 0.2 (1.00×) | 26% | – |" in verdict_section
     assert "| band | 2.05× [1.95–2.15] | 0.3 | 0.1 (0.50×) | 52% | ≈ 1,000, clear ≥ 2,048 |" in verdict_section

@@ -31,7 +31,7 @@ def test_a_variant_within_the_budget_is_recommended_and_the_sentence_names_its_i
     assert answer.use == "band"
     assert answer.sentence == (
         "Use band, the fastest within the error budget 0.5: 3× [2.8–3.2] faster than full at error 0.3 vs uniform "
-        "on `realistic`, 1× the memory."
+        "on `realistic`, 1× the peak memory of a call."
     )
 
 
@@ -63,7 +63,7 @@ def test_the_fastest_within_the_budget_is_named_and_a_faster_one_over_it_is_said
     assert answer.use == "linformer"
     assert answer.sentence == (
         "Use linformer, the fastest within the error budget 0.5: 3× [2.8–3.2] faster than full at error 0.4 vs "
-        "uniform on `realistic`, 1× the memory; band is more accurate (0.2) at 2× [1.9–2.1]; nystromformer is "
+        "uniform on `realistic`, 1× the peak memory of a call; band is more accurate (0.2) at 2× [1.9–2.1]; nystromformer is "
         "faster (6× [5.5–6.5]) but over the budget (error 0.7)."
     )
 

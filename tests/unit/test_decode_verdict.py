@@ -48,7 +48,7 @@ def test_a_decode_verdict_names_the_step_speedup_against_the_kv_cache_and_both_c
 def test_a_forward_verdict_keeps_its_words() -> None:
     answer = judge(4096, decode_choices(), "full", AccuracyBudget(), "realistic")
     assert answer.sentence.startswith("Use band(sinks=4, window=1024), the fastest within the error budget 0.5: 3.2×")
-    assert "faster than full at error 0.3" in answer.sentence and answer.sentence.endswith(", 0.25× the memory.")
+    assert "faster than full at error 0.3" in answer.sentence and answer.sentence.endswith(", 0.25× the peak memory of a call.")
 
 
 def test_the_decode_table_shows_the_cache_and_prefill_not_the_peak() -> None:

@@ -67,3 +67,11 @@ def test_a_recall_the_user_asked_is_the_one_answer_and_no_recall_measured_gives_
     unmeasured = [replace(c, recall=float("nan")) for c in found]
     assert not weighs_retrieval(unmeasured, AccuracyBudget())
     assert AccuracyBudget(min_recall=0.5).for_retrieval.min_recall == 0.5
+
+
+def test_min_speedup_when_nothing_retrieves_says_none_is_left() -> None:
+    found = [c for c in candidates() if c.label != "band(window=4096)"]
+    budget = AccuracyBudget(min_speedup=2)
+    both = with_retrieval(judge(8192, found, "full", budget, "heads"), found, "full", budget, "heads", FORWARD)
+    assert both.sentence.endswith("At least 2× faster than full (leaving out band(window=256): needle recall below "
+                                  "90%): none is left.")  # fmt: skip

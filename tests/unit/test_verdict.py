@@ -61,7 +61,7 @@ def test_the_answer_names_the_fastest_choice_and_a_more_accurate_one() -> None:
     assert [c.label for c in answer.choices] == ["full", "linformer", "band"]
     assert answer.sentence == (
         "Use linformer, the fastest within the error budget 0.5: 6.5× [5.7–11.7] faster than full at error 0.31 vs "
-        "uniform, 1× the memory; band is more accurate (0.12) at 2.1× [1.9–2.3]."
+        "uniform, 1× the peak memory of a call; band is more accurate (0.12) at 2.1× [1.9–2.3]."
     )
     (performer,) = answer.left_out
     assert performer.left_out == "slower than band beyond noise and not more accurate"
@@ -173,7 +173,7 @@ def test_the_pareto_plots_show_the_verdicts_own_choices_and_sentence(tmp_path: P
     assert drawn == expected
     assert ("N=2048: band", ["full", "band"], {"full", "band"}) in drawn
     caption = ("**N=2048 on `gaussian`:** Use band, the fastest within the error budget 0.5: 2.05× [1.95–2.15] "
-               "faster than full at error 0.3 vs uniform on `gaussian`, 0.5× the memory.")  # fmt: skip
+               "faster than full at error 0.3 vs uniform on `gaussian`, 0.5× the peak memory of a call.")  # fmt: skip
     assert caption in (run / "report.md").read_text()
 
 

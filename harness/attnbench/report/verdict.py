@@ -659,6 +659,8 @@ def asked_sentence(
     paired = [c for c in paired if not lacks_recall(c, budget)]
     if forgetful:
         question += f" (leaving out {', '.join(forgetful)}: needle recall below {recall_text(budget.min_recall)})"
+    if not paired and forgetful:
+        return f"{question}: none is left."
     if not paired:
         others = any(not c.approximates for c in candidates)
         return f"{question}: no speedup against {baseline} was measured here{' but of other operators' if others else ''}."
@@ -700,13 +702,13 @@ def _over(c: Choice) -> str:
 
 
 def _memory(c: Choice, mode: Mode = FORWARD, baseline: Choice | None = None) -> str:
-    """', 0.5× the memory'; in decode the caches side by side: ', cache 0.508 MiB vs 16 MiB' ('' when unknown)."""
+    """', 0.5× the peak memory of a call' (a forward's: a cache held is decode's); in decode the caches side by side: ', cache 0.508 MiB vs 16 MiB' ('' when unknown)."""
     ratio = c.memory_ratio
     if mode.decode and c.memory_bytes == c.memory_bytes:
         if baseline is not None and baseline.memory_bytes == baseline.memory_bytes:
             return f", cache {mib_text(c.memory_bytes)} MiB vs {mib_text(baseline.memory_bytes)} MiB"
         return f", cache {mib_text(c.memory_bytes)} MiB"
-    return f", {ratio_text(ratio, '.2g')} the memory" if ratio == ratio else ""
+    return f", {ratio_text(ratio, '.2g')} the peak memory of a call" if ratio == ratio else ""  # not a cache kept
 
 
 VERDICT_HEADERS = [
