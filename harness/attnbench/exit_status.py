@@ -12,6 +12,7 @@ class Exit(IntEnum):
     USAGE = 2
     NOTHING_RAN = 3
     INCONCLUSIVE = 4
+    UNFINISHED = 5
     INTERRUPTED = 130
 
 
@@ -40,6 +41,10 @@ MEANING: dict[Exit, tuple[str, ...]] = {  # what each status means, per command:
         "compare --fail-above: no regression found, but some cells were inconclusive (their"
         " intervals too wide",
         "to tell same from changed); the message says how many; or no cell was in both runs to compare",
+    ),
+    Exit.UNFINISHED: (
+        "report: the run is unfinished (interrupted or killed before every planned cell was recorded): its verdict,",
+        "summary.md and report.md say which cells are missing, and the --resume command that measures them",
     ),
     Exit.INTERRUPTED: (
         "run: interrupted (Ctrl-C); finished cells are kept, the message gives the --resume command;",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from attnbench.cli import main
+from attnbench.exit_status import Exit
 from attnbench.runfolder.results import read_results
 
 CONFIG = """
@@ -92,9 +93,11 @@ def test_recall_asked_but_not_measured_at_an_n_leaves_the_variant_out(tmp_path: 
     rows = (folder / "results.csv").read_text().splitlines()
     kept = [line for line in rows if not ('needles' in line and ',256,' in line)]  # no needle rows at N=256
     (folder / "results.csv").write_text("\n".join(kept) + "\n")
-    assert main(["report", str(folder), "--min-recall", "0.1", "--max-error", "0.8"]) == 0
+    # rows of the plan gone: the report judges what is there, and says the run is unfinished (Exit.UNFINISHED)
+    assert main(["report", str(folder), "--min-recall", "0.1", "--max-error", "0.8"]) == Exit.UNFINISHED
     verdict = (folder / "report.md").read_text().split("## Detail")[0]
     assert "band(window=128) (needle recall not measured at this N" in verdict
+    assert "**Unfinished run: 6 of 8 planned cells recorded**" in verdict
 
 
 def test_min_recall_where_the_needles_were_skipped_judges_as_the_run_did(tmp_path: Path, capsys) -> None:

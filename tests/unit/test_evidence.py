@@ -77,3 +77,41 @@ def test_real_heads_are_named_by_their_texts_and_a_model_other_than_the_default(
     assert real_heads_name(["heads(text=prose)", "heads(text=code)"]) == "real heads (prose, code)"
     assert real_heads_name(["heads"]) == "real heads (prose)"
     assert real_heads_name(["heads(model=Mine, text=code)"]) == "real heads (code; Mine)"
+
+
+def test_the_opening_line_names_the_real_model_and_the_files_read(tmp_path, fake_heads):
+    from attnbench.report.evidence import evidence_line
+
+    run = causal_run(tmp_path / "run", {"code": {"full": 0, "band": 0.1, "strided": 0.2}})
+    frame = RunView.read(run).frame
+    gone = evidence_line(frame)  # heads captured once, no longer here
+    assert gone.startswith("**Evidence: a real model's attention** — SmolLM2-135M's captured heads (code; no longer in")
+    folder = fake_heads(texts=("prose", "code"))
+    assert evidence_line(frame) == (f"**Evidence: a real model's attention** — SmolLM2-135M's captured heads "
+                                    f"(`code.pt` in `{folder}`); the other inputs are synthetic (`realistic`).")  # fmt: skip
+
+
+def test_the_opening_line_of_a_run_without_real_attention_says_synthetic_and_how_to_get_real_heads(tmp_path):
+    from attnbench.report.evidence import evidence_line
+
+    line = evidence_line(RunView.read(causal_run(tmp_path / "run", None)).frame)
+    assert line == ("**Evidence: synthetic inputs only** (`realistic`), no real model's attention: run `make model` "
+                    "for real heads (SmolLM2-135M's, which then judge the causal cells).")  # fmt: skip
+
+
+def test_a_captured_file_is_real_attention_named_by_its_path(tmp_path):
+    from attnbench.report.evidence import evidence_line
+
+    run = synthetic_run(tmp_path / "run")
+    label = "captured(path=/data/real.pt)"
+
+    def captured(rows):
+        for row in rows:
+            row["input"] = label
+            for key in ("cell_key", "group_key"):
+                row[key] = row[key].replace('"gaussian", {}', '"captured", {"path": "/data/real.pt"}')
+        return rows
+
+    edit_rows(run, captured)
+    assert evidence_line(RunView.read(run).frame) == ("**Evidence: a real model's attention** — captured attention "
+                                                      "(`/data/real.pt`).")  # fmt: skip

@@ -25,12 +25,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """The budget checked, then the folder read once and its summary and report rewritten; Exit.NOTHING_RAN when no
-    cell ran ok."""
+    cell ran ok, Exit.UNFINISHED when the run lacks some of its planned cells (every view says which)."""
     from attnbench.commands.terminal import terminal_width
     from attnbench.plan.budget import budget_problems
     from attnbench.report.run_report import write_report
     from attnbench.report.summary import write_summary
-    from attnbench.report.evidence import evidence_terminal
+    from attnbench.report.evidence import opening_terminal, unfinished
     from attnbench.report.tuning import tuning_sentences
     from attnbench.report.text import baseline_of
     from attnbench.report.verdict import verdict_terminal
@@ -59,8 +59,8 @@ def main(args: argparse.Namespace) -> int:
                   "with [[inputs]] name = \"needles\"", file=sys.stderr)  # fmt: skip
             return Exit.USAGE
         view = RunView.read(args.run_dir, frame, args.max_error, args.min_speedup, args.min_recall)
-        if said := evidence_terminal(view.evidence, terminal_width()):  # what the verdict rests on, first
-            print(said + "\n")
+        lacking = unfinished(args.run_dir, view.meta, view.frame)
+        print(opening_terminal(view.frame, lacking, view.evidence, terminal_width()) + "\n")  # what it rests on, first
         print(verdict_terminal(view.blocks, terminal_width()))  # the verdict judged again, as `run` prints it
         for said in tuning_sentences(view.tuning, baseline_of(view.frame), view.budget.max_error, view.budget.min_recall):  # --tune's answer
             print(textwrap.fill(said.replace('`', ''), terminal_width(), subsequent_indent='  '))
@@ -78,4 +78,8 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return Exit.NOTHING_RAN
+    if lacking is not None:
+        print(f"attnbench: unfinished run: {lacking.recorded} of {lacking.planned} planned cells recorded (the lines "
+              f"above the verdict, summary.md and report.md say which are missing); measure them with: {lacking.resume}", file=sys.stderr)  # fmt: skip
+        return Exit.UNFINISHED
     return Exit.OK

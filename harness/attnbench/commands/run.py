@@ -127,7 +127,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--dry-run",
         action="store_true",
         help="print the plan and stop: each group's cells, the cells the memory and time guard would skip and "
-        "why, estimated peak memory and time (lower bounds from this machine's measured peaks), the total",
+        "why, estimated peak memory and time (lower bounds from this machine's measured peaks), the total; with "
+        "--tune, the groups its search adds and their time apart",
     )
     run.add_argument(
         "--isolate",
@@ -306,7 +307,7 @@ def main(args: argparse.Namespace) -> int:
         return Exit.INTERRUPTED
     if config.settings.tune and (code := tune_run(config, cells, run_dir)) is not None:
         return code
-    from attnbench.report.evidence import evidence_terminal
+    from attnbench.report.evidence import opening_terminal, unfinished
     from attnbench.report.tuning import tuning_sentences
     from attnbench.report.text import baseline_of
     from attnbench.report.verdict import verdict_terminal
@@ -314,8 +315,8 @@ def main(args: argparse.Namespace) -> int:
 
     view = RunView.read(run_dir)  # rows, samples and meta read once, the verdict computed once, for all that follows
     frame = view.frame
-    if said := evidence_terminal(view.evidence, terminal_width()):  # what the verdict rests on, first
-        print(said + "\n")
+    lacking = unfinished(run_dir, view.meta, frame)  # None: every planned cell is recorded
+    print(opening_terminal(frame, lacking, view.evidence, terminal_width()) + "\n")  # what the verdict rests on, first
     print(verdict_terminal(view.blocks, terminal_width()))
     for said in tuning_sentences(view.tuning, baseline_of(view.frame), view.budget.max_error, view.budget.min_recall):  # --tune's answer
         print(textwrap.fill(said.replace('`', ''), terminal_width(), subsequent_indent='  '))
@@ -424,9 +425,10 @@ def baseline_warning(config: SweepConfig) -> str | None:
 
 
 def dry_run(config: SweepConfig, plan: Plan) -> int:
-    """`run --dry-run`: the plan with its estimates; nothing is measured but the machine's peaks."""
+    """`run --dry-run`: the plan with its estimates (with --tune, its search's groups too); nothing is measured but
+    the machine's peaks."""
     from attnbench.measure.machine import peaks_for
-    from attnbench.run.preview import preview, preview_text
+    from attnbench.run.preview import preview, preview_text, tuning_preview
 
     if missing := baseline_warning(config):
         print(f"attnbench: {missing}", file=sys.stderr)
@@ -434,5 +436,6 @@ def dry_run(config: SweepConfig, plan: Plan) -> int:
     for device in config.axes["device"]:
         peaks_for(device, (*config.axes["dtype"], "float64"))
     groups = preview(config, plan, registry)
-    print(preview_text(groups, terminal_width()))
+    tuning = tuning_preview(config, plan, registry) if config.settings.tune else []
+    print(preview_text(groups, terminal_width(), tuning))
     return Exit.OK if any(g.runs for g in groups) else Exit.NOTHING_RAN

@@ -105,6 +105,19 @@ def _toc_html(blocks: list[Block]) -> str:
     return out + ("</ul>" if in_sub else "") + ("</li>" if started else "") + "</ul>"
 
 
+def _text_html(text: str) -> str:
+    """A text block's paragraphs (apart by a blank line) as HTML, one whose every line starts '- ' as a list, as its
+    Markdown renders."""
+    parts = []
+    for paragraph in text.split("\n\n"):
+        lines = paragraph.splitlines()
+        if lines and all(line.startswith("- ") for line in lines):
+            parts.append("<ul>" + "".join(f"<li>{inline_html(line[2:])}</li>" for line in lines) + "</ul>")
+        else:
+            parts.append(f"<p>{inline_html(paragraph)}</p>")
+    return "\n".join(parts)
+
+
 def render_html(blocks: list[Block], run_dir: Path) -> str:
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
@@ -119,7 +132,7 @@ def render_html(blocks: list[Block], run_dir: Path) -> str:
             level = block.level
             parts.append(f"<h{level} id='{_slug(block.text)}'>{inline_html(block.text)}</h{level}>")
         elif block.kind == "text":
-            parts.append(f"<p>{inline_html(block.text)}</p>")
+            parts.append(_text_html(block.text))
         elif block.kind == "toc":
             parts.append(f"<nav><strong>Contents</strong>{_toc_html(blocks)}</nav>")
         elif block.kind == "code":

@@ -42,21 +42,22 @@ from attnbench.report.plots import (
     plot_versus_n,
     styles,
 )
-from attnbench.report.summary import interval_words, noise_line
+from attnbench.report.summary import interval_words, noise_line, reach_sentence
 from attnbench.report.text import (
     GROUP_COLUMNS,
     MACHINE,
     baseline_of,
     format_number,
     format_percent,
+    interval_label,
     interval_text,
     label_order,
     machine_words,
     ratio_text,
-    speedup_text,
+    speedup_cell,
     with_machine,
 )
-from attnbench.report.evidence import evidence_markdown
+from attnbench.report.evidence import Unfinished, evidence_markdown, opening_markdown, unfinished
 from attnbench.report.tuning import tuning_plot, tuning_sentences, tuning_table
 from attnbench.report.verdict import (
     SETTING_COLUMNS,
@@ -200,11 +201,14 @@ def detail_blocks(
                 ),
             )
         )
+        interval = interval_label(cells.speedup_coverage[cells.speedup.notna()])
         blocks.append(
             _table(
                 f"Speedup{' per generated token' if mode.decode else ''} against `{baseline}`: the median over "
-                f"rounds of its time / this time in the same round, with {interval_words(cells)}.",
-                _pivot(cells, speedup_text, lambda at_n: fastest_labels(at_n[at_n.speedup.notna()], samples)),
+                f"rounds of its time / this time in the same round, with {interval_words(cells)}. Intervals: "
+                f"{interval}.",
+                _pivot(cells, lambda r: speedup_cell(r, interval),
+                       lambda at_n: fastest_labels(at_n[at_n.speedup.notna()], samples)),
             )
         )
         if mode.decode:
@@ -479,13 +483,16 @@ def plot_blocks(
             timed, baseline, title, subtitle, plots_dir / f"{slug}-speedup.png", style, xlabel=mode.n_axis
         )
         per = " per generated token" if mode.decode else ""
-        images.append((path, f"Speedup{per} against `{baseline}` by N, measured in turns; bars are 95% intervals."))
+        interval = interval_label(timed.speedup_coverage[timed.speedup.notna()])
+        images.append((path, f"Speedup{per} against `{baseline}` by N, measured in turns; bars are its intervals "
+                             f"({interval})."))  # fmt: skip
     for verdict in judged:  # one rule: the plot shows the verdict's own choices and its sentence
         for answer in verdict.answers:
             points = decision_points(answer)  # a point needs both axes: no error is measured with `error = false`
             if points.empty:
                 continue
             front = [c.label for c in answer.choices]
+            interval = interval_label(pd.Series([c.coverage for c in answer.choices + answer.left_out]))
             path = plot_pareto(
                 points,
                 front,
@@ -503,7 +510,8 @@ def plot_blocks(
                     f"**N={answer.n} on `{verdict.input}`:** {answer.sentence} Speed"
                     f"{' per generated token' if mode.decode else ''} against error: up and to the left is worse; "
                     f"bubble area is {'the cache kept at N' if mode.decode else 'peak memory'}; the verdict's choices "
-                    "are named on the plot and joined by the step line; bars are the speedup's 95% interval; above "
+                    f"are named on the plot and joined by the step line; bars are the speedup's interval "
+                    f"({interval}); above "
                     f"the dash-dotted line a variant is over the error budget ({verdict.budget.max_error:g})"
                     + ("" if points.judged.all() else "; a triangle at the top is not judged on error, off the axis")
                     + ".",
@@ -625,7 +633,7 @@ def header_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Blo
         f"`attnbench run {shlex.quote(str(run_dir / 'config.toml'))}`. "
         f"Config: {config_line}.",
         f"Machine: {machine_words(meta.machine, threads, load)}.",
-        f"Measured {meta.started} to {meta.finished}. {noise_line(frame)}",
+        f"Measured {meta.started} to {meta.finished}. {noise_line(frame)} {reach_sentence(frame)}",
     ]
     return [Block("heading", "This run", level=2)] + [Block("text", line) for line in lines]
 
@@ -675,17 +683,22 @@ def about_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Bloc
     return blocks
 
 
-def verdict_section(view: RunView, baseline: str) -> list[Block]:
+def verdict_section(view: RunView, baseline: str, lacking: Unfinished | None = None) -> list[Block]:
     """The answer, first on the page: the accuracy budget it holds to, then per setting and input every N's answer
-    in a sentence, what the input's error figures can tell, and per N the table of choices and the left-out; how
-    to read them comes last."""
-    blocks = [Block("heading", "Verdict", level=2)]
-    if said := evidence_markdown(view.evidence):  # what the verdict rests on, first: real heads or a stand-in
+    in a sentence (with the cells missing under it, where the run is unfinished: `lacking`), what the input's error
+    figures can tell, and per N the table of choices and the left-out; how to read them comes last. It opens with
+    what it rests on: real heads or synthetic inputs, and what an unfinished run lacks."""
+    blocks = [Block("heading", "Verdict", level=2), Block("text", opening_markdown(view.frame, lacking))]
+    if said := evidence_markdown(view.evidence):  # per causal setting, N by N: real heads or a stand-in
         blocks.append(Block("text", said))
     blocks.append(Block("text", budget_line(view.budget, baseline)))
     explained: set[str] = set()  # each 'faster from N' mark is said once, under the first table showing it
     for verdict_block in view.blocks:
         blocks.append(Block("heading", block_title(verdict_block), level=3))
+        missing = [f"{title}: {lacking.missing[title]}" if len(verdict_block.titles) > 1 else lacking.missing[title]
+                   for title in verdict_block.titles if lacking and title in lacking.missing]  # fmt: skip
+        if missing:
+            blocks.append(Block("text", f"**Unfinished here, not measured:** {'; '.join(missing)}."))
         for answer in verdict_block.verdict.answers:
             asked = f" {answer.asked}" if answer.asked else ""
             blocks.append(Block("text", f"**N={answer.n}:** {answer.sentence}{asked}"))
@@ -724,8 +737,9 @@ def report_blocks(view: RunView) -> list[Block]:
     peaks = view.peaks
     varying = {c for c in SETTING_COLUMNS if frame[c].nunique(dropna=False) > 1}
     samples = view.samples
+    lacking = unfinished(run_dir, meta, view.frame)
     blocks = [Block("heading", f"attnbench report: {run_dir.name}", level=1)]
-    blocks += verdict_section(view, baseline)
+    blocks += verdict_section(view, baseline, lacking)
     blocks += tuning_blocks(view, baseline)
     if compiled := compile_sentence(frame):
         blocks.append(Block("text", compiled))

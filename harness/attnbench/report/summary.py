@@ -14,14 +14,15 @@ from attnbench.report.text import (
     MACHINE,
     baseline_of,
     format_number,
+    interval_label,
     label_order,
     markdown_table,
     ratio_text,
     shorten,
-    speedup_text,
+    speedup_cell,
     with_machine,
 )
-from attnbench.report.evidence import evidence_markdown
+from attnbench.report.evidence import evidence_markdown, opening_markdown, unfinished
 from attnbench.report.tuning import tuning_sentences
 from attnbench.report.verdict import verdict_markdown
 from attnbench.report.view import RunView
@@ -61,6 +62,7 @@ def summary_tables(frame: pd.DataFrame) -> str:
                 continue
             base = cells[(cells.label == baseline) & (cells.status == "ok")]
             base_mem = base.peak_mem_bytes.iloc[0] if len(base) else float("nan")
+            interval = interval_label(cells.speedup_coverage[cells.speedup.notna()])
             rows = []
             for _, cell in cells.iterrows():
                 if cell.status != "ok":
@@ -74,7 +76,7 @@ def summary_tables(frame: pd.DataFrame) -> str:
                         "ok",
                         f"{format_number(cell.time_median_s * 1e3, '.2f')} ± "
                         f"{format_number(cell.time_iqr_s * 1e3, '.2f')}",
-                        speedup_text(cell),
+                        speedup_cell(cell, interval),
                         format_number(cell.peak_mem_bytes / 2**20, ".1f"),
                         ratio_text(cell.peak_mem_bytes / base_mem if base_mem else float("nan")),
                         format_number(cell.err_vs_uniform, ".3g"),
@@ -85,7 +87,7 @@ def summary_tables(frame: pd.DataFrame) -> str:
                 "variant",
                 "status",
                 "time ms (median ± IQR)",
-                f"speedup vs {baseline} [95% CI]",
+                f"speedup vs {baseline} [{interval}]",
                 "peak MiB",
                 f"mem vs {baseline}",
                 "err vs uniform",
@@ -114,6 +116,7 @@ def _decode_table(cells: pd.DataFrame, baseline: str) -> str:
     """One decode group at one N: per variant its step time, speedup per token, the cache and prefill, the error."""
     base = cells[(cells.label == baseline) & (cells.status == "ok")]
     base_cache = base.cache_bytes.iloc[0] if len(base) and base.cache_bytes.iloc[0] else float("nan")
+    interval = interval_label(cells.speedup_coverage[cells.speedup.notna()])
     rows = []
     for _, cell in cells.iterrows():
         if cell.status != "ok":
@@ -125,7 +128,7 @@ def _decode_table(cells: pd.DataFrame, baseline: str) -> str:
                 cell.label,
                 "ok",
                 f"{ms_text(cell.time_median_s)} ± {ms_text(cell.time_iqr_s)}",
-                speedup_text(cell),
+                speedup_cell(cell, interval),
                 f"{mib_text(cell.cache_bytes)} ({ratio_text(cell.cache_bytes / base_cache)})",
                 ms_text(cell.prefill_s),
                 format_number(cell.err_vs_uniform, ".3g"),
@@ -136,7 +139,7 @@ def _decode_table(cells: pd.DataFrame, baseline: str) -> str:
         "variant",
         "status",
         "step ms (median ± IQR)",
-        f"speedup per token vs {baseline} [95% CI]",
+        f"speedup per token vs {baseline} [{interval}]",
         f"cache MiB (× {baseline})",
         "prefill ms",
         "err vs uniform",
@@ -147,9 +150,11 @@ def _decode_table(cells: pd.DataFrame, baseline: str) -> str:
 
 SUMMARY_PREAMBLE = """# attnbench summary: {run_id}
 
+{opening}
+
 Time: median ± IQR of per-call samples. The variants of each group (same inputs and shape) are timed in
 interleaved rounds, and the speedup is the median over rounds of the baseline's time / the variant's time
-in the same round, with {interval}. Peak memory: one call, beyond the inputs ({mem_note}).
+in the same round, with {interval}. {reach} Peak memory: one call, beyond the inputs ({mem_note}).
 Error vs uniform: ||O − O*|| / ||U − O*||, O* exact softmax attention in float64 and U the uniform average
 of V over the visible keys; 0 is exact, 1 is no better than ignoring Q and K.
 {noise}
@@ -159,7 +164,7 @@ of V over the visible keys; 0 is exact, 1 is no better than ignoring Q and K.
 def noise_line(frame: pd.DataFrame) -> str:
     """One sentence on how many timed cells are noisy and why (or that none is), and the timings that cannot be
     right (`implausible_timings`)."""
-    ok = frame[(frame.status == "ok") & frame.time_median_s.notna()]
+    ok = timed_cells(frame)
     noisy = ok[ok.noisy.fillna("") != ""]
     if ok.empty:
         return "Noise: no cell was timed."
@@ -172,12 +177,39 @@ def noise_line(frame: pd.DataFrame) -> str:
     )
     if noisy.empty:
         return f"Noise: none of {len(ok)} timed cells is flagged noisy (IQR ≤ 10% of the median, machine quiet).{odd}"
-    busy = noisy.noisy.str.contains("other processes").sum()
     spread = noisy.noisy.str.contains("IQR").sum()
     return (
-        f"Noise: {len(noisy)} of {len(ok)} timed cells are flagged noisy ({spread} by their spread, {busy} because "
-        f"other processes used the CPU while they ran); read their times with care, their in-turn speedups less so.{odd}"
+        f"Noise: {len(noisy)} of {len(ok)} timed cells are flagged noisy ({spread} by their spread, "
+        f"{len(busy_cells(ok))} because other processes used the CPU while they ran); read their times with care, "
+        f"their in-turn speedups less so.{odd}"
     )
+
+
+def timed_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """The cells that ran ok and were timed."""
+    return frame[(frame.status == "ok") & frame.time_median_s.notna()]
+
+
+def busy_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """The timed cells measured while other processes used the CPU (the noise flag `measure` sets on them)."""
+    timed = timed_cells(frame)
+    return timed[timed.noisy.fillna("").astype(str).str.contains("other processes")]
+
+
+def reach_sentence(frame: pd.DataFrame) -> str:
+    """What a speedup interval does not cover, said once: another run. It covers this run's own rounds; on a
+    machine that was busy while the run measured (other processes beside its cells, the load it recorded), a
+    rerun may land outside it."""
+    said = ("An interval covers the rounds of this one run only: it says how closely this run pinned its median, "
+            "not where a rerun will land.")  # fmt: skip
+    busy, timed = busy_cells(frame), timed_cells(frame)
+    if busy.empty:
+        return said
+    loads = pd.concat([frame.load_before, frame.load_after]).dropna() if "load_before" in frame else []
+    span = sorted({f"{loads.min():.1f}", f"{loads.max():.1f}"}, key=float) if len(loads) else []
+    load = f", 1-minute load {'–'.join(span)}" if span else ""
+    return (f"{said} The machine was busy during this run ({len(busy)} of {len(timed)} timed cells ran while other "
+            f"processes used the CPU{load}): a figure may move between runs by more than its interval.")  # fmt: skip
 
 
 def interval_words(frame: pd.DataFrame) -> str:
@@ -203,8 +235,10 @@ def write_summary(run_dir: Path, view: RunView | None = None) -> str:
     view = view or RunView.read(run_dir)
     frame = view.frame
     methods = ", ".join(sorted(set(frame.mem_method) - {""})) or "none measured"
+    opening = opening_markdown(frame, unfinished(run_dir, view.meta, frame))  # the evidence, and what it lacks
     preamble = SUMMARY_PREAMBLE.format(
-        run_id=run_dir.name, mem_note=methods, noise=noise_line(frame), interval=interval_words(frame)
+        run_id=run_dir.name, opening=opening, mem_note=methods, noise=noise_line(frame),
+        interval=interval_words(frame), reach=reach_sentence(frame),
     )
     verdict = verdict_markdown(view.blocks)
     if said := evidence_markdown(view.evidence):  # what the verdict rests on, before it

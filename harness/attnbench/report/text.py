@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.plan.cells import GROUP_COLUMNS as CELL_GROUP_COLUMNS
+from attnbench.stats import CONFIDENCE
 
 
 def machine_words(machine: dict[str, Any], threads: set[int], load: tuple[float, float] | None) -> str:
@@ -218,11 +219,45 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def speedup_text(row: pd.Series) -> str:
-    """'2.31× [2.20–2.45]' (or '1/900× [1/950–1/850]'): the paired speedup against the group's baseline with its 95%
-    interval."""
+    """'2.31× [2.20–2.45]' (or '1/900× [1/950–1/850]'): the paired speedup against the group's baseline with its
+    interval (what the interval is: `interval_kind`)."""
     if row.speedup is None or pd.isna(row.speedup):
         return "–"
     return interval_text(row.speedup, row.speedup_low, row.speedup_high)
+
+
+CI = "95% CI"  # an interval of 6 rounds or more (order statistics), or a bootstrap's over worker processes
+MIXED = f"{CI}, or as marked"  # a column of 95% intervals and some of fewer rounds, which say their own kind
+
+
+def interval_kind(coverage: float | None) -> str:
+    """What a speedup interval is, as its label says it: '95% CI', or for fewer than 6 rounds 'min–max of 3
+    rounds, coverage 75%' (below 6 the order-statistic interval is the rounds' min–max, whose coverage 1 − 2·½ⁿ
+    gives n). A missing coverage is a bootstrap's nominal 95% (`attnbench.stats.trusted`)."""
+    if coverage is None or not coverage < CONFIDENCE:
+        return CI
+    rounds = round(math.log2(2 / (1 - coverage)))
+    return f"min–max of {rounds} round{'s' if rounds > 1 else ''}, coverage {100 * coverage:.3g}%"
+
+
+def interval_label(coverages: pd.Series) -> str:
+    """The one label of a column of speedup intervals (the cells with a speedup): their kind when they share one,
+    else '95% CI, or as marked' (each interval of fewer rounds then says its own kind: `speedup_cell`)."""
+    kinds = {interval_kind(float(c)) for c in pd.to_numeric(coverages, errors="coerce").dropna()}
+    return kinds.pop() if len(kinds) == 1 else CI if not kinds else MIXED
+
+
+def speedup_cell(row: pd.Series, label: str) -> str:
+    """`speedup_text` in a column labelled `label` (`interval_label`): with its own kind beside it where the label
+    does not say it ('0.43× [0.09–1.13] (min–max of 3 rounds, coverage 75%)')."""
+    text = speedup_text(row)
+    kind = interval_kind(row.get("speedup_coverage"))
+    return text if text == "–" or kind == (CI if label == MIXED else label) else f"{text} ({kind})"
+
+
+def plain_text(markdown: str) -> str:
+    """A Markdown sentence as a terminal shows it: code marks and bold removed."""
+    return markdown.replace("`", "").replace("**", "")
 
 
 def baseline_of(frame: pd.DataFrame) -> str:
