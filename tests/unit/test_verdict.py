@@ -97,7 +97,7 @@ def test_a_choice_not_clearly_faster_is_named_as_such_not_as_slower() -> None:
         "full",
     )
     assert answer.sentence == (
-        "Nothing clearly beats full here: linear (1.05× [0.9–1.2]) is faster by the median, but the 95% interval "
+        "Nothing clearly beats full here: linear (1.05× [0.9–1.2]) is faster by the median, but the interval (95% CI) "
         "reaches 1×; the other approximate variants are slower (lsh)."
     )
     assert [c.label for c in answer.choices] == ["full", "linear"]  # offered, and the sentence says how far
@@ -314,7 +314,7 @@ def test_an_interval_of_too_few_rounds_names_no_winner_and_says_its_coverage() -
     answer = judge(1024, [choice("full", "exact", 1.0, 1.0, 1.0, 0.0), few], "full")
     assert not few.clearly_faster and answer.sentence.startswith("Nothing clearly beats full here")
     headers, _ = verdict_rows(InputVerdict("s", "realistic", "full", "", "realistic"), answer)
-    assert headers[1] == "speedup vs full [CI, coverage 75%]"
+    assert headers[1] == "speedup vs full [min–max of 3 rounds, coverage 75%]"
 
 
 def test_fastest_in_tables_and_titles_is_the_verdicts_rule(tmp_path: Path) -> None:

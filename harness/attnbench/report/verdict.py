@@ -30,6 +30,7 @@ from attnbench.report.text import (
     baseline_of,
     format_number,
     format_percent,
+    interval_kind,
     interval_text,
     markdown_table,
     ratio_text,
@@ -635,8 +636,8 @@ def answer_sentence(
         others = "; the other approximate variants are " + " or ".join(reasons) if reasons else ""
         verb = "is" if len(maybe) == 1 else "are"
         return (
-            f"Nothing clearly beats {base} here: {perhaps} {verb} faster by the median, but the 95% interval "
-            f"reaches 1×{others}."
+            f"Nothing clearly beats {base} here: {perhaps} {verb} faster by the median, but the interval "
+            f"({_kinds(maybe)}) reaches 1×{others}."
         )
     because = ": the approximate variants are " + " or ".join(reasons) if reasons else ""
     return f"Nothing beats {base} here{because}."
@@ -688,6 +689,11 @@ def asked_sentence(
     return f"{question}: none is, beyond noise; the fastest is {lead.label} at {_speed(lead)}{error}."
 
 
+def _kinds(choices: list[Choice]) -> str:
+    """What the choices' speedup intervals are: '95% CI', or 'min–max of 3 rounds, coverage 75%' (the widest kind)."""
+    return interval_kind(min((c.coverage for c in choices if c.coverage == c.coverage), default=CONFIDENCE))
+
+
 def _speed(c: Choice) -> str:
     return interval_text(c.speedup, c.speedup_low, c.speedup_high, ".3g")
 
@@ -735,8 +741,8 @@ def verdict_rows(verdict: InputVerdict, answer: Answer) -> tuple[list[str], list
     decode = verdict.mode.decode
     headers = [h.format(baseline=verdict.baseline) for h in (DECODE_HEADERS if decode else VERDICT_HEADERS)]
     lowest = min((c.coverage for c in answer.choices if c.coverage == c.coverage), default=CONFIDENCE)
-    if lowest < CONFIDENCE:  # min–max of too few rounds: say what the interval is
-        headers[1] = headers[1].replace("95% CI", f"CI, coverage {100 * lowest:.0f}%")
+    if lowest < CONFIDENCE:  # min–max of too few rounds: say what the interval is (`text.interval_kind`)
+        headers[1] = headers[1].replace("95% CI", interval_kind(lowest))
     rows = []
     for choice in answer.choices:
         name = choice.label + (" (fastest exact)" if choice.fastest_exact else "")
