@@ -89,3 +89,13 @@ def test_attnbench_list_shows_each_alias_and_its_paper_s_parameters(capsys: pyte
         for key, parameter in PAPER_PARAMETERS[alias].items():
             assert f"{key} -> {parameter.sets}:" in out
     assert "[first 2 layers exact]" in out and "window set by --keep" in out
+
+
+def test_run_names_a_papers_name_and_its_variant(capsys) -> None:
+    """`attnbench run` takes variants, not the papers' names `generate` takes: it says which variant to give."""
+    from attnbench.cli import main
+
+    assert main(["run", "quick", "--variants", "quest,quets", "--dry-run"]) == 2
+    said = capsys.readouterr().err
+    assert "quest is a paper's name that `attnbench generate` takes; here give its variant: topk(score=minmax" in said
+    assert "did you mean quest? It is a paper's name" in said

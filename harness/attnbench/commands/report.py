@@ -43,10 +43,11 @@ def main(args: argparse.Namespace) -> int:
     if problems:  # before the folder is read
         print("\n".join(f"attnbench: {problem}" for problem in problems), file=sys.stderr)
         return Exit.USAGE
-    if run_folder(args.run_dir) is None:
+    started = (args.run_dir / "meta.json").is_file() and not (args.run_dir / "results.csv").exists()
+    if not started and run_folder(args.run_dir) is None:
         return Exit.USAGE
-    frame = read_results(args.run_dir)
-    if frame.empty:
+    frame = None if started else read_results(args.run_dir)  # None: a run stopped before its first cell ended
+    if frame is None or frame.empty:
         print(
             f"attnbench: {args.run_dir} has no finished cell (the run stopped before its first group ended): no report "
             f"written; continue it with: attnbench run --resume {args.run_dir}",

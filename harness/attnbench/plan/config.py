@@ -6,6 +6,8 @@ and their keys come from `attnbench.plan`; the other keys are the measurement `S
 
 from __future__ import annotations
 
+import difflib
+
 from collections import Counter
 
 import itertools
@@ -450,6 +452,19 @@ def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
     return problems + budget_problems(s.max_error, s.min_speedup, at, s.min_recall)
 
 
+def paper_name_hint(name: str) -> str:
+    """' quest is a paper's name …' where an unknown variant is (or is near) a paper's name that `attnbench generate`
+    takes (`generation.grid.ALIASES`): here the variant's own setting is given instead; '' otherwise."""
+    from attnbench.generation.grid import ALIASES
+
+    near = name if name in ALIASES else next(iter(difflib.get_close_matches(name, list(ALIASES), n=1)), None)
+    if near is None:
+        return ""
+    setting = ", ".join(f"{k}={v}" for k, v in ALIASES[near].items() if k not in ("name", "dense_layers"))
+    said = f"did you mean {near}? It is" if near != name else f"{near} is"
+    return f" ({said} a paper's name that `attnbench generate` takes; here give its variant: {ALIASES[near]['name']}({setting}))"
+
+
 def parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tuple[list[VariantSpec], list[str]]:
     """`variants` is a list of names, or a table name -> {hyperparameter: value or list of values}. `where` is
     how problems name it: `variants` (a problem then names `variants.NAME`) or the flag that set it."""
@@ -490,7 +505,7 @@ def parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tup
         try:
             variant_class = registry.load(name)
         except VariantError as error:
-            problems.append(f"{named(name)}: {error}")
+            problems.append(f"{named(name)}: {error}{paper_name_hint(name)}")
             continue
         empty = [key for key, value in params.items() if value == []]
         if empty:  # reported, and the rest of the table still checked

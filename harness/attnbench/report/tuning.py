@@ -52,6 +52,8 @@ def tuning_sentences(
         if min_recall is not None and not (len(asked) and (asked - min_recall).abs().min() < 1e-12):
             caveats += f" (The search did not ask the needle recall --min-recall {min_recall:g} asks.)"
         both = rows.rule.nunique() > 1
+        recalls = rows.dropna(subset=["recall"]).groupby("label").recall.min()  # a setting's recall, where measured
+        rows = rows.assign(recall=rows.label.map(recalls))  # the continuation picks too: said beside their "Use"
         parts = [_rule_answer(ruled, budget, baseline, mode, both) for _, ruled in rows.groupby("rule", sort=False)]
         out.append(f"{where}: {' '.join(parts)}{caveats}")
     return out
@@ -65,7 +67,7 @@ def _rule_answer(rows: pd.DataFrame, budget: float, baseline: str, mode: Mode, b
     prefix = f"For retrieval ({asks}): " if asks else ("For continuation (error alone): " if both else "")
     within = f"the error budget {budget:g}" + (f" with {asks}" if asks else "")
     picks = rows[rows["pick"].astype(bool)].sort_values("speedup", ascending=False)
-    recalled = (lambda r: f", recall {format_percent(r.recall)}" if asks and r.recall == r.recall else "")
+    recalled = (lambda r: f", needle recall {format_percent(r.recall)}" if r.recall == r.recall else "")
     if picks.empty:
         least = rows.loc[rows.err_vs_uniform.idxmin()] if rows.err_vs_uniform.notna().any() else None
         said = f" (the least error: {least.label}'s {error_text(least.err_vs_uniform)}{recalled(least)})" if least is not None else ""
@@ -84,10 +86,14 @@ def _rule_answer(rows: pd.DataFrame, budget: float, baseline: str, mode: Mode, b
 
 def tuning_table(tuning: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Every probe: N, setting, knob value, error, within the budget, and the picks' speedups."""
-    headers = ["N", "setting", "knob", "value", "error vs uniform", "within", "speedup (picks)"]
+    headers = ["N", "setting", "knob", "value", "error vs uniform", "needle recall", "rule", "within its rule",
+               "speedup (picks)"]  # fmt: skip
+    if "rule" not in tuning:  # a tuning.csv from before the rules: error alone
+        tuning = tuning.assign(rule="continuation", recall=float("nan"))
     rows = []
-    for r in tuning.sort_values(["seq_len", "setting", "value"]).itertuples():
-        rows.append([str(r.seq_len), r.setting, r.knob, str(r.value), error_text(r.err_vs_uniform),
+    for r in tuning.sort_values(["seq_len", "setting", "value", "rule"]).itertuples():
+        recall = format_percent(r.recall) if r.recall == r.recall else "–"
+        rows.append([str(r.seq_len), r.setting, r.knob, str(r.value), error_text(r.err_vs_uniform), recall, r.rule,
                      "yes" if r.within else "no", _speed(r) if r.pick and r.speedup == r.speedup else ""])  # fmt: skip
     return headers, rows
 

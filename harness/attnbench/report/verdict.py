@@ -587,7 +587,7 @@ def answer_sentence(
     if use is not None and use.family != "exact":
         text = (
             f"Use {use.label}, the fastest{' step' if mode.decode else ''} within {within}: {_speed(use)} faster{per} "
-            f"than {base} at error {_error(use)} vs uniform{_on(on)}{memory(use)}"
+            f"than {base} at error {_error(use)} vs uniform{_on(on)}{_recalled(use)}{memory(use)}"
         )
         winners = [c for c in approximate if c.clearly_faster and c.error == c.error]
         accurate = min(winners, key=lambda c: c.error_rank)
@@ -687,6 +687,11 @@ def asked_sentence(
     lead = max(paired, key=lambda c: c.speedup)
     error = f", error {_error(lead)}" if lead.family != "exact" and lead.error == lead.error else ""
     return f"{question}: none is, beyond noise; the fastest is {lead.label} at {_speed(lead)}{error}."
+
+
+def _recalled(c: Choice) -> str:
+    """', needle recall 6.2%' where the run measured it at this N ('' where not): said beside any "Use X"."""
+    return f", needle recall {recall_text(c.recall)}" if c.recall == c.recall else ""
 
 
 def _kinds(choices: list[Choice]) -> str:

@@ -197,8 +197,7 @@ def tune(
             variants = list(dict.fromkeys(with_knob(s.spec, s.knob, probes[id(s)]) for s in searches if id(s) in probes))
             worst: dict[str, float] = {}
             recall: dict[str, float] = {}
-            recalled = any(s.min_recall is not None for s in searches if id(s) in probes)
-            for spec_input in inputs + (needles if recalled else []):
+            for spec_input in inputs + needles:  # every probe's recall where needles fit: said beside each pick
                 group_cells = tuple(replace(base, input=spec_input, variant=v, compiled=False) for v in variants)
                 for row in measure(Group(group_cells, timed=False)).rows:
                     if row.status == "unsupported":  # no form for this cell (a causal one, say): not searched
@@ -220,7 +219,7 @@ def tune(
                 error, got = worst.get(label, float("nan")), recall.get(label, float("nan"))
                 s.record(probes[id(s)], error, budget, got)
                 rows.append(_row(base, s, probes[id(s)], label, error, evidence, budget, got))
-                said.append(f"{label} {error:.3g}" + (f" (recall {got:.0%})" if s.min_recall is not None else ""))
+                said.append(f"{label} {error:.3g}" + (f" (recall {got:.0%})" if got == got else ""))
             if said:
                 say(f"N={n}: error vs uniform " + ", ".join(dict.fromkeys(said)))  # progress: each bisection step
             keep(rows)
