@@ -131,3 +131,25 @@ def test_one_task_under_two_names_is_refused() -> None:
     """niah_single is niah_single_1's earlier name: both would pool each sample twice."""
     with pytest.raises(ConfigError, match="niah_single and niah_single_1 are one task"):
         parse_grid({**GRID, "tasks": ["niah_single_1", "passkey", "niah_single"]})
+
+
+def test_two_labels_of_one_setting_are_refused() -> None:
+    """Their rows would share keys and the report keep one label (a review found `streamingllm` vanish)."""
+    with pytest.raises(ConfigError) as error:
+        parse_grid({**GRID, "methods": ["streamingllm", {"name": "band", "sinks": 4},
+                                        {"name": "quest", "token_budget": 64}, {"name": "quest", "top_k": 3}]})  # fmt: skip
+    said = str(error.value)
+    assert "streamingllm and band(sinks=4) are one setting" in said
+    assert "quest(token_budget=64) and quest(top_k=3) are one setting" in said
+
+
+def test_a_knob_past_the_longest_context_and_a_budget_below_a_page_are_refused() -> None:
+    """Buffers are sized by the knob: band(window=1000000) at N=512 ran a 24 GB machine out of memory."""
+    with pytest.raises(ConfigError) as error:
+        parse_grid({**GRID, "seq_lens": [512], "methods": [{"name": "streamingllm", "recent_size": 1000000},
+                                                           {"name": "quest", "top_k": 40},
+                                                           {"name": "quest", "token_budget": 8}]})  # fmt: skip
+    said = str(error.value)
+    assert "window=1000000 keeps more than the longest context (N=512)" in said and "give at most 512" in said
+    assert "top_k=40 keeps more than the longest context (N=512)" in said and "give at most 32" in said
+    assert "token_budget must be at least the page size (16" in said

@@ -175,3 +175,11 @@ def test_the_real_model_s_replies_are_flagged(tmp_path: Path, model_dir: Path) -
     outcome = run_unit(UnitJob(grid, unit, str(model_dir)))
     assert [(row.reply_flag, row.status) for row in outcome.rows] == [(flag, "ok") for _, flag in MODEL_ROWS]
     assert outcome.rows[-1].score == 1.0 and outcome.phases["reply check"] > 0
+
+
+def test_a_built_in_task_s_miss_is_the_model_s_and_only_an_empty_reply_is_flagged() -> None:
+    """RULER's own budget and stop: a reply at its budget with no answer (a loop of words) is a wrong answer, not a
+    row to mend; nothing more is generated to check it."""
+    assert flag_of("It is, I say", task="niah_multiquery") == ("", 0)
+    assert flag_of("It is", "\nParis", task="niah_multiquery") == ("", 0)
+    assert flag_of("", task="niah_multiquery") == ("empty", 0)

@@ -84,7 +84,9 @@ def test_min_speedup_answers_only_among_variants_that_recall(tmp_path: Path) -> 
     folder = run(tmp_path, "", "--min-recall", "0.9", "--max-error", "0.8", "--min-speedup", "1.01")
     verdict = (folder / "report.md").read_text().split("## Detail")[0]
     asked = [line for line in verdict.splitlines() if "At least 1.01× faster" in line]
-    assert asked and all("leaving out band(window=128): needle recall below 90%" in line for line in asked)
+    withheld = verdict.count("No conclusion at this N: its timings are implausible")  # a busy machine's N: no answer
+    assert len(asked) + withheld >= 2  # both inputs answered at some N, or withheld and said so
+    assert all("leaving out band(window=128): needle recall below 90%" in line for line in asked)
     assert not any("least error: band" in line for line in asked)
 
 

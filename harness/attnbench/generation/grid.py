@@ -289,6 +289,7 @@ def parse_grid(raw: dict[str, Any], source: str = "grid", registry: Registry = d
             problems.append(f"{_flag('protocols', flags)}: {protocol!r} is not one of {', '.join(PROTOCOLS)}.{hint}")
     tasks, jsonl_rows = _tasks(raw.get("tasks"), problems, _flag("tasks", flags)) if "tasks" in raw else ((), {})
     methods = _methods(raw.get("methods"), registry, problems, _flag("methods", flags)) if "methods" in raw else ()
+    problems += oversized(methods, seq_lens, registry, _flag("methods", flags))
     if (problem := name_problem(str(raw.get("name", "")))) is not None:
         problems.append(f"name: {problem}")
     if problems:
@@ -386,12 +387,48 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
         problems.append(f"{where}: empty; name at least one method (full gives the exact model's own answers)")
     exact = MethodSpec(VariantSpec("full"), "dense")
     methods = list(dict.fromkeys([exact, *methods]))  # the exact model always: its accuracy stands beside every figure
+    problems += same_settings(methods, where)
     labels = [m.label() for m in methods]
     clashes = sorted({label for label in labels if labels.count(label) > 1})
     if clashes:
         problems.append(f"{where}: two methods are labelled {', '.join(map(repr, clashes))} (the exact model is "
                         "`full`): give each its own label, or drop the repeat")  # fmt: skip
     return tuple(methods)
+
+
+def oversized(methods: tuple[MethodSpec, ...], seq_lens: tuple[int, ...], registry: Registry, where: str) -> list[str]:
+    """A knob set by hand to keep more positions than the longest context (`band(window=100000)` at N = 512): it
+    keeps everything, as the exact model does, while its buffers are sized by the knob (a run out of memory). A user's
+    rows (no N) are not checked."""
+    if not seq_lens:
+        return []
+    longest, problems = max(seq_lens), []
+    for method in methods:
+        knob = KNOBS.get(method.variant.name)
+        params = dict(method.variant.params)
+        if knob is None or knob.parameter not in params:
+            continue
+        own = {k: spec.default for k, spec in registry.load(method.variant.name).hyperparameters.items()} | params
+        per = own.get("block_size", 1) if knob.reads_only else 1  # Quest's top_k counts pages
+        if params[knob.parameter] * per > longest:
+            problems.append(f"{where}: {method.label()}: {knob.parameter}={params[knob.parameter]} keeps more than the "
+                            f"longest context (N={longest}): that is the exact model (full); give at most "
+                            f"{longest // per}")  # fmt: skip
+    return problems
+
+
+def same_settings(methods: list[MethodSpec], where: str = "methods") -> list[str]:
+    """Two methods under different labels that run one setting (`streamingllm` and `band(sinks=4)`,
+    `quest(token_budget=64)` and `quest(top_k=3)`): their rows would share keys and the report keep one label."""
+    seen: dict[tuple, str] = {}
+    problems = []
+    for method in methods:
+        setting = (VariantSpec(method.variant.name, tuple(sorted(method.variant.params))), method.prefill,
+                   method.dense_layers, method.decode)  # fmt: skip
+        if setting in seen and seen[setting] != method.label():
+            problems.append(f"{where}: {seen[setting]} and {method.label()} are one setting: give one of them")
+        seen.setdefault(setting, method.label())
+    return problems
 
 
 # ---- the papers' names -------------------------------------------------------------------------------------------
@@ -450,6 +487,9 @@ def _alias_table(table: dict[str, Any], registry: Registry, problems: list[str],
             problems.append(f"{at}: {key} is {parameter.sets} in {setting['name']}'s terms: give one of them")
         elif (problem := parameter.problem(key, given[key])) is not None:
             problems.append(f"{at}: {problem}")
+        elif parameter.sets == "top_k" and given[key] < resolved["block_size"]:  # less than the current page alone
+            problems.append(f"{at}: token_budget must be at least the page size ({resolved['block_size']}: a step "
+                            f"reads its current page whole), got {given[key]}")  # fmt: skip
         else:
             value = given[key] if parameter.value is None else parameter.value(given[key], resolved)
             out[parameter.sets] = resolved[parameter.sets] = value

@@ -154,11 +154,11 @@ def exact_reply_flag(decoder: InModelDecoder, job: UnitJob, sample: Sample, text
     found = score(reply, sample.answers, sample.metric)
     if found == 1.0:
         return ""
-    if tokens and not looping(tokens):
+    if tokens and not looping(tokens) and job.unit.task.startswith(JSONL):  # a built-in task's budget and stop are
+        # RULER's: a miss there is the model's (a loop of words, a wrong number), not a row to mend
         if len(tokens) >= sample.answer_tokens:
             return "cut at budget"
-        if job.unit.task.startswith(JSONL) and stops_at_newline(job.grid, job.unit, sample):  # a built-in answer
-            # is one line: only a user's row is checked (one more exact pass over its prompt)
+        if stops_at_newline(job.grid, job.unit, sample):  # one more exact pass over its prompt
             (going,) = decoder.run([methods[exact]], torch.tensor(text + tokens), stop_lines=False,
                                    new_tokens=sample.answer_tokens - len(tokens))  # fmt: skip
             longer = tokenizer.decode(tokens + going.tokens, skip_special_tokens=True).strip()

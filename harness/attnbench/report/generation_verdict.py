@@ -47,8 +47,8 @@ POOLED_COLUMNS = ["seq_len", "protocol", "method", "share", "samples", "accuracy
 
 def pooled(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     """Per (N, protocol, method, share): the mean score over every sample of the needle tasks within the model, its
-    Wilson interval over those samples, the mean share of the exact cache held and the median share a step reads
-    (what the verdict and the plot show; the median, so a few odd rows do not move a method off its budget)."""
+    Wilson interval over those samples, the mean shares of the exact cache held and read by a step (what the verdict,
+    the plot and the cost table show, one figure each)."""
     judged = within_model(summary)
     tasks = set(zip(judged.seq_len, judged.task, judged.protocol))
     ok = labelled(rows[(rows.status == "ok") & rows.score.notna()])
@@ -59,7 +59,7 @@ def pooled(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         interval = accuracy_interval(at.score.tolist())
         out.append(dict(seq_len=int(n), protocol=protocol, method=method, share=None if share < 0 else float(share),
                         samples=len(at), accuracy=interval.estimate, low=interval.low, high=interval.high,
-                        cache_share=at.cache_share.mean(), read_share=at.read_share.median(),
+                        cache_share=at.cache_share.mean(), read_share=at.read_share.mean(),
                         exact_method=method == EXACT, exact_decoding=bool((at.decode == "exact").any())))  # fmt: skip
     return pd.DataFrame(out, columns=POOLED_COLUMNS)
 
