@@ -33,6 +33,7 @@ from attnbench.interface import Hyperparameter, did_you_mean
 from attnbench.plan.cells import VariantSpec
 from attnbench.plan.config import ConfigError, name_problem, parse_variants
 from attnbench.plan.shipped import grid_descriptions as shipped_descriptions
+from attnbench.paper_names import ALIASES  # the papers' names (re-exported here)
 from attnbench.plan.shipped import read_grid_toml
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
@@ -46,17 +47,6 @@ KEYS = DESCRIPTIVE + ("tasks", "seq_lens", "samples", "protocols", "keep", "meth
                       "seed", "answer_tokens", "budget_rule", "stop")  # fmt: skip
 STOPS = ("newline", "end-of-text")
 METHOD_KEYS = ("prefill", "dense_layers", "label", "decode")
-# the methods the papers name, as settings of the variants that compute them (`--methods quest,streamingllm`)
-QUEST = {"name": "topk", "score": "minmax", "block_size": 16, "dense_layers": 2}
-ALIASES: dict[str, dict[str, Any]] = {
-    # Quest as its code selects (evaluation/quest_attention.py, its kernels): pages ranked per query head by the
-    # min/max bound, the current page always read, no forced first page, the first two layers dense
-    "quest": {**QUEST, "keep_first_block": False, "select_per": "query-head"},
-    # the NSA-style departure (attnbench's Quest before 2026-11-28): the first page always read, a key/value head's
-    # pages ranked by the mean of its query heads' bounds
-    "quest-first-page": {**QUEST, "keep_first_block": True, "select_per": "kv-head"},
-    "streamingllm": {"name": "band", "sinks": 4},
-}
 
 
 @dataclass(frozen=True)

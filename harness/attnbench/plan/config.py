@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence, get_type_hints
 
 import tomllib
 
+from attnbench.paper_names import ALIASES as PAPER_NAMES
 from attnbench.inputs.captured import captured_fit_problems
 from attnbench.inputs.heads_cache import uncaptured_heads
 from attnbench.inputs.catalogue import DISTRIBUTIONS, split_needle_params, validate_input
@@ -454,15 +455,13 @@ def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
 
 def paper_name_hint(name: str) -> str:
     """' quest is a paper's name …' where an unknown variant is (or is near) a paper's name that `attnbench generate`
-    takes (`generation.grid.ALIASES`): here the variant's own setting is given instead; '' otherwise."""
-    from attnbench.generation.grid import ALIASES
-
-    near = name if name in ALIASES else next(iter(difflib.get_close_matches(name, list(ALIASES), n=1)), None)
+    takes (`attnbench.paper_names`): here the variant's own setting is given instead; '' otherwise."""
+    near = name if name in PAPER_NAMES else next(iter(difflib.get_close_matches(name, list(PAPER_NAMES), n=1)), None)
     if near is None:
         return ""
-    setting = ", ".join(f"{k}={v}" for k, v in ALIASES[near].items() if k not in ("name", "dense_layers"))
+    setting = ", ".join(f"{k}={v}" for k, v in PAPER_NAMES[near].items() if k not in ("name", "dense_layers"))
     said = f"did you mean {near}? It is" if near != name else f"{near} is"
-    return f" ({said} a paper's name that `attnbench generate` takes; here give its variant: {ALIASES[near]['name']}({setting}))"
+    return f" ({said} a paper's name that `attnbench generate` takes; here give its variant: {PAPER_NAMES[near]['name']}({setting}))"
 
 
 def parse_variants(raw: Any, registry: Registry, where: str = "variants") -> tuple[list[VariantSpec], list[str]]:
