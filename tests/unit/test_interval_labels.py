@@ -55,3 +55,15 @@ def test_the_reach_of_an_interval_is_said_and_a_busy_machine_adds_that_figures_m
     assert busy.startswith(quiet)
     assert ("The machine was busy during this run (1 of 2 timed cells ran while other processes used the CPU, "
             "1-minute load 1.5–2.5): a figure may move between runs by more than its interval.") in busy
+
+
+def test_the_terminal_says_the_reach_once_after_the_verdict(tmp_path, capsys) -> None:
+    """`attnbench report` prints what `run` prints: the verdict, then once what an interval does not cover."""
+    from attnbench.cli import main
+    from helpers import synthetic_run
+
+    folder = synthetic_run(tmp_path / "run")
+    main(["report", str(folder)])
+    said = capsys.readouterr().out.replace("\n", " ")
+    assert said.count("An interval covers the rounds of this one run only") == 1
+    assert said.index("An interval covers") > said.index("N=")  # after the verdict

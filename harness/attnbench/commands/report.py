@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import textwrap
 from pathlib import Path
 
 from attnbench.commands.arguments import add_budget_flags, run_folder
@@ -29,11 +28,8 @@ def main(args: argparse.Namespace) -> int:
     from attnbench.commands.terminal import terminal_width
     from attnbench.plan.budget import budget_problems
     from attnbench.report.run_report import write_report
-    from attnbench.report.summary import write_summary
-    from attnbench.report.evidence import opening_terminal, unfinished
-    from attnbench.report.tuning import tuning_sentences
-    from attnbench.report.text import baseline_of
-    from attnbench.report.verdict import verdict_terminal
+    from attnbench.report.summary import terminal_answer, write_summary
+    from attnbench.report.evidence import unfinished
     from attnbench.report.view import RunView
     from attnbench.runfolder.results import read_results
 
@@ -61,10 +57,7 @@ def main(args: argparse.Namespace) -> int:
             return Exit.USAGE
         view = RunView.read(args.run_dir, frame, args.max_error, args.min_speedup, args.min_recall)
         lacking = unfinished(args.run_dir, view.meta, view.frame)
-        print(opening_terminal(view.frame, lacking, view.evidence, terminal_width()) + "\n")  # what it rests on, first
-        print(verdict_terminal(view.blocks, terminal_width()))  # the verdict judged again, as `run` prints it
-        for said in tuning_sentences(view.tuning, baseline_of(view.frame), view.budget.max_error, view.budget.min_recall):  # --tune's answer
-            print(textwrap.fill(said.replace('`', ''), terminal_width(), subsequent_indent='  '))
+        print(terminal_answer(view, lacking, terminal_width()))  # the verdict judged again, as `run` prints it
         write_summary(args.run_dir, view)  # the tables too: a run whose disk filled up before them gets them here
         report = write_report(args.run_dir, view)
     except OSError as error:

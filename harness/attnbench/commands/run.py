@@ -307,19 +307,14 @@ def main(args: argparse.Namespace) -> int:
         return Exit.INTERRUPTED
     if config.settings.tune and (code := tune_run(config, cells, run_dir)) is not None:
         return code
-    from attnbench.report.evidence import opening_terminal, unfinished
-    from attnbench.report.tuning import tuning_sentences
-    from attnbench.report.text import baseline_of
-    from attnbench.report.verdict import verdict_terminal
+    from attnbench.report.evidence import unfinished
+    from attnbench.report.summary import terminal_answer
     from attnbench.report.view import RunView
 
     view = RunView.read(run_dir)  # rows, samples and meta read once, the verdict computed once, for all that follows
     frame = view.frame
     lacking = unfinished(run_dir, view.meta, frame)  # None: every planned cell is recorded
-    print(opening_terminal(frame, lacking, view.evidence, terminal_width()) + "\n")  # what the verdict rests on, first
-    print(verdict_terminal(view.blocks, terminal_width()))
-    for said in tuning_sentences(view.tuning, baseline_of(view.frame), view.budget.max_error, view.budget.min_recall):  # --tune's answer
-        print(textwrap.fill(said.replace('`', ''), terminal_width(), subsequent_indent='  '))
+    print(terminal_answer(view, lacking, terminal_width()))  # what it rests on, the verdict, --tune's, the reach
     if compiled := compile_sentence(frame):  # the verdict's last word, on the same stream
         print(textwrap.fill(compiled, terminal_width(), subsequent_indent="  "))
     outputs = "results.csv, samples.csv, meta.json, config.toml, summary.md"

@@ -22,9 +22,9 @@ from attnbench.report.text import (
     speedup_cell,
     with_machine,
 )
-from attnbench.report.evidence import evidence_markdown, opening_markdown, unfinished
+from attnbench.report.evidence import Unfinished, evidence_markdown, opening_markdown, opening_terminal, unfinished
 from attnbench.report.tuning import tuning_sentences
-from attnbench.report.verdict import verdict_markdown
+from attnbench.report.verdict import verdict_markdown, verdict_terminal
 from attnbench.report.view import RunView
 
 
@@ -210,6 +210,18 @@ def reach_sentence(frame: pd.DataFrame) -> str:
     load = f", 1-minute load {'–'.join(span)}" if span else ""
     return (f"{said} The machine was busy during this run ({len(busy)} of {len(timed)} timed cells ran while other "
             f"processes used the CPU{load}): a figure may move between runs by more than its interval.")  # fmt: skip
+
+
+def terminal_answer(view: RunView, lacking: Unfinished | None, width: int) -> str:
+    """What `run` and `report` print on stdout, in order: what the verdict rests on (and what is missing), the
+    verdict, `--tune`'s answer, and once what an interval does not cover (`reach_sentence`)."""
+    import textwrap
+
+    parts = [opening_terminal(view.frame, lacking, view.evidence, width) + "\n", verdict_terminal(view.blocks, width)]
+    tuned = tuning_sentences(view.tuning, baseline_of(view.frame), view.budget.max_error, view.budget.min_recall)
+    parts += [textwrap.fill(said.replace("`", ""), width, subsequent_indent="  ") for said in tuned]
+    parts.append(textwrap.fill(reach_sentence(view.frame), width))
+    return "\n".join(parts)
 
 
 def interval_words(frame: pd.DataFrame) -> str:
