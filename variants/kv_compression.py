@@ -8,15 +8,10 @@ them: a `score` saying which positions matter, and one shared `compress` keeping
   each step attends to the cache and itself, adds its weights to the masses, and the position leaving the recent
   ring takes the heavy slot of least mass if it has more (else it is dropped): H2O's greedy eviction of the
   lowest-scored non-recent token, in buffers of fixed size.
-- `snapkv` (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before Generation"): at the end of the
-  prompt the last `window` queries (the observation window) vote: their softmax weights on the prefix keys, summed
-  over the window, pooled along the keys (max or average over `kernel` neighbours, so a kept key brings its
-  neighbours), per query head; under grouped-query attention a key/value head's score is the mean of its query
-  heads' pooled votes (kvpress's SnapKVPress.score, kvpress/presses/snapkv_press.py); per head the top budget -
-  window prefix positions are kept, and the window. Then exact attention on what was kept, new tokens appended (the
-  cache grows by one a step).
+- the shared part of every press: `KVCompression` (decode only), `compress` (the top scores per head), and SnapKV's
+  window votes and pooling (`window_votes`, `pooled`), which `attnbench.variants.press_attention` scores with.
 
-Both compute exact causal attention over the prompt (they compress after it), keep everything when the prompt fits
+H2O and every press compute exact causal attention over the prompt (they compress after it), keep everything when the prompt fits
 the budget (then they are exact decoding; H2O until the budget fills), and change generation only: a full-sequence
 call is refused (`--mode decode`). Positions: q and k arrive post-rotary, so a kept key keeps the position it was
 encoded at (StreamingLLM re-assigns positions inside its cache, which needs the rotary step, outside attention
@@ -47,13 +42,10 @@ from attnbench.interface import (
 )
 from attnbench.ops import (
     SCORE_CHUNK,
-    KVCache,
     attention_mass,
     causal_allows,
     default_scale,
-    group_mean,
     prompt_mass,
-    softmax_step,
 )
 from einops import einsum, rearrange
 from torch import Tensor
@@ -316,62 +308,3 @@ class HeavyHitterOracle(KVCompression):
         n, chunk = shape.n_k, SCORE_CHUNK
         computed = sum(min(chunk, n - start) * min(n, start + chunk) for start in range(0, n, chunk))  # rows x keys
         return self.prompt_cost(shape, attention_pairs=computed, scored_pairs=0, held_scores=min(chunk, n) * n)
-
-
-class SnapKV(KVCompression):
-    """SnapKV: the prompt's last `window` queries vote for the prefix keys; the top ones and the window are kept."""
-
-    name = "snapkv"
-    hyperparameters = {
-        "budget": BUDGET,
-        "select_per": SELECT_PER,
-        # The defaults are the LongBench setting the SnapKV authors' later code base runs (KVCache-Factory, whose
-        # SnapKV configs HELMET reuses: window 32, kernel 7, max pooling). SnapKV's own snapkv_utils.py defaults to
-        # window 32, kernel 5, average; kvpress's SnapKVPress to window 64, kernel 5, average: set them to compare.
-        "window": Hyperparameter(32, "the observation window: the prompt's last queries, which vote and are kept "
-                                 "(32: SnapKV's and KVCache-Factory's; kvpress: 64)", minimum=1),
-        "kernel": Hyperparameter(7, "pooling kernel along the keys (7: KVCache-Factory's LongBench runs; SnapKV's "
-                                 "snapkv_utils.py and kvpress: 5)", minimum=1),
-        "pool": Hyperparameter("max", "pooling of the votes: max (KVCache-Factory's LongBench runs) or avg (SnapKV's "
-                               "snapkv_utils.py and kvpress)", kind=str, choices=POOLS),
-    }  # fmt: skip
-
-    def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
-        super().__init__(seed, **hyperparams)
-        if self.window >= self.budget:
-            raise VariantError(
-                f"Invalid hyperparameters for variant 'snapkv': window: {self.window} must be below the budget "
-                f"{self.budget} (the window is kept, and budget - window prefix positions)"
-            )
-
-    def score(self, q: Tensor, k: Tensor) -> Tensor:
-        """(b, g, n): the prefix positions' votes, pooled per query head then averaged over each key/value head's
-        query heads (kvpress's SnapKVPress.score: pooled before the group's mean, which differs from pooling the
-        mean for max pooling), the window's +inf (always kept)."""
-        votes = pooled(window_votes(q, k, self.window), self.kernel, self.pool)  # (b, h, n - window)
-        return F.pad(group_mean(votes, query_group(q, k)), (0, self.window), value=float("inf"))
-
-    def prefill(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> tuple[Tensor, DecodeState]:
-        """Exact causal attention over the prompt, then the cache of the `budget` positions it keeps (all when the
-        prompt fits), with room for `room` steps."""
-        kept_k, kept_v, group = heads_to_keep(q, k, v, self.select_per)
-        out = F.scaled_dot_product_attention(q, kept_k, kept_v, is_causal=True, enable_gqa=group > 1)
-        return out, self.prefill_state(q, k, v, room=room)
-
-    def prefill_state(self, q: Tensor, k: Tensor, v: Tensor, *, room: int = 0) -> DecodeState:
-        k, v, _ = heads_to_keep(q, k, v, self.select_per)
-        if k.shape[-2] > self.budget:
-            k, v, _ = compress(k, v, self.score(q, k), self.budget)
-        return KVCache.of(k, v, room)
-
-    def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
-        if not isinstance(state, KVCache):
-            raise UnsupportedOptionError(f"snapkv cannot step from a {type(state).__name__}")
-        k, v, _ = heads_to_keep(q, k, v, self.select_per)
-        state.append(k, v)
-        return softmax_step(q, state.k, state.v), state
-
-    def cost(self, shape: Shape) -> Cost:
-        n, window = shape.n_k, min(self.window, shape.n_k)
-        causal = n * (n + 1) / 2  # the fused kernel's pairs j <= i
-        return self.prompt_cost(shape, attention_pairs=causal, scored_pairs=window * n, held_scores=window * n)

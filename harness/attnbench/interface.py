@@ -119,6 +119,21 @@ class DecodeState:
 
 
 @dataclass(frozen=True)
+class PromptContext:
+    """What a KV-cache method may know of the model around one layer's prompt, beyond its q/k/v: given by the in-model
+    generation (`attnbench.generation`), absent (None) in a per-call decode run on synthetic inputs. A method that
+    needs a field it is not given says so (`AttentionVariant.needs_model`)."""
+
+    layer: int = 0  # this self-attention layer's index
+    layers: int = 1  # the model's self-attention layers
+    rotary: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None  # positions (n,) -> cos, sin (n, d): the model's
+    # rotary embedding, rotate-half convention (q_rot = q cos + rotate_half(q) sin): what un-rotates the prompt's q
+    out_proj: Tensor | None = None  # the layer's output projection weight (hidden, h * e): CriticalKV's ||W_o v||
+    question: int = 0  # of the prompt's last positions, how many are the question (question-aware protocol)
+    pass_scores: Tensor | None = None  # (b, g, n) per position, from a model-level pass of its own (KVzip's repeat)
+
+
+@dataclass(frozen=True)
 class Hyperparameter:
     """A declared hyperparameter: its default, its type, the values it may take, and what it means."""
 
@@ -379,6 +394,21 @@ class AttentionVariant(ABC):
         end of an exact prefill, kvpress's protocol). This default calls `prefill` and drops its outputs; a variant
         overrides it to skip that work."""
         return self.prefill(q, k, v, room=room)[1]
+
+    needs_model: ClassVar[str | None] = None  # why a per-call run cannot score (an extra pass of the model): generate only
+    # a generation grid sets its cache from a share through `budget` (positions kept per head), at least
+    # `smallest_budget` (kvpress's presses: `attnbench.variants.press.ScoredPress`)
+    budget_knob: ClassVar[bool] = False
+
+    @classmethod
+    def smallest_budget(cls, hparams: dict[str, Any]) -> int:
+        """With `budget_knob`: the fewest positions it can keep (a window it always keeps, plus one)."""
+        return 1
+
+    def for_prompt(self, context: PromptContext) -> "AttentionVariant":
+        """This variant as it meets one layer's prompt inside a model (`PromptContext`): itself unless it reads the
+        model around the layer (a layer's budget, the rotary embedding, the output projection, an extra pass)."""
+        return self
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         """One new token: q, k, v (b, h, 1, d) -> its output (b, h, 1, e) and the state with the token in it (the

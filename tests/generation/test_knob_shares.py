@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from attnbench.generation.budgets import KNOBS, at_share, tokens_kept
+from attnbench.generation.budgets import OWN_KNOBS, at_share, knobs, tokens_kept
 from attnbench.generation.layers import kv_for
 from attnbench.interface import AttentionVariant, DecodeState
 from attnbench.registry import registry
@@ -43,6 +43,7 @@ SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("topk", {"score": "minmax", "block_size": 8, "keep_first_block": True, "select_per": "query-head"}),
     ("topk", {"score": "minmax", "block_size": 32, "keep_first_block": False, "select_per": "query-head"}),
 ]
+SETTINGS += [(name, {}) for name in knobs() if name not in {n for n, _ in SETTINGS}]  # every other press, by default
 
 
 @lru_cache(maxsize=len(LENGTHS))
@@ -60,8 +61,8 @@ def floor(name: str, p: dict[str, Any]) -> int:
         return max(p["sinks"], p["global_tokens"]) + 1
     if name == "h2o":
         return max(1, p["recent"] or 0)
-    if name == "snapkv":
-        return p["window"] + 1
+    if name not in OWN_KNOBS:  # a scored press (SnapKV: its window, plus one)
+        return registry.load(name).smallest_budget(p)
     return 1 + int(p["keep_first_block"])  # topk: its current page, and the first when kept
 
 
@@ -106,4 +107,4 @@ def test_a_knob_keeps_exactly_its_share(name: str, setting: dict[str, Any]) -> N
 
 
 def test_every_knob_is_covered() -> None:
-    assert {name for name, _ in SETTINGS} == set(KNOBS)
+    assert {name for name, _ in SETTINGS} == set(knobs())

@@ -241,11 +241,11 @@ def _finish(folder: Path, meta: dict) -> int:
     from attnbench.report.generation import terminal_summary, write_generation_report
     from attnbench.runfolder.generations import read_generations
 
-    from attnbench.generation.budgets import KNOBS
+    from attnbench.generation.budgets import knobs
 
     rows = read_generations(folder)
     missing = missing_units(folder)
-    reads = bool(rows.variant.isin([name for name, knob in KNOBS.items() if knob.reads_only]).any())
+    reads = bool(rows.variant.isin([name for name, knob in knobs().items() if knob.reads_only]).any())
     report = write_generation_report(folder, rows, meta, missing or 0, reads)
     print(terminal_summary(rows, terminal_width()))
     if missing:

@@ -57,14 +57,14 @@ def causal_mark(cls: type[AttentionVariant]) -> str:
 
 def print_aliases(width: int) -> None:
     """The papers' names `attnbench generate` takes: what each runs, and its paper's parameters as the variant's."""
-    from attnbench.generation.budgets import KNOBS
+    from attnbench.generation.budgets import knob_of
     from attnbench.generation.grid import ALIASES, PAPER_PARAMETERS, alias_method
 
     print("\n" + textwrap.fill("papers' names (attnbench generate --methods): each a setting of a variant; it takes "
                                "its paper's parameter names (paper's -> variant's) and the variant's own", width))  # fmt: skip
     for alias in ALIASES:
         method = alias_method(alias)
-        swept = f"; {KNOBS[method.variant.name].parameter} set by --keep" if method.swept else ""
+        swept = f"; {knob_of(method.variant.name).parameter} set by --keep" if method.swept else ""
         print(textwrap.fill(f"{alias:<17} = {method.label()}{swept}", width, subsequent_indent=" " * 20))
         for key, parameter in PAPER_PARAMETERS.get(alias, {}).items():
             said = f"{key} -> {parameter.sets}: {parameter.doc}"

@@ -25,6 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from attnbench.interface import AttentionVariant
+from attnbench.registry import Registry
+from attnbench.registry import registry as default_registry
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -36,18 +40,45 @@ class Knob:
     appends: bool = False  # its own steps append every later token (SnapKV): fixed-total keeps room for them
 
 
-KNOBS: dict[str, Knob] = {
+OWN_KNOBS: dict[str, Knob] = {  # the families with a cache rule of their own
     "band": Knob("window", lambda tokens, p: max(0, tokens - max(p["sinks"], p["global_tokens"]) - 1)),
     "h2o": Knob("budget", lambda tokens, p: max(1, p["recent"] or 0, tokens)),
-    "snapkv": Knob("budget", lambda tokens, p: max(p["window"] + 1, tokens), appends=True),
     "topk": Knob(
         "top_k", lambda tokens, p: max(0, tokens // p["block_size"] - 1 - int(p["keep_first_block"])), reads_only=True
     ),
 }
 
 
-def knob_of(name: str) -> Knob | None:
-    return KNOBS.get(name)
+def press_knob(press: type[AttentionVariant]) -> Knob:
+    """Every variant that declares `budget_knob` (kvpress's presses, `attnbench.variants.press.ScoredPress`: SnapKV,
+    Knorm, ...): `budget` = T positions per head, at least its `smallest_budget`; its steps append."""
+    return Knob("budget", lambda tokens, p: max(press.smallest_budget(p), tokens), appends=True)
+
+
+def _press(registry: Registry, name: str) -> type[AttentionVariant] | None:
+    """The variant's class when it declares `budget_knob`, else None (unknown or broken: the registry says why)."""
+    try:
+        cls = registry.load(name)
+    except Exception:
+        return None
+    return cls if getattr(cls, "budget_knob", False) else None
+
+
+def knobs(registry: Registry = default_registry) -> dict[str, Knob]:
+    """Every registered variant with a cache knob: the own rules above, and every press (a plugin's too)."""
+    found = dict(OWN_KNOBS)
+    for name in registry.names():
+        if name not in found and (press := _press(registry, name)) is not None:
+            found[name] = press_knob(press)
+    return found
+
+
+def knob_of(name: str, registry: Registry = default_registry) -> Knob | None:
+    """The knob that sets a variant's cache from a share, or None (a method run once, whatever the share)."""
+    if name in OWN_KNOBS:
+        return OWN_KNOBS[name]
+    press = _press(registry, name)
+    return press_knob(press) if press is not None else None
 
 
 def tokens_kept(share: float, n: int) -> int:
@@ -59,6 +90,7 @@ def tokens_kept(share: float, n: int) -> int:
 def at_share(name: str, hparams: dict[str, Any], share: float, n: int, reserve: int = 0) -> dict[str, Any]:
     """The variant's hyperparameters (every one resolved) with its knob set for `share` of a prompt of n tokens;
     `reserve` tokens fewer for a method whose steps append (the fixed-total rule's room for what follows)."""
-    knob = KNOBS[name]
+    knob = knob_of(name)
+    assert knob is not None, f"{name} has no cache knob"
     tokens = tokens_kept(share, n) - (reserve if knob.appends else 0)
     return {**hparams, knob.parameter: knob.value(max(1, tokens), hparams)}

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnbench.generation.context import layer_contexts
 from attnbench.generation.layers import ExactPrompt, Method, MethodRows
 from attnbench.model import attention as hf_attention
 from attnbench.model.attention import IMPLEMENTATION
@@ -84,11 +85,13 @@ class InModelDecoder:
         rule: str = "kvpress",
         after_question: Callable[[MethodRows, list[int]], None] | None = None,
         stop_lines: bool = True,
+        question_tokens: int = 0,
     ) -> list[RowResult]:
         """Each method through the prompt (n,), then `follow` (t,) for every row, then `forced` (f,) teacher-forced or
         `new_tokens` greedy, under the budget `rule` (`attnbench.generation.kept`): one RowResult per method, in
         order. An answer ends at end of text, or with `stop_lines` at its first newline once it has begun (every
-        built-in answer is one line), or when it loops (`looping`). `after_question(rows, order)` is called once every row has taken the question (before the first answer
+        built-in answer is one line), or when it loops (`looping`). `question_tokens`: how many of the prompt's last
+        tokens are the question (question-aware: what a question-aware press reads, `PromptContext.question`). `after_question(rows, order)` is called once every row has taken the question (before the first answer
         token; rows are then dropped from the batch as their answers end). Kept until the next run: `phases`, seconds per
         phase (`PHASES`)."""
         follow = prompt.new_zeros(0) if follow is None else follow
@@ -107,7 +110,7 @@ class InModelDecoder:
             phases["prompt masses"] = exact.masses_s
             phases["exact prefill"] = time.perf_counter() - started - exact.masses_s  # one exact pass, shared
             started = time.perf_counter()
-            rows.from_exact(exact)
+            rows.from_exact(exact, layer_contexts(self.model, len(exact.layers), question_tokens))
             phases["state builds"] = time.perf_counter() - started
             del exact
             logits.append(exact_logits.expand(len(shared), -1))

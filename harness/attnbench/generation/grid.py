@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from attnbench.generation.budgets import KNOBS, at_share
+from attnbench.generation.budgets import OWN_KNOBS, at_share, knob_of
 from attnbench.generation.kept import BUDGET_RULES
 from attnbench.generation.layers import DECODES, PREFILLS
 from attnbench.generation.tasks import ALIASES as TASK_ALIASES
@@ -67,10 +67,10 @@ class PaperParameter:
 
 QUEST_PARAMETERS = {  # the names of Quest's code: its kernels' page_size, its evaluation's token_budget
     "page_size": PaperParameter("block_size", "tokens per page (Quest's page_size)", 1),
-    "token_budget": PaperParameter(  # one rule with the share's: budgets.KNOBS["topk"]
+    "token_budget": PaperParameter(  # one rule with the share's: budgets.OWN_KNOBS["topk"]
         "top_k", "tokens a step reads per query head, in whole pages, its current page among them (Quest's "
         "token_budget): top_k = token_budget // page_size - 1 ranked pages, one fewer with a forced first page", 1,
-        KNOBS["topk"].value,
+        OWN_KNOBS["topk"].value,
     ),
 }  # fmt: skip
 PAPER_PARAMETERS: dict[str, dict[str, PaperParameter]] = {  # an alias -> its paper's names, mapped in this order
@@ -99,7 +99,7 @@ class MethodSpec:
     @property
     def swept(self) -> bool:
         """Its cache follows the grid's shares (a knob the table does not set; exact decoding keeps every key)."""
-        knob = KNOBS.get(self.variant.name)
+        knob = knob_of(self.variant.name)
         return knob is not None and knob.parameter not in dict(self.variant.params) and self.decode == "own"
 
     def label(self) -> str:
@@ -115,7 +115,7 @@ class MethodSpec:
 
 def default_prefill(name: str) -> str:
     """A KV-cache method (a knob on its cache) and full meet an exact prompt; any other its own prefill."""
-    return "dense" if name in KNOBS or name == "full" else "own"
+    return "dense" if knob_of(name) is not None or name == "full" else "own"
 
 
 @dataclass(frozen=True)
@@ -394,7 +394,7 @@ def oversized(methods: tuple[MethodSpec, ...], seq_lens: tuple[int, ...], regist
         return []
     longest, problems = max(seq_lens), []
     for method in methods:
-        knob = KNOBS.get(method.variant.name)
+        knob = knob_of(method.variant.name, registry)
         params = dict(method.variant.params)
         if knob is None or knob.parameter not in params:
             continue

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnbench.generation.kept import BUDGET_RULES, appends_after_prompt, attend_appended, batched, row_held_bytes
-from attnbench.interface import AttentionVariant, DecodeState, expand_kv_heads, query_group
+from attnbench.interface import AttentionVariant, DecodeState, PromptContext, expand_kv_heads, query_group
 from attnbench.ops import (
     KVCache,
     attention_and_masses,
@@ -231,19 +231,23 @@ class MethodRows:
     def own_decode(self, row: int) -> bool:
         return self.methods[row].decode == "own"
 
-    def from_exact(self, exact: ExactPrompt) -> None:
+    def from_exact(self, exact: ExactPrompt, contexts: list[PromptContext] | None = None) -> None:
         """Each layer's state of every row built from the exact prompt's q/k/v (the outputs are the exact model's): the
-        rows share that one prompt (a batch of 1). H2O's prompt masses come from the exact pass when it kept them."""
+        rows share that one prompt (a batch of 1). H2O's prompt masses come from the exact pass when it kept them;
+        `contexts` (one per layer): what a method may read of the model around the layer (`for_prompt`)."""
         if any(q.shape[0] != 1 for q, _, _ in exact.layers):
             raise ValueError("the exact prompt is one sequence that every row shares (batch 1)")
         self.states = []
         for layer, (q, k, v) in enumerate(exact.layers):
             if exact.masses:
                 remember_mass(q, k, exact.masses[layer])
+            context = contexts[layer] if contexts is not None else PromptContext(layer, len(exact.layers))
             states = []
             for row in range(len(self.methods)):
                 started = time.perf_counter()
-                states.append(layer_state(self.variant_at(row, layer), q, k, v, self.room, self.own_decode(row)))
+                variant = self.variant_at(row, layer)
+                variant = variant.for_prompt(context) if variant is not None else None
+                states.append(layer_state(variant, q, k, v, self.room, self.own_decode(row)))
                 self.build_s[row] += time.perf_counter() - started
             self.states.append(states)
 

@@ -113,6 +113,7 @@ def run_unit(job: UnitJob) -> UnitOutcome:
                 rule=job.grid.budget_rule,
                 after_question=time_steps if done == 1 else None,
                 stop_lines=stops_at_newline(job.grid, job.unit, sample),
+                question_tokens=len(sample.question) if aware else 0,
             )
             for phase, seconds in decoder.phases.items():
                 phases[phase] += seconds
