@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from attnbench.generation.budgets import OWN_KNOBS, at_share, knobs, tokens_kept
+from attnbench.generation.budgets import at_share, knob_of, knobs, tokens_kept
 from attnbench.generation.layers import kv_for
 from attnbench.interface import AttentionVariant, DecodeState
 from attnbench.registry import registry
@@ -57,13 +57,8 @@ def prompt(n: int) -> tuple[Tensor, Tensor, Tensor]:
 
 def floor(name: str, p: dict[str, Any]) -> int:
     """The fewest positions a setting holds (Quest: pages it reads), whatever the share: the budgets docstring's."""
-    if name == "band":
-        return max(p["sinks"], p["global_tokens"]) + 1
-    if name == "h2o":
-        return max(1, p["recent"] or 0)
-    if name not in OWN_KNOBS:  # a scored press (SnapKV: its window, plus one)
-        return registry.load(name).smallest_budget(p)
-    return 1 + int(p["keep_first_block"])  # topk: its current page, and the first when kept
+    least = knob_of(name).floor(p)
+    return least // p["block_size"] if name == "topk" else least  # Quest's in pages
 
 
 def held(variant: AttentionVariant, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> list[int]:
@@ -108,3 +103,15 @@ def test_a_knob_keeps_exactly_its_share(name: str, setting: dict[str, Any]) -> N
 
 def test_every_knob_is_covered() -> None:
     assert {name for name, _ in SETTINGS} == set(knobs())
+
+
+def test_a_share_below_the_smallest_setting_is_clamped_and_said() -> None:
+    """kvpress's #264: a ratio that would evict the whole cache; here the method's smallest setting, said."""
+    from attnbench.generation.budgets import clamp_note
+
+    snapkv = registry.create("snapkv").hparams
+    note = clamp_note("snapkv", snapkv, 1e-4, 2048)
+    assert note is not None and "clamped to 33" in note  # its window of 32, plus one
+    assert clamp_note("snapkv", snapkv, 0.5, 2048) is None
+    assert "clamped to 1" in (clamp_note("h2o", registry.create("h2o").hparams, 1e-4, 2048) or "")
+    assert clamp_note("full", {}, 1e-4, 2048) is None  # no knob: nothing to clamp

@@ -101,7 +101,7 @@ def _methods(text: str | None) -> list | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from attnbench.generation.grid import DEFAULT_GRID, grid_descriptions, read_grid
+    from attnbench.generation.grid import DEFAULT_GRID, clamp_notes, grid_descriptions, read_grid
     from attnbench.generation.preflight import DEFAULT_MODEL, PreflightError, check
     from attnbench.generation.run import GRID_FILE
     from attnbench.plan.config import ConfigError
@@ -147,6 +147,8 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as error:  # ConfigError lists every problem
         print(str(error) if isinstance(error, ConfigError) else f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
+    for note in clamp_notes(grid):
+        print(f"attnbench: note: {note}", file=sys.stderr)
     model_dir = args.model or _model_of(folder) or DEFAULT_MODEL
     try:
         tokenizer = check(grid, model_dir)

@@ -36,23 +36,26 @@ class Knob:
 
     parameter: str
     value: Callable[[int, dict[str, Any]], int]  # (tokens kept, the variant's hyperparameters) -> the knob's value
+    floor: Callable[[dict[str, Any]], int]  # the fewest tokens a setting keeps (Quest: reads), whatever the share
     reads_only: bool = False  # the knob sets what a step reads; the cache keeps everything (Quest)
     appends: bool = False  # its own steps append every later token (SnapKV): fixed-total keeps room for them
 
 
 OWN_KNOBS: dict[str, Knob] = {  # the families with a cache rule of their own
-    "band": Knob("window", lambda tokens, p: max(0, tokens - max(p["sinks"], p["global_tokens"]) - 1)),
-    "h2o": Knob("budget", lambda tokens, p: max(1, p["recent"] or 0, tokens)),
+    "band": Knob("window", lambda tokens, p: max(0, tokens - max(p["sinks"], p["global_tokens"]) - 1),
+                 lambda p: max(p["sinks"], p["global_tokens"]) + 1),
+    "h2o": Knob("budget", lambda tokens, p: max(1, p["recent"] or 0, tokens), lambda p: max(1, p["recent"] or 0)),
     "topk": Knob(
-        "top_k", lambda tokens, p: max(0, tokens // p["block_size"] - 1 - int(p["keep_first_block"])), reads_only=True
+        "top_k", lambda tokens, p: max(0, tokens // p["block_size"] - 1 - int(p["keep_first_block"])),
+        lambda p: (1 + int(p["keep_first_block"])) * p["block_size"], reads_only=True,
     ),
-}
+}  # fmt: skip
 
 
 def press_knob(press: type[AttentionVariant]) -> Knob:
     """Every variant that declares `budget_knob` (kvpress's presses, `attnbench.variants.press.ScoredPress`: SnapKV,
     Knorm, ...): `budget` = T positions per head, at least its `smallest_budget`; its steps append."""
-    return Knob("budget", lambda tokens, p: max(press.smallest_budget(p), tokens), appends=True)
+    return Knob("budget", lambda tokens, p: max(press.smallest_budget(p), tokens), press.smallest_budget, appends=True)
 
 
 def _press(registry: Registry, name: str) -> type[AttentionVariant] | None:
@@ -94,3 +97,17 @@ def at_share(name: str, hparams: dict[str, Any], share: float, n: int, reserve: 
     assert knob is not None, f"{name} has no cache knob"
     tokens = tokens_kept(share, n) - (reserve if knob.appends else 0)
     return {**hparams, knob.parameter: knob.value(max(1, tokens), hparams)}
+
+
+def clamp_note(name: str, hparams: dict[str, Any], share: float, n: int, label: str = "") -> str | None:
+    """What a share below a method's smallest setting becomes, said (kvpress's #264: a ratio that would evict the whole
+    cache): None when the share's own count stands."""
+    knob = knob_of(name)
+    if knob is None or n <= 0:
+        return None
+    asked, floor = share * n, knob.floor(hparams)
+    if tokens_kept(share, n) >= floor and asked >= 0.5:
+        return None
+    held = min(n, floor)
+    return (f"{label or name} at keep {share:g} of N={n} would keep {asked:.3g} tokens per head: clamped to {held}, its smallest "
+            f"setting{' (every page it reads)' if knob.reads_only else ''}")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from attnbench.generation.budgets import OWN_KNOBS, at_share, knob_of
+from attnbench.generation.budgets import OWN_KNOBS, at_share, clamp_note, knob_of
 from attnbench.generation.kept import BUDGET_RULES
 from attnbench.generation.layers import DECODES, PREFILLS
 from attnbench.generation.tasks import ALIASES as TASK_ALIASES
@@ -189,6 +189,21 @@ class GenerationGrid:
             for share in self.keep:
                 out.append(Setting(method, share, tuple(sorted(at_share(method.variant.name, hparams, share, n, reserve).items()))))
         return out
+
+
+def clamp_notes(grid: GenerationGrid, registry: Registry = default_registry) -> list[str]:
+    """Each swept method's share that its smallest setting overrides at some N of the grid, said once."""
+    notes = []
+    for method in grid.methods:
+        if not method.swept:
+            continue
+        hparams = registry.create(method.variant.name, **dict(method.variant.params)).hparams
+        for n in grid.seq_lens:
+            for share in grid.keep:
+                note = clamp_note(method.variant.name, hparams, share, n, method.label())
+                if note is not None and note not in notes:
+                    notes.append(note)
+    return notes
 
 
 def row_key(unit: Unit, sample: int, setting: Setting) -> str:
