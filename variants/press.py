@@ -86,7 +86,7 @@ class ScoredPress(KVCompression):
         return bound
 
     def unsupported_reason(self, **options: Any) -> str | None:
-        if options.get("decode") and self.needs_model:
+        if options.get("decode") and self.needs_model and not options.get("in_model"):
             return f"{self.name} needs the model around each layer ({self.needs_model}): attnbench generate only"
         return super().unsupported_reason(**options)
 
@@ -105,7 +105,8 @@ class ScoredPress(KVCompression):
         if self.critical:
             from attnbench.variants.press_wrappers import critical_scores
 
-            scores = critical_scores(scores, v, budget, self.context, self.name)
+            scores = critical_scores(scores, v, budget, self.context, self.name, adaptive=self.heads == "adaptive",
+                                     safeguard=self.safeguard)
         if self.chunk > 1:
             from attnbench.variants.press_wrappers import chunk_scores
 

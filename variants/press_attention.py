@@ -1,5 +1,5 @@
 """Presses that score the prompt's positions by the attention the prompt's own queries pay them (kvpress's
-attention-based scorers): SnapKV's observation window.
+attention-based scorers): SnapKV's observation window, TOVA's last query, ObservedAttention's whole prompt.
 
 - `snapkv` (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before Generation"; kvpress's SnapKVPress):
   at the end of the prompt the last `window` queries (the observation window) vote: their softmax weights on the
@@ -7,6 +7,14 @@ attention-based scorers): SnapKV's observation window.
   brings its neighbours), per query head; under grouped-query attention a key/value head's score is the mean of its
   query heads' pooled votes (kvpress's SnapKVPress.score, kvpress/presses/snapkv_press.py); per head the top budget -
   window prefix positions are kept, and the window.
+- `tova` (Oren et al. 2024, "Transformers are Multi-State RNNs"; kvpress's TOVAPress, tova_press.py): the last
+  query's softmax weights on the earlier keys, averaged over every query head (one ranking for all the heads, as
+  kvpress does), the last position kept (scored max + 1: kvpress's slight departure from TOVA, which does not force
+  it).
+- `observed-attention` (kvpress's ObservedAttentionPress, observed_attention_press.py, after H2O's score, Zhang et
+  al. 2023): the attention each key receives from the whole prompt, the sum of its causal weights over the queries
+  that see it divided by their number, averaged over each key/value head's query heads; computed 256 queries at a
+  time (`attnbench.ops.prompt_mass`), never n x n, where kvpress reads the eager attention matrix.
 
 b - batch, h - query heads, g - key/value heads, n - prompt positions, d - head dim
 """
@@ -15,9 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from attnbench.interface import Cost, Hyperparameter, Shape, VariantError, query_group
-from attnbench.ops import group_mean
+from attnbench.ops import SCORE_CHUNK, group_mean, prompt_mass
 from torch import Tensor
 
 from attnbench.variants.kv_compression import POOLS, pooled, window_votes
@@ -57,13 +66,63 @@ class SnapKV(ScoredPress):
         return hparams["window"] + 1
 
     def score(self, q: Tensor, k: Tensor, v: Tensor | None = None) -> Tensor:
-        """(b, g, n): the prefix positions' votes, pooled per query head then averaged over each key/value head's
+        """(b, g, n): the prefix positions' votes (averaged over the window, as kvpress's, so CriticalKV's epsilon
+        weighs alike; the ranking is the sum's), pooled per query head then averaged over each key/value head's
         query heads (kvpress's SnapKVPress.score: pooled before the group's mean, which differs from pooling the
         mean for max pooling), the window's +inf (always kept)."""
-        votes = pooled(window_votes(q, k, self.window), self.kernel, self.pool)  # (b, h, n - window)
+        votes = pooled(window_votes(q, k, self.window) / self.window, self.kernel, self.pool)  # (b, h, n - window)
         return F.pad(group_mean(votes, query_group(q, k)), (0, self.window), value=float("inf"))
 
     def cost(self, shape: Shape) -> Cost:
         n, window = shape.n_k, min(self.window, shape.n_k)
         causal = n * (n + 1) / 2  # the fused kernel's pairs j <= i
         return self.prompt_cost(shape, attention_pairs=causal, scored_pairs=window * n, held_scores=window * n)
+
+
+class TOVA(ScoredPress):
+    """TOVA: the prompt's last query's attention, averaged over every head, decides; the last position is kept."""
+
+    name = "tova"
+    paper = "TOVA (Oren et al. 2024)"
+    press = "TOVAPress"
+    uses_queries = True
+
+    @classmethod
+    def smallest_budget(cls, hparams: dict[str, Any]) -> int:
+        return 2  # the last position, and one more
+
+    def score(self, q: Tensor, k: Tensor, v: Tensor | None = None) -> Tensor:
+        """(b, g, n): the last query's softmax weights on the earlier keys, averaged over all the query heads (not per
+        key/value head: kvpress's TOVAPress.score repeats the mean for every head), the last position max + 1."""
+        votes = window_votes(q, k, 1).mean(dim=1, keepdim=True)  # (b, 1, n - 1)
+        scores = votes.expand(-1, k.shape[1], -1)
+        return F.pad(scores, (0, 1), value=scores.max().item() + 1)
+
+    def cost(self, shape: Shape) -> Cost:
+        n = shape.n_k
+        return self.prompt_cost(shape, attention_pairs=n * (n + 1) / 2, scored_pairs=n, held_scores=n)
+
+
+class ObservedAttention(ScoredPress):
+    """ObservedAttention: the attention each key received over the whole prompt, averaged over the queries that see
+    it."""
+
+    name = "observed-attention"
+    paper = "ObservedAttention (H2O's prompt score, Zhang et al. 2023)"
+    press = "ObservedAttentionPress"
+    uses_queries = True
+    scores_prompt_mass = True  # a model's exact prefill hands it the masses from its own pass
+
+    def score(self, q: Tensor, k: Tensor, v: Tensor | None = None) -> Tensor:
+        """(b, g, n): the mass key j received, the sum of its causal softmax weights over the queries i >= j, divided
+        by their number n - j and averaged over each key/value head's query heads (kvpress's
+        ObservedAttentionPress.score, from the eager attention matrix; here `prompt_mass`, 256 queries at a time)."""
+        n = k.shape[-2]
+        mass = prompt_mass(q, k)  # (b, g, n)
+        return mass / torch.arange(n, 0, -1, device=mass.device, dtype=mass.dtype)
+
+    def cost(self, shape: Shape) -> Cost:
+        n, chunk = shape.n_k, SCORE_CHUNK
+        scored = sum(min(chunk, n - start) * min(n, start + chunk) for start in range(0, n, chunk))  # rows x keys
+        return self.prompt_cost(shape, attention_pairs=n * (n + 1) / 2, scored_pairs=scored,
+                                held_scores=min(chunk, n) * n)  # fmt: skip

@@ -319,9 +319,11 @@ class AttentionVariant(ABC):
         n_k: int,
         backward: bool = False,
         decode: bool = False,
+        in_model: bool = False,
     ) -> str | None:
         """Why a call with these options cannot run, or None when it can. Nothing is computed. `decode`: generation
-        one token at a time (`prefill` then `step`), which is causal by definition."""
+        one token at a time (`prefill` then `step`), which is causal by definition; `in_model`: inside a model's
+        generation, where a method may read the model around each layer (`needs_model`)."""
         caps = self.supports
         dtype_name = str(dtype).removeprefix("torch.")
         device_type = torch.device(device).type
@@ -399,6 +401,9 @@ class AttentionVariant(ABC):
     # a generation grid sets its cache from a share through `budget` (positions kept per head), at least
     # `smallest_budget` (kvpress's presses: `attnbench.variants.press.ScoredPress`)
     budget_knob: ClassVar[bool] = False
+    # it scores the prompt by the attention mass each key receives (`attnbench.ops.prompt_mass`): a model's exact
+    # prefill takes the masses from its own pass (H2O, ObservedAttention), counted as this method's cost
+    scores_prompt_mass: ClassVar[bool] = False
 
     @classmethod
     def smallest_budget(cls, hparams: dict[str, Any]) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+KVPRESS_SNAPKV = {"window": 64, "kernel": 5, "pool": "avg"}  # kvpress's SnapKVPress defaults (snapkv_press.py)
 QUEST = {"name": "topk", "score": "minmax", "block_size": 16, "dense_layers": 2}
 ALIASES: dict[str, dict[str, Any]] = {
     # Quest as its code selects (evaluation/quest_attention.py, its kernels): pages ranked per query head by the
@@ -15,4 +16,15 @@ ALIASES: dict[str, dict[str, Any]] = {
     # pages ranked by the mean of its query heads' bounds
     "quest-first-page": {**QUEST, "keep_first_block": True, "select_per": "kv-head"},
     "streamingllm": {"name": "band", "sinks": 4},
+    # kvpress's wrapper presses around a scorer (evaluation/evaluate_registry.py), as the scorer's hyperparameters
+    # (`variants.press.WRAPPERS`), around kvpress's own SnapKVPress() (window_size=64, kernel_size=5, average pooling),
+    # as its leaderboard runs them: the rows name kvpress's presses (our `snapkv` keeps the SnapKV authors' settings)
+    "pyramidkv": {"name": "snapkv", **KVPRESS_SNAPKV, "layers": "pyramid"},  # PyramidKVPress: SnapKV under the pyramid of budgets
+    "chunkkv": {"name": "snapkv", **KVPRESS_SNAPKV, "chunk": 20},  # ChunkKVPress(press=SnapKVPress(), chunk_length=20)
+    "criticalkv": {"name": "snapkv", **KVPRESS_SNAPKV, "critical": True},  # the leaderboard's CriticalKV: CriticalKVPress(SnapKVPress())
+    "critical-adakv": {"name": "snapkv", **KVPRESS_SNAPKV, "critical": True, "heads": "adaptive"},  # CriticalAdaKVPress(SnapKVPress())
+    "adakv-snapkv": {"name": "snapkv", **KVPRESS_SNAPKV, "heads": "adaptive"},  # AdaKVPress(SnapKVPress())
+    # the leaderboard's ExpectedAttention: AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))
+    "adakv-expected-attention": {"name": "expected-attention", "heads": "adaptive", "epsilon": 0.01},
+    "adakv-compactor": {"name": "compactor", "heads": "adaptive"},  # the leaderboard's AdaKVPress(CompactorPress())
 }

@@ -55,10 +55,13 @@ def test_every_knob_keeps_about_its_share(name: str) -> None:
     hparams = registry.create(name).hparams
     for share, n in ((0.5, 2048), (0.0625, 2048), (0.25, 1000)):
         variant = registry.create(name, **at_share(name, hparams, share, n))
-        kept = {"band": lambda v: v.sinks + v.window + 1,
-                "topk": lambda v: (v.top_k + 2) * v.block_size}.get(name, lambda v: v.budget)(variant)  # fmt: skip
+        kept = {"band": lambda v: v.sinks + v.window + 1, "think": lambda v: v.key_channels * n,  # ThinK: its channels
+                "topk": lambda v: (v.top_k + 2) * v.block_size,
+                "duo-attention": lambda v: n - v.head_compression_ratio * (n - v.sinks - v.recent),  # a head's mean
+                }.get(name, lambda v: v.budget)(variant)  # fmt: skip
         granularity = variant.block_size if name == "topk" else 1  # Quest keeps whole pages
-        assert abs(kept - share * n) <= granularity
+        floor = variant.sinks + variant.recent if name == "duo-attention" else 0  # every head streaming: 384
+        assert abs(kept - max(share * n, floor)) <= granularity
 
 
 def test_a_set_knob_is_not_swept() -> None:

@@ -16,14 +16,17 @@ import pytest
 import torch
 from attnbench.generation.budgets import at_share, knob_of, knobs, tokens_kept
 from attnbench.generation.layers import kv_for
-from attnbench.interface import AttentionVariant, DecodeState
+from attnbench.interface import AttentionVariant, DecodeState, PromptContext
 from attnbench.registry import registry
 from attnbench.variants.decoding import WindowState
+from attnbench.variants.headwise import RaggedCache
 from attnbench.variants.kv_compression import HeavyHitterCache
+from attnbench.variants.think import ChannelCache
 from attnbench.variants.topk import QuestCache
 from torch import Tensor
 
 HEADS, KV_HEADS = 6, 2  # SmolLM2's grouping in small: 3 query heads a key/value head
+LAYERS = 30  # SmolLM2's: DuoAttention's streaming heads are whole, counted over the model's layers
 SHARES = (1 / 2, 1 / 4, 1 / 8, 1 / 16)
 LENGTHS = (300, 1000, 2048)
 SETTINGS: list[tuple[str, dict[str, Any]]] = [
@@ -42,6 +45,9 @@ SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("topk", {"score": "minmax", "block_size": 8, "keep_first_block": False, "select_per": "kv-head"}),
     ("topk", {"score": "minmax", "block_size": 8, "keep_first_block": True, "select_per": "query-head"}),
     ("topk", {"score": "minmax", "block_size": 32, "keep_first_block": False, "select_per": "query-head"}),
+    ("snapkv", {"heads": "adaptive"}),  # AdaKV: ragged heads, budget on average
+    ("knorm", {"heads": "adaptive"}),
+    ("duo-attention", {"sinks": 4, "recent": 28}),  # whole heads: the mean over a model's layers
 ]
 SETTINGS += [(name, {}) for name in knobs() if name not in {n for n, _ in SETTINGS}]  # every other press, by default
 
@@ -62,7 +68,8 @@ def floor(name: str, p: dict[str, Any]) -> int:
 
 
 def held(variant: AttentionVariant, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> list[int]:
-    """Positions held per head right after the prompt (Quest: the pages its next step reads per query head)."""
+    """Positions held per head right after the prompt (Quest: the pages its next step reads per query head; ThinK,
+    which holds every position: the key channels)."""
     if isinstance(state, WindowState):
         return [int((state.positions >= 0).sum())] * state.keys.shape[1]
     if isinstance(state, HeavyHitterCache):
@@ -76,7 +83,24 @@ def held(variant: AttentionVariant, state: DecodeState, q: Tensor, k: Tensor, v:
         chosen, _ = state.select(q[:, :, n:])  # (b, g, r, s): r = 1 when the group shares one choice
         per_chooser = [len(set(pages)) for pages in chosen.flatten(0, 2).tolist()]
         return per_chooser * (q.shape[1] // (chosen.shape[1] * chosen.shape[2]))  # per query head
+    if isinstance(state, ChannelCache):
+        assert state.length == q.shape[-2] - 1  # every position of the prompt
+        return [state.channels.shape[-1]] * state.channels.shape[1]
+    if isinstance(state, RaggedCache):  # head-wise budgets: each head its own count
+        return state.lengths.flatten().tolist()
     return [state.length] * state.keys.shape[1]  # KVCache (SnapKV)
+
+
+def layer_context(n: int) -> PromptContext:
+    """What the model hands a press about a layer of a prompt of n: here random scores of a pass of its own (KVzip's
+    repeat pass, `PromptContext.pass_scores`)."""
+    return PromptContext(pass_scores=torch.rand(1, KV_HEADS, n, generator=torch.Generator().manual_seed(n)))
+
+
+def held_over_layers(variant: AttentionVariant, q: Tensor, k: Tensor, v: Tensor) -> list[int]:
+    """Positions held per head in each of a model's LAYERS layers (DuoAttention rounds its heads per layer)."""
+    states = [variant.for_prompt(PromptContext(layer, LAYERS)).prefill_state(q, k, v) for layer in range(LAYERS)]
+    return [count for state in states for count in held(variant, state, q, k, v)]
 
 
 @pytest.mark.parametrize("name, setting", SETTINGS, ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in s.items())}"
@@ -89,15 +113,25 @@ def test_a_knob_keeps_exactly_its_share(name: str, setting: dict[str, Any]) -> N
         for share in SHARES:
             tokens = tokens_kept(share, n)
             variant = registry.create(name, **at_share(name, resolved, share, n))
-            state = variant.prefill_state(q[:, :, :n], *kv_for(variant, q[:, :, :n], k[:, :, :n], v[:, :, :n]))
-            got = held(variant, state, q, *kv_for(variant, q, k, v))
+            if name == "duo-attention":
+                got = held_over_layers(variant, q[:, :, :n], k[:, :, :n], v[:, :, :n])
+            else:
+                bound = variant.for_prompt(layer_context(n))
+                state = bound.prefill_state(q[:, :, :n], *kv_for(variant, q[:, :, :n], k[:, :, :n], v[:, :, :n]))
+                got = held(variant, state, q, *kv_for(variant, q, k, v))
             if name == "topk":  # Quest's token budget: whole pages, its current page among them, all while no more
                 expected = min(n // variant.block_size + 1, max(tokens // variant.block_size, floor(name, resolved)))
                 floored += tokens // variant.block_size < floor(name, resolved)
+            elif name == "think":  # its share of the key channels (16 a head), as kvpress prunes int(d * (1 - share))
+                expected = 16 - int(16 * (1 - share))
             else:
                 expected = min(n, max(tokens, floor(name, resolved)))
                 floored += tokens < floor(name, resolved)
-            assert set(got) == {expected}, f"n={n} share={share}: {got} held, {expected} expected ({tokens} tokens)"
+            if setting.get("heads") == "adaptive" or name == "duo-attention":  # head-wise: the mean is the share
+                whole_heads = (n - floor(name, resolved)) / (2 * len(got)) if name == "duo-attention" else 0
+                assert abs(sum(got) / len(got) - expected) <= whole_heads, f"n={n} share={share}: {got} held"
+            else:
+                assert set(got) == {expected}, f"n={n} share={share}: {got} held, {expected} expected ({tokens} tokens)"
     assert floored <= 1, "the floor is the exception: at 1/16 of the shortest prompt at most"
 
 

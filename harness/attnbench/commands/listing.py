@@ -55,6 +55,14 @@ def causal_mark(cls: type[AttentionVariant]) -> str:
     return "only" if accepted == [True] else "yes"
 
 
+def method_source(cls: type[AttentionVariant]) -> str:
+    """'paper: …; kvpress: …' for a KV-cache method that names its paper and kvpress's press of the same rule (the
+    class attributes `paper` and `press`, as every scored press sets them), else ''."""
+    said = [f"{what}: {value}" for what, value in (("paper", getattr(cls, "paper", "")),
+                                                  ("kvpress", getattr(cls, "press", ""))) if value]  # fmt: skip
+    return "; ".join(said)
+
+
 def print_aliases(width: int) -> None:
     """The papers' names `attnbench generate` takes: what each runs, and its paper's parameters as the variant's."""
     from attnbench.generation.budgets import knob_of
@@ -89,6 +97,9 @@ def main(args: argparse.Namespace) -> int:
     width = terminal_width()
 
     def hyperparameters(entry: Any, indent: int) -> None:
+        """The variant's paper and kvpress press where it names them, then its hyperparameters, one line each."""
+        if source := method_source(entry.variant_class):
+            print(textwrap.fill(source, width, initial_indent=" " * indent, subsequent_indent=" " * (indent + 2)))
         for key, spec in entry.variant_class.hyperparameters.items():
             said = f"{key} = {spec.default!r}: {spec.doc}"
             print(textwrap.fill(said, width, initial_indent=" " * indent, subsequent_indent=" " * (indent + 2)))

@@ -10,7 +10,13 @@ share s of a prompt of n tokens is T = round(s n) tokens (`tokens_kept`), counte
 - `topk` (Quest): Quest's token budget is T: a step reads T // page pages per query head (Quest's page budget),
   its current page among them, and every page while the context has no more: top_k = T // page - 1 ranked pages,
   and one fewer with keep_first_block (its forced first page is one of the T // page). Quest keeps every key: what
-  is budgeted is what a step reads, whole pages, so (T // page) page <= T < (T // page + 1) page.
+  is budgeted is what a step reads, whole pages, so (T // page) page <= T < (T // page + 1) page;
+- `think` (ThinK) keeps every token and prunes key channels: its knob is the share itself, key_channels = s of each
+  head's key channels (kvpress sets ThinK's key-channel ratio apart from the compression ratio);
+- `duo-attention` (DuoAttention) keeps whole heads: head_compression_ratio = (n - T) / (n - c), the share of heads made
+  streaming heads (c = sinks + recent positions each; the retrieval heads keep all n), so that the mean per key/value
+  head is T (heads are whole: round(g L ratio) streaming heads over a model's L layers of g); 0 when T >= n, 1 (every
+  head c positions, its floor) when T <= c.
 A prompt no longer than T is kept whole (Quest: every page is read while there are no more than T // page). Below a
 method's smallest setting it holds that instead: band c + 1 positions, h2o `recent` (when set), snapkv window + 1,
 topk its current page (and the first one with keep_first_block). `tests/generation/test_knob_shares.py` checks each
@@ -35,10 +41,12 @@ class Knob:
     """The hyperparameter that sets a family's cache, and its value for a number of kept tokens per head."""
 
     parameter: str
-    value: Callable[[int, dict[str, Any]], int]  # (tokens kept, the variant's hyperparameters) -> the knob's value
+    value: Callable[..., Any]  # (tokens kept | the share, the variant's hyperparameters[, n with of_length]) -> value
     floor: Callable[[dict[str, Any]], int]  # the fewest tokens a setting keeps (Quest: reads), whatever the share
     reads_only: bool = False  # the knob sets what a step reads; the cache keeps everything (Quest)
     appends: bool = False  # its own steps append every later token (SnapKV): fixed-total keeps room for them
+    of_share: bool = False  # `value` takes the share itself, not the tokens it keeps (ThinK's key channels)
+    of_length: bool = False  # `value` takes the prompt's length n too: (tokens, hparams, n) (DuoAttention's heads)
 
 
 OWN_KNOBS: dict[str, Knob] = {  # the families with a cache rule of their own
@@ -48,6 +56,14 @@ OWN_KNOBS: dict[str, Knob] = {  # the families with a cache rule of their own
     "topk": Knob(
         "top_k", lambda tokens, p: max(0, tokens // p["block_size"] - 1 - int(p["keep_first_block"])),
         lambda p: (1 + int(p["keep_first_block"])) * p["block_size"], reads_only=True,
+    ),
+    # ThinK keeps every token: the share sets its key channels' share (values whole); no floor of tokens
+    "think": Knob("key_channels", lambda share, p: min(1.0, share), lambda p: 1, of_share=True),
+    # DuoAttention: the share of heads made streaming (c = sinks + recent positions each) for a mean of T per head
+    "duo-attention": Knob(
+        "head_compression_ratio",
+        lambda tokens, p, n: min(1.0, max(0.0, (n - tokens) / max(1, n - p["sinks"] - p["recent"]))),
+        lambda p: p["sinks"] + p["recent"], appends=True, of_length=True,
     ),
 }  # fmt: skip
 
@@ -95,8 +111,12 @@ def at_share(name: str, hparams: dict[str, Any], share: float, n: int, reserve: 
     `reserve` tokens fewer for a method whose steps append (the fixed-total rule's room for what follows)."""
     knob = knob_of(name)
     assert knob is not None, f"{name} has no cache knob"
-    tokens = tokens_kept(share, n) - (reserve if knob.appends else 0)
-    return {**hparams, knob.parameter: knob.value(max(1, tokens), hparams)}
+    if knob.of_share:
+        return {**hparams, knob.parameter: knob.value(share, hparams)}
+    tokens = max(1, tokens_kept(share, n) - (reserve if knob.appends else 0))
+    if knob.of_length:
+        return {**hparams, knob.parameter: knob.value(tokens, hparams, n)}
+    return {**hparams, knob.parameter: knob.value(tokens, hparams)}
 
 
 def clamp_note(name: str, hparams: dict[str, Any], share: float, n: int, label: str = "") -> str | None:

@@ -2,7 +2,7 @@
 the layer's index among the model's, the rotary embedding (ExpectedAttention un-rotates the prompt's queries and
 averages the rotation over future positions), the layer's output projection (CriticalKV's ||W_o v||), how many of the
 prompt's last tokens are the question (question-aware presses: Finch), and scores from a model-level pass of a
-method's own (KVzip's "repeat the context").
+method's own (KVzip's "repeat the context", `attnbench.generation.repeat_pass`, run by the decoder for its rows).
 
 Read from a Hugging Face decoder of the Llama family (SmolLM2; Qwen, Mistral, Gemma3 share the layout): its
 decoder layers' `self_attn.o_proj` and the model's `rotary_emb`. A model without them gives None, and a method that

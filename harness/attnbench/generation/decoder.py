@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from attnbench.generation.context import layer_contexts
 from attnbench.generation.layers import ExactPrompt, Method, MethodRows
+from attnbench.generation.repeat_pass import RepeatPrompt, RepeatRouter, repeat_scores
 from attnbench.model import attention as hf_attention
 from attnbench.model.attention import IMPLEMENTATION
 
@@ -40,8 +41,9 @@ class RowResult:
     logits: list[Tensor] = field(default_factory=list)  # with keep_logits: (v,) before each greedy token
 
 
-PHASES = ("exact prefill", "own prefills", "prompt masses", "state builds", "question", "steps")  # "prompt masses":
-# H2O's score of the prompt, taken during the exact prefill from its kernel's log-sum-exp, but a cost of H2O's rows
+PHASES = ("exact prefill", "own prefills", "prompt masses", "repeat pass", "state builds", "question", "steps")
+# "prompt masses": H2O's and ObservedAttention's score of the prompt, taken during the exact prefill from its kernel's
+# log-sum-exp, but a cost of their rows; "repeat pass": KVzip's pass of the model repeating the prompt (`repeat_pass`), a cost of its rows
 LOOP = 16  # a reply whose last LOOP tokens are one token has fallen into a greedy loop: it is cut there
 
 
@@ -55,14 +57,18 @@ def looping(tokens: list[int]) -> bool:
 class InModelDecoder:
     """A Hugging Face causal LM whose self-attention goes through attnbench's implementation to a router."""
 
-    def __init__(self, model: nn.Module, stop_ids: set[int], end_ids: set[int] = frozenset()) -> None:  # type: ignore[assignment]
-        """`stop_ids` end an answer once it has begun (a newline); `end_ids` (end of text) end it even before."""
+    def __init__(self, model: nn.Module, stop_ids: set[int],
+                 end_ids: set[int] = frozenset(),  # type: ignore[assignment]
+                 repeat: RepeatPrompt | None = None) -> None:  # fmt: skip
+        """`stop_ids` end an answer once it has begun (a newline); `end_ids` (end of text) end it even before;
+        `repeat`: the repeat requests' tokens, for a method scored by a pass repeating the prompt (KVzip)."""
         hf_attention.register()
         model.set_attn_implementation(IMPLEMENTATION)
-        self.model, self.stop_ids, self.end_ids = model, stop_ids | end_ids, end_ids
+        self.model, self.stop_ids, self.end_ids, self.repeat = model, stop_ids | end_ids, end_ids, repeat
         self.phases: dict[str, float] = {}  # the last run's seconds per phase
 
-    def forward(self, router: ExactPrompt | MethodRows, ids: Tensor, start: int, every: bool = False) -> Tensor:
+    def forward(self, router: ExactPrompt | MethodRows | RepeatRouter, ids: Tensor, start: int,
+                every: bool = False) -> Tensor:  # fmt: skip
         """ids (b, n) at positions start.. -> the last position's logits (b, v) in float32 (`every`: each position's,
         (b, n, v))."""
         hf_attention.ACTIVE = router
@@ -104,18 +110,27 @@ class InModelDecoder:
         phases = dict.fromkeys(PHASES, 0.0)
         if shared:
             started = time.perf_counter()
-            scored = [m.variant.name == "h2o" and m.decodes for m in shared]  # rows that score the prompt's masses
+            scored = [m.variant.scores_prompt_mass and m.decodes for m in shared]  # rows scoring the prompt's masses
             exact = ExactPrompt(with_masses=any(scored))
             exact_logits = self.forward(exact, prompt[None], 0)
             phases["prompt masses"] = exact.masses_s
             phases["exact prefill"] = time.perf_counter() - started - exact.masses_s  # one exact pass, shared
+            repeats = [m.decodes and getattr(m.variant, "repeat_pass", False) for m in shared]  # KVzip's rows
+            pass_scores, started = None, time.perf_counter()
+            if any(repeats):
+                if self.repeat is None:
+                    raise ValueError("kvzip needs the repeat requests' tokens: InModelDecoder(..., "
+                                     "repeat=RepeatPrompt.of(encode)) with the model's tokenizer")  # fmt: skip
+                pass_scores = repeat_scores(self.forward, exact, prompt, self.repeat)
+            phases["repeat pass"] = time.perf_counter() - started
             started = time.perf_counter()
-            rows.from_exact(exact, layer_contexts(self.model, len(exact.layers), question_tokens))
+            rows.from_exact(exact, layer_contexts(self.model, len(exact.layers), question_tokens, pass_scores))
             phases["state builds"] = time.perf_counter() - started
-            del exact
+            del exact, pass_scores
             logits.append(exact_logits.expand(len(shared), -1))
-            prefill_s += [phases["exact prefill"] + built + phases["prompt masses"] * mine
-                          for built, mine in zip(rows.build_s, scored)]  # fmt: skip
+            scoring_s = [phases["prompt masses"] * mine + phases["repeat pass"] * again  # H2O's, KVzip's
+                          for mine, again in zip(scored, repeats)]  # fmt: skip
+            prefill_s += [phases["exact prefill"] + built + paid for built, paid in zip(rows.build_s, scoring_s)]
         if own:
             started, own_rows = time.perf_counter(), MethodRows(own, room, rule)
             logits.append(self.forward(own_rows, prompt[None].expand(len(own), -1), 0))

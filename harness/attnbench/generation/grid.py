@@ -6,7 +6,8 @@ Keys: `tasks` (built-in names, `jsonl:PATH` for a user's file), `seq_lens`, `sam
 inside the prompt, so a method that reads the prompt's last queries sees it), `keep` (shares of the prompt's cache),
 `methods` (the variants grammar of a sweep, or the papers' names, ALIASES, each taking its paper's parameter names as
 well, PAPER_PARAMETERS; each table also taking `prefill` = "dense" | "own", `decode` = "own" |
-"exact" (its sparse prefill, then exact decoding), `dense_layers` and `label`),
+"exact" (its sparse prefill, then exact decoding), `dense_layers`, `label` and `quantize` = "none" | "kivi-4" |
+"kivi-2": what the method keeps after the prompt held in KIVI's quantized cache, `attnbench.generation.kept`),
 `block` (samples per unit of work: one Ray task or one in-process step), `continuation_tokens`, `seed`,
 `stop` ("newline", the default: an answer ends at its first newline once begun, or at end of text, but a user's row
 whose answers may take more than one line runs on, `user_tasks.needs_lines`; "end-of-text": only there or at its
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from attnbench.generation.budgets import OWN_KNOBS, at_share, clamp_note, knob_of
-from attnbench.generation.kept import BUDGET_RULES
+from attnbench.generation.kept import BUDGET_RULES, QUANTIZE
 from attnbench.generation.layers import DECODES, PREFILLS
 from attnbench.generation.tasks import ALIASES as TASK_ALIASES
 from attnbench.generation.tasks import TASKS, TaskError, read_jsonl
@@ -46,7 +47,7 @@ DESCRIPTIVE = ("name", "description", "measured_run_time")
 KEYS = DESCRIPTIVE + ("tasks", "seq_lens", "samples", "protocols", "keep", "methods", "block", "continuation_tokens",
                       "seed", "answer_tokens", "budget_rule", "stop")  # fmt: skip
 STOPS = ("newline", "end-of-text")
-METHOD_KEYS = ("prefill", "dense_layers", "label", "decode")
+METHOD_KEYS = ("prefill", "dense_layers", "label", "decode", "quantize", "protocols")
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,20 @@ NO_QUESTION = "no question"  # a continuation's protocol: nothing follows its co
 @dataclass(frozen=True)
 class MethodSpec:
     """A method of the grid: the variant setting (its knob left to the share where it has one and it is not set),
-    how it meets the prompt, and the first layers kept exact."""
+    how it meets the prompt, the first layers kept exact, and whether what it keeps is quantized."""
 
     variant: VariantSpec
     prefill: str
     dense_layers: int = 0
     name: str = ""  # a short name for tables and plots (`quest`), else the label below
     decode: str = "own"  # its variant's decode form, or "exact": exact decoding after its (sparse) prefill
+    quantize: str = "none"  # what it keeps after the prompt quantized (`kept.QUANTIZE`: "kivi-4", "kivi-2")
+    protocols: tuple[str, ...] = ()  # the grid's protocols it runs under (empty: every one; kvpress runs some presses
+    # question-aware only)
+
+    def runs_under(self, protocol: str | None) -> bool:
+        """It runs in a unit of this protocol (None, or a continuation's, which has no question: always)."""
+        return not self.protocols or protocol is None or protocol == NO_QUESTION or protocol in self.protocols
 
     @property
     def swept(self) -> bool:
@@ -103,19 +111,26 @@ class MethodSpec:
         return knob is not None and knob.parameter not in dict(self.variant.params) and self.decode == "own"
 
     def label(self) -> str:
-        """The variant's label, and how it sits in the model where that is not its default: `topk(score=minmax)
-        [first 2 layers exact]`."""
+        """The variant's label, its quantization, and how it sits in the model where that is not its default:
+        `topk(score=minmax) [first 2 layers exact]`, `snapkv + kivi-2`."""
         if self.name:
             return self.name
         extra = [f"{self.prefill} prefill"] if self.prefill != default_prefill(self.variant.name) else []
         extra += [f"first {self.dense_layers} layers exact"] if self.dense_layers else []
         extra += ["exact decoding"] if self.decode == "exact" else []
-        return self.variant.label() + (f" [{', '.join(extra)}]" if extra else "")
+        quantized = f" + {self.quantize}" if self.quantize != "none" else ""
+        return self.variant.label() + quantized + (f" [{', '.join(extra)}]" if extra else "")
 
 
-def default_prefill(name: str) -> str:
-    """A KV-cache method (a knob on its cache) and full meet an exact prompt; any other its own prefill."""
-    return "dense" if knob_of(name) is not None or name == "full" else "own"
+def default_prefill(name: str, registry: Registry = default_registry) -> str:
+    """A KV-cache method (a knob on its cache, or the kv-cache family: KIVI) and full meet an exact prompt; any other
+    its own prefill."""
+    if knob_of(name, registry) is not None or name == "full":
+        return "dense"
+    try:
+        return "dense" if registry.load(name).family == "kv-cache" else "own"
+    except Exception:  # unknown or broken: the grid's checks say so
+        return "own"
 
 
 @dataclass(frozen=True)
@@ -177,11 +192,15 @@ class GenerationGrid:
                         out.append(Unit(task, n, protocol, tuple(range(start, min(count, start + self.block)))))
         return sorted(out, key=lambda unit: unit.seq_len)  # by N (a stable sort: the tasks' order within one)
 
-    def settings(self, n: int, registry: Registry = default_registry, reserve: int = 0) -> list[Setting]:
+    def settings(self, n: int, registry: Registry = default_registry, reserve: int = 0,
+                 protocol: str | None = None) -> list[Setting]:  # fmt: skip
         """Every method at every share for a prompt of n tokens (a method without a knob once); `reserve`: the tokens
-        that follow it, which the fixed-total rule leaves room for (`budgets.at_share`)."""
+        that follow it, which the fixed-total rule leaves room for (`budgets.at_share`); `protocol`: only the methods
+        that run under it (None: every method)."""
         out = []
         for method in self.methods:
+            if not method.runs_under(protocol):
+                continue
             hparams = registry.create(method.variant.name, **dict(method.variant.params)).hparams
             if not method.swept:
                 out.append(Setting(method, None, tuple(sorted(hparams.items()))))
@@ -209,8 +228,11 @@ def clamp_notes(grid: GenerationGrid, registry: Registry = default_registry) -> 
 def row_key(unit: Unit, sample: int, setting: Setting) -> str:
     """A stable key of one row: resume matches rows by it."""
     method = setting.method
-    return json.dumps([unit.task, unit.seq_len, unit.protocol, sample, method.variant.name, dict(method.variant.params),
-                       method.prefill, method.dense_layers, method.decode, setting.share])  # fmt: skip
+    key = [unit.task, unit.seq_len, unit.protocol, sample, method.variant.name, dict(method.variant.params),
+           method.prefill, method.dense_layers, method.decode, setting.share]  # fmt: skip
+    if method.quantize != "none":  # only when set: the keys of rows that do not quantize stay as they were
+        key.append({"quantize": method.quantize})
+    return json.dumps(key)
 
 
 # ---- reading a grid ----------------------------------------------------------------------------------------------
@@ -294,7 +316,12 @@ def parse_grid(raw: dict[str, Any], source: str = "grid", registry: Registry = d
             problems.append(f"{_flag('protocols', flags)}: {protocol!r} is not one of {', '.join(PROTOCOLS)}.{hint}")
     tasks, jsonl_rows = _tasks(raw.get("tasks"), problems, _flag("tasks", flags)) if "tasks" in raw else ((), {})
     methods = _methods(raw.get("methods"), registry, problems, _flag("methods", flags)) if "methods" in raw else ()
+    for method in methods:
+        if method.protocols and not set(method.protocols) & set(protocols):
+            problems.append(f"{_flag('methods', flags)}: {method.label()} runs under {', '.join(method.protocols)} "
+                            f"alone, none of the grid's protocols ({', '.join(map(str, protocols))})")  # fmt: skip
     problems += oversized(methods, seq_lens, registry, _flag("methods", flags))
+    problems += unquantizable(methods, str(rule), registry, _flag("methods", flags))
     if (problem := name_problem(str(raw.get("name", "")))) is not None:
         problems.append(f"name: {problem}")
     if problems:
@@ -354,7 +381,16 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
         dense = table.get("dense_layers", 0)
         label = table.get("label", "")
         decode = table.get("decode", "own")
+        quantize = table.get("quantize", "none")
+        runs_under = table.get("protocols", [])
         at = f"{where}[{index}] ({name})"
+        if not isinstance(runs_under, list) or not all(p in PROTOCOLS for p in runs_under):
+            problems.append(f"{at}: protocols must be a list of {', '.join(PROTOCOLS)} (the grid's protocols it runs "
+                            f"under; none: all), got {runs_under!r}")  # fmt: skip
+            runs_under = []
+        if quantize not in QUANTIZE:
+            hint = did_you_mean(str(quantize), list(QUANTIZE))
+            problems.append(f"{at}: quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}.{hint}".rstrip("."))
         if not isinstance(label, str):
             problems.append(f"{at}: label must be text, got {label!r}")
             label = ""
@@ -371,15 +407,15 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
         if not isinstance(dense, int) or isinstance(dense, bool) or dense < 0:
             problems.append(f"{at}: dense_layers must be a whole number >= 0, got {dense!r}")
         stripped.append({k: v for k, v in table.items() if k not in METHOD_KEYS})
-        placed.append((prefill, dense, label, decode))
+        placed.append((prefill, dense, label, decode, quantize, tuple(runs_under)))
     methods = []
-    for (prefill, dense, label, decode), table in zip(placed, stripped):
+    for (prefill, dense, label, decode, quantize, runs_under), table in zip(placed, stripped):
         specs, found = parse_variants([table], registry, where)
         problems += found
         for spec in specs:
             variant = registry.create(spec.name, seed=0, **dict(spec.params))
             why = variant.unsupported_reason(device="cpu", dtype="float32", causal=True, padded=False, n_q=64, n_k=64,
-                                             decode=variant.decodes())  # fmt: skip
+                                             decode=variant.decodes(), in_model=True)  # fmt: skip
             if why is not None:
                 problems.append(f"{where}: {spec.label()} cannot generate inside the model (causal, CPU): {why}")
             elif not variant.decodes() and prefill == "dense":
@@ -387,7 +423,8 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
                                 "decoding (full); give prefill = \"own\" (its sparse prefill, then exact decoding)")
             else:
                 own = decode == "own" and variant.decodes()  # a variant without a decode form decodes exactly
-                methods.append(MethodSpec(spec, prefill, dense, label if len(specs) == 1 else "", "own" if own else "exact"))
+                methods.append(MethodSpec(spec, prefill, dense, label if len(specs) == 1 else "", "own" if own else "exact",
+                                          quantize, runs_under))  # fmt: skip
     if isinstance(raw, list) and not raw:
         problems.append(f"{where}: empty; name at least one method (full gives the exact model's own answers)")
     exact = MethodSpec(VariantSpec("full"), "dense")
@@ -422,6 +459,32 @@ def oversized(methods: tuple[MethodSpec, ...], seq_lens: tuple[int, ...], regist
     return problems
 
 
+def unquantizable(methods: tuple[MethodSpec, ...], rule: str, registry: Registry, where: str) -> list[str]:
+    """A method with `quantize` whose state cannot become a quantized cache after the prompt: that takes a set of
+    kept positions, one count for every head, which only appends from then on (`kept.appends_after_prompt`) — the
+    exact model's cache, exact decoding's, what an eviction method kept (a window and H2O under kvpress's rule only:
+    under fixed-total they evict as they step)."""
+    problems = []
+    for method in methods:
+        name, params = method.variant.name, dict(method.variant.params)
+        if method.quantize == "none" or method.decode == "exact" or (name == "full" and params.get("kv_cache", True)):
+            continue
+        knob = knob_of(name, registry)
+        if params.get("heads") == "adaptive" or (knob is not None and knob.of_length):
+            why = ("its heads keep different numbers of positions (AdaKV's adaptive heads, DuoAttention's streaming "
+                   "heads: a ragged cache), a quantized cache one number for every head")  # fmt: skip
+        elif knob is None or knob.reads_only or knob.of_share:
+            why = ("its state is not a set of kept positions (quantize composes with full, exact decoding and the "
+                   "methods that keep positions: a window, H2O, the presses)")  # fmt: skip
+        elif rule == "fixed-total" and not knob.appends:
+            why = ("under the fixed-total rule it evicts as it steps, and a quantized cache only appends: give "
+                   "budget_rule = \"kvpress\" (compressed once, then appended) or drop quantize")  # fmt: skip
+        else:
+            continue
+        problems.append(f"{where}: {method.label()} cannot be quantized: {why}")
+    return problems
+
+
 def same_settings(methods: list[MethodSpec], where: str = "methods") -> list[str]:
     """Two methods under different labels that run one setting (`streamingllm` and `band(sinks=4)`,
     `quest(token_budget=64)` and `quest(top_k=3)`): their rows would share keys and the report keep one label."""
@@ -429,7 +492,7 @@ def same_settings(methods: list[MethodSpec], where: str = "methods") -> list[str
     problems = []
     for method in methods:
         setting = (VariantSpec(method.variant.name, tuple(sorted(method.variant.params))), method.prefill,
-                   method.dense_layers, method.decode)  # fmt: skip
+                   method.dense_layers, method.decode, method.quantize)  # fmt: skip
         if setting in seen and seen[setting] != method.label():
             problems.append(f"{where}: {seen[setting]} and {method.label()} are one setting: give one of them")
         seen.setdefault(setting, method.label())
@@ -475,7 +538,9 @@ def _alias_table(table: dict[str, Any], registry: Registry, problems: list[str],
     papers = PAPER_PARAMETERS.get(alias, {})
     own = registry.load(setting["name"]).hyperparameters
     given = {k: v for k, v in table.items() if k not in ("name", "label")}
-    label = alias + (f"({', '.join(f'{k}={v}' for k, v in given.items())})" if given else "")
+    changed = {k: v for k, v in given.items() if k not in ("protocols", "quantize")}  # where it runs, not what
+    label = alias + (f"({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else "")
+    label += f" + {given['quantize']}" if given.get("quantize", "none") != "none" else ""
     at = f"{where}: {label}"
     out = {**setting, "label": table.get("label", label)}
     for key, value in given.items():

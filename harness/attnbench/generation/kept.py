@@ -13,6 +13,10 @@ Two rules (`BUDGET_RULES`):
 - "fixed-total": every method stays at its share throughout: a sliding window and H2O evict as they step (their own
   rules), SnapKV compresses to its share less the tokens that will follow, Quest reads its share at every step.
 
+A method may also quantize what it kept (`QUANTIZE`: KIVI's cache, `attnbench.variants.quantized`, taken from the
+registry): at that moment its kept positions become a quantized cache instead, the rows of one quantization and one
+kept shape stacked into one, stepped by the cache's own `attend`.
+
 b - rows, g - key/value heads, r - query heads per key/value head, t - new tokens, n - kept positions, d - head dim,
 e - value dim
 """
@@ -23,10 +27,14 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from attnbench.interface import DecodeState, expand_kv_heads
+from attnbench.interface import AttentionVariant, DecodeState, expand_kv_heads
 from attnbench.ops import KVCache, default_scale
+from attnbench.registry import registry
 
 BUDGET_RULES = ("kvpress", "fixed-total")
+# a method's kept positions quantized after the prompt: none, or KIVI's cache at 4 or 2 bits (its group of 32 and
+# residual of 128, the authors' LongBench setting)
+QUANTIZE: dict[str, dict[str, int] | None] = {"none": None, "kivi-4": {"bits": 4}, "kivi-2": {"bits": 2}}
 
 
 def appends_after_prompt(state: DecodeState, rule: str) -> bool:
@@ -35,12 +43,28 @@ def appends_after_prompt(state: DecodeState, rule: str) -> bool:
     return state.kept() is not None and (rule == "kvpress" or not state.evicts)
 
 
-def batched(states: list[DecodeState], room: int) -> KVCache:
-    """One cache of several rows' kept positions (each (1, g, n, d|e), the same n), with room for `room` more."""
+def quantizer(quantize: str) -> AttentionVariant:
+    """The variant whose `quantized(k, v, room)` makes a quantized cache of kept positions (`QUANTIZE`)."""
+    return registry.create("kivi", **(QUANTIZE[quantize] or {}))
+
+
+def batched(states: list[DecodeState], room: int, quantize: str = "none") -> DecodeState:
+    """One cache of several rows' kept positions (each (1, g, n, d|e), the same n), with room for `room` more: a
+    KVCache, or the quantized cache `quantize` names."""
     parts = [state.kept() for state in states]
     keys = torch.cat([k for k, _ in parts])  # type: ignore[misc]
     values = torch.cat([v for _, v in parts])  # type: ignore[misc]
-    return KVCache.of(keys, values, room)
+    if quantize == "none":
+        return KVCache.of(keys, values, room)
+    return quantizer(quantize).quantized(keys, values, room)  # type: ignore[attr-defined]
+
+
+def attend_batched(cache: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """A batched cache's rows through t new tokens (`attend_appended`'s shapes): a KVCache by `attend_appended`, a
+    quantized one by its own `attend` (the same rule over its dequantized positions)."""
+    if isinstance(cache, KVCache):
+        return attend_appended(cache, q, k, v)
+    return cache.attend(q, k, v)  # type: ignore[attr-defined]
 
 
 def attend_appended(cache: KVCache, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -65,6 +89,7 @@ def attend_appended(cache: KVCache, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return rearrange(out, "b g (r t) e -> b (g r) t e", t=t)
 
 
-def row_held_bytes(cache: KVCache) -> int:
-    """What one row of a batched cache holds: its filled keys and values."""
-    return cache.read_bytes // cache.keys.shape[0]
+def row_held_bytes(cache: DecodeState) -> int:
+    """What one row of a batched cache holds (its rows hold alike, every tensor's first axis the rows): its filled
+    keys and values, or its codes, scales, zero points and residual."""
+    return cache.held_bytes // cache.tensors()[0].shape[0]

@@ -29,7 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench.generation.kept import BUDGET_RULES, appends_after_prompt, attend_appended, batched, row_held_bytes
+from attnbench.generation.kept import (
+    BUDGET_RULES,
+    QUANTIZE,
+    appends_after_prompt,
+    attend_appended,
+    attend_batched,
+    batched,
+    row_held_bytes,
+)
 from attnbench.interface import AttentionVariant, DecodeState, PromptContext, expand_kv_heads, query_group
 from attnbench.ops import (
     KVCache,
@@ -46,22 +54,26 @@ DECODES = ("own", "exact")  # the variant's own decode form, or exact decoding a
 
 @dataclass(frozen=True)
 class Method:
-    """One attention setting inside the model: the variant, how it meets the prompt, and how many of the first
-    layers stay exact (Quest leaves the first two dense)."""
+    """One attention setting inside the model: the variant, how it meets the prompt, how many of the first layers stay
+    exact (Quest leaves the first two dense), and whether what it keeps after the prompt is quantized (`QUANTIZE`)."""
 
     variant: AttentionVariant
     prefill: str = "dense"
     dense_layers: int = 0
     label: str = ""
     decode: str = "own"
+    quantize: str = "none"
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILLS:
             raise ValueError(f"prefill must be one of {', '.join(PREFILLS)}; got {self.prefill!r}")
         if self.decode not in DECODES:
             raise ValueError(f"decode must be one of {', '.join(DECODES)}; got {self.decode!r}")
+        if self.quantize not in QUANTIZE:
+            raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)}; got {self.quantize!r}")
         if not self.label:
-            object.__setattr__(self, "label", self.variant.label())
+            quantized = f" + {self.quantize}" if self.quantize != "none" else ""
+            object.__setattr__(self, "label", self.variant.label() + quantized)
 
     @property
     def decodes(self) -> bool:
@@ -174,8 +186,9 @@ class ExactPrompt:
 @dataclass
 class Member:
     """What steps one or several rows of a layer after the prompt: a batched cache of kept positions (`batched`, the
-    rows stepping together by `attend_appended`), or the state of one method's rows, stacked (`DecodeState.stack`:
-    Quest at several budgets) or one row's alone, stepped by the method."""
+    rows stepping together by `attend_batched`: a KVCache, or a quantized cache for rows that quantize), or the state
+    of one method's rows, stacked (`DecodeState.stack`: Quest at several budgets) or one row's alone, stepped by the
+    method."""
 
     rows: list[int]
     state: DecodeState
@@ -259,10 +272,15 @@ class MethodRows:
             stacks: dict[tuple, list[int]] = {}
             members = []
             for row, state in enumerate(self.states[index]):
+                quantize = self.methods[row].quantize
                 if appends_after_prompt(state, self.rule):
                     k, v = state.kept()  # type: ignore[misc]
-                    groups.setdefault((k.shape, v.shape, k.dtype), []).append(row)
+                    groups.setdefault((k.shape, v.shape, k.dtype, quantize), []).append(row)
                     continue
+                if quantize != "none":
+                    raise ValueError(f"{self.methods[row].label}: a {type(state).__name__} is not a set of kept "
+                                     f"positions that only appends under the {self.rule} rule, so it cannot be "
+                                     "quantized: drop quantize from this method")  # fmt: skip
                 if self.rule == "kvpress":
                     state.close_context()
                 key = state.stack_key()
@@ -270,8 +288,9 @@ class MethodRows:
                     members.append(Member([row], state, batched=False))
                 else:  # one method's rows (its variant's step, whatever their budgets)
                     stacks.setdefault((key, self.variant_at(row, index).name, self.own_decode(row)), []).append(row)
-            for rows in groups.values():
-                members.append(Member(rows, batched([self.states[index][r] for r in rows], self.room), batched=True))
+            for (*_, quantize), rows in groups.items():
+                state = batched([self.states[index][r] for r in rows], self.room, quantize)
+                members.append(Member(rows, state, batched=True))
             for rows in stacks.values():
                 states = [self.states[index][r] for r in rows]
                 state = states[0] if len(rows) == 1 else type(states[0]).stack(states)
@@ -305,8 +324,7 @@ class MethodRows:
     def step_member(self, member: Member, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """A member's rows through t new tokens: q (m, h, t, d), k, v (m, g, t, d|e) -> (m, h, t, e)."""
         if member.batched:
-            assert isinstance(member.state, KVCache)
-            return attend_appended(member.state, q, k, v)
+            return attend_batched(member.state, q, k, v)
         row = member.rows[0]  # a stacked state's rows share their method
         out, member.state = layer_step(self.variant_at(row, layer), member.state, q, k, v, self.own_decode(row))
         return out
@@ -330,8 +348,7 @@ class MethodRows:
         held = read = 0
         for layer in range(max(len(self.states), len(self.members))):
             state, index = self.row_states(layer, row)
-            if index is not None:  # a row of a batched cache
-                assert isinstance(state, KVCache)
+            if index is not None:  # a row of a batched cache (plain or quantized)
                 held, read = held + row_held_bytes(state), read + row_held_bytes(state)
             else:
                 held, read = held + state.held_bytes, read + state.read_bytes

@@ -40,7 +40,7 @@ def grid_toml(grid: GenerationGrid) -> str:
 
 def unit_keys(grid: GenerationGrid, unit: Unit) -> list[str]:
     """The keys of every row a unit writes (shares and method specs do not depend on the prompt's length)."""
-    return [row_key(unit, sample, setting) for sample in unit.samples for setting in grid.settings(unit.seq_len)]
+    return [row_key(unit, sample, setting) for sample in unit.samples for setting in grid.settings(unit.seq_len, protocol=unit.protocol)]
 
 
 def units_to_run(grid: GenerationGrid, done: set[str]) -> list[Unit]:
@@ -91,7 +91,7 @@ def failed_rows(grid: GenerationGrid, outcome: UnitOutcome) -> list[GenerationRo
     """A unit that failed whole: an error row for each of its rows, with the reason."""
     unit, host = outcome.job.unit, socket.gethostname() if not outcome.node else ""
     return [setting_row(unit, sample, setting, status="error", reason=outcome.reason, host=host, node=outcome.node)
-            for sample in unit.samples for setting in grid.settings(unit.seq_len)]  # fmt: skip
+            for sample in unit.samples for setting in grid.settings(unit.seq_len, protocol=unit.protocol)]  # fmt: skip
 
 
 def run_grid(
@@ -269,7 +269,7 @@ def grid_estimate(grid: GenerationGrid, units: list[Unit], model_dir: Path, toke
     low, high = [], []
     for unit in units:
         samples = unit_samples(grid, unit, tokenizer)
-        settings = grid.settings(unit.seq_len)  # the shares a row keeps (its hyperparameters do not change its FLOPs)
+        settings = grid.settings(unit.seq_len, protocol=unit.protocol)  # the shares a row keeps (its hyperparameters do not change its FLOPs)
         ranges = [sample_flops(flops, sample, settings, unit.protocol == "question-aware") for sample in samples]
         low.append(sum(r[0] for r in ranges) / speed)
         high.append(sum(r[1] for r in ranges) / speed)

@@ -24,10 +24,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from attnbench.generation.kept import attend_appended
+from attnbench.generation.kept import attend_batched
 from attnbench.generation.layers import MethodRows, layer_step
 from attnbench.interface import DecodeState
-from attnbench.ops import KVCache
 from attnbench.stats import median_interval
 
 FORM = "eager"  # how the steps run: PyTorch operations one by one (no compiled or fused kernel)
@@ -51,12 +50,11 @@ def row_step(rows: MethodRows, layer: int, row: int) -> Callable[[], Callable[[T
     """A maker of fresh single-row steppers of `row` at `layer`: each call copies its state (outside any clock) and
     returns the function that steps the copy through one token q (1, h, 1, d), k, v (1, g, 1, d|e)."""
     state, index = rows.row_states(layer, row)
-    if index is not None:  # a row of a batched cache: its own slice, appended as the batch appends
-        assert isinstance(state, KVCache)
+    if index is not None:  # a row of a batched cache (plain or quantized): its own copy, stepped as the batch steps
 
         def fresh_batched() -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-            mine = KVCache(state.keys[index : index + 1].clone(), state.values[index : index + 1].clone(), state.length)
-            return lambda q, k, v: attend_appended(mine, q, k, v)
+            mine = state.select_rows([index])
+            return lambda q, k, v: attend_batched(mine, q, k, v)
 
         return fresh_batched
     variant, own = rows.variant_at(row, layer), rows.own_decode(row)

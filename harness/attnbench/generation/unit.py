@@ -19,6 +19,7 @@ import torch
 from attnbench.generation.decoder import PHASES, InModelDecoder, RowResult, looping
 from attnbench.generation.grid import JSONL, GenerationGrid, Setting, Unit, row_key
 from attnbench.generation.layers import Method, MethodRows
+from attnbench.generation.repeat_pass import RepeatPrompt
 from attnbench.generation.step_timing import FORM, StepTime, time_rows
 from attnbench.generation.tasks import Sample, build_samples, jsonl_samples, needs_lines, read_jsonl, score
 from attnbench.registry import registry
@@ -57,7 +58,8 @@ def loaded(model_dir: str) -> tuple[Any, Any, InModelDecoder]:
     model, _ = load_model(Path(model_dir))
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     ends = {tokenizer.eos_token_id} - {None}
-    return model, tokenizer, InModelDecoder(model, set(tokenizer.encode("\n", add_special_tokens=False)), ends)
+    stops = set(tokenizer.encode("\n", add_special_tokens=False))
+    return model, tokenizer, InModelDecoder(model, stops, ends, repeat=RepeatPrompt.of(encoder(tokenizer)))
 
 
 def encoder(tokenizer: Any) -> Any:
@@ -93,10 +95,12 @@ def run_unit(job: UnitJob) -> UnitOutcome:
         prompt = sample.context + (sample.question if aware else [])
         follows = (0 if aware else len(sample.question)) + (sample.answer_tokens if sample.answers else 0)
         follows += len(sample.continuation)
-        settings = job.grid.settings(len(prompt), reserve=follows if job.grid.budget_rule == "fixed-total" else 0)
+        settings = job.grid.settings(len(prompt), reserve=follows if job.grid.budget_rule == "fixed-total" else 0,
+                                     protocol=job.unit.protocol)
         try:
             methods = [Method(registry.create(s.method.variant.name, seed=job.grid.seed, **dict(s.hparams)),
-                              s.method.prefill, s.method.dense_layers, s.label(), s.method.decode) for s in settings]  # fmt: skip
+                              s.method.prefill, s.method.dense_layers, s.label(), s.method.decode, s.method.quantize)
+                       for s in settings]  # fmt: skip
             timed: list[list[StepTime] | None] = [None]
 
             def time_steps(rows: MethodRows, order: list[int]) -> None:  # the unit's first sample, before its answer
@@ -191,15 +195,18 @@ def setting_row(unit: Unit, sample: int, setting: Setting, **fields: Any) -> Gen
     return GenerationRow(
         key=row_key(unit, sample, setting), task=unit.task, seq_len=unit.seq_len, protocol=unit.protocol, sample=sample,
         method=method.label(), variant=method.variant.name, hparams=json.dumps(dict(setting.hparams), sort_keys=True),
-        prefill=method.prefill, dense_layers=method.dense_layers, decode=method.decode, share=setting.share, **fields,
+        prefill=method.prefill, dense_layers=method.dense_layers, decode=method.decode,
+        quantize="" if method.quantize == "none" else method.quantize, share=setting.share, **fields,
     )  # fmt: skip
 
 
 def exact_index(settings: list[Setting]) -> int | None:
-    """The row of the exact model among the settings: full with its KV cache, every layer (the grid adds it)."""
+    """The row of the exact model among the settings: full with its KV cache, every layer, unquantized (the grid adds
+    it)."""
     for index, setting in enumerate(settings):
         method = setting.method
-        if method.variant.name == "full" and dict(setting.hparams).get("kv_cache", True) and not method.dense_layers:
+        if (method.variant.name == "full" and dict(setting.hparams).get("kv_cache", True) and not method.dense_layers
+                and method.quantize == "none"):
             return index
     return None
 

@@ -1,11 +1,13 @@
 """The report of a generation grid (`attnbench generate`): what the real model answers while generating with each
-method, placed at what the method costs (the share of the exact cache a step reads, and the share it holds), its
-continuation quality, and what each method holds, reads and costs per token inside the model.
+method, placed at what the method costs (the bytes it holds per token of context, the share of the exact cache a step
+reads and the share it holds), its continuation quality, and what each method holds, reads and costs per token inside
+the model.
 
 The parts: `generation_summary` (rows -> a cell per N, task, protocol, method and budget: accuracy with its Wilson 95%
 interval), `generation_verdict` (the tasks within the model, the ranking by separated intervals, what the run can
-resolve), `generation_cost` (held, read, attention time from the timed rows only), `generation_plots`. This module
-lays them out: the header, the verdict, the plots, the tables; and what the command prints at the end.
+resolve), `generation_cost` (held, read, attention time from the timed rows only), `generation_bytes` (the one axis
+of bytes per token, each row's family), `generation_plots`. This module lays them out: the header, the verdict, the
+plots (the headline first: accuracy against bytes held per token), the tables; and what the command prints at the end.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.report.document import Block, render_html, render_markdown
+from attnbench.report.generation_bytes import bytes_caption, bytes_frame, bytes_lines, bytes_table
 from attnbench.report.generation_cost import cost_caption, cost_table, costs
 from attnbench.report.generation_summary import (
     EXACT, budget_rules, exact_accuracy, flagged_replies, interval_of, n_text, summarize,
@@ -94,8 +97,10 @@ def header_text(folder: Path, rows: pd.DataFrame, meta: dict, reads: bool) -> st
         "every self-attention layer (its own post-rotary q/k/v, its key/value heads); a KV-cache method builds its "
         f"cache from the exact prompt{protocol}, a method with its own prefill runs it. Question-agnostic: "
         "the context is compressed, then the question follows; question-aware: the question is inside the prompt. "
-        f"A budget is the share of the cache a method keeps{quest}; the plots and tables place each at the share of "
-        "the exact cache a step reads and the share it holds."
+        f"A budget is the share of the cache a method keeps{quest}; the headline figure places each at the bytes its "
+        "states hold per token of context (every layer), its family named (eviction, head-wise budgets, quantized, "
+        "page selection, a recurrent state), and the other plots and tables at the share of the exact cache a step "
+        "reads and the share it holds."
     )  # fmt: skip
 
 
@@ -110,13 +115,18 @@ def table_blocks(rows: pd.DataFrame, summary: pd.DataFrame) -> list[Block]:
     ))  # fmt: skip
     frame = costs(rows)
     headers, table = cost_table(frame)
-    return [accuracy, Block("table", headers=headers, rows=table, caption=cost_caption(frame))]
+    blocks = [accuracy, Block("table", headers=headers, rows=table, caption=cost_caption(frame))]
+    held = bytes_frame(rows)
+    if held.held_per_token.notna().any():  # a run from before the byte columns has none
+        headers, table = bytes_table(held)
+        blocks.append(Block("table", headers=headers, rows=table, caption=bytes_caption()))
+    return blocks
 
 
 def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict, missing: int = 0, reads: bool = False) -> list[Block]:
     """The report's blocks: the header, the budget rule and what the run can resolve, the flagged replies, the
     verdict, the plots, the tables, and the generations that failed."""
-    from attnbench.report.generation_plots import plot_accuracy_vs_cost
+    from attnbench.report.generation_plots import plot_accuracy_vs_bytes, plot_accuracy_vs_cost
 
     summary = summarize(rows)
     overall = pooled(rows, summary)
@@ -131,7 +141,8 @@ def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict, missing: int
     blocks += [Block("text", line) for line in verdict_lines(rows, summary)] or [Block("text", "No needle task finished.")]
     if len(summary):
         tasks = sorted(set(within_model(summary).task))
-        plots = plot_accuracy_vs_cost(overall, summary, tasks, folder / "plots", reads)
+        plots = plot_accuracy_vs_bytes(bytes_lines(overall), tasks, folder / "plots")  # the headline, first
+        plots += plot_accuracy_vs_cost(overall, summary, tasks, folder / "plots", reads)
         blocks += [Block("image", str(path.relative_to(folder)), caption=caption) for path, caption in plots]
         blocks += table_blocks(rows, summary)
     failed = rows[rows.status != "ok"]

@@ -18,6 +18,9 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
+from attnbench.report.generation_bytes import (
+    EVICTION, EVICTION_QUANTIZED, EXACT, HEADWISE, OTHER, PAGES, QUANTIZED, RECURRENT, per_token_text,
+)  # fmt: skip
 from attnbench.report.generation_summary import interval_of, n_text
 from attnbench.report.generation_verdict import accuracy_text
 from attnbench.report.plots import FIGURE_WIDTH, PANEL_HEIGHT, Style, _finish, _key, styles, themed
@@ -33,6 +36,13 @@ EXACT_LINE = "#999999"  # the exact model's dashed reference line, and its legen
 RATIO_STEPS = (1, 2, 2.5, 5, 10, 20)  # a narrow ratio axis steps by one of these × 10^k, the finest that fits
 RATIO_LADDERS = ((1, 2, 5), (1, 3), (1,))  # mantissas per decade of a wide ratio axis, finest first
 MAX_TICKS = 6  # a ratio axis labels at most this many values, so its labels never crowd
+FAMILY_STYLES = {  # a family's colour and marker in the headline figure, the same in every report
+    EXACT: Style("#000000", "*", ()), EVICTION: Style("#1f77b4", "o", ()), HEADWISE: Style("#ff7f0e", "s", ()),
+    QUANTIZED: Style("#2ca02c", "D", ()), EVICTION_QUANTIZED: Style("#9467bd", "P", ()),
+    PAGES: Style("#8c564b", "v", ()), RECURRENT: Style("#d62728", "^", ()), OTHER: Style("#7f7f7f", "X", ()),
+}  # fmt: skip
+PROTOCOL_DASHES = ((), (4.0, 2.0))  # the first protocol's lines solid, the second's dashed
+LEGEND_METHODS = 4  # a family's legend names at most this many of its methods
 
 
 def _cost_axis(ax: plt.Axes, ticks: list[float], points: list[float], label: str) -> None:
@@ -197,3 +207,84 @@ def plot_accuracy_vs_cost(
                            "share of the exact cache a step reads (left) and holds (right) (a figure off the scale is "
                            "a triangle at the top edge, its figure in the legend)." + quest))  # fmt: skip
     return made
+
+
+def bytes_ticks(low: float, high: float) -> list[float]:
+    """The powers of two bytes between `low` and `high`, at most MAX_TICKS (every second or third where there are
+    more)."""
+    powers = list(range(math.ceil(math.log2(low)), math.floor(math.log2(high)) + 1))
+    return [2.0**p for p in powers[:: max(1, math.ceil(len(powers) / MAX_TICKS))]]
+
+
+def _line_style(rows: pd.DataFrame, protocols: list[str]) -> Style:
+    """A line's look: its family's colour and marker, dashed for the second protocol."""
+    look = FAMILY_STYLES.get(rows.family.iloc[0], FAMILY_STYLES[OTHER])
+    return Style(look.colour, look.marker, PROTOCOL_DASHES[protocols.index(rows.protocol.iloc[0]) % 2])
+
+
+def _family_name(line: str, methods: list[str]) -> str:
+    """'eviction: h2o, snapkv, +3 more': a line's legend name with the methods it joins."""
+    more = len(methods) - LEGEND_METHODS
+    return f"{line}: {', '.join(methods[:LEGEND_METHODS])}" + (f", +{more} more" if more > 0 else "")
+
+
+@themed
+def _bytes_panels(lines: pd.DataFrame, title: str, subtitle: str, path: Path) -> Path:
+    """A panel per N, one under the other: accuracy (its Wilson interval as bars) against the bytes held per token on
+    a log2 axis, a line per family through its settings in order of bytes, the exact model a star (its interval a
+    band where it is one point); every name in the legend."""
+    ns, protocols = sorted(set(lines.seq_len)), sorted(set(lines.protocol))
+    fig, axes = plt.subplots(len(ns), 1, figsize=(FIGURE_WIDTH, PANEL_HEIGHT * len(ns)), squeeze=False, sharex=True)
+    names = list(dict.fromkeys(lines.line[~lines.exact_method]))
+    shift = {m: 2 ** (DODGE * (i - (len(names) - 1) / 2)) for i, m in enumerate(names)}
+    legend: dict[str, Line2D] = {}
+    for ax, n in zip(axes[:, 0], ns):
+        panel = lines[lines.seq_len == n]
+        for name, rows in panel[~panel.exact_method].groupby("line", sort=False):
+            look = _line_style(rows, protocols)
+            _draw_method(ax, rows, rows.held_per_token * shift[name], "accuracy", None, look)
+            methods = sorted(set(lines[lines.line == name].method))
+            legend[_family_name(name, methods)] = _key(look)
+        exact = panel[panel.exact_method]
+        for r in exact.itertuples():
+            bars = [[100 * (r.accuracy - r.low)], [100 * (r.high - r.accuracy)]]
+            ax.errorbar([r.held_per_token], [100 * r.accuracy], yerr=bars, fmt="*", color=FAMILY_STYLES[EXACT].colour,
+                        markersize=14, capsize=3, zorder=3)  # fmt: skip
+            ax.axhline(100 * r.accuracy, color=EXACT_LINE, linestyle="--", linewidth=1.2)
+        if len(exact) == 1 and exact.high.iloc[0] > exact.low.iloc[0]:
+            ax.axhspan(100 * exact.low.iloc[0], 100 * exact.high.iloc[0], color=EXACT_BAND, alpha=0.6, zorder=0)
+        ax.set_title(f"{'N = ' + format(n, ',') if n else 'own lengths'}", fontsize="medium")
+        ax.set_ylabel("needles answered, % (↑)")
+        ax.set_ylim(-3, 103)
+    low, high = float(lines.held_per_token.min()) / 1.4, float(lines.held_per_token.max()) * 1.4
+    bottom = axes[-1, 0]
+    bottom.set_xscale("log", base=2)
+    bottom.xaxis.set_major_locator(FixedLocator(bytes_ticks(low, high)))
+    bottom.xaxis.set_major_formatter(FuncFormatter(lambda value, _: per_token_text(value)))
+    bottom.xaxis.set_minor_locator(NullLocator())
+    bottom.set_xlim(low, high)
+    bottom.set_xlabel("bytes held per token (every layer, log)")
+    exact = lines[lines.exact_method]
+    words = "" if len(exact) != 1 else (f" {accuracy_text(interval_of(exact.iloc[0]))}, "
+                                        f"{per_token_text(exact.held_per_token.iloc[0])} a token")  # fmt: skip
+    legend[f"exact model (★){words}"] = Line2D([], [], color=FAMILY_STYLES[EXACT].colour, marker="*", markersize=10,
+                                              linestyle="--")  # fmt: skip
+    return _finish(fig, title, subtitle, path, legend)
+
+
+def plot_accuracy_vs_bytes(lines: pd.DataFrame, tasks: list[str], folder: Path) -> list[tuple[Path, str]]:
+    """The report's headline figure from `generation_bytes.bytes_lines` (written only when a method has bytes): accuracy
+    over `tasks` (those within the model) against the bytes each setting holds per token, a line per family."""
+    if lines[~lines.exact_method].empty:
+        return []
+    path = _bytes_panels(lines, "What the model answers for the bytes it holds",
+                         f"{', '.join(tasks)} (the tasks within the model); mean over samples, Wilson 95% interval; "
+                         "every layer's states after the prompt ÷ the prompt's tokens",
+                         folder / "generation-accuracy-vs-bytes.png")  # fmt: skip
+    return [(path, "The headline: accuracy against the bytes a method's states hold per token of context after the "
+                   "prompt (every layer, log scale), a line per family through its settings in order of bytes, a panel "
+                   "per N; the exact model is the star, its accuracy the dashed line. Eviction, head-wise budgets, "
+                   "quantization and recurrent states share this one axis: a recurrent state's fixed bytes are "
+                   "divided by the context the same way, so it sits further left as N grows; page selection (Quest) "
+                   "holds every key, at the exact model's bytes (what it reads is in the bytes table). Points at one "
+                   "cost are spread a few percent apart so their bars stay visible.")]  # fmt: skip

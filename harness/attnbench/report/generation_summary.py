@@ -15,6 +15,7 @@ from attnbench.runfolder.generations import REPLY_FLAGS
 from attnbench.stats import Interval, wilson_interval
 
 EXACT = "full"  # the exact model's label: full attention with its KV cache, every layer
+QUANTIZE = "quantize"  # generations.csv's column of a method's quantized storage ("" none)
 
 
 def budget_rules(rows: pd.DataFrame) -> list[str]:
@@ -45,9 +46,18 @@ def geometric_mean(ratios: list[float]) -> float:
     return math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else math.nan
 
 
+def quantize_of(rows: pd.DataFrame) -> pd.Series:
+    """Per row, its cache's quantized storage (`quantize`: "kivi-4", ...; "" for none, and in runs from before the
+    column)."""
+    if QUANTIZE not in rows:
+        return pd.Series("", index=rows.index, dtype=object)
+    return rows[QUANTIZE].map(lambda value: value if isinstance(value, str) else "")  # NaN: a row without one
+
+
 def is_exact(rows: pd.DataFrame) -> pd.Series:
-    """Which rows are the exact model's: full with its cache, every layer, under its own label."""
-    return (rows.variant == EXACT) & rows.dense_layers.fillna(0).eq(0) & rows.method.eq(EXACT)
+    """Which rows are the exact model's: full with its cache, every layer, in full precision, under its own label."""
+    plain = quantize_of(rows).eq("")
+    return (rows.variant == EXACT) & rows.dense_layers.fillna(0).eq(0) & rows.method.eq(EXACT) & plain
 
 
 SUMMARY_COLUMNS = ["seq_len", "task", "protocol", "method", "share", "samples", "accuracy", "low", "high", "ppl_ratio",

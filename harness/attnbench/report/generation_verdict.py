@@ -6,9 +6,11 @@ EXACT_FLOOR at that N is beyond the model and left out of the verdict, and one k
 wide to decide is said to be. The verdict, per N and budget: the methods' accuracy over the tasks within the model,
 two of them put in order only when their intervals do not overlap (`clearly_above`: stricter than a 5% test on the
 difference, so it errs toward "no clear difference"), the exact model's beside them and each method set against it by
-the same rule. A method whose measured read share is off its nominal budget (Quest ranks pages per query head: at 1/2
-it reads more than the whole cache) says what it reads, so a line never compares unequal costs unsaid. Near the top,
-what the run can resolve: the smallest difference whose intervals separate at its number of samples.
+the same rule; then the setting that holds the fewest bytes per token (`generation_bytes`) without lying clearly
+below the exact model (`below_exact`, the same rule), with its family. A method whose measured read share is off its
+nominal budget (Quest ranks pages per query head: at 1/2 it reads more than the whole cache) says what it reads, so a
+line never compares unequal costs unsaid. Near the top, what the run can resolve: the smallest difference whose
+intervals separate at its number of samples.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ import math
 
 import pandas as pd
 
-from attnbench.report.generation_summary import EXACT, accuracy_interval, exact_accuracy, interval_of, labelled, n_text
+from attnbench.report.generation_bytes import per_token_text, with_bytes
+from attnbench.report.generation_summary import (
+    EXACT, accuracy_interval, exact_accuracy, interval_of, is_exact, labelled, n_text,
+)  # fmt: skip
 from attnbench.report.text import format_percent, recall_text, share_text
 from attnbench.stats import Interval, clearly_above, separable_difference
 
 EXACT_FLOOR = 0.8  # an exact model whose interval lies wholly below this fails the task at that N: beyond the model
+BYTES_TIE = 1e-6  # two settings whose bytes held per token differ by less than this (relative) are tied
 READ_TOLERANCE = 0.1  # a read share within 10% of the budget (a page or sink tokens rounding it) is at the budget
 ABLE, UNDECIDED, BEYOND = "able", "undecided", "beyond"  # the exact model's standing on a task at an N
 
@@ -42,16 +48,18 @@ def within_model(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 POOLED_COLUMNS = ["seq_len", "protocol", "method", "share", "samples", "accuracy", "low", "high", "cache_share",
-                  "read_share", "exact_method", "exact_decoding"]  # fmt: skip
+                  "read_share", "exact_method", "exact_decoding", "family", "held_per_token",
+                  "read_per_token"]  # fmt: skip
 
 
 def pooled(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     """Per (N, protocol, method, share): the mean score over every sample of the needle tasks within the model, its
     Wilson interval over those samples, the mean shares of the exact cache held and read by a step (what the verdict,
-    the plot and the cost table show, one figure each)."""
+    the plot and the cost table show, one figure each), its family and its mean bytes held and read per token
+    (`generation_bytes.with_bytes`)."""
     judged = within_model(summary)
     tasks = set(zip(judged.seq_len, judged.task, judged.protocol))
-    ok = labelled(rows[(rows.status == "ok") & rows.score.notna()])
+    ok = with_bytes(labelled(rows[(rows.status == "ok") & rows.score.notna()]))
     judged_rows = pd.Series([key in tasks for key in zip(ok.seq_len, ok.task, ok.protocol)], index=ok.index, dtype=bool)
     ok = ok[judged_rows].assign(share_key=lambda f: f.share.fillna(-1.0))
     out = []
@@ -60,7 +68,9 @@ def pooled(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         out.append(dict(seq_len=int(n), protocol=protocol, method=method, share=None if share < 0 else float(share),
                         samples=len(at), accuracy=interval.estimate, low=interval.low, high=interval.high,
                         cache_share=at.cache_share.mean(), read_share=at.read_share.mean(),
-                        exact_method=method == EXACT, exact_decoding=bool((at.decode == "exact").any())))  # fmt: skip
+                        exact_method=bool(is_exact(at).all()), exact_decoding=bool((at.decode == "exact").any()),
+                        family=at.family.iloc[0], held_per_token=at.held_per_token.mean(),
+                        read_per_token=at.read_per_token.mean()))  # fmt: skip
     return pd.DataFrame(out, columns=POOLED_COLUMNS)
 
 
@@ -107,12 +117,18 @@ def ranking_text(figures: dict[str, str], intervals: dict[str, Interval]) -> str
     return f"at the top, {overlap}; " + "; ".join(parts)
 
 
+def below_exact(interval: Interval, exact: Interval) -> bool:
+    """Whether a method lies clearly below the exact model: its interval wholly under the exact model's (the ranking's
+    rule, `clearly_above`). The one test of "within the exact model's accuracy": a method not clearly below it is."""
+    return EXACT in clearly_above({"method": interval, EXACT: exact})["method"]
+
+
 def exact_comparison_text(intervals: dict[str, Interval], exact: Interval) -> str:
     """Each method set against the exact model by the ranking's rule (`clearly_above`): 'every method lies clearly
     below it', or which are not clearly below it (their intervals overlap), clearly above it, and clearly below it.
     Names in alphabetical order within each part."""
-    over = clearly_above({**intervals, EXACT: exact})
-    above, below = over[EXACT], sorted(m for m in intervals if EXACT in over[m])
+    above = clearly_above({**intervals, EXACT: exact})[EXACT]
+    below = sorted(m for m in intervals if below_exact(intervals[m], exact))
     level = sorted(m for m in intervals if m not in above and m not in below)
     if len(below) == len(intervals) > 1:
         return "Against the exact model: every method lies clearly below it"
@@ -220,7 +236,50 @@ def verdict_lines(rows: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
         for words_for, which in kinds:
             if which.any():
                 lines.append(f"- {words_for}{beside}: {_ranked(fixed[which], exact_here)}.")
+        if cheapest := cheapest_text(here, exact_here):
+            lines.append(cheapest)
     return lines
+
+
+def cheapest_within(here: pd.DataFrame, exact: Interval, exact_bytes: float) -> pd.DataFrame:
+    """The cheapest settings within the exact model's accuracy, from a pooled frame at one N: of the methods that hold
+    fewer bytes per token than the exact model's `exact_bytes` (every one with its bytes, where that is unknown) and do
+    not lie clearly below it (`below_exact`), those at the fewest bytes held per token (ties within BYTES_TIE, by
+    name); empty when none qualifies."""
+    cheaper = here[~here.exact_method & here.held_per_token.notna()]
+    if exact_bytes == exact_bytes:
+        cheaper = cheaper[cheaper.held_per_token < exact_bytes]
+    within = cheaper[pd.Series([not below_exact(interval_of(r), exact) for r in cheaper.itertuples()],
+                               index=cheaper.index, dtype=bool)]  # fmt: skip
+    if within.empty:
+        return within
+    fewest = within.held_per_token.min()
+    return within[within.held_per_token <= fewest * (1 + BYTES_TIE)].sort_values(["method", "share"])
+
+
+def cheapest_text(here: pd.DataFrame, exact: Interval | None) -> str:
+    """The verdict's line on bytes at one N: the setting(s) holding the fewest bytes per token within the exact model's
+    accuracy (`cheapest_within`), with family and bytes beside the exact model's; that none qualifies, and why; ''
+    without an exact row or without bytes (a run from before the columns)."""
+    if exact is None or here.empty or here[~here.exact_method].held_per_token.isna().all():
+        return ""
+    reference = here[here.exact_method].held_per_token
+    exact_bytes = float(reference.iloc[0]) if len(reference) else math.nan
+    whole = f"the exact model's {per_token_text(exact_bytes)}"
+    head = ("- fewest bytes held per token within the exact model's accuracy (not clearly below its "
+            f"{accuracy_text(exact)})")
+    best = cheapest_within(here, exact, exact_bytes)
+    if best.empty:
+        cheaper = here[~here.exact_method & (here.held_per_token < exact_bytes)]
+        if cheaper.empty:
+            return f"{head}: none; no setting holds fewer bytes per token than {whole}."
+        return f"{head}: none; every setting holding fewer bytes per token than {whole} lies clearly below it."
+    names = [f"{r.method}{'' if r.share is None or r.share != r.share else ' at ' + share_text(r.share)} ({r.family}) "
+             f"{accuracy_text(interval_of(r))}" for r in best.itertuples()]  # fmt: skip
+    held = float(best.held_per_token.iloc[0])
+    beside = f"{held / exact_bytes:.1%} of {whole}" if exact_bytes == exact_bytes else "the exact model's unknown"
+    tied = ", tied" if len(best) > 1 else ""
+    return f"{head}: {and_list(names)}{tied}, holding {per_token_text(held)} per token ({beside})."
 
 
 def _ranked(methods: pd.DataFrame, exact: Interval | None) -> str:

@@ -56,6 +56,21 @@ BUILT_IN_COLOURS = {  # one colour per variant name, the same in every report
     "gla": "#637939",
     "deltanet": "#843c39",
     "gated-deltanet": "#e377c2",
+    # kvpress's presses, DuoAttention's head-wise cache, ThinK's key channels, KIVI's quantized cache (decode)
+    "random": "#aaaaaa",
+    "knorm": "#66a61e",
+    "keydiff": "#a6cee3",
+    "lagkv": "#fb9a99",
+    "tova": "#cab2d6",
+    "observed-attention": "#fdbf6f",
+    "cur": "#b2df8a",
+    "compactor": "#ff7f00",
+    "expected-attention": "#e31a1c",
+    "finch": "#33a02c",
+    "kvzip": "#b15928",
+    "duo-attention": "#1f78b4",
+    "think": "#8dd3c7",
+    "kivi": "#4d4d4d",
 }
 PLUGIN_COLOURS = ["#bcbd22", "#8c6d31", "#7b4173", "#3182bd", "#e6550d", "#b5cf6b", "#9c9ede", "#e7969c", "#636363"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]

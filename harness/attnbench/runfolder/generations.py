@@ -28,6 +28,7 @@ class GenerationRow:
     prefill: str  # dense (the exact prompt, its state built from it) | own
     dense_layers: int = 0
     decode: str = "own"  # own (its variant's decode form) | exact (exact decoding after its prefill)
+    quantize: str = ""  # what it kept after the prompt, quantized: kivi-4 | kivi-2 (KIVI's cache); "" none
     share: float | None = None  # the share of the prompt's cache asked for (None: a method without a knob)
     status: str = "ok"  # ok | error
     reason: str = ""
@@ -57,8 +58,8 @@ class GenerationRow:
 
 
 COLUMNS = [f.name for f in fields(GenerationRow)]
-TEXT_COLUMNS = ("key", "task", "protocol", "method", "variant", "hparams", "prefill", "decode", "status", "reason", "answer",
-                "host", "node", "step_form", "budget_rule", "metric", "reply_flag")  # fmt: skip
+TEXT_COLUMNS = ("key", "task", "protocol", "method", "variant", "hparams", "prefill", "decode", "quantize", "status",
+                "reason", "answer", "host", "node", "step_form", "budget_rule", "metric", "reply_flag")  # fmt: skip
 # the exact model's reply could not hold the answer: nothing after the prompt; it ended at a newline (the grid's stop
 # rule) and went on it would have named a reference it lacks; it ran to its answer budget without every reference
 REPLY_FLAGS = ("empty", "cut at stop", "cut at budget")
