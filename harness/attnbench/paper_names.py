@@ -28,3 +28,24 @@ ALIASES: dict[str, dict[str, Any]] = {
     "adakv-expected-attention": {"name": "expected-attention", "heads": "adaptive", "epsilon": 0.01},
     "adakv-compactor": {"name": "compactor", "heads": "adaptive"},  # the leaderboard's AdaKVPress(CompactorPress())
 }
+
+
+# kvpress's presses that rest on weights trained per model and downloaded from the Hugging Face Hub when they run:
+# attnbench never downloads weights at run time, so they are refused by name with where their weights would come from
+NEEDS_DOWNLOAD: dict[str, str] = {
+    "qfilter": "kvpress's QFilterPress (Godey et al. 2025) projects keys on filters trained per model, downloaded from "
+               "the Hub (nthngdy/<model>_qfilt)",
+    "kvzap": "kvpress's KVzapPress (Jégou and Jeblick 2026) scores positions with a small model trained per model, "
+             "downloaded from the Hub (nvidia/KVzap-<type>-<model>); kvzip, which it approximates, needs none",
+    "fastkvzip": "kvpress's FastKVzipPress scores positions with gates trained per model, downloaded from the Hub "
+                 "(Jang-Hyun/Fast-KVzip); kvzip, which it approximates, needs none",
+}
+
+
+def download_refusal(name: str) -> str | None:
+    """Why a press that needs downloaded weights is not offered (its name as kvpress writes it, with _ or -), or None."""
+    key = name.lower().replace("_", "").replace("-", "").removesuffix("press")
+    for press, why in NEEDS_DOWNLOAD.items():
+        if key == press:
+            return f"{name}: {why}; attnbench never downloads weights at run time, so it is not offered"
+    return None

@@ -99,3 +99,17 @@ def test_run_names_a_papers_name_and_its_variant(capsys) -> None:
     said = capsys.readouterr().err
     assert "quest is a paper's name that `attnbench generate` takes; here give its variant: topk(score=minmax" in said
     assert "did you mean quest? It is a paper's name" in said
+
+
+def test_a_press_that_needs_downloaded_weights_is_refused_by_name_with_why() -> None:
+    """kvpress's QFilter, KVzap and FastKVzip rest on weights from the Hub: refused by name (as kvpress writes it too),
+    saying where the weights would come from; a generation grid and a per-call run alike."""
+    from attnbench.generation.grid import unknown_method
+    from attnbench.plan.config import paper_name_hint
+
+    for name in ("qfilter", "kvzap", "fastkvzip", "KVzapPress", "fast_kvzip"):
+        said = unknown_method(name)
+        assert said.startswith(f"{name}: kvpress's") and "never downloads weights" in said and "Hub" in said
+        assert "never downloads weights" in paper_name_hint(name)
+    assert "kvzip, which it approximates" in unknown_method("kvzap")
+    assert "kvzip" not in unknown_method("qfilter").split("(")[-1]

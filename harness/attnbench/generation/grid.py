@@ -34,7 +34,7 @@ from attnbench.interface import Hyperparameter, did_you_mean
 from attnbench.plan.cells import VariantSpec
 from attnbench.plan.config import ConfigError, name_problem, parse_variants
 from attnbench.plan.shipped import grid_descriptions as shipped_descriptions
-from attnbench.paper_names import ALIASES  # the papers' names (re-exported here)
+from attnbench.paper_names import ALIASES, download_refusal  # the papers' names (re-exported here)
 from attnbench.plan.shipped import read_grid_toml
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
@@ -508,7 +508,10 @@ def method_names(registry: Registry = default_registry) -> list[str]:
 
 
 def unknown_method(name: str, registry: Registry = default_registry) -> str:
-    """The problem of a method name that is neither a variant nor a paper's name: the closest names, then all."""
+    """The problem of a method name that is neither a variant nor a paper's name: the closest names, then all (a
+    press that needs downloaded weights: why it is not offered)."""
+    if (refusal := download_refusal(name)) is not None:
+        return refusal
     papers = ", ".join(f"{alias} ({setting['name']})" for alias, setting in ALIASES.items())
     return (f"unknown method {name!r}.{did_you_mean(name, method_names(registry))} Available: "
             f"{', '.join(registry.names())}; the papers' names, settings of a variant: {papers} (`attnbench list`)")  # fmt: skip

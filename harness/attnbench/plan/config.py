@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence, get_type_hints
 import tomllib
 
 from attnbench.paper_names import ALIASES as PAPER_NAMES
+from attnbench.paper_names import download_refusal
 from attnbench.inputs.captured import captured_fit_problems
 from attnbench.inputs.heads_cache import uncaptured_heads
 from attnbench.inputs.catalogue import DISTRIBUTIONS, split_needle_params, validate_input
@@ -456,6 +457,8 @@ def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
 def paper_name_hint(name: str) -> str:
     """' quest is a paper's name …' where an unknown variant is (or is near) a paper's name that `attnbench generate`
     takes (`attnbench.paper_names`): here the variant's own setting is given instead; '' otherwise."""
+    if (refusal := download_refusal(name)) is not None:
+        return f" ({refusal.split(': ', 1)[1]})"
     near = name if name in PAPER_NAMES else next(iter(difflib.get_close_matches(name, list(PAPER_NAMES), n=1)), None)
     if near is None:
         return ""
