@@ -155,6 +155,12 @@ class RaggedCache(DecodeState):
         """A step reads every head's packed part and the appended tokens: what is held."""
         return self.held_bytes
 
+    @property
+    def nbytes(self) -> int:
+        """Its whole allocation (the appended buffers' room included), less the kept positions' indices, which a real
+        cache would not hold (they are kept for tests and the kvpress overlap table)."""
+        return super().nbytes - self.positions.numel() * self.positions.element_size()
+
     def select_rows(self, rows: list[int]) -> "RaggedCache":
         g, bounds = self.new_keys.shape[1], self.bounds
         spans = [slice(bounds[row * g], bounds[(row + 1) * g]) for row in rows]

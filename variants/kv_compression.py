@@ -264,6 +264,7 @@ class HeavyHitterOracle(KVCompression):
     """H2O: the `recent` last positions and the heavy hitters by accumulated attention mass, `budget` per head."""
 
     name = "h2o"
+    paper = "H2O (Zhang et al. 2023)"  # for `attnbench list`; kvpress's prompt-only form: observed-attention
     scores_prompt_mass = True  # a model's exact prefill hands it the masses from its own pass
     hyperparameters = {
         "budget": BUDGET,

@@ -35,6 +35,7 @@ from attnbench.interface import (
     PromptContext,
     Shape,
     UnsupportedOptionError,
+    VariantError,
 )
 from attnbench.ops import KVCache, softmax_step
 from torch import Tensor
@@ -80,14 +81,24 @@ class ScoredPress(KVCompression):
 
     # ---- the shared part -------------------------------------------------------------------------------------------
 
+    def __init__(self, seed: int = 0, **hyperparams: Any) -> None:
+        super().__init__(seed, **hyperparams)
+        if not 0 <= self.safeguard <= 1:
+            raise VariantError(f"Invalid hyperparameters for variant '{self.name}': safeguard: {self.safeguard} must lie "
+                               "in [0, 1] (the share of the uniform budget every head keeps at least)")
+
     def for_prompt(self, context: PromptContext) -> "ScoredPress":
         bound = copy.copy(self)
         bound.context = context
         return bound
 
     def unsupported_reason(self, **options: Any) -> str | None:
-        if options.get("decode") and self.needs_model and not options.get("in_model"):
-            return f"{self.name} needs the model around each layer ({self.needs_model}): attnbench generate only"
+        if options.get("decode") and not options.get("in_model"):
+            needs = [self.needs_model] if self.needs_model else []
+            needs += ["the layer's output projection W_o, for critical=True (CriticalKV)"] if self.critical else []
+            needs += ["the model's layers, for layers=pyramid (PyramidKV)"] if self.layers == "pyramid" else []
+            if needs:
+                return f"{self.label()} needs the model around each layer ({'; '.join(needs)}): attnbench generate only"
         return super().unsupported_reason(**options)
 
     def layer_budget(self, n: int) -> int:

@@ -107,6 +107,13 @@ class KVzip(ScoredPress):
     press = "KVzipPress"
     needs_model = "a pass of the model repeating the prompt (KVzip's context reconstruction)"
     repeat_pass: ClassVar[bool] = True  # the generation runs `attnbench.generation.repeat_pass` for its rows
+    hyperparameters = {**ScoredPress.hyperparameters, "n_sink": Hyperparameter(
+        4, "the first positions always kept (kvpress's KVzipPress n_sink, 4: kvzip_press.py compress_post sets their "
+        "scores above every other)", minimum=0)}  # fmt: skip
+
+    @classmethod
+    def smallest_budget(cls, hparams: dict[str, Any]) -> int:
+        return hparams["n_sink"] + 1
 
     def score(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """(b, g, n): the repeat pass's scores of this layer (`PromptContext.pass_scores`, per key/value head: the
@@ -119,7 +126,9 @@ class KVzip(ScoredPress):
                 "model (attnbench generate), whose decoder runs that pass given the repeat prompt's tokens "
                 "(InModelDecoder(..., repeat=RepeatPrompt.of(encode)))"
             )
-        return expand_kv_heads(scores.to(k.device), k.shape[1] // scores.shape[1])
+        scores = expand_kv_heads(scores.to(k.device), k.shape[1] // scores.shape[1]).clone()
+        scores[..., : self.n_sink] = float("inf")  # kvpress 0.5.5's compress_post: the first n_sink always kept
+        return scores
 
     def cost(self, shape: Shape) -> Cost:
         """The prompt's attention and the repeat pass's in this layer: ~n repeat queries over the n prompt keys and

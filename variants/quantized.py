@@ -270,6 +270,7 @@ class KIVI(KVCompression):
     values per token, `bits` bits, the last tokens in full precision)."""
 
     name = "kivi"
+    paper = "KIVI (Liu et al. 2024)"  # for `attnbench list` (kvpress has no quantization press: transformers' cache)
     hyperparameters = {
         "bits": Hyperparameter(4, "bits per key and value code (KIVI-4, KIVI-2; KIVI's authors advise 4 for grouped-"
                                "query models, whose caches are small already)", choices=BITS),

@@ -38,3 +38,16 @@ def test_the_table_reads_the_pooled_accuracies_at_the_share_kept() -> None:
     row = next(r for r in rows if r[3] == "adakv-expected-attention > expected-attention")
     assert row[0] == "0.25" and row[-1] == "agrees" and row[5].startswith("90%")
     assert all(r[-1] == "not in the grid" for r in rows if "kvzip" in r[3])
+
+
+def test_the_report_shows_the_order_only_when_the_grid_ran_a_published_pair() -> None:
+    from attnbench.report.generation import kvpress_order_blocks
+
+    pooled = pd.DataFrame([
+        dict(seq_len=2048, protocol="question-agnostic", method="adakv-expected-attention", share=0.75, accuracy=0.9, low=0.85, high=0.95),
+        dict(seq_len=2048, protocol="question-agnostic", method="expected-attention", share=0.75, accuracy=0.5, low=0.4, high=0.6),
+    ])  # fmt: skip
+    heading, table = kvpress_order_blocks(pooled)
+    assert heading.text == "Beside kvpress's published order"
+    assert all(row[-1] != "not in the grid" for row in table.rows) and len(table.rows) == 1
+    assert kvpress_order_blocks(pooled[pooled.method == "expected-attention"]) == []

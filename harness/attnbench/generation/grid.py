@@ -82,6 +82,8 @@ PAPER_PARAMETERS: dict[str, dict[str, PaperParameter]] = {  # an alias -> its pa
         "start_size": PaperParameter("sinks", "the first tokens, always kept (StreamingLLM's start_size)"),
         "recent_size": PaperParameter("window", "recent tokens kept before the current one (StreamingLLM's recent_size)"),
     },
+    # kvpress's ChunkKVPress's own name (chunkkv_press.py)
+    "chunkkv": {"chunk_length": PaperParameter("chunk", "positions per chunk (ChunkKVPress's chunk_length)", 1)},
 }
 NO_QUESTION = "no question"  # a continuation's protocol: nothing follows its context but the text itself
 

@@ -149,7 +149,7 @@ def phase_breakdown(phases: dict[str, float]) -> str:
 
 def summary(rows: list[GenerationRow]) -> str:
     """A progress line's figures: the exact model's score, and how many rows failed."""
-    exact = [r for r in rows if r.variant == "full" and r.status == "ok"]
+    exact = [r for r in rows if r.variant == "full" and not r.quantize and r.status == "ok"]
     errors = sum(r.status != "ok" for r in rows)
     scores = [r.score for r in exact if r.score is not None]
     text = f"exact model {sum(scores) / len(scores):.0%}" if scores else "continuation"

@@ -22,6 +22,7 @@ from attnbench.report.generation_cost import cost_caption, cost_table, costs
 from attnbench.report.generation_summary import (
     EXACT, budget_rules, exact_accuracy, flagged_replies, interval_of, n_text, summarize,
 )  # fmt: skip
+from attnbench.report.kvpress_order import COMPACTOR_PR, LEADERBOARD, order_table
 from attnbench.report.generation_verdict import (
     ABLE, BEYOND, EXACT_FLOOR, UNDECIDED, accuracy_text, and_list, pooled, ranking_text, resolution_text, standing,
     verdict_lines, within_model,
@@ -123,6 +124,20 @@ def table_blocks(rows: pd.DataFrame, summary: pd.DataFrame) -> list[Block]:
     return blocks
 
 
+def kvpress_order_blocks(overall: pd.DataFrame) -> list[Block]:
+    """kvpress's published order of presses beside the grid's (`kvpress_order`), when the grid ran a published pair."""
+    headers, table = order_table(overall)
+    table = [row for row in table if row[-1] != "not in the grid"]
+    if not table:
+        return []
+    caption = (f"Beside kvpress's published order: each pair of presses its published RULER-4K figures order at one "
+               f"compression ratio ({LEADERBOARD}; {COMPACTOR_PR}), and ours at the share kept 1 − ratio, pooled over "
+               "the tasks within the model: *agrees* or *reversed* where our Wilson intervals separate, *not separated* "
+               "otherwise. The figures are for 8B models and are not comparable with ours: the order is the question.")
+    return [Block("heading", "Beside kvpress's published order", level=2),
+            Block("table", headers=headers, rows=table, caption=caption)]  # fmt: skip
+
+
 def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict, missing: int = 0, reads: bool = False) -> list[Block]:
     """The report's blocks: the header, the budget rule and what the run can resolve, the flagged replies, the
     verdict, the plots, the tables, and the generations that failed."""
@@ -145,6 +160,7 @@ def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict, missing: int
         plots += plot_accuracy_vs_cost(overall, summary, tasks, folder / "plots", reads)
         blocks += [Block("image", str(path.relative_to(folder)), caption=caption) for path, caption in plots]
         blocks += table_blocks(rows, summary)
+        blocks += kvpress_order_blocks(overall)
     failed = rows[rows.status != "ok"]
     if len(failed):
         table = [[r.task, str(r.seq_len), str(r.sample), r.method, share_text(r.share), r.reason] for r in failed.itertuples()]

@@ -18,8 +18,8 @@ what the registry's classes declare, so a new press or plugin is placed without 
 - other: the rest (a sparse prefill decoded exactly, low-rank, hashing, ThinK's pruned key channels, a mix the rule
   does not name, a variant not installed where the report runs).
 The rule lives here, not in `attnbench.generation`: report/ importing generation/ would close a cycle of rooms
-(generation -> model -> report). The headline figure's data (`bytes_lines`) and the bytes table are here too;
-`generation_plots` draws it, `generation_verdict` names the cheapest setting within the exact model's accuracy.
+(generation -> model -> report). The headline figure's data (`bytes_lines`: a line per method, coloured by family)
+and the bytes table are here too; `generation_plots` draws it, `generation_verdict` names the cheapest setting within the exact model's accuracy.
 """
 
 from __future__ import annotations
@@ -169,17 +169,18 @@ def bytes_caption() -> str:
 
 
 def bytes_lines(overall: pd.DataFrame) -> pd.DataFrame:
-    """The headline figure's data (LINE_COLUMNS): per N, a line per family (and protocol, named with it where the
-    rows have several) through its settings ordered by bytes held per token, and the exact model's point; from the
-    verdict's pooled frame (`generation_verdict.pooled`), the settings with bytes only."""
+    """The headline figure's data (LINE_COLUMNS): per N, a line per method (and protocol, named with it where the rows
+    have several) through its settings ordered by bytes held per token, grouped by family (the figure's colour), and
+    the exact model's point; from the verdict's pooled frame (`generation_verdict.pooled`), the settings with bytes
+    only. A line never joins two methods: those of one family at one cost would zigzag between their accuracies."""
     known = overall[overall.held_per_token.notna()] if len(overall) else overall
     if known.empty:
         return pd.DataFrame(columns=LINE_COLUMNS)
     several = known.protocol.nunique() > 1
-    names = [EXACT_LINE if exact else family for family, exact in zip(known.family, known.exact_method)]
+    names = [EXACT_LINE if exact else method for method, exact in zip(known.method, known.exact_method)]
     lines = known.assign(line=[f"{name} ({protocol})" if several else name
                                for name, protocol in zip(names, known.protocol)])  # fmt: skip
-    order = [(r.seq_len, not r.exact_method, family_rank(r.family), r.protocol, r.held_per_token, r.method)
+    order = [(r.seq_len, not r.exact_method, family_rank(r.family), r.method, r.protocol, r.held_per_token)
              for r in lines.itertuples()]  # fmt: skip
     lines = lines.iloc[sorted(range(len(lines)), key=lambda i: order[i])]
     return lines[LINE_COLUMNS].reset_index(drop=True)

@@ -23,7 +23,7 @@ from attnbench.report.generation_bytes import (
 )  # fmt: skip
 from attnbench.report.generation_summary import interval_of, n_text
 from attnbench.report.generation_verdict import accuracy_text
-from attnbench.report.plots import FIGURE_WIDTH, PANEL_HEIGHT, Style, _finish, _key, styles, themed
+from attnbench.report.plots import FIGURE_WIDTH, GREY, PANEL_HEIGHT, Style, _finish, _key, styles, themed
 from attnbench.report.text import share_text
 from attnbench.stats import Interval
 
@@ -42,7 +42,10 @@ FAMILY_STYLES = {  # a family's colour and marker in the headline figure, the sa
     PAGES: Style("#8c564b", "v", ()), RECURRENT: Style("#d62728", "^", ()), OTHER: Style("#7f7f7f", "X", ()),
 }  # fmt: skip
 PROTOCOL_DASHES = ((), (4.0, 2.0))  # the first protocol's lines solid, the second's dashed
-LEGEND_METHODS = 4  # a family's legend names at most this many of its methods
+METHOD_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "<", ">", "h", "p", "d", "H", "8")  # a family's methods' markers
+LABEL_CHARS = 24  # a legend name's most characters: two columns of them fit under the panels
+COINCIDENT = 0.01  # points whose bytes differ by less than this share are at one cost (dodged apart)
+DODGE_SPAN = 0.4  # the most of an octave the points at one cost spread over (±15%), however many
 
 
 def _cost_axis(ax: plt.Axes, ticks: list[float], points: list[float], label: str) -> None:
@@ -216,35 +219,60 @@ def bytes_ticks(low: float, high: float) -> list[float]:
     return [2.0**p for p in powers[:: max(1, math.ceil(len(powers) / MAX_TICKS))]]
 
 
-def _line_style(rows: pd.DataFrame, protocols: list[str]) -> Style:
-    """A line's look: its family's colour and marker, dashed for the second protocol."""
+def _line_style(rows: pd.DataFrame, protocols: list[str], marker: str) -> Style:
+    """A method's look: its family's colour, its marker among the family's, dashed for the second protocol."""
     look = FAMILY_STYLES.get(rows.family.iloc[0], FAMILY_STYLES[OTHER])
-    return Style(look.colour, look.marker, PROTOCOL_DASHES[protocols.index(rows.protocol.iloc[0]) % 2])
+    return Style(look.colour, marker, PROTOCOL_DASHES[protocols.index(rows.protocol.iloc[0]) % 2])
 
 
-def _family_name(line: str, methods: list[str]) -> str:
-    """'eviction: h2o, snapkv, +3 more': a line's legend name with the methods it joins."""
-    more = len(methods) - LEGEND_METHODS
-    return f"{line}: {', '.join(methods[:LEGEND_METHODS])}" + (f", +{more} more" if more > 0 else "")
+def _markers(methods: pd.DataFrame) -> dict[str, str]:
+    """Per method, a marker distinct within its family (the family's own first; cycling past METHOD_MARKERS)."""
+    out: dict[str, str] = {}
+    for family, at in methods.groupby("family", sort=False):
+        own = FAMILY_STYLES.get(family, FAMILY_STYLES[OTHER]).marker
+        ladder = [own, *(m for m in METHOD_MARKERS if m != own)]
+        out |= {method: ladder[i % len(ladder)] for i, method in enumerate(dict.fromkeys(at.method))}
+    return out
+
+
+def _short(text: str) -> str:
+    """A legend name cut to LABEL_CHARS (a long one would run past the figure's edge)."""
+    return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "…"
+
+
+def _dodged(panel: pd.DataFrame) -> pd.Series:
+    """Each point's x: its bytes, points at one cost (within COINCIDENT) spread DODGE of an octave apart (at most
+    DODGE_SPAN in all), multiplicatively, in the lines' order, so equal points and their bars do not overlap."""
+    x = panel.held_per_token.astype(float)
+    key = (x.map(math.log2) / math.log2(1 + COINCIDENT)).round()
+    out = x.copy()
+    for _, at in x.groupby(key, sort=False):
+        step = min(DODGE, DODGE_SPAN / max(len(at) - 1, 1))
+        out[at.index] = at * [2 ** (step * (i - (len(at) - 1) / 2)) for i in range(len(at))]
+    return out
 
 
 @themed
 def _bytes_panels(lines: pd.DataFrame, title: str, subtitle: str, path: Path) -> Path:
     """A panel per N, one under the other: accuracy (its Wilson interval as bars) against the bytes held per token on
-    a log2 axis, a line per family through its settings in order of bytes, the exact model a star (its interval a
-    band where it is one point); every name in the legend."""
+    a log2 axis, a line per method through its settings in order of bytes, coloured by family with a marker of its
+    own, the exact model a star (its interval a band where it is one point); the legend under the panels lists each
+    family and its methods."""
     ns, protocols = sorted(set(lines.seq_len)), sorted(set(lines.protocol))
     fig, axes = plt.subplots(len(ns), 1, figsize=(FIGURE_WIDTH, PANEL_HEIGHT * len(ns)), squeeze=False, sharex=True)
-    names = list(dict.fromkeys(lines.line[~lines.exact_method]))
-    shift = {m: 2 ** (DODGE * (i - (len(names) - 1) / 2)) for i, m in enumerate(names)}
+    others = lines[~lines.exact_method]
+    marker = _markers(others)
     legend: dict[str, Line2D] = {}
+    for family, at in others.groupby("family", sort=False):  # the lines' order: by family
+        colour = FAMILY_STYLES.get(family, FAMILY_STYLES[OTHER]).colour
+        legend[family] = Line2D([], [], color=colour, linewidth=6)
+        legend |= {f"  {_short(m)}": _key(Style(colour, marker[m], ()), line=False) for m in dict.fromkeys(at.method)}
     for ax, n in zip(axes[:, 0], ns):
         panel = lines[lines.seq_len == n]
-        for name, rows in panel[~panel.exact_method].groupby("line", sort=False):
-            look = _line_style(rows, protocols)
-            _draw_method(ax, rows, rows.held_per_token * shift[name], "accuracy", None, look)
-            methods = sorted(set(lines[lines.line == name].method))
-            legend[_family_name(name, methods)] = _key(look)
+        x = _dodged(panel[~panel.exact_method])
+        for _, rows in panel[~panel.exact_method].groupby("line", sort=False):
+            _draw_method(ax, rows, x[rows.index], "accuracy", None,
+                         _line_style(rows, protocols, marker[rows.method.iloc[0]]))  # fmt: skip
         exact = panel[panel.exact_method]
         for r in exact.itertuples():
             bars = [[100 * (r.accuracy - r.low)], [100 * (r.high - r.accuracy)]]
@@ -264,6 +292,9 @@ def _bytes_panels(lines: pd.DataFrame, title: str, subtitle: str, path: Path) ->
     bottom.xaxis.set_minor_locator(NullLocator())
     bottom.set_xlim(low, high)
     bottom.set_xlabel("bytes held per token (every layer, log)")
+    if len(protocols) > 1:
+        legend |= {_short(p): Line2D([], [], color=GREY, linestyle=Style(GREY, "", PROTOCOL_DASHES[i % 2]).linestyle)
+                   for i, p in enumerate(protocols)}  # fmt: skip
     exact = lines[lines.exact_method]
     words = "" if len(exact) != 1 else (f" {accuracy_text(interval_of(exact.iloc[0]))}, "
                                         f"{per_token_text(exact.held_per_token.iloc[0])} a token")  # fmt: skip
@@ -274,7 +305,7 @@ def _bytes_panels(lines: pd.DataFrame, title: str, subtitle: str, path: Path) ->
 
 def plot_accuracy_vs_bytes(lines: pd.DataFrame, tasks: list[str], folder: Path) -> list[tuple[Path, str]]:
     """The report's headline figure from `generation_bytes.bytes_lines` (written only when a method has bytes): accuracy
-    over `tasks` (those within the model) against the bytes each setting holds per token, a line per family."""
+    over `tasks` (those within the model) against the bytes each setting holds per token, a line per method coloured by family."""
     if lines[~lines.exact_method].empty:
         return []
     path = _bytes_panels(lines, "What the model answers for the bytes it holds",
@@ -282,7 +313,7 @@ def plot_accuracy_vs_bytes(lines: pd.DataFrame, tasks: list[str], folder: Path) 
                          "every layer's states after the prompt ÷ the prompt's tokens",
                          folder / "generation-accuracy-vs-bytes.png")  # fmt: skip
     return [(path, "The headline: accuracy against the bytes a method's states hold per token of context after the "
-                   "prompt (every layer, log scale), a line per family through its settings in order of bytes, a panel "
+                   "prompt (every layer, log scale), a line per method through its settings in order of bytes, coloured by its family (the legend lists each family's methods by marker), a panel "
                    "per N; the exact model is the star, its accuracy the dashed line. Eviction, head-wise budgets, "
                    "quantization and recurrent states share this one axis: a recurrent state's fixed bytes are "
                    "divided by the context the same way, so it sits further left as N grows; page selection (Quest) "

@@ -5,7 +5,7 @@ press B at one compression ratio) is set against the grid's pooled accuracies at
 separated" otherwise (the verdict's rule, `attnbench.stats.intervals_separate`).
 
 The published figures are the ones this project could read from this machine (the leaderboard itself, a Hugging Face
-space, is out of reach): the leaderboard's figures as issue 56 quotes them, and the Compactor pull request's table
+space, is out of reach): the leaderboard's figures as the project's issue 56 quotes them (read there, 2026-11), and the Compactor pull request's table
 (NVIDIA/kvpress#143, Llama-3.1-8B-Instruct). kvpress's `expected_attention` on its leaderboard is AdaKV over
 ExpectedAttention (evaluation/evaluate_registry.py: `AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))`): ours
 `adakv-expected-attention`.
@@ -19,7 +19,7 @@ import pandas as pd
 
 from attnbench.stats import Interval, intervals_separate
 
-LEADERBOARD = "kvpress leaderboard, RULER-4K (as issue 56 quotes it)"
+LEADERBOARD = "kvpress's leaderboard, RULER-4K, huggingface.co/spaces/nvidia/kvpress-leaderboard"
 COMPACTOR_PR = "NVIDIA/kvpress#143 (Compactor), RULER-4K, Llama-3.1-8B-Instruct"
 
 
