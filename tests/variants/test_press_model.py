@@ -159,11 +159,14 @@ def test_kvzip_reads_the_pass_s_scores_and_a_per_call_run_refuses_it() -> None:
         kvzip.prefill_state(q, k, v)
     scores = torch.rand(1, G, N)
     bound = kvzip.for_prompt(PromptContext(pass_scores=scores))
-    _, _, positions = compress(k, v, scores, 40)
+    sunk = scores.clone()
+    sunk[..., :4] = float("inf")  # kvpress 0.5.5's KVzipPress.compress_post: the first n_sink = 4 always kept
+    _, _, positions = compress(k, v, sunk, 40)
     assert torch.equal(bound.prefill_state(q, k, v).k, k.gather(2, positions[..., None].expand(-1, -1, -1, D)))
+    assert bool((positions[..., :4] == torch.arange(4)).all())
     per_query_head = registry.create("kvzip", budget=40, select_per="query-head")
     per_query_head = per_query_head.for_prompt(PromptContext(pass_scores=scores))
-    assert torch.equal(per_query_head.score(q, repeat_kv(k, H // G), v), repeat_kv(scores[..., None], H // G)[..., 0])
+    assert torch.equal(per_query_head.score(q, repeat_kv(k, H // G), v), repeat_kv(sunk[..., None], H // G)[..., 0])
 
 
 @pytest.fixture(scope="module")
