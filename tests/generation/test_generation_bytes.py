@@ -1,7 +1,8 @@
 """One axis of bytes for a generation grid: each row's family from its variant, hyperparameters and `quantize` (the
 registry's classes saying what a press is, no list of names), bytes held and read per token of context, the verdict's
 cheapest setting within the exact model's accuracy (the ranking's interval rule, ties and "none"), and the headline
-figure: accuracy against bytes held per token, a line per family, written first among the report's plots."""
+figure: accuracy against bytes held per token, a line per method coloured by family, written first among the report's
+plots."""
 
 from __future__ import annotations
 
@@ -195,13 +196,17 @@ def test_the_verdict_names_the_cheapest_at_each_n_and_keeps_its_other_lines() ->
     assert not [line for line in old if "fewest bytes" in line] and len(old) == len(lines) - 2
 
 
-def test_the_headline_figure_has_a_line_per_family_and_comes_first(tmp_path: Path) -> None:
+def test_the_headline_figure_has_a_line_per_method_grouped_by_family_and_comes_first(tmp_path: Path) -> None:
     rows = grid_rows()
     lines = bytes_lines(pooled(rows, summarize(rows)))
-    families = {EVICTION, HEADWISE, QUANTIZED, EVICTION_QUANTIZED, PAGES, RECURRENT}
-    assert set(lines.line) == families | {EXACT_LINE} and set(lines.family) <= set(FAMILIES)
+    methods = {m for m, *_ in GRID if m != "full"}
+    assert set(lines.line) == methods | {EXACT_LINE} and set(lines.family) <= set(FAMILIES)
     for (_, _), at in lines.groupby(["seq_len", "line"]):
-        assert at.held_per_token.is_monotonic_increasing  # a family's settings in order of bytes
+        assert at.method.nunique() == 1  # no line joins two methods (snapkv and h2o at 1/8 would zigzag)
+        assert at.held_per_token.is_monotonic_increasing  # a method's settings in order of bytes
+    for _, at in lines[~lines.exact_method].groupby("seq_len"):
+        ranks = [list(FAMILIES).index(f) for f in at.family]
+        assert ranks == sorted(ranks)  # grouped by family, the legend's order
     report = write_generation_report(tmp_path, rows, {"command": ["attnbench", "generate"], "grid": "t"}).read_text()
     assert (tmp_path / "plots" / "generation-accuracy-vs-bytes.png").is_file()
     images = [line for line in report.splitlines() if line.startswith("![")]
@@ -223,11 +228,11 @@ def test_a_quantized_full_is_not_the_exact_model() -> None:
     assert set(overall[overall.exact_method].method) == {"full"}
 
 
-def test_two_protocols_draw_a_line_per_family_and_protocol(tmp_path: Path) -> None:
+def test_two_protocols_draw_a_line_per_method_and_protocol(tmp_path: Path) -> None:
     rows = grid_rows()
     aware = rows.assign(protocol="question-aware", key=rows.key + "aware")
     both = pd.concat([rows, aware], ignore_index=True)
     lines = bytes_lines(pooled(both, summarize(both)))
-    assert {"eviction (question-aware)", "eviction (question-agnostic)", "exact model (question-aware)"} <= set(lines.line)
+    assert {"snapkv (question-aware)", "snapkv (question-agnostic)", "exact model (question-aware)"} <= set(lines.line)
     [(path, _)] = plot_accuracy_vs_bytes(lines, ["passkey"], tmp_path)
     assert path == tmp_path / "generation-accuracy-vs-bytes.png" and path.is_file()

@@ -19,7 +19,8 @@ what the registry's classes declare, so a new press or plugin is placed without 
   does not name, a variant not installed where the report runs).
 The rule lives here, not in `attnbench.generation`: report/ importing generation/ would close a cycle of rooms
 (generation -> model -> report). The headline figure's data (`bytes_lines`: a line per method, coloured by family)
-and the bytes table are here too; `generation_plots` draws it, `generation_verdict` names the cheapest setting within the exact model's accuracy.
+and the bytes table are here too; `generation_plots` draws it, `generation_verdict` names the cheapest setting
+within the exact model's accuracy.
 """
 
 from __future__ import annotations

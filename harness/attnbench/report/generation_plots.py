@@ -29,7 +29,7 @@ from attnbench.stats import Interval
 
 HEADROOM = 1.15  # the ratio axis ends this far above the swept methods' largest; a figure beyond is drawn at the edge
 EDGE_ROOM = 1.05  # the ratio axis's frame this far above the edge where a figure off the scale sits; no tick that close
-DODGE = 0.04  # methods' points spread by this much of an octave (±3% for five), so bars at one cost don't hide
+DODGE = 0.04  # points at one cost spread by this much of an octave (~3% a step), so bars at one cost don't hide
 COSTS = (("read_share", "reads", "share a step reads"), ("cache_share", "holds", "share it holds"))
 EXACT_BAND = "#dddddd"  # the exact model's interval behind the methods' lines
 EXACT_LINE = "#999999"  # the exact model's dashed reference line, and its legend key
@@ -305,7 +305,8 @@ def _bytes_panels(lines: pd.DataFrame, title: str, subtitle: str, path: Path) ->
 
 def plot_accuracy_vs_bytes(lines: pd.DataFrame, tasks: list[str], folder: Path) -> list[tuple[Path, str]]:
     """The report's headline figure from `generation_bytes.bytes_lines` (written only when a method has bytes): accuracy
-    over `tasks` (those within the model) against the bytes each setting holds per token, a line per method coloured by family."""
+    over `tasks` (those within the model) against the bytes each setting holds per token, a line per method
+    coloured by family."""
     if lines[~lines.exact_method].empty:
         return []
     path = _bytes_panels(lines, "What the model answers for the bytes it holds",
@@ -313,8 +314,9 @@ def plot_accuracy_vs_bytes(lines: pd.DataFrame, tasks: list[str], folder: Path) 
                          "every layer's states after the prompt ÷ the prompt's tokens",
                          folder / "generation-accuracy-vs-bytes.png")  # fmt: skip
     return [(path, "The headline: accuracy against the bytes a method's states hold per token of context after the "
-                   "prompt (every layer, log scale), a line per method through its settings in order of bytes, coloured by its family (the legend lists each family's methods by marker), a panel "
-                   "per N; the exact model is the star, its accuracy the dashed line. Eviction, head-wise budgets, "
+                   "prompt (every layer, log scale), a line per method through its settings in order of bytes, "
+                   "coloured by its family (the legend lists each family's methods by marker), a panel per N; the "
+                   "exact model is the star, its accuracy the dashed line. Eviction, head-wise budgets, "
                    "quantization and recurrent states share this one axis: a recurrent state's fixed bytes are "
                    "divided by the context the same way, so it sits further left as N grows; page selection (Quest) "
                    "holds every key, at the exact model's bytes (what it reads is in the bytes table). Points at one "
