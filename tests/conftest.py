@@ -118,6 +118,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test marked `model` is skipped, saying why, where the real model's folder is absent."""
     if item.get_closest_marker("model") is not None and not (real_model_dir() / "config.json").is_file():
         pytest.skip(f"no local model at {real_model_dir()} (`make model`, or set ATTNBENCH_MODEL_DIR)")
+    if item.get_closest_marker("gemma") is not None and not (real_gemma_dir() / "config.json").is_file():
+        pytest.skip(f"no local Gemma-3-270M at {real_gemma_dir()} (`make model MODEL=gemma-3-270m`, or set "
+                    "ATTNBENCH_GEMMA_DIR)")
+
+
+def real_gemma_dir() -> Path:
+    """Gemma-3-270M's folder, where `make model MODEL=gemma-3-270m` writes it."""
+    default = Path.home() / ".cache" / "attnbench" / "Gemma-3-270M"
+    return Path(os.environ.get("ATTNBENCH_GEMMA_DIR") or default)
+
+
+@pytest.fixture(scope="session")
+def gemma_dir() -> Path:
+    """The real hybrid decoder's folder (tests using it are marked `gemma`)."""
+    return real_gemma_dir()
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,18 @@ Each step is a row of the pass/fail table printed at the end, in this order:
                      bfloat16, with the run's report; every cell must run ok
   model              `attnbench model --device cuda` on SmolLM2-135M at N=2048 when the model folder exists (`make
                      model`), else skipped with a line
+  generate GRID (MODEL, N, bfloat16)   a long grid's smallest cell in the model on the GPU: `attnbench generate
+                     GRID --device cuda`, passkey, one sample, full and snapkv at 1/8 of the cache: gemma-long on
+                     Gemma-3-270M at N=32768 (`make model MODEL=gemma-3-270m`), else generation-long on SmolLM2-135M
+                     at its 8192 positions, else skipped with a line
   check NAME(backend=flex) DTYPE   the same checks through each other backend a variant declares (band and strided
-                     through FlexAttention, compiled by Triton: the slowest rows, so the last)
-A step that has not started when the budget (--budget-s, 480 s) is spent fails as not run (the sweep and the model
-are stopped at it). Everything lands in one
+                     through FlexAttention, compiled by Triton: the slowest rows, so near the end)
+  generate GRID (MODEL, N, float32)   the same cell in float32, last, if time allows: skipped (not failed)
+                     with less than GENERATE_S (150 s) of the budget left
+A step that has not started when the budget (--budget-s, 480 s) is spent fails as not run (the sweep, the model and
+the generations are stopped at it; a generation gets GENERATE_S at most). Everything lands in one
 folder, results/<time>-gpu-check/ (the table as gpu-check.md, every check's table in checks.md, the sweep's run
-folder, the model's, each command's output), kept and printed at the end.
+folder, the model's, the generations', each command's output), kept and printed at the end.
 
 Without CUDA it refuses before any work, in one line, and writes nothing.
 
@@ -33,12 +39,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from attnbench.exit_status import Exit
+from attnbench.model.known import known_model
 
 CONFIG = "gpu-check"  # the preset configs/gpu-check.toml
 DTYPES = ("bfloat16", "float32")
 BUDGET_S = 480.0
 MODEL_LEN = 2048
 MODEL_VARIANTS = "band(window=256,sinks=4),topk"
+GENERATE_LEN = 32768  # the long grids' N; a model with fewer positions runs at its own
+GENERATE_MODELS = {"Gemma-3-270M": "gemma-long", "SmolLM2-135M": "generation-long"}  # (attnbench.model.known) each
+# model's long grid; the first model whose folder exists runs
+GENERATE_METHODS, GENERATE_KEEP = "snapkv", "0.125"  # besides full, always run
+GENERATE_S = 150.0  # the most a generation may take (a hang leaves the budget to the steps after it); the float32
+# one starts only with this much of the budget left
 FAILED_CELLS = ("error", "crashed", "timeout", "oom", "unsupported")  # a sweep cell that did not run as planned
 
 
@@ -183,13 +196,88 @@ def model_step(model_dir: Path, folder: Path, timeout: float) -> Step:
     return Step(name, "pass" if code == 0 else "fail", seconds, f"{detail}, on the GPU ({folder / 'model.log'})")
 
 
+@dataclass(frozen=True)
+class Generation:
+    """What the generate steps run: the first model of GENERATE_MODELS whose folder exists, its long grid, at N =
+    GENERATE_LEN or its positions, whichever is fewer (`found`: else the line saying which folders are missing)."""
+
+    name: str
+    folder: Path
+    seq_len: int
+    grid: str
+
+    @classmethod
+    def found(cls, folders: dict[str, Path]) -> "Generation | str":
+        import json
+
+        for name in GENERATE_MODELS:
+            config = folders[name] / "config.json"
+            if config.is_file():
+                limit = json.loads(config.read_text()).get("max_position_embeddings") or GENERATE_LEN
+                return cls(name, folders[name], min(GENERATE_LEN, limit), GENERATE_MODELS[name])
+        missing = " or ".join(str(folders[name]) for name in GENERATE_MODELS)
+        makes = ", ".join(f"`{known_model(name).make}` makes {name}" for name in GENERATE_MODELS)
+        return f"no model folder at {missing}: {makes}"
+
+
+def generate_name(generation: Generation | str, dtype: str) -> str:
+    """`generate gemma-long (Gemma-3-270M, N=32768, bfloat16)`: a generate step's row (`generate bfloat16` without a
+    model)."""
+    if isinstance(generation, str):
+        return f"generate {dtype}"
+    return f"generate {generation.grid} ({generation.name}, N={generation.seq_len}, {dtype})"
+
+
+def generate_step(generation: Generation | str, dtype: str, folder: Path, left: float,
+                  optional: bool = False) -> Step:  # fmt: skip
+    """`attnbench generate GRID --device cuda`: the smallest cell of the found model's long grid in `dtype` (at most
+    GENERATE_S), or a skip saying which folders are missing; `optional` (if time allows): skipped with less than
+    GENERATE_S left."""
+    name = generate_name(generation, dtype)
+    if isinstance(generation, str):
+        return Step(name, "skip", 0.0, generation)
+    if optional and left < GENERATE_S:
+        return Step(name, "skip", 0.0, f"not run: {left:.0f} s of the budget left, under the {GENERATE_S:g} s it may "
+                    "take")  # fmt: skip
+    out, log = folder / f"generate-{dtype}", folder / f"generate-{dtype}.log"
+    command = [sys.executable, "-m", "attnbench.cli", "generate", generation.grid, "--model", str(generation.folder),
+               "--tasks", "passkey", "--seq-lens", str(generation.seq_len), "--samples", "1",
+               "--methods", GENERATE_METHODS, "--keep", GENERATE_KEEP, "--device", "cuda", "--dtype", dtype,
+               "--jobs", "1", "--out", str(out)]  # fmt: skip
+    code, seconds = run_logged(command, log, min(left, GENERATE_S))
+    return generation_row(name, code, out, seconds, log)
+
+
+def generation_row(name: str, code: int | None, out: Path, seconds: float, log: Path) -> Step:
+    """A generate step's row: its exit status and each row of generations.csv (method, share, status, score); it
+    passes when the command exited 0 and every row ran ok."""
+    if code is None:
+        return Step(name, "fail", seconds, f"did not finish within its {GENERATE_S:g} s or the budget ({log})")
+    folders = sorted(p for p in out.iterdir() if p.is_dir()) if out.is_dir() else []
+    found = folders[-1] / "generations.csv" if folders else None
+    if found is None or not found.is_file():
+        return Step(name, "fail", seconds, f"exit {code}, no generations.csv ({log})")
+    with found.open() as rows:
+        read = list(csv.DictReader(rows))
+    said = ", ".join(f"{r['method']}{' at ' + r['share'] if r['share'] else ''}: "
+                     + (f"score {float(r['score']):g}" if r["status"] == "ok" and r["score"] else r["status"])
+                     for r in read)  # fmt: skip
+    ok = code == 0 and bool(read) and all(r["status"] == "ok" for r in read)
+    return Step(name, "pass" if ok else "fail", seconds, f"exit {code}: {said or 'no rows'} -> {folders[-1]}")
+
+
 def within_budget(steps: Iterable[tuple[str, Callable[[float], Step]]], budget_s: float,
-                  clock: Callable[[], float] = time.monotonic) -> Iterator[Step]:  # fmt: skip
-    """Each step run with the seconds left (name, run(seconds_left)); one not started in time fails as not run."""
+                  clock: Callable[[], float] = time.monotonic,
+                  optional: frozenset[str] = frozenset()) -> Iterator[Step]:  # fmt: skip
+    """Each step run with the seconds left (name, run(seconds_left)); one not started in time fails as not run, or
+    is skipped when its name is `optional` (run if time allows)."""
     deadline = clock() + budget_s
     for name, run in steps:
         left = deadline - clock()
-        yield run(left) if left > 0 else Step(name, "fail", 0.0, f"not run: past the {budget_s:g} s budget")
+        if left > 0:
+            yield run(left)
+        else:
+            yield Step(name, "skip" if name in optional else "fail", 0.0, f"not run: past the {budget_s:g} s budget")
 
 
 def table(steps: list[Step]) -> str:
@@ -219,6 +307,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     default_model = Path(os.environ.get("ATTNBENCH_MODEL_DIR") or Path.home() / ".cache/attnbench/SmolLM2-135M")
     parser.add_argument("--out", type=Path, default=Path("results"), help="where its folder goes (default: results)")
     parser.add_argument("--model-dir", type=Path, default=default_model, help=f"default: {default_model}")
+    gemma = known_model("Gemma-3-270M").folder
+    parser.add_argument("--gemma-dir", type=Path, default=gemma, help=f"the generate steps' first choice (default: "
+                        f"{gemma}); without it they run on --model-dir")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"seconds for all steps ({BUDGET_S:g})")
     parser.add_argument("--preflight", action="store_true", help="only say whether CUDA is usable here (exit 0 or 2)")
     return parser.parse_args(argv)
@@ -260,11 +351,22 @@ def main(argv: list[str] | None = None) -> int:
         code, seconds = run_logged(command + ["--no-progress"], folder / "sweep.log", left)
         return sweep_step(code, folder / "sweep", seconds, folder / "sweep.log")
 
+    generation = Generation.found({"Gemma-3-270M": args.gemma_dir, "SmolLM2-135M": args.model_dir})
+
+    def generate(dtype: str, optional: bool = False) -> tuple[str, Callable[[float], Step]]:
+        def run(left: float) -> Step:
+            torch.cuda.empty_cache()  # the checks' cached blocks go back before the generation's process starts
+            return generate_step(generation, dtype, folder, left, optional)
+
+        return generate_name(generation, dtype), run
+
     steps = [check(name, params, dtype) for name, params in default for dtype in DTYPES]
-    steps += [("sweep", sweep), ("model", lambda left: model_step(args.model_dir, folder, left))]
+    steps += [("sweep", sweep), ("model", lambda left: model_step(args.model_dir, folder, left)), generate("bfloat16")]
     steps += [check(name, params, dtype) for dtype in DTYPES for name, params in other]
+    late = generate("float32", optional=True)  # if time allows
+    steps += [late]
     done = []
-    for step in within_budget(steps, args.budget_s):
+    for step in within_budget(steps, args.budget_s, optional=frozenset({late[0]})):
         done.append(step)
         print(f"gpu-check: {step.status:4} {step.name} ({step.seconds:.1f} s) {step.detail}", flush=True)
     (folder / "checks.md").write_text("\n".join(checks) + "\n")

@@ -113,6 +113,24 @@ class WindowState(DecodeState):
         return b * h * self.filled * (self.keys.shape[-1] * self.keys.element_size()
                                       + self.values.shape[-1] * self.values.element_size())
 
+    @classmethod
+    def stack(cls, states: list["DecodeState"]) -> "WindowState":
+        """One buffer of the states' rows, in order: rows that have seen the same positions (a model's own sliding
+        window in every row of a generation) fill the same slots, so they step as one."""
+        windows = [s for s in states if isinstance(s, WindowState)]
+        first = windows[0]
+        same = (first.positions.shape, first.length, first.columns, first.filled)
+        if len(windows) != len(states) or any((s.positions.shape, s.length, s.columns, s.filled) != same
+                                              or not torch.equal(s.positions, first.positions) for s in windows):
+            raise ValueError("windows stack only when they hold the same positions in the same slots")
+        return cls(torch.cat([s.keys for s in windows]), torch.cat([s.values for s in windows]),
+                   first.positions.clone(), first.length, first.columns, first.filled)  # fmt: skip
+
+    def select_rows(self, rows: list[int]) -> "WindowState":
+        index = torch.tensor(rows, device=self.keys.device)
+        return WindowState(self.keys.index_select(0, index), self.values.index_select(0, index),
+                           self.positions.clone(), self.length, self.columns, self.filled)  # fmt: skip
+
     def ordered(self) -> tuple[Tensor, Tensor]:
         """Every kept position's key and value in position order: (b, h, kept, d), (b, h, kept, e)."""
         slots = torch.argsort(self.positions)[self.positions.shape[0] - self.filled :]

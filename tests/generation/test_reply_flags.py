@@ -77,7 +77,7 @@ def test_the_exact_model_s_row_carries_why_its_reply_could_not_hold_the_answer(t
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     grid = jsonl_grid(write_rows(tmp_path / "rows.jsonl"))
     script = {row["question"] + row.get("answer_prefix", ""): reply for row, reply, _ in ROWS}
-    monkeypatch.setattr(unit_module, "loaded", lambda _: (None, CharTokenizer(), ScriptedDecoder(script)))
+    monkeypatch.setattr(unit_module, "loaded", lambda *_: (None, CharTokenizer(), ScriptedDecoder(script)))
     (unit,) = grid.units()
     rows = run_unit(UnitJob(grid, unit, "no-model")).rows
     exact = [row for row in rows if row.method == "full"]

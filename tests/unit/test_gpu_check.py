@@ -1,5 +1,6 @@
-"""`make gpu-check` (tests/gpu_check.py) on a machine without a GPU: it refuses before any work, its sweep's config
-validates to the intended cells, and its table says what passed, failed or was not run."""
+"""`make gpu-check` (tests/gpu_check.py) on a machine without a GPU: it refuses before any work (--preflight too), its
+sweep's config validates to the intended cells, its generate steps find their model (or skip), and its table says
+what passed, failed or was not run."""
 
 from __future__ import annotations
 
@@ -9,10 +10,25 @@ import sys
 from pathlib import Path
 
 import gpu_check
+import pytest
 from attnbench.conformance import CheckResult
+from attnbench.generation.grid import read_grid as load_generation_grid
 from attnbench.plan.config import load_config
 from attnbench.registry import registry
-from gpu_check import Step, check_step, exit_status, sweep_step, table, variant_settings, within_budget
+from gpu_check import (
+    GENERATE_LEN,
+    Generation,
+    Step,
+    check_step,
+    exit_status,
+    generate_name,
+    generate_step,
+    generation_row,
+    sweep_step,
+    table,
+    variant_settings,
+    within_budget,
+)
 from helpers import TESTS
 
 DECODING = {"full", "band(sinks=4, window=256)", "topk", "h2o", "snapkv", "linear", "gla"}
@@ -20,9 +36,10 @@ FULL_SEQUENCE = {"full", "full-xformers", "band(sinks=4, window=256)", "band(bac
                  "topk", "linear", "gla"}  # fmt: skip
 
 
-def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("preflight", [[], ["--preflight"]], ids=["run", "preflight"])
+def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(tmp_path: Path, preflight: list[str]) -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, even on a machine that has one
-    done = subprocess.run([sys.executable, str(TESTS / "gpu_check.py"), "--out", str(tmp_path / "results")],
+    done = subprocess.run([sys.executable, str(TESTS / "gpu_check.py"), "--out", str(tmp_path / "results"), *preflight],
                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("gpu-check: CUDA is not available to torch") and done.stderr.count("\n") == 1
@@ -98,3 +115,58 @@ def test_the_sweep_row_passes_only_when_every_cell_ran_ok_and_the_report_is_ther
     assert sweep_step(0, tmp_path / "sweep", 3.0, log).detail.startswith("exit 0: 1 error, 1 ok, 1 unsupported")
     assert sweep_step(0, tmp_path / "sweep", 3.0, log).status == "fail"
     assert sweep_step(None, tmp_path / "sweep", 480.0, log).status == "fail"  # past the budget
+
+
+def model_folder(root: Path, name: str, positions: int) -> Path:
+    (root / name).mkdir(parents=True)
+    (root / name / "config.json").write_text(f'{{"max_position_embeddings": {positions}}}')
+    return root / name
+
+
+def test_the_generate_steps_take_gemma_at_32k_else_smollm2_at_its_8k_else_skip(tmp_path: Path) -> None:
+    folders = {"Gemma-3-270M": tmp_path / "Gemma-3-270M", "SmolLM2-135M": tmp_path / "SmolLM2-135M"}
+    missing = Generation.found(folders)
+    assert isinstance(missing, str) and str(folders["Gemma-3-270M"]) in missing and "MODEL=gemma-3-270m" in missing
+    skipped = generate_step(missing, "bfloat16", tmp_path, 480.0)
+    assert (skipped.name, skipped.status, skipped.seconds) == ("generate bfloat16", "skip", 0.0)
+    assert not (tmp_path / "generate-bfloat16").exists()  # nothing run
+    model_folder(tmp_path, "SmolLM2-135M", 8192)
+    assert Generation.found(folders) == Generation("SmolLM2-135M", folders["SmolLM2-135M"], 8192, "generation-long")
+    model_folder(tmp_path, "Gemma-3-270M", 32768)
+    found = Generation.found(folders)
+    assert found == Generation("Gemma-3-270M", folders["Gemma-3-270M"], GENERATE_LEN, "gemma-long")
+    assert generate_name(found, "float32") == "generate gemma-long (Gemma-3-270M, N=32768, float32)"
+    assert {load_generation_grid(grid).name for grid in gpu_check.GENERATE_MODELS.values()} == {"gemma-long",
+                                                                                                "generation-long"}
+    late = generate_step(found, "float32", tmp_path, 100.0, optional=True)  # if time allows: not with 100 s left
+    assert late.status == "skip" and late.detail.startswith("not run: 100 s of the budget left")
+    assert not (tmp_path / "generate-float32").exists()
+
+
+def test_a_generate_row_passes_only_when_every_generation_ran_ok(tmp_path: Path) -> None:
+    out, log, name = tmp_path / "generate-bfloat16", tmp_path / "generate-bfloat16.log", "generate (g, N=8, bfloat16)"
+    assert generation_row(name, None, out, 180.0, log).status == "fail"  # past its time
+    assert generation_row(name, 2, out, 3.0, log).detail == f"exit 2, no generations.csv ({log})"  # refused
+    run = out / "20261128-000000-generation"
+    run.mkdir(parents=True)
+    (run / "generations.csv").write_text("method,share,status,score\nfull,,ok,1.0\nsnapkv,0.125,ok,0.0\n")
+    row = generation_row(name, 0, out, 40.0, log)
+    assert row == Step(name, "pass", 40.0, f"exit 0: full: score 1, snapkv at 0.125: score 0 -> {run}")
+    (run / "generations.csv").write_text("method,share,status,score\nfull,,ok,1.0\nsnapkv,0.125,error,\n")
+    row = generation_row(name, 1, out, 40.0, log)
+    assert row.status == "fail" and "snapkv at 0.125: error" in row.detail
+
+
+def test_an_optional_step_past_the_budget_is_skipped_not_failed() -> None:
+    now = [0.0]
+
+    def step(name: str):
+        def run(left: float) -> Step:
+            now[0] += 10
+            return Step(name, "pass", 10.0)
+
+        return name, run
+
+    steps = list(within_budget([step("a"), step("b"), step("float32")], 5, clock=lambda: now[0],
+                               optional=frozenset({"float32"})))  # fmt: skip
+    assert [(s.name, s.status) for s in steps] == [("a", "pass"), ("b", "fail"), ("float32", "skip")]

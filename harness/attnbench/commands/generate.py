@@ -20,6 +20,7 @@ from attnbench.exit_status import Exit
 
 if TYPE_CHECKING:
     from attnbench.generation.grid import GenerationGrid
+    from attnbench.generation.placement import Placement
     from attnbench.generation.run import GridEstimate
 
 
@@ -29,6 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from attnbench.generation.kept import BUDGET_RULES
     from attnbench.generation.tasks import TASKS
     from attnbench.generation.preflight import DEFAULT_MODEL
+    from attnbench.model.known import known_names, model_argument
+    from attnbench.generation.placement import DEVICES, DTYPES
 
     generate = subparsers.add_parser(
         "generate",
@@ -42,8 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog="grids: " + "; ".join(f"{name} ({time})" for name, (_, time) in grid_descriptions().items()),
     )
     generate.add_argument("grid", nargs="?", default=None, help=f"a shipped grid or a TOML file (default: {DEFAULT_GRID})")
-    generate.add_argument("--model", type=Path, default=None, help=f"the model folder (default: $ATTNBENCH_MODEL_DIR or "
-                          f"{DEFAULT_MODEL}, where `make model` writes SmolLM2-135M)")  # fmt: skip
+    generate.add_argument("--model", type=model_argument, default=None, metavar="NAME|DIR",
+                          help=f"a known model by name ({known_names()}: `make model MODEL=...` fetches them) or a "
+                          f"model folder (default: the grid's `model`, else $ATTNBENCH_MODEL_DIR or {DEFAULT_MODEL}, "
+                          "where `make model` writes SmolLM2-135M)")  # fmt: skip
     generate.add_argument("--tasks", help="comma-separated tasks replacing the grid's: RULER's "
                           f"{', '.join(t for t in TASKS if t not in ('passkey', 'continuation'))}; passkey; "
                           "continuation; or jsonl:PATH (rows of context, question, answers, optionally answer_prefix, "
@@ -56,6 +61,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                           f"e.g. 'quest(token_budget=512),streamingllm(start_size=4)' ({', '.join(ALIASES)}: "
                           "`attnbench list`); full, the exact model, is always run")  # fmt: skip
     generate.add_argument("--protocols", help=f"comma-separated: {', '.join(PROTOCOLS)}")
+    generate.add_argument("--layers", choices=("global", "all"),
+                          help="a hybrid model's layers each method goes into (Gemma 3: 5 sliding-window layers for "
+                          "each global one): global (the default, as kvpress does: a sliding layer keeps its window, "
+                          "the model's own cache) or all (a method replaces the windows too, said in its label); "
+                          "replaces every method table's `layers`")  # fmt: skip
     generate.add_argument("--budget-rule", choices=BUDGET_RULES,
                           help="kvpress (the default): the context is compressed once when it ends, the question and "
                           "the answer appended for every method; fixed-total: every method stays at its share "
@@ -66,9 +76,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                           "(default 2: the per-token work is mostly Python, so two processes of one thread each go "
                           "faster than one of two)")  # fmt: skip
     generate.add_argument("--address", help="with --executor ray: a cluster's address (default: a local runtime)")
+    generate.add_argument("--device", choices=DEVICES, help="where the model and every method's states run (default "
+                          "cpu; cuda: refused where torch sees no GPU, a Ray task then asks for one)")  # fmt: skip
+    generate.add_argument("--dtype", choices=DTYPES, help="what the model computes in (default float32; bfloat16 "
+                          "runs on the CPU too, its caches half the bytes); --resume keeps DIR's")  # fmt: skip
     generate.add_argument("--out", type=Path, default=Path("results"), help="where the grid's folder goes (results/)")
     generate.add_argument("--resume", type=Path, metavar="DIR", help="continue the grid in DIR: run what has no row")
     generate.add_argument("--report", type=Path, metavar="DIR", help="only rewrite DIR's report (no generation)")
+    generate.add_argument("--beside", type=Path, action="append", metavar="OTHER", help="with --report: a section "
+                          "beside another model's generation run in OTHER, whether the methods rank alike in both "
+                          "(repeatable)")  # fmt: skip
     generate.add_argument("--dry-run", action="store_true", help="list the units still to run and their estimated "
                           "time on this machine (the model's forward pass timed once), then stop")  # fmt: skip
     generate.add_argument("--list", action="store_true", help="list the shipped grids")
@@ -77,7 +94,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def grid_flags(args: argparse.Namespace) -> dict[str, object]:
     """The flags that change a grid, with their values (None: not given)."""
     return {"--tasks": args.tasks, "--seq-lens": args.seq_lens, "--samples": args.samples, "--keep": args.keep,
-            "--methods": args.methods, "--protocols": args.protocols, "--budget-rule": args.budget_rule}  # fmt: skip
+            "--methods": args.methods, "--protocols": args.protocols, "--budget-rule": args.budget_rule,
+            "--layers": args.layers}  # fmt: skip
 
 
 def _items(text: str | None, kind: type, flag: str) -> list | None:
@@ -102,7 +120,7 @@ def _methods(text: str | None) -> list | None:
 
 def main(args: argparse.Namespace) -> int:
     from attnbench.generation.grid import DEFAULT_GRID, clamp_notes, grid_descriptions, read_grid
-    from attnbench.generation.preflight import DEFAULT_MODEL, PreflightError, check
+    from attnbench.generation.preflight import PreflightError, check, grid_model_dir
     from attnbench.generation.run import GRID_FILE
     from attnbench.plan.config import ConfigError
 
@@ -115,17 +133,21 @@ def main(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         print(f"attnbench: --jobs: must be >= 1, got {args.jobs}", file=sys.stderr)
         return Exit.USAGE
+    if args.beside and args.report is None:
+        print("attnbench: --beside OTHER adds a section to a grid's report: give it with --report DIR", file=sys.stderr)
+        return Exit.USAGE
     if args.report is not None:
         if args.resume is not None:
             print("attnbench: --report rewrites a finished grid's report, --resume continues a grid: give one of them",
                   file=sys.stderr)  # fmt: skip
             return Exit.USAGE
         changed = [flag for flag, value in grid_flags(args).items() if value is not None]
+        changed += [flag for flag, value in (("--device", args.device), ("--dtype", args.dtype)) if value is not None]
         if changed:
             print(f"attnbench: --report rewrites DIR's report from its rows: {', '.join(changed)} cannot change them",
                   file=sys.stderr)  # fmt: skip
             return Exit.USAGE
-        return _report_only(args.report)
+        return _report_only(args.report, args.beside or [])
     folder, source = None, args.grid or DEFAULT_GRID
     if args.resume is not None:
         if (problem := resume_problem(args.resume, args.grid, GRID_FILE, "a generation grid")) is not None:
@@ -141,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
         overrides = dict(
             tasks=_items(args.tasks, str, "--tasks"), seq_lens=_items(args.seq_lens, int, "--seq-lens"),
             samples=args.samples, keep=_items(args.keep, float, "--keep"), methods=_methods(args.methods),
-            protocols=_items(args.protocols, str, "--protocols"), budget_rule=args.budget_rule,
+            protocols=_items(args.protocols, str, "--protocols"), budget_rule=args.budget_rule, layers=args.layers,
         )  # fmt: skip
         grid = read_grid(source, **overrides)
     except ValueError as error:  # ConfigError lists every problem
@@ -149,19 +171,44 @@ def main(args: argparse.Namespace) -> int:
         return Exit.USAGE
     for note in clamp_notes(grid):
         print(f"attnbench: note: {note}", file=sys.stderr)
-    model_dir = args.model or _model_of(folder) or DEFAULT_MODEL
+    placement = _placement(args, grid, folder)
+    if isinstance(placement, str):
+        print(f"attnbench: {placement}", file=sys.stderr)
+        return Exit.USAGE
     try:
+        model_dir = args.model or _model_of(folder) or grid_model_dir(grid)
         tokenizer = check(grid, model_dir)
     except PreflightError as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
     if args.dry_run:
-        return _dry_run(args, grid, folder, model_dir, tokenizer)
-    return _generate(args, grid, folder, model_dir)
+        return _dry_run(args, grid, folder, model_dir, tokenizer, placement)
+    return _generate(args, grid, folder, model_dir, placement)
+
+
+def _placement(args: argparse.Namespace, grid: GenerationGrid, folder: Path | None) -> Placement | str:
+    """--device and --dtype (a resumed grid's own where not given), or what stops them, every problem in one line:
+    CUDA asked for where torch sees no GPU (the units run here: not with --executor ray --address, whose nodes have
+    their own), a method that cannot run there, another dtype than a resumed grid's rows."""
+    from attnbench.generation.placement import Placement, placement_problems
+    from attnbench.runfolder.meta import read_meta
+
+    recorded = read_meta(folder) if folder is not None and (folder / "meta.json").is_file() else {}
+    was = recorded.get("dtype", "float32" if recorded else None)  # a grid from before --dtype ran in float32
+    if args.dtype is not None and was is not None and args.dtype != was:
+        return (f"--dtype {args.dtype}: the rows in {folder} were generated in {was}; --resume continues them in "
+                f"{was} (start a new grid for another dtype)")  # fmt: skip
+    try:
+        placement = Placement(args.device or recorded.get("device", "cpu"), args.dtype or was or "float32")
+    except ValueError as error:  # a hand-edited meta.json
+        return f"{folder}/meta.json: {error}"
+    here = not (args.executor == "ray" and args.address)
+    problems = placement_problems(grid, placement, here=here)
+    return "; ".join(problems) if problems else placement
 
 
 def _dry_run(args: argparse.Namespace, grid: GenerationGrid, folder: Path | None, model_dir: Path,
-             tokenizer: Any) -> int:
+             tokenizer: Any, placement: Placement) -> int:
     """`generate --dry-run`: the units still to run, the method settings, and the time they will take here."""
     from attnbench.generation.run import grid_estimate, units_to_run
     from attnbench.runfolder.generations import generated_keys
@@ -175,7 +222,8 @@ def _dry_run(args: argparse.Namespace, grid: GenerationGrid, folder: Path | None
     print(f"total: {len(todo)} units" + (f" ({len(grid.units()) - len(todo)} done already)" if done else ""))
     if todo:
         print("attnbench: timing the model's forward pass for the estimate…", file=sys.stderr, flush=True)
-        estimate = grid_estimate(grid, todo, model_dir, tokenizer, executor=args.executor, workers=args.jobs)
+        estimate = grid_estimate(grid, todo, model_dir, tokenizer, executor=args.executor, workers=args.jobs,
+                                 placement=placement)  # fmt: skip
         print(textwrap.fill(estimate_text(estimate, grid.raw.get("measured_run_time"), args.executor), terminal_width(),
                             subsequent_indent="  "))  # fmt: skip
     return Exit.OK
@@ -213,7 +261,7 @@ def _model_of(folder: Path | None) -> Path | None:
     return Path(model) if model else None
 
 
-def _generate(args: argparse.Namespace, grid, folder: Path | None, model_dir: Path) -> int:
+def _generate(args: argparse.Namespace, grid, folder: Path | None, model_dir: Path, placement: Placement) -> int:
     import signal
 
     from attnbench.generation.run import run_grid
@@ -227,7 +275,7 @@ def _generate(args: argparse.Namespace, grid, folder: Path | None, model_dir: Pa
     folder = folder or new_run_dir(args.out, grid.name)
     try:
         meta = run_grid(grid, folder, model_dir, executor=args.executor, workers=args.jobs, address=args.address,
-                        command=args.command_line)  # fmt: skip
+                        command=args.command_line, placement=placement)  # fmt: skip
     except (RunFolderBusy, RayUnavailable) as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
@@ -238,7 +286,7 @@ def _generate(args: argparse.Namespace, grid, folder: Path | None, model_dir: Pa
     return _finish(folder, meta)
 
 
-def _finish(folder: Path, meta: dict) -> int:
+def _finish(folder: Path, meta: dict, beside: tuple = ()) -> int:
     from attnbench.generation.run import missing_units
     from attnbench.report.generation import terminal_summary, write_generation_report
     from attnbench.runfolder.generations import read_generations
@@ -248,7 +296,7 @@ def _finish(folder: Path, meta: dict) -> int:
     rows = read_generations(folder)
     missing = missing_units(folder)
     reads = bool(rows.variant.isin([name for name, knob in knobs().items() if knob.reads_only]).any())
-    report = write_generation_report(folder, rows, meta, missing or 0, reads)
+    report = write_generation_report(folder, rows, meta, missing or 0, reads, beside)
     print(terminal_summary(rows, terminal_width()))
     if missing:
         print(f"attnbench: {missing} unit(s) of the grid have not run yet: attnbench generate --resume {folder}",
@@ -260,20 +308,23 @@ def _finish(folder: Path, meta: dict) -> int:
     return Exit.REGRESSION if (rows.status != "ok").any() else Exit.OK
 
 
-def _report_only(folder: Path) -> int:
+def _report_only(folder: Path, beside: list[Path]) -> int:
     from attnbench.runfolder.meta import read_meta
     from attnbench.runfolder.results import RunFolderUnreadable
     from attnbench.runfolder.generations import read_generations
 
     from attnbench.runfolder.folder import RunFolderBusy, take_lock
 
+    from attnbench.report.cross_model import load_side
+
     try:
         read_generations(folder)
+        others = tuple(load_side(other) for other in beside)  # every --beside folder read before any work
         lock = take_lock(folder)  # no report rewritten under a grid that is still being written
     except (RunFolderUnreadable, RunFolderBusy) as error:
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
     try:
-        return _finish(folder, read_meta(folder) if (folder / "meta.json").is_file() else {})
+        return _finish(folder, read_meta(folder) if (folder / "meta.json").is_file() else {}, others)
     finally:
         lock.close()

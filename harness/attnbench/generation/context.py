@@ -11,6 +11,7 @@ needs one says so when it builds its state.
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
@@ -25,16 +26,21 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(getattr(inner, "layers", []))
 
 
-def rotary_of(model: nn.Module) -> Callable[[Tensor], tuple[Tensor, Tensor]] | None:
-    """positions (n,) -> cos, sin (n, d) of the model's rotary embedding (rotate-half convention), or None."""
+def rotary_of(model: nn.Module, layer: int = 0) -> Callable[[Tensor], tuple[Tensor, Tensor]] | None:
+    """positions (n,) -> cos, sin (n, d) of the rotary embedding the model's `layer` uses (rotate-half convention),
+    or None. A hybrid model's rotary embedding is one per layer type (Gemma 3: base 1e6 for its global layers, 1e4
+    for its sliding ones), chosen by the config's `layer_types`."""
     rotary = getattr(getattr(model, "model", model), "rotary_emb", None)
     if rotary is None:
         return None
     probe = next(model.parameters())
+    types = getattr(model.config, "layer_types", None)
+    per_type = "layer_type" in inspect.signature(rotary.forward).parameters and bool(types)
+    kind = {"layer_type": types[layer]} if per_type else {}
 
     def at(positions: Tensor) -> tuple[Tensor, Tensor]:
         with torch.no_grad():
-            cos, sin = rotary(probe.new_zeros(1), positions[None].to(probe.device))
+            cos, sin = rotary(probe.new_zeros(1), positions[None].to(probe.device), **kind)
         return cos[0], sin[0]
 
     return at
@@ -44,9 +50,9 @@ def layer_contexts(model: nn.Module, layers: int, question: int = 0,
                    pass_scores: list[Tensor] | None = None) -> list[PromptContext]:  # fmt: skip
     """One context per self-attention layer of the prompt just prefilled (`layers` of them)."""
     found = decoder_layers(model)
-    rotary = rotary_of(model)
     contexts = []
     for layer in range(layers):
+        rotary = rotary_of(model, layer)
         attention = getattr(found[layer], "self_attn", None) if layer < len(found) else None
         out_proj = getattr(getattr(attention, "o_proj", None), "weight", None)
         scores = pass_scores[layer] if pass_scores is not None else None

@@ -111,7 +111,8 @@ class InModelDecoder:
         if shared:
             started = time.perf_counter()
             scored = [m.variant.scores_prompt_mass and m.decodes for m in shared]  # rows scoring the prompt's masses
-            exact = ExactPrompt(with_masses=any(scored))
+            everywhere = any(mine and m.layers == "all" for mine, m in zip(scored, shared))  # masses in windows too
+            exact = ExactPrompt(with_masses=any(scored), masses_in_windows=everywhere)
             exact_logits = self.forward(exact, prompt[None], 0)
             phases["prompt masses"] = exact.masses_s
             phases["exact prefill"] = time.perf_counter() - started - exact.masses_s  # one exact pass, shared

@@ -12,7 +12,8 @@ well, PAPER_PARAMETERS; each table also taking `prefill` = "dense" | "own", `dec
 `stop` ("newline", the default: an answer ends at its first newline once begun, or at end of text, but a user's row
 whose answers may take more than one line runs on, `user_tasks.needs_lines`; "end-of-text": only there or at its
 budget, for multi-line answers), `budget_rule` ("kvpress", the default: the context compressed once when it ends, the question and the answer appended
-for every method; "fixed-total": every method at its share throughout, `attnbench.generation.kept`).
+for every method; "fixed-total": every method at its share throughout, `attnbench.generation.kept`), `model` (the model
+it runs on when `--model` is not given: a known model's name, `attnbench.model.known`, or a folder).
 
 The unit of work is (task, N, protocol, a block of samples): every method runs inside it, batched, on prompts built
 once; each finished unit appends its rows, so a resume runs only units with a missing row.
@@ -27,7 +28,7 @@ from typing import Any, Callable
 
 from attnbench.generation.budgets import OWN_KNOBS, at_share, clamp_note, knob_of
 from attnbench.generation.kept import BUDGET_RULES, QUANTIZE
-from attnbench.generation.layers import DECODES, PREFILLS
+from attnbench.generation.layers import DECODES, LAYERS, PREFILLS
 from attnbench.generation.tasks import ALIASES as TASK_ALIASES
 from attnbench.generation.tasks import TASKS, TaskError, read_jsonl
 from attnbench.interface import Hyperparameter, did_you_mean
@@ -45,9 +46,9 @@ PROTOCOLS = ("question-agnostic", "question-aware")
 JSONL = "jsonl:"
 DESCRIPTIVE = ("name", "description", "measured_run_time")
 KEYS = DESCRIPTIVE + ("tasks", "seq_lens", "samples", "protocols", "keep", "methods", "block", "continuation_tokens",
-                      "seed", "answer_tokens", "budget_rule", "stop")  # fmt: skip
+                      "seed", "answer_tokens", "budget_rule", "stop", "model")  # fmt: skip
 STOPS = ("newline", "end-of-text")
-METHOD_KEYS = ("prefill", "dense_layers", "label", "decode", "quantize", "protocols")
+METHOD_KEYS = ("prefill", "dense_layers", "label", "decode", "quantize", "protocols", "layers")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class MethodSpec:
     quantize: str = "none"  # what it keeps after the prompt quantized (`kept.QUANTIZE`: "kivi-4", "kivi-2")
     protocols: tuple[str, ...] = ()  # the grid's protocols it runs under (empty: every one; kvpress runs some presses
     # question-aware only)
+    layers: str = "global"  # a hybrid model's layers it goes into (`layers.LAYERS`): its global ones, or "all"
 
     def runs_under(self, protocol: str | None) -> bool:
         """It runs in a unit of this protocol (None, or a continuation's, which has no question: always)."""
@@ -120,6 +122,7 @@ class MethodSpec:
         extra = [f"{self.prefill} prefill"] if self.prefill != default_prefill(self.variant.name) else []
         extra += [f"first {self.dense_layers} layers exact"] if self.dense_layers else []
         extra += ["exact decoding"] if self.decode == "exact" else []
+        extra += ["every layer"] if self.layers == "all" else []
         quantized = f" + {self.quantize}" if self.quantize != "none" else ""
         return self.variant.label() + quantized + (f" [{', '.join(extra)}]" if extra else "")
 
@@ -179,6 +182,7 @@ class GenerationGrid:
     stop: str = STOPS[0]
     jsonl_rows: dict[str, int] = field(default_factory=dict, compare=False)  # a user's task -> its rows
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
+    model: str | None = None  # the model it runs on when --model is not given: a known name or a folder (None: SmolLM2)
 
     def units(self) -> list[Unit]:
         """Every unit, by N, task, protocol, then sample block. A continuation has no question (one unit, protocol
@@ -234,6 +238,8 @@ def row_key(unit: Unit, sample: int, setting: Setting) -> str:
            method.prefill, method.dense_layers, method.decode, setting.share]  # fmt: skip
     if method.quantize != "none":  # only when set: the keys of rows that do not quantize stay as they were
         key.append({"quantize": method.quantize})
+    if method.layers != "global":
+        key.append({"layers": method.layers})
     return json.dumps(key)
 
 
@@ -250,8 +256,14 @@ def read_grid(name_or_path: str, registry: Registry = default_registry, **overri
     applied, checked whole."""
     raw, source = read_grid_toml(name_or_path, GRIDS, "generation grid")
     given = {key: value for key, value in overrides.items() if value is not None}
+    named = list(given)  # the flags as given (--layers rewrites the methods)
+    if "layers" in given:  # --layers: every method's (a table's own `layers` replaced)
+        layers = given.pop("layers")
+        methods = given.get("methods", raw.get("methods", []))
+        tables = [m if isinstance(m, dict) else {"name": m} for m in (methods if isinstance(methods, list) else [methods])]
+        given["methods"] = [t if t.get("name") == "full" else {**t, "layers": layers} for t in tables]  # full: the model
     if given:  # the grid as run is no longer the file's: its description and measured time do not describe it
-        flags = ", ".join(f"--{key.replace('_', '-')}" for key in given)
+        flags = ", ".join(f"--{key.replace('_', '-')}" for key in named)
         raw = {**{k: v for k, v in raw.items() if k != "measured_run_time"}, **given,
                "description": f"{raw['name']} with {flags} given on the command line"}  # fmt: skip
     return parse_grid(raw, source, registry, flags=set(given))
@@ -326,11 +338,14 @@ def parse_grid(raw: dict[str, Any], source: str = "grid", registry: Registry = d
     problems += unquantizable(methods, str(rule), registry, _flag("methods", flags))
     if (problem := name_problem(str(raw.get("name", "")))) is not None:
         problems.append(f"name: {problem}")
+    model = raw.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        problems.append(f"model: expected a known model's name (e.g. \"Gemma-3-270M\") or a model folder, got {model!r}")
     if problems:
         raise ConfigError(source, problems)
     return GenerationGrid(
         str(raw["name"]), tasks, seq_lens, samples[0], tuple(dict.fromkeys(protocols)), keep, methods, block[0],
-        forced[0], answer[0], seed[0], str(rule), str(stop), jsonl_rows, raw,
+        forced[0], answer[0], seed[0], str(rule), str(stop), jsonl_rows, raw, model=model,
     )  # fmt: skip
 
 
@@ -385,7 +400,12 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
         decode = table.get("decode", "own")
         quantize = table.get("quantize", "none")
         runs_under = table.get("protocols", [])
+        layers = table.get("layers", "global")
         at = f"{where}[{index}] ({name})"
+        if layers not in LAYERS:
+            problems.append(f"{at}: layers must be one of {', '.join(map(repr, LAYERS))} (a hybrid model's global "
+                            f"layers, or its sliding-window layers too), got {layers!r}")  # fmt: skip
+            layers = "global"
         if not isinstance(runs_under, list) or not all(p in PROTOCOLS for p in runs_under):
             problems.append(f"{at}: protocols must be a list of {', '.join(PROTOCOLS)} (the grid's protocols it runs "
                             f"under; none: all), got {runs_under!r}")  # fmt: skip
@@ -398,6 +418,9 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
             label = ""
         if prefill not in PREFILLS:
             problems.append(f"{at}: prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}")
+        if name == "full" and layers != "global":
+            problems.append(f"{at}: full keeps the model's own sliding windows (it is the exact model); drop layers "
+                            "from it")  # fmt: skip
         if name == "full" and (prefill != "dense" or decode != "own"):
             problems.append(f"{at}: full is the exact model, always run with its exact prompt and KV cache; drop "
                             "prefill/decode from it")  # fmt: skip
@@ -409,9 +432,9 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
         if not isinstance(dense, int) or isinstance(dense, bool) or dense < 0:
             problems.append(f"{at}: dense_layers must be a whole number >= 0, got {dense!r}")
         stripped.append({k: v for k, v in table.items() if k not in METHOD_KEYS})
-        placed.append((prefill, dense, label, decode, quantize, tuple(runs_under)))
+        placed.append((prefill, dense, label, decode, quantize, tuple(runs_under), layers))
     methods = []
-    for (prefill, dense, label, decode, quantize, runs_under), table in zip(placed, stripped):
+    for (prefill, dense, label, decode, quantize, runs_under, layers), table in zip(placed, stripped):
         specs, found = parse_variants([table], registry, where)
         problems += found
         for spec in specs:
@@ -426,7 +449,7 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
             else:
                 own = decode == "own" and variant.decodes()  # a variant without a decode form decodes exactly
                 methods.append(MethodSpec(spec, prefill, dense, label if len(specs) == 1 else "", "own" if own else "exact",
-                                          quantize, runs_under))  # fmt: skip
+                                          quantize, runs_under, layers))  # fmt: skip
     if isinstance(raw, list) and not raw:
         problems.append(f"{where}: empty; name at least one method (full gives the exact model's own answers)")
     exact = MethodSpec(VariantSpec("full"), "dense")
@@ -494,7 +517,7 @@ def same_settings(methods: list[MethodSpec], where: str = "methods") -> list[str
     problems = []
     for method in methods:
         setting = (VariantSpec(method.variant.name, tuple(sorted(method.variant.params))), method.prefill,
-                   method.dense_layers, method.decode, method.quantize)  # fmt: skip
+                   method.dense_layers, method.decode, method.quantize, method.layers)  # fmt: skip
         if setting in seen and seen[setting] != method.label():
             problems.append(f"{where}: {seen[setting]} and {method.label()} are one setting: give one of them")
         seen.setdefault(setting, method.label())

@@ -17,6 +17,12 @@ A method whose `decode` is "exact" (any variant with `prefill = "own"`: MoBA's `
 variant with no decode form at all) is its sparse prefill followed by exact decoding against the prompt's whole
 cache.
 
+A hybrid model's sliding-window layers (Gemma 3: five of each six; the call says so, `attention.band_window`) keep
+their window as the model does, in every row: the exact model's cache there is that window, and a method goes into
+the global layers only (`Method.layers` "global", the default: its share and bytes are then of what the model really
+holds, the windows counted as the model's own). With "all" it also replaces each sliding layer's window after the
+prompt, reading what it keeps of the whole context as a global layer would.
+
 b - batch (one method per row), h - query heads, g - key/value heads, n - positions, d - head dim, e - value dim
 """
 
@@ -39,6 +45,7 @@ from attnbench.generation.kept import (
     row_held_bytes,
 )
 from attnbench.interface import AttentionVariant, DecodeState, PromptContext, expand_kv_heads, query_group
+from attnbench.model.attention import model_window
 from attnbench.ops import (
     KVCache,
     attention_and_masses,
@@ -50,6 +57,7 @@ from attnbench.ops import (
 
 PREFILLS = ("dense", "own")
 DECODES = ("own", "exact")  # the variant's own decode form, or exact decoding against every key kept
+LAYERS = ("global", "all")  # where a method goes in a hybrid model: its global layers, or every layer (windows too)
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class Method:
     label: str = ""
     decode: str = "own"
     quantize: str = "none"
+    layers: str = "global"  # `LAYERS`: a sliding-window layer keeps its window unless "all"
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILLS:
@@ -71,9 +80,12 @@ class Method:
             raise ValueError(f"decode must be one of {', '.join(DECODES)}; got {self.decode!r}")
         if self.quantize not in QUANTIZE:
             raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)}; got {self.quantize!r}")
+        if self.layers not in LAYERS:
+            raise ValueError(f"layers must be one of {', '.join(LAYERS)}; got {self.layers!r}")
         if not self.label:
             quantized = f" + {self.quantize}" if self.quantize != "none" else ""
-            object.__setattr__(self, "label", self.variant.label() + quantized)
+            everywhere = " in every layer" if self.layers == "all" else ""
+            object.__setattr__(self, "label", self.variant.label() + quantized + everywhere)
 
     @property
     def decodes(self) -> bool:
@@ -157,13 +169,23 @@ class ExactPrompt:
 
     layers: list[tuple[Tensor, Tensor, Tensor]] = field(default_factory=list)
     with_masses: bool = False  # the attention mass each key receives, from the same pass (H2O's prompt score)
-    masses: list[Tensor] = field(default_factory=list)  # (1, g, n) per layer, with_masses
+    masses: list[Tensor | None] = field(default_factory=list)  # (1, g, n) per layer, with_masses
     masses_s: float = 0.0  # seconds spent on the masses (H2O's cost, not the exact model's)
+    windows: list[int | None] = field(default_factory=list)  # each layer's own sliding window (None: global)
+    masses_in_windows: bool = False  # with_masses: a sliding layer's too (a method scoring them goes there: "all")
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
-               cross: bool) -> Tensor:
+               cross: bool, window: int | None = None) -> Tensor:
         self_attention_only(causal, padding, cross)
         self.layers.append((query, key, value))
+        self.windows.append(window)
+        if window is not None:  # the model's own sliding window, exact (block-wise)
+            out, _ = layer_prefill(model_window(window), query, key, value, room=0)
+            if self.with_masses:
+                started = time.perf_counter()
+                self.masses.append(attention_and_masses(query, key, value)[1] if self.masses_in_windows else None)
+                self.masses_s += time.perf_counter() - started
+            return out
         if not self.with_masses:
             return F.scaled_dot_product_attention(query, key, value, is_causal=True,
                                                   enable_gqa=query.shape[1] != key.shape[1])  # fmt: skip
@@ -179,8 +201,13 @@ class ExactPrompt:
 
     @property
     def cache_bytes(self) -> int:
-        """What the exact model's KV cache holds after the prompt: every layer's keys and values (g heads)."""
-        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for _, k, v in self.layers)
+        """What the exact model's KV cache holds after the prompt: every layer's keys and values (g heads), a sliding
+        layer's last window + 1 positions."""
+        held = 0
+        for (_, k, v), window in zip(self.layers, self.windows or [None] * len(self.layers)):
+            n = k.shape[-2] if window is None else min(k.shape[-2], window + 1)
+            held += (k[..., :n, :].numel() * k.element_size() + v[..., :n, :].numel() * v.element_size())
+        return held
 
 
 @dataclass
@@ -193,6 +220,7 @@ class Member:
     rows: list[int]
     state: DecodeState
     batched: bool
+    window: bool = False  # the model's own sliding window, every row that keeps it stepping as one
 
 
 class MethodRows:
@@ -208,6 +236,7 @@ class MethodRows:
             raise ValueError(f"budget rule must be one of {', '.join(BUDGET_RULES)}; got {rule!r}")
         self.methods, self.room, self.rule = methods, room, rule
         self.states: list[list[DecodeState]] = []  # [layer][row], after the prompt
+        self.windows: list[int | None] = []  # [layer]: its own sliding window (None: a global layer)
         self.members: list[list[Member]] = []  # [layer], from the first call after the prompt
         self.layer = 0  # the next self-attention call's layer: the caller resets it before each forward pass
         self.build_s = [0.0] * len(methods)  # each row's time building its states from the exact prompt
@@ -219,6 +248,7 @@ class MethodRows:
             return other if not self.methods else self
         joined = MethodRows(self.methods + other.methods, self.room, self.rule)
         joined.states = [mine + theirs for mine, theirs in zip(self.states, other.states)]
+        joined.windows = self.windows or other.windows
         joined.build_s = self.build_s + other.build_s
         return joined
 
@@ -233,16 +263,23 @@ class MethodRows:
                 if len(mine) == len(member.rows):
                     members.append(member)
                 elif mine:  # rows of a batched or stacked state: the state of those left
-                    members.append(Member([member.rows[i] for i in mine], member.state.select_rows(mine), member.batched))
+                    members.append(Member([member.rows[i] for i in mine], member.state.select_rows(mine), member.batched,
+                                          member.window))
             self.members[layer] = members
         self.alive = list(rows)
 
+    def keeps_window(self, row: int, layer: int) -> bool:
+        """The layer is one of the model's sliding-window layers and the row's method leaves it its window."""
+        return layer < len(self.windows) and self.windows[layer] is not None and self.methods[row].layers == "global"
+
     def variant_at(self, row: int, layer: int) -> AttentionVariant | None:
         method = self.methods[row]
+        if self.keeps_window(row, layer):
+            return model_window(self.windows[layer])  # type: ignore[arg-type]
         return None if layer < method.dense_layers else method.variant
 
-    def own_decode(self, row: int) -> bool:
-        return self.methods[row].decode == "own"
+    def own_decode(self, row: int, layer: int = -1) -> bool:
+        return self.methods[row].decode == "own" or self.keeps_window(row, layer)
 
     def from_exact(self, exact: ExactPrompt, contexts: list[PromptContext] | None = None) -> None:
         """Each layer's state of every row built from the exact prompt's q/k/v (the outputs are the exact model's): the
@@ -251,8 +288,9 @@ class MethodRows:
         if any(q.shape[0] != 1 for q, _, _ in exact.layers):
             raise ValueError("the exact prompt is one sequence that every row shares (batch 1)")
         self.states = []
+        self.windows = list(exact.windows) or [None] * len(exact.layers)
         for layer, (q, k, v) in enumerate(exact.layers):
-            if exact.masses:
+            if exact.masses and exact.masses[layer] is not None:
                 remember_mass(q, k, exact.masses[layer])
             context = contexts[layer] if contexts is not None else PromptContext(layer, len(exact.layers))
             states = []
@@ -260,7 +298,7 @@ class MethodRows:
                 started = time.perf_counter()
                 variant = self.variant_at(row, layer)
                 variant = variant.for_prompt(context) if variant is not None else None
-                states.append(layer_state(variant, q, k, v, self.room, self.own_decode(row)))
+                states.append(layer_state(variant, q, k, v, self.room, self.own_decode(row, layer)))
                 self.build_s[row] += time.perf_counter() - started
             self.states.append(states)
 
@@ -271,7 +309,13 @@ class MethodRows:
             groups: dict[tuple, list[int]] = {}
             stacks: dict[tuple, list[int]] = {}
             members = []
+            windowed = [row for row in range(len(self.states[index])) if self.keeps_window(row, index)]
+            if windowed:  # the model's own window in these rows: one buffer, evicting as it steps whatever the rule
+                states = [self.states[index][row] for row in windowed]
+                members.append(Member(windowed, type(states[0]).stack(states), batched=False, window=True))
             for row, state in enumerate(self.states[index]):
+                if row in windowed:
+                    continue
                 quantize = self.methods[row].quantize
                 if appends_after_prompt(state, self.rule):
                     k, v = state.kept()  # type: ignore[misc]
@@ -287,7 +331,7 @@ class MethodRows:
                 if key is None:
                     members.append(Member([row], state, batched=False))
                 else:  # one method's rows (its variant's step, whatever their budgets)
-                    stacks.setdefault((key, self.variant_at(row, index).name, self.own_decode(row)), []).append(row)
+                    stacks.setdefault((key, self.variant_at(row, index).name, self.own_decode(row, index)), []).append(row)
             for (*_, quantize), rows in groups.items():
                 state = batched([self.states[index][r] for r in rows], self.room, quantize)
                 members.append(Member(rows, state, batched=True))
@@ -300,12 +344,13 @@ class MethodRows:
         return self.members[layer]
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
-               cross: bool) -> Tensor:
+               cross: bool, window: int | None = None) -> Tensor:
         self_attention_only(causal, padding, cross)
         layer, self.layer = self.layer, self.layer + 1
         if layer == len(self.states) and layer >= len(self.members):  # the prompt: each row's prefill
+            self.windows.append(window)
             parts = [layer_prefill(self.variant_at(r, layer), *(x[r : r + 1] for x in (query, key, value)), self.room,
-                                   self.own_decode(r)) for r in range(query.shape[0])]  # fmt: skip
+                                   self.own_decode(r, layer)) for r in range(query.shape[0])]  # fmt: skip
             self.states.append([state for _, state in parts])
             return torch.cat([out for out, _ in parts], dim=0)
         out = query.new_empty(*query.shape[:-1], value.shape[-1])
@@ -325,8 +370,8 @@ class MethodRows:
         """A member's rows through t new tokens: q (m, h, t, d), k, v (m, g, t, d|e) -> (m, h, t, e)."""
         if member.batched:
             return attend_batched(member.state, q, k, v)
-        row = member.rows[0]  # a stacked state's rows share their method
-        out, member.state = layer_step(self.variant_at(row, layer), member.state, q, k, v, self.own_decode(row))
+        row = member.rows[0]  # a stacked state's rows share their method (or the model's window)
+        out, member.state = layer_step(self.variant_at(row, layer), member.state, q, k, v, self.own_decode(row, layer))
         return out
 
     def row_states(self, layer: int, row: int) -> tuple[DecodeState, int | None]:

@@ -12,9 +12,11 @@ from typing import Any
 from attnbench.generation.grid import JSONL, GenerationGrid
 from attnbench.generation.tasks import TaskError, build_samples, jsonl_samples, probe_text, read_jsonl
 from attnbench.generation.unit import encoder
+from attnbench.model.known import KNOWN_MODELS, known_for_folder
+from attnbench.model.layer_kinds import layer_windows, settings, unrouted_reason
 
 # where `make model` writes SmolLM2-135M; $ATTNBENCH_MODEL_DIR points elsewhere
-DEFAULT_MODEL = Path(os.environ.get("ATTNBENCH_MODEL_DIR", Path.home() / ".cache" / "attnbench" / "SmolLM2-135M"))
+DEFAULT_MODEL = Path(os.environ.get("ATTNBENCH_MODEL_DIR") or KNOWN_MODELS[0].folder)
 FLOAT32 = 4
 SLACK = 1.5  # what the tally misses: temporaries, the allocator's fragmentation
 
@@ -23,12 +25,25 @@ class PreflightError(ValueError):
     """The model or the grid cannot run here; the message lists every problem."""
 
 
+def grid_model_dir(grid: GenerationGrid) -> Path:
+    """The folder of the model a grid names (`model`, a known name or a folder), else `DEFAULT_MODEL`;
+    PreflightError for a name that is neither."""
+    from attnbench.model.known import UnknownModel, model_folder
+
+    try:
+        return model_folder(grid.model) if grid.model else DEFAULT_MODEL
+    except UnknownModel as error:
+        raise PreflightError(str(error)) from None
+
+
 def model_limits(model_dir: Path) -> dict[str, Any]:
     """config.json's sizes, or PreflightError naming what is missing."""
     config_file = model_dir / "config.json"
     if not config_file.is_file():
-        raise PreflightError(f"{model_dir} is not a model folder (no config.json); `make model` writes SmolLM2-135M "
-                             "to ~/.cache/attnbench/SmolLM2-135M, or pass --model DIR")  # fmt: skip
+        known = known_for_folder(model_dir)
+        fetch = (f"`{known.make}` writes {known.name} there" if known is not None else
+                 f"`make model` writes {KNOWN_MODELS[0].name} to {KNOWN_MODELS[0].folder}")  # fmt: skip
+        raise PreflightError(f"{model_dir} is not a model folder (no config.json); {fetch}, or pass --model NAME|DIR")
     try:
         config = json.loads(config_file.read_text())
     except (OSError, json.JSONDecodeError) as error:
@@ -65,26 +80,35 @@ def tokenizer_of(model_dir: Path) -> Any:
 
 
 def estimated_bytes(config: dict[str, Any], n: int, methods: int) -> float:
-    """What a unit at N holds at once: the weights, the exact prompt's q/k/v of every layer, each method's states
-    (at most the exact KV cache each, room included), one layer's working set over the prompt (q, k, v, the MLP's
-    three intermediates, residuals) and the widest chunked score block (H2O: 256 queries × N per head)."""
-    layers, hidden = config.get("num_hidden_layers", 1), config.get("hidden_size", 1)
-    heads = config.get("num_attention_heads", 1)
-    kv_heads = config.get("num_key_value_heads", heads)
-    head_dim = config.get("head_dim") or hidden // heads
-    mlp = config.get("intermediate_size", 4 * hidden)
-    vocabulary = config.get("vocab_size", 0)
-    weights = FLOAT32 * (2 * vocabulary * hidden + layers * (4 * hidden * hidden + 3 * hidden * mlp))
-    cache = layers * 2 * kv_heads * head_dim * n * FLOAT32
+    """What a unit at N holds at once: the weights (a tied vocabulary matrix once), the exact prompt's q/k/v of every
+    layer, each method's states (at most the exact KV cache each, room included: N positions in a global layer, its
+    window in a sliding one), one layer's working set over the prompt (q, k, v, the MLP's three intermediates,
+    residuals), the widest chunked score block (H2O: 256 queries × N per head) and the last position's logits (the
+    decoder keeps no others)."""
+    values = settings(config)
+    layers, hidden = values.get("num_hidden_layers", 1), values.get("hidden_size", 1)
+    heads = values.get("num_attention_heads", 1)
+    kv_heads = values.get("num_key_value_heads") or heads
+    head_dim = values.get("head_dim") or hidden // heads
+    mlp = values.get("intermediate_size", 4 * hidden)
+    vocabulary = values.get("vocab_size", 0)
+    embeddings = vocabulary * hidden * (1 if values.get("tie_word_embeddings") else 2)
+    attention = hidden * head_dim * 2 * (heads + kv_heads)  # q and o; k and v
+    weights = FLOAT32 * (embeddings + layers * (attention + 3 * hidden * mlp))
+    positions = sum(n if window is None else min(n, window) for window in layer_windows(config) or [None] * layers)
+    cache = 2 * kv_heads * head_dim * positions * FLOAT32
     record = layers * (heads + 2 * kv_heads) * head_dim * n * FLOAT32
     layer = FLOAT32 * n * (3 * heads * head_dim + 3 * mlp + 3 * hidden) * max(1, methods // 4)
     scores = 2 * heads * 256 * n * FLOAT32
-    return weights + SLACK * (record + methods * cache + layer + scores)
+    logits = vocabulary * FLOAT32
+    return weights + SLACK * (record + methods * cache + layer + scores + logits)
 
 
 def check(grid: GenerationGrid, model_dir: Path) -> Any:
     """The grid against the model: PreflightError listing every problem, else the tokenizer."""
     config = model_limits(model_dir)
+    if (reason := unrouted_reason(config)) is not None:  # before anything else is read: nothing here would run
+        raise PreflightError(f"{model_dir} cannot generate with attnbench's methods: {reason}")
     problems = []
     architectures = " ".join(config.get("architectures") or [])
     if "CausalLM" not in architectures and "LMHeadModel" not in architectures:
@@ -94,8 +118,8 @@ def check(grid: GenerationGrid, model_dir: Path) -> Any:
         problems.append(problem)
     limit = config.get("max_position_embeddings") or config.get("n_positions")
     fitting = [n for n in grid.seq_lens if not limit or n <= limit]  # N counts the context, question and answer
-    problems += [f"N={n}: beyond the model's {limit} positions; give --seq-lens {limit} or less"
-                 for n in grid.seq_lens if n not in fitting]  # fmt: skip
+    problems += [f"N={n}: beyond the model's {limit} positions ({model_dir.name}'s max_position_embeddings); give "
+                 f"--seq-lens {limit} or less" for n in grid.seq_lens if n not in fitting]  # fmt: skip
     try:
         tokenizer = tokenizer_of(model_dir)
     except PreflightError as error:

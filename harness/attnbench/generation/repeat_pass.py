@@ -79,25 +79,28 @@ class RepeatRouter:
     layer: int = 0
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, *, causal: bool, padding: Tensor | None,
-               cross: bool) -> Tensor:  # fmt: skip
+               cross: bool, window: int | None = None) -> Tensor:  # fmt: skip
         self_attention_only(causal, padding, cross)
         layer, self.layer = self.layer, self.layer + 1
         _, prompt_k, prompt_v = self.prompt[layer]
         self.scores[layer][..., self.start : self.end] = chunk_maxima(query, key, prompt_k, self.start, self.end)
-        return attend_after(query, key, value, prompt_k, prompt_v)
+        return attend_after(query, key, value, prompt_k, prompt_v, window)
 
 
-def attend_after(q: Tensor, k: Tensor, v: Tensor, prompt_k: Tensor, prompt_v: Tensor) -> Tensor:
-    """t tokens after the prompt, each attending to every prompt key and to the tokens up to itself: q (1, h, t, d),
-    k (1, g, t, d), v (1, g, t, e), the prompt's prompt_k (1, g, n, d), prompt_v (1, g, n, e) -> (1, h, t, e), by
-    SDPA, SCORE_CHUNK queries at a time."""
+def attend_after(q: Tensor, k: Tensor, v: Tensor, prompt_k: Tensor, prompt_v: Tensor,
+                 window: int | None = None) -> Tensor:  # fmt: skip
+    """t tokens after the prompt, each attending to every prompt key and to the tokens up to itself (a sliding
+    layer's: those within its one-sided `window` alone): q (1, h, t, d), k (1, g, t, d), v (1, g, t, e), the prompt's
+    prompt_k (1, g, n, d), prompt_v (1, g, n, e) -> (1, h, t, e), by SDPA, SCORE_CHUNK queries at a time."""
     n, t = prompt_k.shape[-2], q.shape[-2]
     keys, values = torch.cat([prompt_k, k], dim=-2), torch.cat([prompt_v, v], dim=-2)
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
     for start in range(0, t, SCORE_CHUNK):
         stop = min(t, start + SCORE_CHUNK)
         i, j = torch.arange(start, stop, device=q.device)[:, None], torch.arange(n + stop, device=q.device)[None, :]
-        allowed = (j < n) | (j - n <= i)  # (stop - start, n + stop)
+        allowed = j <= n + i  # (stop - start, n + stop): key j sits at position j, query i at n + i
+        if window is not None:
+            allowed &= n + i - j <= window
         out[..., start:stop, :] = F.scaled_dot_product_attention(
             q[..., start:stop, :], keys[..., : n + stop, :], values[..., : n + stop, :], attn_mask=allowed,
             enable_gqa=query_group(q, k) > 1,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from attnbench.generation.grid import GenerationGrid, Setting, Unit, row_key
+from attnbench.generation.placement import Placement
 from attnbench.generation.tasks import Sample
 from attnbench.generation.unit import UnitJob, UnitOutcome, run_unit, setting_row, unit_samples
 from attnbench.plan.config import toml_value
@@ -79,7 +80,8 @@ def outcomes(jobs: list[UnitJob], executor: str, workers: int, address: str | No
     if executor == "ray":
         from attnbench.run.ray_executor import tasks_on_ray
 
-        return tasks_on_ray(jobs, run_on_node, cpus=lambda job: job.threads, failed=failed, address=address, say=say)
+        return tasks_on_ray(jobs, run_on_node, cpus=lambda job: job.threads, failed=failed, address=address, say=say,
+                            gpus=lambda job: int(job.placement.device == "cuda"))  # fmt: skip
     if workers > 1 and len(jobs) > 1:
         from attnbench.run.worker_pool import in_worker_processes
 
@@ -94,6 +96,16 @@ def failed_rows(grid: GenerationGrid, outcome: UnitOutcome) -> list[GenerationRo
             for sample in unit.samples for setting in grid.settings(unit.seq_len, protocol=unit.protocol)]  # fmt: skip
 
 
+def model_layout(model_dir: Path) -> str | None:
+    """The model's hybrid layout in words (`layer_kinds.layout_text`; None without sliding layers or a config)."""
+    from attnbench.model.layer_kinds import layout_text
+
+    try:
+        return layout_text(json.loads((model_dir / "config.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
 def run_grid(
     grid: GenerationGrid,
     folder: Path,
@@ -103,23 +115,29 @@ def run_grid(
     workers: int = 1,
     address: str | None = None,
     command: list[str] | None = None,
+    placement: Placement = Placement(),
     say: Callable[[str], None] = lambda text: print(f"attnbench: {text}", file=sys.stderr),
 ) -> dict:
-    """Run what of `grid` has no ok row in `folder` (RunFolderBusy when another process writes it); KeyboardInterrupt
-    and RayUnavailable pass through with the finished units' rows kept. Returns the meta.json written."""
+    """Run what of `grid` has no ok row in `folder` (RunFolderBusy when another process writes it) on the placement's
+    device and dtype (recorded in meta.json); KeyboardInterrupt and RayUnavailable pass through with the finished
+    units' rows kept. Returns the meta.json written."""
     with GenerationsFolder(folder) as writer:
         done = generated_keys(folder)
         todo = units_to_run(grid, done)
         before, meta = writer.started_meta(command or ["attnbench", "generate", grid.name], model_dir=str(model_dir),
-                                           grid=grid.name, executor=executor, workers=workers)  # fmt: skip
+                                           grid=grid.name, executor=executor, workers=workers,
+                                           device=placement.device, dtype=placement.dtype,
+                                           layers=model_layout(model_dir))  # fmt: skip
         writer.write_meta(meta)
+        if meta.get("layers"):
+            say(f"{model_dir.name}: {meta['layers']}")
         writer.write_text(GRID_FILE, grid_toml(grid))
         total = len(grid.units())
         say(f"{len(todo)} of {total} units to run ({total - len(todo)} done already), "
             f"{len(grid.settings(grid.seq_lens[0]))} method settings each -> {folder}/")  # fmt: skip
         start = time.monotonic()
         threads = unit_threads(executor, workers)
-        jobs = [UnitJob(grid, unit, str(model_dir), threads) for unit in todo]
+        jobs = [UnitJob(grid, unit, str(model_dir), threads, placement) for unit in todo]
         phases = dict(before.get("phases", {}))
         for finished, outcome in enumerate(outcomes(jobs, executor, workers, address, say), 1):
             for phase, seconds in outcome.phases.items():
@@ -223,25 +241,30 @@ class GridEstimate:
     workers: int
 
 
-def model_speed(model_dir: Path, threads: int, vocabulary: int, flops: ModelFlops) -> tuple[float, float]:
-    """(FLOPs per second of the model's forward pass at `threads`, the seconds loading it took): a prompt of
-    CALIBRATION_TOKENS timed twice after a short warm-up, the faster kept (a shared machine's busy moment is noise)."""
+def model_speed(model_dir: Path, threads: int, vocabulary: int, flops: ModelFlops,
+                placement: Placement = Placement()) -> tuple[float, float]:  # fmt: skip
+    """(FLOPs per second of the model's forward pass at `threads` on the placement's device and dtype, the seconds
+    loading it there took): a prompt of CALIBRATION_TOKENS timed twice after a short warm-up, the faster kept (a
+    shared machine's busy moment is noise)."""
     import torch
 
     from attnbench.model.study import load_model
 
     started = time.perf_counter()
-    model, _ = load_model(model_dir)
+    model = placement.place(load_model(model_dir)[0])
+    placement.synchronize()
     load_s = time.perf_counter() - started
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         ids = torch.randint(0, vocabulary, (1, CALIBRATION_TOKENS), generator=torch.Generator().manual_seed(0))
+        ids = ids.to(placement.device)
         seconds = []
         with torch.no_grad():
             for prompt in (ids[:, :16], ids, ids):
                 started = time.perf_counter()
                 model(input_ids=prompt, use_cache=False, logits_to_keep=1)
+                placement.synchronize()
                 seconds.append(time.perf_counter() - started)
     finally:
         torch.set_num_threads(before)
@@ -258,14 +281,15 @@ def finish_time(durations: list[float], workers: int, start_s: float) -> float:
 
 
 def grid_estimate(grid: GenerationGrid, units: list[Unit], model_dir: Path, tokenizer: Any, *, executor: str,
-                  workers: int) -> GridEstimate:  # fmt: skip
+                  workers: int, placement: Placement = Placement()) -> GridEstimate:  # fmt: skip
     """`units` of `grid` on this machine: their samples built (the tokenizer's lengths), their FLOPs at the model's
-    speed timed now with a worker's threads, shared out over the workers (a Ray run: one unit at a time here)."""
+    speed timed now with a worker's threads on the placement's device, shared out over the workers (a Ray run: one
+    unit at a time here)."""
     config = json.loads((model_dir / "config.json").read_text())
     flops = ModelFlops.of(config)
     workers = 1 if executor == "ray" else workers
     threads = unit_threads(executor, workers)
-    speed, load_s = model_speed(model_dir, threads, config.get("vocab_size", 1), flops)
+    speed, load_s = model_speed(model_dir, threads, config.get("vocab_size", 1), flops, placement)
     low, high = [], []
     for unit in units:
         samples = unit_samples(grid, unit, tokenizer)

@@ -8,7 +8,8 @@ shuffled order, each from a fresh copy (copied outside the clock): a slow stretc
 them alike, and a method's ratio to the exact step is taken within each round. Its time inside attention per token
 is that step times its compressed layers plus the exact step times the layers it keeps exact. The steps are eager
 PyTorch (`FORM`), on one thread (a one-token step gains nothing from more, and on a busy machine they are
-noise).
+noise); on the rows' device and in their dtype (`placement.Placement`), a GPU's queued work waited for before each
+clock read.
 
 b - rows, h - query heads, g - key/value heads, d - head dim, e - value dim
 """
@@ -26,6 +27,7 @@ from torch import Tensor
 
 from attnbench.generation.kept import attend_batched
 from attnbench.generation.layers import MethodRows, layer_step
+from attnbench.generation.placement import Placement
 from attnbench.interface import DecodeState
 from attnbench.stats import median_interval
 
@@ -72,20 +74,21 @@ def row_step(rows: MethodRows, layer: int, row: int) -> Callable[[], Callable[[T
 
 
 def time_rows(rows: MethodRows, exact_row: int, layers: int, shapes: tuple[int, int, int, int],
-              rounds: int = ROUNDS, seed: int = 0) -> list[StepTime]:  # fmt: skip
+              rounds: int = ROUNDS, seed: int = 0, placement: Placement = Placement()) -> list[StepTime]:  # fmt: skip
     """Every row's StepTime (in `rows`' order), timed in turns with `exact_row`'s: shapes = (query heads, key/value
-    heads, head dim, value dim); `layers` the model's self-attention layers."""
+    heads, head dim, value dim); `layers` the model's self-attention layers; the steps' inputs on the placement's
+    device, in its dtype (the rows' states')."""
     heads, kv_heads, d, e = shapes
     layer = min(layers - 1, max(layers // 2, max(m.dense_layers for m in rows.methods)))  # past the dense ones
     makers = [row_step(rows, layer, row) for row in range(len(rows.methods))]
     generator = torch.Generator().manual_seed(seed)
-    inputs = [(torch.randn(1, heads, 1, d, generator=generator), torch.randn(1, kv_heads, 1, d, generator=generator),
-               torch.randn(1, kv_heads, 1, e, generator=generator)) for _ in range(STEPS)]  # fmt: skip
+    inputs = [tuple(torch.randn(1, h, 1, width, generator=generator).to(placement.device, placement.torch_dtype)
+                    for h, width in ((heads, d), (kv_heads, d), (kv_heads, e))) for _ in range(STEPS)]  # fmt: skip
     shuffle = random.Random(seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a one-token step gains nothing from threads, and a busy machine's cores make them noise
     try:
-        samples = timed_rounds(makers, inputs, rounds, shuffle)
+        samples = timed_rounds(makers, inputs, rounds, shuffle, placement.synchronize)
     finally:
         torch.set_num_threads(threads)
     exact = samples[exact_row]
@@ -100,16 +103,20 @@ def time_rows(rows: MethodRows, exact_row: int, layers: int, shapes: tuple[int, 
     return out
 
 
-def timed_rounds(makers: list, inputs: list, rounds: int, shuffle: random.Random) -> list[list[float]]:
-    """Each maker's seconds per step, a sample a round (the warm-up round dropped), in a shuffled order each round."""
+def timed_rounds(makers: list, inputs: list, rounds: int, shuffle: random.Random,
+                 synchronize: Callable[[], None] = lambda: None) -> list[list[float]]:  # fmt: skip
+    """Each maker's seconds per step, a sample a round (the warm-up round dropped), in a shuffled order each round;
+    `synchronize` waits for a device's queued work before each clock read (the copy's, then the steps')."""
     order, samples = list(range(len(makers))), [[] for _ in makers]  # type: list[int], list[list[float]]
     with torch.no_grad():
         for _ in range(rounds + 1):  # the first round warms up and is dropped
             shuffle.shuffle(order)
             for row in order:
                 step = makers[row]()
+                synchronize()
                 started = time.perf_counter()
                 for q, k, v in inputs:
                     step(q, k, v)
+                synchronize()
                 samples[row].append((time.perf_counter() - started) / STEPS)
     return [s[1:] for s in samples]

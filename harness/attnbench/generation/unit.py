@@ -1,6 +1,7 @@
 """One unit of a generation grid: its samples built, every method run on each (batched, the exact prompt shared), and
 a row per (sample, method setting). A sample that fails is its rows' `error`, the unit goes on. What a worker (in
-this process, or a Ray task) runs; the model is loaded once per process."""
+this process, or a Ray task) runs; the model is loaded once per process and placement (`placement.Placement`: its
+device and dtype), and every prompt made on its device."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 from attnbench.generation.decoder import PHASES, InModelDecoder, RowResult, looping
 from attnbench.generation.grid import JSONL, GenerationGrid, Setting, Unit, row_key
 from attnbench.generation.layers import Method, MethodRows
+from attnbench.generation.placement import Placement
 from attnbench.generation.repeat_pass import RepeatPrompt
 from attnbench.generation.step_timing import FORM, StepTime, time_rows
 from attnbench.generation.tasks import Sample, build_samples, jsonl_samples, needs_lines, read_jsonl, score
@@ -31,12 +33,13 @@ UNIT_PHASES = ("step timing", "reply check")  # besides the decoder's: timing th
 
 @dataclass(frozen=True)
 class UnitJob:
-    """What a worker needs: the grid, the unit, the model folder."""
+    """What a worker needs: the grid, the unit, the model folder, where the model runs."""
 
     grid: GenerationGrid
     unit: Unit
     model_dir: str
     threads: int = 2  # torch's threads in the worker: units run side by side take fewer each
+    placement: Placement = Placement()  # the device and dtype (a Ray task on CUDA asks for a GPU)
 
 
 @dataclass
@@ -49,13 +52,14 @@ class UnitOutcome:
 
 
 @functools.lru_cache(maxsize=1)
-def loaded(model_dir: str) -> tuple[Any, Any, InModelDecoder]:
-    """The model, its tokenizer and the in-model decoder, once per process."""
+def loaded(model_dir: str, placement: Placement = Placement()) -> tuple[Any, Any, InModelDecoder]:
+    """The model (on the placement's device, in its dtype), its tokenizer and the in-model decoder, once per process
+    and placement."""
     from transformers import AutoTokenizer
 
     from attnbench.model.study import load_model
 
-    model, _ = load_model(Path(model_dir))
+    model = placement.place(load_model(Path(model_dir))[0])
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     ends = {tokenizer.eos_token_id} - {None}
     stops = set(tokenizer.encode("\n", add_special_tokens=False))
@@ -85,11 +89,12 @@ def run_unit(job: UnitJob) -> UnitOutcome:
     """Every sample of the unit with every method setting: a row each."""
     torch.set_num_threads(job.threads)
     try:
-        model, tokenizer, decoder = loaded(job.model_dir)
+        model, tokenizer, decoder = loaded(job.model_dir, job.placement)
         samples = unit_samples(job.grid, job.unit, tokenizer)
     except Exception as error:
         return UnitOutcome(job, reason=f"{type(error).__name__}: {error}")
     rows, started, phases = [], time.monotonic(), dict.fromkeys(PHASES + UNIT_PHASES, 0.0)
+    ids = job.placement.tokens  # token ids as a tensor (n,) on the model's device
     for done, sample in enumerate(samples, 1):
         aware = job.unit.protocol == "question-aware"
         prompt = sample.context + (sample.question if aware else [])
@@ -99,21 +104,22 @@ def run_unit(job: UnitJob) -> UnitOutcome:
                                      protocol=job.unit.protocol)
         try:
             methods = [Method(registry.create(s.method.variant.name, seed=job.grid.seed, **dict(s.hparams)),
-                              s.method.prefill, s.method.dense_layers, s.label(), s.method.decode, s.method.quantize)
+                              s.method.prefill, s.method.dense_layers, s.label(), s.method.decode, s.method.quantize,
+                              s.method.layers)
                        for s in settings]  # fmt: skip
             timed: list[list[StepTime] | None] = [None]
 
             def time_steps(rows: MethodRows, order: list[int]) -> None:  # the unit's first sample, before its answer
                 started = time.perf_counter()
-                timed[0] = step_times(rows, order, model, settings)
+                timed[0] = step_times(rows, order, model, settings, job.placement)
                 phases["step timing"] += time.perf_counter() - started
 
             results = decoder.run(
                 methods,
-                torch.tensor(prompt),
-                follow=None if aware else torch.tensor(sample.question, dtype=torch.long),
+                ids(prompt),
+                follow=None if aware else ids(sample.question),
                 new_tokens=sample.answer_tokens if sample.answers else 0,
-                forced=torch.tensor(sample.continuation, dtype=torch.long) if sample.continuation else None,
+                forced=ids(sample.continuation) if sample.continuation else None,
                 rule=job.grid.budget_rule,
                 after_question=time_steps if done == 1 else None,
                 stop_lines=stops_at_newline(job.grid, job.unit, sample),
@@ -164,7 +170,7 @@ def exact_reply_flag(decoder: InModelDecoder, job: UnitJob, sample: Sample, text
         if len(tokens) >= sample.answer_tokens:
             return "cut at budget"
         if stops_at_newline(job.grid, job.unit, sample):  # one more exact pass over its prompt
-            (going,) = decoder.run([methods[exact]], torch.tensor(text + tokens), stop_lines=False,
+            (going,) = decoder.run([methods[exact]], job.placement.tokens(text + tokens), stop_lines=False,
                                    new_tokens=sample.answer_tokens - len(tokens))  # fmt: skip
             longer = tokenizer.decode(tokens + going.tokens, skip_special_tokens=True).strip()
             if score(longer, sample.answers, sample.metric) > found:
@@ -172,9 +178,11 @@ def exact_reply_flag(decoder: InModelDecoder, job: UnitJob, sample: Sample, text
     return "" if reply else "empty"
 
 
-def step_times(rows: MethodRows, order: list[int], model: Any, settings: list[Setting]) -> list[StepTime] | None:
+def step_times(rows: MethodRows, order: list[int], model: Any, settings: list[Setting],
+               placement: Placement = Placement()) -> list[StepTime] | None:  # fmt: skip
     """Each setting's attention cost per token (in the settings' order), timed in turns with the exact model's on
-    the rows' states (`step_timing`; `order`: each row's setting); None without the exact model among them."""
+    the rows' states (`step_timing`, on the placement's device and dtype; `order`: each row's setting); None without
+    the exact model among them."""
     exact = exact_index(settings)
     if exact is None:
         return None
@@ -182,7 +190,7 @@ def step_times(rows: MethodRows, order: list[int], model: Any, settings: list[Se
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     shapes = (heads, config.num_key_value_heads, head_dim, head_dim)
-    timed = time_rows(rows, order.index(exact), config.num_hidden_layers, shapes)
+    timed = time_rows(rows, order.index(exact), config.num_hidden_layers, shapes, placement=placement)
     in_order: list[StepTime] = [timed[0]] * len(settings)
     for row, index in enumerate(order):
         in_order[index] = timed[row]

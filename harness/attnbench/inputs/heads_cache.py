@@ -75,6 +75,9 @@ def heads_unfit(params: dict[str, Any], *, causal: bool, positions: int, head_di
         return f"{name}'s heads are a causal decoder's: they judge causal cells only"
     if positions > int(manifest["positions"]):
         trained = int(manifest.get("trained_positions", manifest["positions"]))
+        if manifest.get("limited_by"):  # the shipped texts ran out before the model's positions
+            return (f"{name}'s heads were captured at {manifest['positions']} positions ({manifest['limited_by']}; "
+                    f"the model was trained on {trained}); this cell needs {positions}")  # fmt: skip
         if int(manifest["positions"]) < trained:  # a short capture (`--positions`): capture again
             return (f"{name}'s heads were captured at {manifest['positions']} positions (attnbench heads "
                     f"--positions); this cell needs {positions}: capture them again without --positions")  # fmt: skip

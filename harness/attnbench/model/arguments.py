@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnbench.model.known import known_names, model_argument
+
 DEFAULT_SEQ_LEN = 512
 DEFAULT_MIN_RUN_TIME = 1.0
 
@@ -29,7 +31,9 @@ def add_model_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
         "many more forward passes. A length whose estimated memory exceeds the limit is refused before any "
         "work. Writes model.csv, meta.json and a report. Nothing is downloaded and no remote code runs.",
     )
-    model.add_argument("model_dir", type=Path, help="a local model folder (config.json, weights, tokenizer)")
+    model.add_argument("model_dir", type=model_argument, metavar="MODEL",
+                       help="a local model folder (config.json, weights, tokenizer), or a known model's name "
+                       f"({known_names()}: its folder as `make model` writes it)")  # fmt: skip
     model.add_argument(
         "--variants",
         required=True,

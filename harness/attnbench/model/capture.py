@@ -3,8 +3,11 @@
 By default q, k, v are recorded where attention sees them: at transformers' attention function (its
 `AttentionInterface`), after the model's rotary position embedding, with grouped-query K/V heads kept as the
 model's K/V heads and the model's attention scaling recorded. The call itself is transformers' own SDPA, so the
-model computes what it always computes. `pre_rotary=True` records the q/k/v projections' outputs instead (what
-older captures held: position-free attention for a rotary model). Models whose attention does not go through the
+model computes what it always computes; a sliding-window layer (Gemma 3's) over a whole unpadded sequence is computed
+block-wise over its window instead (`band`, exact on its support), never through an n x n mask (1 GiB of booleans at
+32K positions, and full attention's work in each such layer: twice the time of the whole pass at 8K). `keep` records
+some layers only. `pre_rotary=True` records the q/k/v projections' outputs instead (what older captures held:
+position-free attention for a rotary model). Models whose attention does not go through the
 interface fall back to the projections, and the file says so. Nothing is downloaded.
 
 b - batch, h - heads, g - key/value heads, n - sequence, d - head dim, l - layer
@@ -12,6 +15,7 @@ b - batch, h - heads, g - key/value heads, n - sequence, d - head dim, l - layer
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +137,13 @@ class AttentionRecord:
     v: list[Tensor] = field(default_factory=list)
     scaling: list[float] = field(default_factory=list)
     causal: list[bool] = field(default_factory=list)
+    keep: frozenset[int] | None = None  # the self-attention calls (layers, in call order) recorded; None: all
+    calls: int = 0  # self-attention calls seen
+
+    def wants(self) -> bool:
+        """Whether this self-attention call is one to record (and count it)."""
+        self.calls += 1
+        return self.keep is None or self.calls - 1 in self.keep
 
 
 _ACTIVE: AttentionRecord | None = None
@@ -141,12 +152,17 @@ _ACTIVE: AttentionRecord | None = None
 def _recording_attention(
     module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
 ) -> tuple[Tensor, Any]:
-    """transformers' SDPA attention, after writing down its inputs into the active record."""
+    """transformers' SDPA attention (a sliding-window layer's unmasked call: `windowed_attention`), after writing
+    down its inputs into the active record."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    output, weights = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+    window = kwargs.get("sliding_window")
+    if window is not None and attention_mask is None and query.shape[-2] == key.shape[-2]:
+        output, weights = windowed_attention(query, key, value, int(window), kwargs.get("scaling")), None
+    else:
+        output, weights = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
     record = _ACTIVE
-    if record is not None and query.shape[-2] == key.shape[-2]:  # self-attention only
+    if record is not None and query.shape[-2] == key.shape[-2] and record.wants():  # self-attention only
         scaling = kwargs.get("scaling")
         record.q.append(query.detach().float())
         record.k.append(key.detach().float())
@@ -156,21 +172,49 @@ def _recording_attention(
     return output, weights
 
 
+def windowed_attention(query: Tensor, key: Tensor, value: Tensor, window: int, scaling: float | None) -> Tensor:
+    """A causal sliding-window layer's attention, as transformers computes it (a query sees the last `window` keys,
+    its own included), block-wise: query (b, h, n, d), key/value (b, g, n, d) -> (b, n, h, d)."""
+    from attnbench.interface import expand_kv_heads, query_group
+    from attnbench.model.attention import band_window
+    from attnbench.registry import registry
+
+    if scaling is not None and not math.isclose(scaling, query.shape[-1] ** -0.5):
+        query = query * (scaling * query.shape[-1] ** 0.5)  # band scales by 1/sqrt(d)
+    group = query_group(query, key)
+    band = registry.create("band", window=band_window(window))
+    output = band(query, expand_kv_heads(key, group), expand_kv_heads(value, group), causal=True, key_padding_mask=None)
+    return rearrange(output, "b h n d -> b n h d").contiguous()
+
+
+def _recording_mask(batch_size: int, q_length: int, kv_length: int, *args: Any, **kwargs: Any) -> Tensor | None:
+    """transformers' SDPA mask, but none for a sliding-window layer over a whole sequence without padding: the
+    recording attention windows it itself (`windowed_attention`)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    padding = kwargs.get("attention_mask")
+    whole = q_length == kv_length and not args and not kwargs.get("q_offset") and not kwargs.get("kv_offset")
+    if kwargs.get("local_size") is not None and whole and (padding is None or bool(padding.all())):
+        return None
+    return ALL_MASK_ATTENTION_FUNCTIONS["sdpa"](batch_size, q_length, kv_length, *args, **kwargs)
+
+
 def _register_recording() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(RECORDING, _recording_attention)
-    AttentionMaskInterface.register(RECORDING, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionMaskInterface.register(RECORDING, _recording_mask)
 
 
-def record_attention(model: nn.Module, ids: Tensor) -> AttentionRecord:
-    """Run `model` on `ids` once and return what its attention function saw (post-rotary q/k). Empty when the
-    model's attention does not go through transformers' attention interface."""
+def record_attention(model: nn.Module, ids: Tensor, keep: list[int] | None = None) -> AttentionRecord:
+    """Run `model` on `ids` once and return what its attention function saw (post-rotary q/k), of the layers in
+    `keep` alone when given (by call order). Empty when the model's attention does not go through transformers'
+    attention interface."""
     global _ACTIVE
     _register_recording()
     previous = getattr(model.config, "_attn_implementation", "sdpa")
-    record = AttentionRecord()
+    record = AttentionRecord(keep=None if keep is None else frozenset(keep))
     try:
         model.set_attn_implementation(RECORDING)
     except Exception:  # an architecture that does not take attention implementations
@@ -219,15 +263,17 @@ def record_projections(model: nn.Module, ids: Tensor, head_dim: int) -> dict[str
 
 
 def record_qkv(
-    model: nn.Module, config: object, ids: Tensor, *, pre_rotary: bool = False, model_dir: Path | None = None
+    model: nn.Module, config: object, ids: Tensor, *, pre_rotary: bool = False, model_dir: Path | None = None,
+    keep: list[int] | None = None,
 ) -> tuple[dict[str, list[Tensor]], str, bool, list[float]]:
-    """Run the model once on `ids`: per role ('q', 'k', 'v') each layer's tensor (b, heads, n, d), where they were
-    recorded (the attention function after the rotary embedding, or the projections), whether the attention is
-    causal, and each layer's scaling. CaptureError when the model fails on that many tokens."""
+    """Run the model once on `ids`: per role ('q', 'k', 'v') each layer's tensor (b, heads, n, d) (the layers in
+    `keep` alone when given and recorded at the attention function), where they were recorded (the attention function
+    after the rotary embedding, or the projections), whether the attention is causal, and each layer's scaling.
+    CaptureError when the model fails on that many tokens."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rotary = has_rotary(config)
     try:
-        record = AttentionRecord() if pre_rotary else record_attention(model, ids)
+        record = AttentionRecord() if pre_rotary else record_attention(model, ids, keep)
         if record.q:
             where = "attention (post-rotary)" if rotary else "attention"
             layers = {"q": record.q, "k": record.k, "v": record.v}

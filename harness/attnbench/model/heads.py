@@ -3,11 +3,13 @@ them (`attnbench.inputs.heads_cache`). `make model` runs it for SmolLM2-135M; an
 way (nothing is downloaded).
 
 Per text (prose and code, `attnbench.model.texts.HEADS_TEXTS`) the model runs once on its first P tokens, P the
-model's own positions (at most `MAX_POSITIONS`) and `DECODE_HEADROOM` more (a decode cell's steps after a prompt of
-the model's full length: 0.8% past its trained positions at 8K, said in the manifest), and the post-rotary q/k/v of `DEPTHS` layers spread over its depth
-are written in float16 (the file the `captured` input reads too, with its description). The manifest is written
-last, into a folder beside the model's that replaces it whole: a capture that fails or is stopped half-way leaves
-the previous one as it was.
+model's own positions (at most `MAX_POSITIONS`; fewer, said, where a shipped text is shorter in its tokenizer) and
+`DECODE_HEADROOM` more (a decode cell's steps after a prompt of the model's full length: 0.8% past its trained
+positions at 8K, said in the manifest), and the post-rotary q/k/v of `DEPTHS` layers spread over its depth are
+written in float16 (the file the `captured` input reads too, with its description). A hybrid model (Gemma 3: five
+sliding-window layers of each six) keeps its global layers alone, the ones whose attention spans the whole sequence,
+and its manifest says so. The manifest is written last, into a folder beside the model's that replaces it whole: a
+capture that fails or is stopped half-way leaves the previous one as it was.
 
 l - layer, b - batch, h - heads, g - key/value heads, n - positions, d - head dim
 """
@@ -26,7 +28,7 @@ import torch
 from attnbench.inputs.heads_cache import MANIFEST, heads_root
 
 DEPTHS = 10  # layers kept, spread over the depth (every third of SmolLM2's 30): held-out splits keep 5 and 5
-MAX_POSITIONS = 8192  # SmolLM2's own positions; 16K of prose would hold 4x the memory for lengths it never saw
+MAX_POSITIONS = 32768  # the most a capture takes by default (a model's own positions, capped): Gemma-3-270M's 32K
 DECODE_HEADROOM = 64  # positions past that: the steps a decode cell generates after a prompt of the full length
 
 
@@ -35,6 +37,22 @@ def depth_layers(count: int, keep: int = DEPTHS) -> list[int]:
     if count <= keep:
         return list(range(count))
     return sorted({min(count - 1, int((i + 0.5) * count / keep)) for i in range(keep)})
+
+
+def kept_layers(config: object) -> tuple[list[int], str]:
+    """The layers captured, spread over the depth (`depth_layers`): of a hybrid model its global layers alone (a
+    sliding-window layer's attention is its window, not the sequence); and what the manifest says of them."""
+    from attnbench.model.layer_kinds import global_layers, layer_windows
+
+    windows = layer_windows(config)
+    count = int(getattr(config, "num_hidden_layers", len(windows)))
+    pool = global_layers(config) or list(range(count))  # every layer sliding (Mistral's): each its window
+    kept = [pool[i] for i in depth_layers(len(pool))]
+    sizes = sorted({w for w in windows if w is not None})
+    if len(pool) == count:
+        return kept, f"every layer slides over {sizes[0]} keys" if sizes else "every layer's attention is global"
+    return kept, (f"global layers only: {len(pool)} of {count} attend over the whole sequence; the other "
+                  f"{count - len(pool)} slide over {', '.join(map(str, sizes))} keys and are left out")  # fmt: skip
 
 
 def capture_heads(
@@ -52,10 +70,18 @@ def capture_heads(
     prompt = positions or min(MAX_POSITIONS, limit)
     if prompt > limit:
         raise CaptureError(f"--positions {prompt} is beyond the model's {limit} positions (what it was trained on)")
-    positions = prompt + DECODE_HEADROOM
+    asked, positions = positions, prompt + DECODE_HEADROOM
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    tokens = {name: tokenizer(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids[:, :positions]
+    tokens = {name: tokenizer(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids
               for name, path in HEADS_TEXTS.items()}  # fmt: skip
+    shortest = min(tokens, key=lambda name: tokens[name].shape[-1])
+    if asked is None and (given := tokens[shortest].shape[-1]) < positions:  # the default: as far as the texts go
+        say(f"note: the shipped {HEADS_TEXTS[shortest].name} gives {given} tokens with {model_dir.name}'s tokenizer, "
+            f"fewer than {prompt} positions and {DECODE_HEADROOM} for decode steps: every text is captured at "
+            f"{given - DECODE_HEADROOM} positions and {DECODE_HEADROOM} (no cell needing more than {given} is drawn "
+            "from them; a longer shipped text would reach the rest)")  # fmt: skip
+        prompt, positions = given - DECODE_HEADROOM, given
+    tokens = {name: ids[:, :positions] for name, ids in tokens.items()}
     if short := [f"{HEADS_TEXTS[name].name} gives {ids.shape[-1]}" for name, ids in tokens.items() if ids.shape[-1] < positions]:
         raise CaptureError(f"{', '.join(short)} tokens with this tokenizer, fewer than the {positions} asked "
                            f"({prompt} and {DECODE_HEADROOM} for decode steps): give a smaller --positions")  # fmt: skip
@@ -66,14 +92,17 @@ def capture_heads(
     except OSError as error:
         raise CaptureError(f"{folder.parent}: cannot be written ({error.strerror or error}); set ATTNBENCH_HEADS to "
                            "a folder that can") from None  # fmt: skip
+    limited = None if asked is not None or prompt == min(MAX_POSITIONS, limit) else (
+        f"the shipped {HEADS_TEXTS[shortest].name} gives {positions} tokens with this tokenizer")  # fmt: skip
     try:
-        return _capture_into(partial, folder, model_dir, tokens, limit, say)
+        return _capture_into(partial, folder, model_dir, tokens, limit, say, limited)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 
 
 def _capture_into(
-    partial: Path, folder: Path, model_dir: Path, tokens: dict[str, Any], limit: int, say: Callable[[str], None]
+    partial: Path, folder: Path, model_dir: Path, tokens: dict[str, Any], limit: int, say: Callable[[str], None],
+    limited: str | None = None,
 ) -> Path:
     """Run the model on each text's tokens, write its files and manifest into `partial`, then make it `folder`."""
     import json
@@ -84,19 +113,18 @@ def _capture_into(
     from attnbench.model.texts import HEADS_TEXTS
 
     model, config = load_base_model(model_dir, "attnbench heads")
+    kept, attention = kept_layers(config)
     texts: dict[str, Any] = {}
-    kept: list[int] = []
     scaling: list[float] = []
     for name, ids in tokens.items():
         path = HEADS_TEXTS[name]
         started = time.perf_counter()
-        layers, where, causal, all_scaling = record_qkv(model, config, ids, model_dir=model_dir)
-        if not causal or not where.startswith("attention"):
-            raise CaptureError(f"{model_dir}: its attention was recorded at the {where}, causal={causal}; the heads "
-                               "input needs a causal decoder whose attention goes through transformers' interface")  # fmt: skip
-        kept = depth_layers(len(layers["q"]))
-        scaling = [all_scaling[i] for i in kept]
-        tensors = {role: torch.stack([values[i] for i in kept]).contiguous() for role, values in layers.items()}
+        layers, where, causal, scaling = record_qkv(model, config, ids, model_dir=model_dir, keep=kept)
+        if not causal or not where.startswith("attention") or len(layers["q"]) != len(kept):
+            raise CaptureError(f"{model_dir}: its attention was recorded at the {where}, causal={causal}, "
+                               f"{len(layers['q'])} of layers {kept}; the heads input needs a causal decoder whose "
+                               "attention goes through transformers' interface")  # fmt: skip
+        tensors = {role: torch.stack(values).contiguous() for role, values in layers.items()}
         half = {role: tensor.half() for role, tensor in tensors.items()}
         if all(torch.isfinite(t).all() for t in half.values()):  # float16 halves the disk; kept float32 otherwise
             tensors = half
@@ -116,6 +144,7 @@ def _capture_into(
         "trained_positions": int(limit),  # the model's own; positions past it are a decode cell's headroom
         "layers": kept,
         "of_layers": int(getattr(config, "num_hidden_layers", len(kept))),
+        "attention": attention,  # which layers' attention: a hybrid model's global ones alone
         "heads": q_heads,
         "kv_heads": int(getattr(config, "num_key_value_heads", None) or q_heads),
         "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // q_heads),
@@ -124,6 +153,8 @@ def _capture_into(
         "recorded_at": "attention function, post-rotary q/k, causal",
         "made": time.strftime("%Y-%m-%d"),
     }
+    if limited:  # fewer positions than the model's: what stopped them
+        manifest["limited_by"] = limited
     write_text_atomic(partial / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     old = folder.with_name(f".{folder.name}.old")
     shutil.rmtree(old, ignore_errors=True)

@@ -6,8 +6,9 @@ the model.
 The parts: `generation_summary` (rows -> a cell per N, task, protocol, method and budget: accuracy with its Wilson 95%
 interval), `generation_verdict` (the tasks within the model, the ranking by separated intervals, what the run can
 resolve), `generation_cost` (held, read, attention time from the timed rows only), `generation_bytes` (the one axis
-of bytes per token, each row's family), `generation_plots`. This module lays them out: the header, the verdict, the
-plots (the headline first: accuracy against bytes held per token), the tables; and what the command prints at the end.
+of bytes per token, each row's family), `generation_plots`, `cross_model` (beside another model's run). This module
+lays them out: the header, the verdict, the plots (the headline first: accuracy against bytes held per token), the
+tables; and what the command prints at the end.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from attnbench.report.generation_summary import (
     EXACT, budget_rules, exact_accuracy, flagged_replies, interval_of, n_text, summarize,
 )  # fmt: skip
 from attnbench.report.kvpress_order import COMPACTOR_PR, LEADERBOARD, order_table
+from attnbench.report.cross_model import Side, model_name
+from attnbench.report.cross_model_text import cross_model_blocks
 from attnbench.report.generation_verdict import (
     ABLE, BEYOND, EXACT_FLOOR, UNDECIDED, accuracy_text, and_list, pooled, ranking_text, resolution_text, standing,
     verdict_lines, within_model,
@@ -88,12 +91,17 @@ def metric_words(rows: pd.DataFrame) -> str:
     return ", ".join(metrics) if metrics else "RULER's string match"
 
 
+def placed(meta: dict) -> str:
+    """Where the rows were generated, as meta.json records it: " (cuda, bfloat16)", or "" (a grid from before)."""
+    return f" ({meta['device']}, {meta['dtype']})" if meta.get("device") and meta.get("dtype") else ""
+
+
 def header_text(folder: Path, rows: pd.DataFrame, meta: dict, reads: bool) -> str:
     """The report's opening paragraph: what made the rows, and how the model generates with each method."""
     protocol = " (kvpress's protocol)" if budget_rules(rows) in ([], ["kvpress"]) else ""
     quest = " (Quest keeps every key and reads its budget)" if reads else ""
     return (
-        f"Made by `{' '.join(meta.get('command', []))}` on {meta.get('host', '?')} with the model in "
+        f"Made by `{' '.join(meta.get('command', []))}` on {meta.get('host', '?')}{placed(meta)} with the model in "
         f"`{meta.get('model_dir', '?')}`; {len(rows)} generations. The model generates greedily with each method inside "
         "every self-attention layer (its own post-rotary q/k/v, its key/value heads); a KV-cache method builds its "
         f"cache from the exact prompt{protocol}, a method with its own prefill runs it. Question-agnostic: "
@@ -102,6 +110,8 @@ def header_text(folder: Path, rows: pd.DataFrame, meta: dict, reads: bool) -> st
         "states hold per token of context (every layer), its family named (eviction, head-wise budgets, quantized, "
         "page selection, a recurrent state), and the other plots and tables at the share of the exact cache a step "
         "reads and the share it holds."
+        + (f" The model is hybrid: {meta['layers']}; shares and bytes are of what it holds, windows included."
+           if meta.get("layers") else "")
     )  # fmt: skip
 
 
@@ -138,9 +148,11 @@ def kvpress_order_blocks(overall: pd.DataFrame) -> list[Block]:
             Block("table", headers=headers, rows=table, caption=caption)]  # fmt: skip
 
 
-def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict, missing: int = 0, reads: bool = False) -> list[Block]:
+def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict, missing: int = 0, reads: bool = False,
+                      beside: tuple[Side, ...] = ()) -> list[Block]:
     """The report's blocks: the header, the budget rule and what the run can resolve, the flagged replies, the
-    verdict, the plots, the tables, and the generations that failed."""
+    verdict, the plots, the tables, a section beside each other model's run in `beside`, and the generations that
+    failed."""
     from attnbench.report.generation_plots import plot_accuracy_vs_bytes, plot_accuracy_vs_cost
 
     summary = summarize(rows)
@@ -161,6 +173,8 @@ def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict, missing: int
         blocks += [Block("image", str(path.relative_to(folder)), caption=caption) for path, caption in plots]
         blocks += table_blocks(rows, summary)
         blocks += kvpress_order_blocks(overall)
+    for other in beside:  # `attnbench generate --report DIR --beside OTHER`
+        blocks += cross_model_blocks(Side(model_name(meta, folder), rows, folder.name), other)
     failed = rows[rows.status != "ok"]
     if len(failed):
         table = [[r.task, str(r.seq_len), str(r.sample), r.method, share_text(r.share), r.reason] for r in failed.itertuples()]
@@ -170,13 +184,13 @@ def generation_blocks(folder: Path, rows: pd.DataFrame, meta: dict, missing: int
 
 
 def write_generation_report(folder: Path, rows: pd.DataFrame, meta: dict, missing: int = 0,
-                            reads: bool = False) -> Path:  # fmt: skip
+                            reads: bool = False, beside: tuple[Side, ...] = ()) -> Path:  # fmt: skip
     """report.md and report.html of the grid's folder (written whole each time: a resumed grid rewrites them);
     `missing`: units of the grid not run yet, said at the top; `reads`: a method whose knob sets what a step reads,
-    not what it keeps (Quest), is among the rows."""
+    not what it keeps (Quest), is among the rows; `beside`: other models' runs, a section each (`cross_model`)."""
     from attnbench.atomic import write_text_atomic
 
-    blocks = generation_blocks(folder, rows, meta, missing, reads)
+    blocks = generation_blocks(folder, rows, meta, missing, reads, beside)
     write_text_atomic(folder / "report.md", render_markdown(blocks))
     write_text_atomic(folder / "report.html", render_html(blocks, folder))
     return folder / "report.md"

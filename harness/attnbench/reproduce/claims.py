@@ -434,4 +434,26 @@ CLAIMS: list[Claim] = [
         params={"method": "quest", "others": ["h2o", "streamingllm"], "shares": [0.0625, 0.03125]},
         quick={"samples": 5},
     ),
+    Claim(
+        id="quest-passkey-10k",
+        paper="Tang et al. 2024, Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference",
+        where="Table 1 (passkey retrieval at 10K tokens, token budgets 32-512)",
+        statement="Quest keeps passkey retrieval at small token budgets where H2O and StreamingLLM fail",
+        published="passkey at 10K, budgets 32-512: Quest 65-100%, H2O, TOVA and StreamingLLM 0-8% (dense prefill, "
+        "the first two layers never sparsified)",
+        baseline="the exact model (`full`) on the same prompts",
+        transfers="at its length, on Gemma-3-270M (`make model MODEL=gemma-3-270m`; it reads 10K, SmolLM2 does not): "
+        "passkey at N=10240, Quest's budgets of 128 and 512 tokens (1/80 and 1/20 of the prompt) in the model's 3 "
+        "global layers (its 15 sliding-window layers keep their windows, as kvpress leaves them), Quest as its code "
+        "selects: Quest not clearly below the exact model, H2O and StreamingLLM clearly below Quest (Wilson 95% "
+        "intervals apart) at both budgets",
+        sweep={},
+        generation={
+            "model": "Gemma-3-270M", "tasks": ["passkey"], "seq_lens": [10240], "samples": 10,
+            "keep": [0.05, 0.0125], "methods": ["quest", "h2o", "streamingllm"],
+        },  # fmt: skip
+        check="quest_keeps_where_others_fail",
+        params={"method": "quest", "others": ["h2o", "streamingllm"], "shares": [0.05, 0.0125]},
+        quick={"samples": 5},
+    ),
 ]

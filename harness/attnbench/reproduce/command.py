@@ -117,19 +117,20 @@ def run_generation_claim(claim: Claim, out: Path, *, quick: bool) -> Checked:
     """A claim measured by the real model generating (`attnbench generate`): run (or resume, or reuse) its grid on
     the model `make model` writes, then check it; without the model it cannot run here, and says so."""
     from attnbench.generation.grid import parse_grid
-    from attnbench.generation.preflight import DEFAULT_MODEL, PreflightError, check
+    from attnbench.generation.preflight import PreflightError, check, grid_model_dir
     from attnbench.generation.run import GRID_FILE, grid_toml, run_grid
     from attnbench.runfolder.generations import GENERATIONS, read_generations
 
     if missing := missing_variants(claim):
         return Checked(claim, None, Outcome(CANNOT, "–", f"needs variant(s) not installed here: {', '.join(missing)}"))
     grid = parse_grid(claim.grid_config(quick), source=f"claim {claim.id}")
-    try:
-        check(grid, DEFAULT_MODEL)
-    except PreflightError as error:
-        return Checked(claim, None, Outcome(CANNOT, "–", f"needs the real model (`make model`): {error}"))
+    try:  # the model the claim's grid names (Gemma-3-270M for a claim at 10K), else the one `make model` writes
+        model = grid_model_dir(grid)
+        check(grid, model)
+    except PreflightError as error:  # its message names the make command that writes the model
+        return Checked(claim, None, Outcome(CANNOT, "–", f"needs the real model: {error}"))
     return checked_grid(claim, out, quick, grid_toml(grid), GRID_FILE, GENERATIONS, read_generations,
-                        lambda folder, command: run_grid(grid, folder, DEFAULT_MODEL, workers=2, command=command))  # fmt: skip
+                        lambda folder, command: run_grid(grid, folder, model, workers=2, command=command))  # fmt: skip
 
 
 def checked_grid(

@@ -379,15 +379,17 @@ def tasks_on_ray(
     failed: Callable[[Any, str], Any],
     address: str | None,
     say: Callable[[str], None],
+    gpus: Callable[[Any], int] = lambda item: 0,
 ) -> Iterator[Any]:
-    """Each item a Ray task (`task(item)`, a module-level function) asking for `cpus(item)` CPUs, the results in the
-    order they end; a task whose worker died twice or whose node was lost gives `failed(item, why)`. A local runtime
-    started here is stopped at the end (also when the caller stops early)."""
+    """Each item a Ray task (`task(item)`, a module-level function) asking for `cpus(item)` CPUs and `gpus(item)`
+    GPUs (a whole one for a unit on CUDA), the results in the order they end; a task whose worker died twice or
+    whose node was lost gives `failed(item, why)`. A local runtime started here is stopped at the end (also when the
+    caller stops early)."""
     ray = _import_ray()
     started, _ = join_ray(ray, address, say)
     try:
         remote = ray.remote(max_retries=RETRIES, retry_exceptions=False)(task)
-        pending = {remote.options(num_cpus=cpus(item)).remote(item): item for item in items}
+        pending = {remote.options(num_cpus=cpus(item), num_gpus=gpus(item)).remote(item): item for item in items}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             item = pending.pop(ready[0])
