@@ -1,8 +1,8 @@
 """Every routed architecture generates through attnbench's layers as transformers generates by itself: tiny random
-Llama, Qwen2 (sliding layers), Qwen3 (QK-norm) and Gemma3 (five sliding layers for each global one, QK-norm, its own
+Llama, Mistral (a window in every layer), Qwen2 (sliding layers), Qwen3 (QK-norm) and Gemma3 (five sliding layers for each global one, QK-norm, its own
 query scale) configs, grouped-query ratios 1, 3, 4 and 8, head dims 64, 128 and 256. `full` = transformers `generate`
 token for token (float64, so a near-tie cannot flip a greedy choice), its logits to 1e-6 (the decoder hands them back in float32); a sliding layer keeps its
-window in every row (never a method's), and a method goes there only with layers = "all"."""
+window in every row (never a method's), and a method goes there only with hybrid_layers = "all"."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def tiny(kind: str) -> torch.nn.Module:
         config = tf.Qwen2Config(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=1,
                                 head_dim=64, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2,
                                 **common)  # fmt: skip
+    elif kind == "mistral":  # a window in every layer, grouped 2:1
+        config = tf.MistralConfig(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=64, sliding_window=WINDOW, **common)  # fmt: skip
     elif kind == "qwen3":  # grouped 8:1, QK-norm, head dim 128
         config = tf.Qwen3Config(hidden_size=64, intermediate_size=64, num_attention_heads=8, num_key_value_heads=1,
                                 head_dim=128, **common)  # fmt: skip
@@ -55,7 +58,7 @@ def sliding_layers(model: torch.nn.Module) -> list[int]:
     return [i for i, kind in enumerate(getattr(model.config, "layer_types", None) or []) if kind == "sliding_attention"]
 
 
-KINDS = ["llama", "llama-mha", "qwen2", "qwen3", "gemma3"]
+KINDS = ["llama", "llama-mha", "mistral", "qwen2", "qwen3", "gemma3"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -172,17 +175,27 @@ def test_layers_is_read_from_a_table_or_the_flag_and_said_in_the_label(tmp_path)
 
     grid = tmp_path / "g.toml"
     grid.write_text('tasks = ["passkey"]\nseq_lens = [256]\nkeep = [0.5]\n[[methods]]\nname = "full"\n'
-                    '[[methods]]\nname = "snapkv"\nlayers = "all"\n[[methods]]\nname = "h2o"\n')  # fmt: skip
+                    '[[methods]]\nname = "snapkv"\nhybrid_layers = "all"\n[[methods]]\nname = "h2o"\n')  # fmt: skip
     labels = {s.method.label(): s.method.layers for s in read_grid(str(grid)).settings(256)}
     assert labels["snapkv [every layer]"] == "all" and labels["h2o"] == "global"
-    everywhere = read_grid(str(grid), layers="all")
+    everywhere = read_grid(str(grid), hybrid_layers="all")
     assert {s.method.layers for s in everywhere.settings(256) if s.method.variant.name != "full"} == {"all"}
     assert [s.method.layers for s in everywhere.settings(256) if s.method.variant.name == "full"] == ["global"]
-    with pytest.raises(ValueError, match="layers must be one of 'global', 'all'"):
-        read_grid(str(grid), layers="sliding")
-    grid.write_text('tasks = ["passkey"]\nseq_lens = [256]\nkeep = [0.5]\n[[methods]]\nname = "full"\nlayers = "all"\n')
+    with pytest.raises(ValueError, match="hybrid_layers must be one of 'global', 'all'"):
+        read_grid(str(grid), hybrid_layers="sliding")
+    grid.write_text('tasks = ["passkey"]\nseq_lens = [256]\nkeep = [0.5]\n[[methods]]\nname = "full"\nhybrid_layers = "all"\n')
     with pytest.raises(ValueError, match="full keeps the model's own sliding windows"):
         read_grid(str(grid))
+    # the key is not a press's `layers` (PyramidKV's "pyramid"): both are read, each for itself
+    grid.write_text('tasks = ["passkey"]\nseq_lens = [256]\nkeep = [0.5]\n[[methods]]\nname = "pyramidkv"\n'
+                    'hybrid_layers = "all"\n[[methods]]\nname = "snapkv"\nlayers = "pyramid"\n')  # fmt: skip
+    placed = {s.method.label(): (s.method.layers, dict(s.method.variant.params).get("layers"))
+              for s in read_grid(str(grid)).settings(256)}
+    assert placed["pyramidkv [every layer]"] == ("all", "pyramid") and placed["snapkv(layers=pyramid)"][0] == "global"
+    grid.write_text('tasks = ["passkey"]\nseq_lens = [256]\nkeep = [0.5]\n[[methods]]\nname = "full"\n'
+                    '[[methods]]\nname = "full"\nquantize = "kivi-4"\n')  # fmt: skip
+    assert {s.method.label() for s in read_grid(str(grid), hybrid_layers="all").settings(256)} == {
+        "full", "full + kivi-4 [every layer]"}
 
 
 def test_each_layer_is_turned_back_by_its_own_rotary_embedding() -> None:
@@ -211,3 +224,58 @@ def test_each_layer_is_turned_back_by_its_own_rotary_embedding() -> None:
         torch.testing.assert_close(prompt_unrotated(exact.layers[layer][0] / scale, rotary), q_pre.transpose(1, 2))
         bases.add(float(rotary(torch.tensor([1]))[1][0, 1]))  # sin(1 * base^(-2/d)): differs by base
     assert len(bases) == 2
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "qwen2"])
+def test_a_study_s_exact_routing_is_the_model_and_a_swap_leaves_the_windows(kind: str) -> None:
+    """`attnbench model`'s routing: the exact one gives the model's own logits (its windows kept), and a variant
+    swapped in everywhere goes into the global layers alone."""
+    from attnbench.model import attention as hf_attention
+
+    model = tiny(kind)
+    ids = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        own = model(ids).logits
+    hf_attention.register()
+    model.set_attn_implementation(hf_attention.IMPLEMENTATION)
+    try:
+        for everywhere in (None, registry.create("band", window=2)):
+            hf_attention.ACTIVE = hf_attention.Routing(everywhere=everywhere)
+            with torch.no_grad():
+                routed = model(ids).logits
+            if everywhere is None:
+                torch.testing.assert_close(routed, own, rtol=1e-9, atol=1e-9)
+            else:  # the swap changes the global layers' outputs only: the sliding layers' match the exact routing's
+                swapped = hf_attention.ACTIVE.outputs
+                hf_attention.ACTIVE = hf_attention.Routing()
+                with torch.no_grad():
+                    model(ids)
+                for layer in sliding_layers(model)[:1]:  # the first sliding layer, before any global one differs
+                    if layer < min(set(range(model.config.num_hidden_layers)) - set(sliding_layers(model))):
+                        torch.testing.assert_close(swapped[layer], hf_attention.ACTIVE.outputs[layer])
+                assert (routed - own).abs().max() > 1e-6
+    finally:
+        hf_attention.ACTIVE = hf_attention.Routing()
+
+
+def test_a_hybrid_model_s_steps_are_timed_at_a_global_layer_and_its_windows_counted() -> None:
+    """The attention cost per token times a global layer (a sliding one runs the model's window in every row) and
+    counts the window step in each sliding layer a row leaves alone."""
+    from attnbench.generation.step_timing import time_rows, timed_layer
+
+    assert timed_layer([8, 8, None, 8], dense=2) == 2 and timed_layer([8, None, 8, 8], dense=0) == 1
+    assert timed_layer([None] * 4, dense=0) == 2 and timed_layer([8, 8, 8, None, 8, 8], dense=4) == 3
+    model = tiny("gemma3").float()  # the timed steps' inputs are float32
+    prompt = torch.randint(0, VOCAB, (PROMPT,), generator=torch.Generator().manual_seed(7))
+    snap = registry.create("snapkv", budget=8, window=4)
+    methods = [Method(registry.create("full")), Method(snap), Method(snap, layers="all")]
+    seen: dict[str, MethodRows] = {}
+    InModelDecoder(model, stop_ids=set()).run(methods, prompt, follow=prompt[:2], new_tokens=2,
+                                              after_question=lambda rows, order: seen.setdefault("rows", rows))  # fmt: skip
+    config = model.config
+    times = time_rows(seen["rows"], exact_row=0, layers=config.num_hidden_layers,
+                      shapes=(config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.head_dim),
+                      rounds=4)  # fmt: skip
+    assert times[0].ratio == 1.0
+    # the row in the global layer alone: three window steps and one of its own; in every layer: four of its own
+    assert times[1].attention_s != times[2].attention_s and all(t.attention_s > 0 for t in times)

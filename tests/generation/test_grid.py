@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from attnbench.generation.budgets import at_share, knobs
-from attnbench.generation.grid import parse_grid, read_grid, row_key
+from attnbench.generation.grid import grid_descriptions, parse_grid, read_grid, row_key
 from attnbench.plan.config import ConfigError
 from attnbench.registry import registry
 
@@ -23,6 +23,13 @@ def test_the_shipped_grid_reads() -> None:
     quest = next(m for m in grid.methods if m.label() == "quest")
     assert dict(quest.variant.params) | {"dense_layers": quest.dense_layers} == {  # Quest as published
         "keep_first_block": False, "select_per": "query-head", "score": "minmax", "block_size": 16, "dense_layers": 2}
+
+
+@pytest.mark.parametrize("name", sorted(grid_descriptions()))
+def test_every_shipped_grid_reads(name: str) -> None:
+    """A key added to the grammar must not turn a shipped grid away (a press's `layers = "pyramid"` once did)."""
+    grid = read_grid(name)
+    assert grid.settings(max(grid.seq_lens))
 
 
 def test_units_cover_every_sample_once() -> None:
@@ -92,3 +99,13 @@ def test_the_stop_rule_is_checked() -> None:
     assert parse_grid(BASE).stop == "newline"
     with pytest.raises(ConfigError, match="stop: 'newlines' is not one of newline, end-of-text"):
         parse_grid({**BASE, "stop": "newlines"})
+
+
+def test_a_grid_file_s_model_path_is_its_folder_s(tmp_path, monkeypatch) -> None:
+    """`model = "models/mine"` in a grid file names a folder beside the file, wherever the command runs from."""
+    (tmp_path / "grids").mkdir()
+    grid = tmp_path / "grids" / "g.toml"
+    grid.write_text('model = "../models/mine"\ntasks = ["passkey"]\nseq_lens = [256]\nkeep = [0.5]\n'
+                    '[[methods]]\nname = "h2o"\n')  # fmt: skip
+    monkeypatch.chdir("/")
+    assert read_grid(str(grid)).model == str(tmp_path / "models" / "mine")

@@ -69,3 +69,31 @@ def test_a_dry_run_prints_the_grid_s_estimated_time(tmp_path: Path, offline_mode
     assert "with 2 workers here (--jobs)" in said and "GFLOP/s on a worker's 1 thread" in said
     assert "not counted: " in said and "Recorded for this grid" not in said  # a file of its own: no recorded time
     assert not out.exists()  # nothing was written
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU fallback is for a machine without CUDA")
+def test_a_dry_run_for_a_cluster_s_gpus_times_this_machine_s_cpu(tmp_path: Path, offline_model: Path) -> None:
+    """--device cuda with --executor ray --address: the nodes bring the GPUs, so a CPU-only machine times its own CPU
+    for the estimate, says so, and the dry run exits 0 (it once died with "Torch not compiled with CUDA enabled")."""
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(GRID)
+    result = run_cli("generate", str(grid), "--model", str(offline_model), "--dry-run", "--device", "cuda",
+                     "--executor", "ray", "--address", "127.0.0.1:1")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "estimated time: " in " ".join(result.stdout.split())
+    said = " ".join(result.stderr.split())
+    assert "cuda is not available here" in said and "the estimate below is of this machine's CPU" in said
+    assert "Traceback" not in result.stderr
+
+
+def test_the_estimate_times_the_placement_where_its_device_is_here() -> None:
+    from attnbench.generation.placement import Placement
+    from attnbench.generation.run import timing_placement
+
+    assert timing_placement(Placement("cpu", "bfloat16")) == (Placement("cpu", "bfloat16"), None)
+    cuda = Placement("cuda", "bfloat16")
+    timed_on, why = timing_placement(cuda)
+    if __import__("torch").cuda.is_available():
+        assert (timed_on, why) == (cuda, None)
+    else:
+        assert timed_on == Placement("cpu", "bfloat16") and "this machine's CPU" in why

@@ -85,10 +85,14 @@ def test_the_command_writes_a_table_and_a_report(models, tmp_path: Path, capsys:
     assert "band(window=8)" in captured.out and captured.err.strip().endswith("report.html")
 
 
-def test_models_whose_attention_cannot_be_swapped_faithfully_are_refused(tmp_path: Path) -> None:
-    """A sliding window the variants do not model makes the exact model through attnbench differ from the
-    model's own: refused with the figure, not measured against the wrong reference."""
+def test_models_whose_attention_cannot_be_swapped_faithfully_are_refused(tmp_path: Path, monkeypatch) -> None:
+    """An attention the routing does not reproduce makes the exact model through attnbench differ from the model's
+    own: refused with the figure, not measured against the wrong reference. A sliding window is reproduced (each
+    sliding layer keeps its own, exact); a router that dropped it is the stand-in for a feature the variants do not
+    model."""
+    from attnbench.model import attention
     from attnbench.model.study import ModelStudyError
+    from attnbench.registry import registry
 
     config = transformers.MistralConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                         num_key_value_heads=2, intermediate_size=64, sliding_window=8)  # fmt: skip
@@ -96,6 +100,8 @@ def test_models_whose_attention_cannot_be_swapped_faithfully_are_refused(tmp_pat
     model, kind = load_model(tmp_path / "sliding")
     assert next(model.parameters()).dtype == torch.float32
     ids = torch.randint(97, (1, 32), generator=torch.Generator().manual_seed(0))
+    assert ModelStudy(model, kind, ids, ids).native.worst() < 1e-4  # its window kept: the model's own attention
+    monkeypatch.setattr(attention, "model_window", lambda window: registry.create("full"))  # the window dropped
     with pytest.raises(ModelStudyError, match="attention feature the variants do not model"):
         ModelStudy(model, kind, ids, ids)
     transformers.BartModel(transformers.BartConfig(vocab_size=97, d_model=16, encoder_layers=1, decoder_layers=1,
@@ -188,3 +194,54 @@ def test_device_cpu_runs_the_study_as_before(models, tmp_path: Path) -> None:
     assert main(argv) == 0
     rows = pd.read_csv(next(tmp_path.iterdir()) / "model.csv")
     assert (rows[rows.layer == "final"].status.fillna("ok") == "ok").all() and len(rows) > 1
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Gemma 3 decoder (its layout: sliding layers around a global one, as `tiny("gemma3")` in
+    tests/generation/test_architectures.py), saved locally."""
+    folder = tmp_path_factory.mktemp("models") / "gemma"
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                           num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+                                           query_pre_attn_scalar=64, sliding_window=8, max_position_embeddings=128,
+                                           layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                                        "sliding_attention"])  # fmt: skip
+    transformers.Gemma3ForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_hybrid_model_s_layout_is_named_and_only_its_global_layers_are_swapped(
+    gemma: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Gemma 3's sliding layers keep their window (`attention.Routing`): the terminal and the report say so, never
+    "every layer"; the hidden state is exact until the global layer 2; only layer 2 is swapped alone."""
+    argv = ["model", str(gemma), "--variants", "band(window=2)", "--random-tokens", "48", "--seq-len", "48",
+            "--per-layer", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    layout = ("3 of its 4 self-attention layers attend through a sliding window of 8 positions and keep it, exact, "
+              "in every pass (the model's own attention there); a variant goes into its 1 global layer (2)")  # fmt: skip
+    assert f"gemma: {layout}" in err
+    assert "every global layer (the sliding-window layers keep their window) + each global layer alone" in err
+    assert ", every layer" not in err
+    run = next(tmp_path.iterdir())
+    report = " ".join((run / "report.md").read_text().split())
+    assert layout in report and "Every global self-attention layer swapped (the sliding-window layers keep" in report
+    assert "Every self-attention layer swapped" not in report
+    assert json.loads((run / "meta.json").read_text())["model"]["layout"] == layout
+    rows = pd.read_csv(run / "model.csv", dtype={"layer": str})
+    swapped = rows[rows.swap == "all"].set_index("layer").rel_error
+    assert swapped["0"] == 0 and swapped["1"] == 0 and swapped["2"] > 1e-3  # the window kept, then the variant
+    assert rows[rows.swap == "single"].layer.tolist() == ["2"]
+
+
+def test_a_model_without_a_global_layer_is_refused_by_the_command(tmp_path: Path, capsys) -> None:
+    """Mistral with a window in every layer: each keeps it, so no variant would change anything; exit 2, named."""
+    config = transformers.MistralConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=64, sliding_window=8)  # fmt: skip
+    transformers.MistralForCausalLM(config).save_pretrained(tmp_path / "sliding")
+    argv = ["model", str(tmp_path / "sliding"), "--variants", "band", "--random-tokens", "32", "--seq-len", "32",
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    assert "every one of its 2 layers attends through a sliding window of 8 positions" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from attnbench.generation.layers import ExactPrompt, Method, MethodRows
 from attnbench.generation.repeat_pass import RepeatPrompt, RepeatRouter, repeat_scores
 from attnbench.model import attention as hf_attention
 from attnbench.model.attention import IMPLEMENTATION
+from attnbench.ops import synchronize
 
 
 @dataclass
@@ -45,6 +46,12 @@ PHASES = ("exact prefill", "own prefills", "prompt masses", "repeat pass", "stat
 # "prompt masses": H2O's and ObservedAttention's score of the prompt, taken during the exact prefill from its kernel's
 # log-sum-exp, but a cost of their rows; "repeat pass": KVzip's pass of the model repeating the prompt (`repeat_pass`), a cost of its rows
 LOOP = 16  # a reply whose last LOOP tokens are one token has fallen into a greedy loop: it is cut there
+
+
+def clock(device: torch.device) -> float:
+    """The time once the device's queued work is done (a GPU's kernels run after the call that queues them)."""
+    synchronize(device)
+    return time.perf_counter()
 
 
 def looping(tokens: list[int]) -> bool:
@@ -109,33 +116,33 @@ class InModelDecoder:
         rows, logits, prefill_s = MethodRows(shared, room, rule), [], []
         phases = dict.fromkeys(PHASES, 0.0)
         if shared:
-            started = time.perf_counter()
+            started = clock(prompt.device)
             scored = [m.variant.scores_prompt_mass and m.decodes for m in shared]  # rows scoring the prompt's masses
             everywhere = any(mine and m.layers == "all" for mine, m in zip(scored, shared))  # masses in windows too
             exact = ExactPrompt(with_masses=any(scored), masses_in_windows=everywhere)
             exact_logits = self.forward(exact, prompt[None], 0)
             phases["prompt masses"] = exact.masses_s
-            phases["exact prefill"] = time.perf_counter() - started - exact.masses_s  # one exact pass, shared
+            phases["exact prefill"] = clock(prompt.device) - started - exact.masses_s  # one exact pass, shared
             repeats = [m.decodes and getattr(m.variant, "repeat_pass", False) for m in shared]  # KVzip's rows
-            pass_scores, started = None, time.perf_counter()
+            pass_scores, started = None, clock(prompt.device)
             if any(repeats):
                 if self.repeat is None:
                     raise ValueError("kvzip needs the repeat requests' tokens: InModelDecoder(..., "
                                      "repeat=RepeatPrompt.of(encode)) with the model's tokenizer")  # fmt: skip
                 pass_scores = repeat_scores(self.forward, exact, prompt, self.repeat)
-            phases["repeat pass"] = time.perf_counter() - started
-            started = time.perf_counter()
+            phases["repeat pass"] = clock(prompt.device) - started
+            started = clock(prompt.device)
             rows.from_exact(exact, layer_contexts(self.model, len(exact.layers), question_tokens, pass_scores))
-            phases["state builds"] = time.perf_counter() - started
+            phases["state builds"] = clock(prompt.device) - started
             del exact, pass_scores
             logits.append(exact_logits.expand(len(shared), -1))
             scoring_s = [phases["prompt masses"] * mine + phases["repeat pass"] * again  # H2O's, KVzip's
                           for mine, again in zip(scored, repeats)]  # fmt: skip
             prefill_s += [phases["exact prefill"] + built + paid for built, paid in zip(rows.build_s, scoring_s)]
         if own:
-            started, own_rows = time.perf_counter(), MethodRows(own, room, rule)
+            started, own_rows = clock(prompt.device), MethodRows(own, room, rule)
             logits.append(self.forward(own_rows, prompt[None].expand(len(own), -1), 0))
-            phases["own prefills"] = time.perf_counter() - started
+            phases["own prefills"] = clock(prompt.device) - started
             prefill_s += [phases["own prefills"]] * len(own)
             rows = rows.join(own_rows)
         next_logits = torch.cat(logits)
@@ -143,14 +150,14 @@ class InModelDecoder:
         for row, result in enumerate(results):
             result.cache_bytes, result.read_bytes = rows.row_bytes(row)
         position = len(prompt)
-        started = time.perf_counter()
+        started = clock(prompt.device)
         if len(follow):  # one forward pass, the rows that append together, each other row stepping in turn
             next_logits = self.forward(rows, follow[None].expand(len(order), -1), position)
             position += len(follow)
-        phases["question"] = time.perf_counter() - started
+        phases["question"] = clock(prompt.device) - started
         if after_question is not None:
             after_question(rows, order)
-        started = time.perf_counter()
+        started = clock(prompt.device)
         if len(forced):  # teacher-forced: the tokens are known, so one forward pass takes them all but the last
             logits = next_logits[:, None]
             if len(forced) > 1:
@@ -182,10 +189,10 @@ class InModelDecoder:
                 places = [place for place, row in enumerate(alive) if row not in ended]
                 alive = [alive[place] for place in places]
                 rows.retain(alive)
-                chosen = chosen[torch.tensor(places)]
+                chosen = chosen[torch.tensor(places, device=chosen.device)]
             next_logits = self.forward(rows, chosen[:, None], position)
             position += 1
-        phases["steps"] = time.perf_counter() - started
+        phases["steps"] = clock(prompt.device) - started
         for row in alive:
             results[row].final_cache_bytes = rows.row_bytes(row)[0]
         in_order: list[RowResult] = [RowResult()] * len(methods)

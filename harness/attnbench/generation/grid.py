@@ -48,7 +48,7 @@ DESCRIPTIVE = ("name", "description", "measured_run_time")
 KEYS = DESCRIPTIVE + ("tasks", "seq_lens", "samples", "protocols", "keep", "methods", "block", "continuation_tokens",
                       "seed", "answer_tokens", "budget_rule", "stop", "model")  # fmt: skip
 STOPS = ("newline", "end-of-text")
-METHOD_KEYS = ("prefill", "dense_layers", "label", "decode", "quantize", "protocols", "layers")
+METHOD_KEYS = ("prefill", "dense_layers", "label", "decode", "quantize", "protocols", "hybrid_layers")
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ def row_key(unit: Unit, sample: int, setting: Setting) -> str:
     if method.quantize != "none":  # only when set: the keys of rows that do not quantize stay as they were
         key.append({"quantize": method.quantize})
     if method.layers != "global":
-        key.append({"layers": method.layers})
+        key.append({"hybrid_layers": method.layers})
     return json.dumps(key)
 
 
@@ -255,13 +255,16 @@ def read_grid(name_or_path: str, registry: Registry = default_registry, **overri
     """A shipped grid by name or a TOML file, `overrides` (None: not given; a flag's problem names the flag)
     applied, checked whole."""
     raw, source = read_grid_toml(name_or_path, GRIDS, "generation grid")
+    model = raw.get("model")
+    if isinstance(model, str) and Path(name_or_path).is_file() and ("/" in model or model.startswith(".")):
+        raw["model"] = str((Path(name_or_path).parent / Path(model).expanduser()).resolve())  # the file's folder's
     given = {key: value for key, value in overrides.items() if value is not None}
-    named = list(given)  # the flags as given (--layers rewrites the methods)
-    if "layers" in given:  # --layers: every method's (a table's own `layers` replaced)
-        layers = given.pop("layers")
+    named = list(given)  # the flags as given (--hybrid-layers rewrites the methods)
+    if "hybrid_layers" in given:  # --hybrid-layers: every method's (a table's own `hybrid_layers` replaced)
+        layers = given.pop("hybrid_layers")
         methods = given.get("methods", raw.get("methods", []))
         tables = [m if isinstance(m, dict) else {"name": m} for m in (methods if isinstance(methods, list) else [methods])]
-        given["methods"] = [t if t.get("name") == "full" else {**t, "layers": layers} for t in tables]  # full: the model
+        given["methods"] = [t if _exact(t) else {**t, "hybrid_layers": layers} for t in tables]
     if given:  # the grid as run is no longer the file's: its description and measured time do not describe it
         flags = ", ".join(f"--{key.replace('_', '-')}" for key in named)
         raw = {**{k: v for k, v in raw.items() if k != "measured_run_time"}, **given,
@@ -377,6 +380,11 @@ def _tasks(raw: Any, problems: list[str], where: str) -> tuple[tuple[str, ...], 
     return tuple(dict.fromkeys(tasks)), rows
 
 
+def _exact(table: dict[str, Any]) -> bool:
+    """A method table that is the exact model (full, unquantized): it keeps the model's own windows."""
+    return table.get("name") == "full" and table.get("quantize", "none") == "none"
+
+
 def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> tuple[MethodSpec, ...]:
     """The sweep's variant grammar, each table's `prefill` and `dense_layers` taken out first; every method must be
     able to generate causally on the CPU."""
@@ -400,11 +408,11 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
         decode = table.get("decode", "own")
         quantize = table.get("quantize", "none")
         runs_under = table.get("protocols", [])
-        layers = table.get("layers", "global")
+        layers = table.get("hybrid_layers", "global")
         at = f"{where}[{index}] ({name})"
         if layers not in LAYERS:
-            problems.append(f"{at}: layers must be one of {', '.join(map(repr, LAYERS))} (a hybrid model's global "
-                            f"layers, or its sliding-window layers too), got {layers!r}")  # fmt: skip
+            problems.append(f"{at}: hybrid_layers must be one of {', '.join(map(repr, LAYERS))} (a hybrid model's "
+                            f"global layers, or its sliding-window layers too), got {layers!r}")  # fmt: skip
             layers = "global"
         if not isinstance(runs_under, list) or not all(p in PROTOCOLS for p in runs_under):
             problems.append(f"{at}: protocols must be a list of {', '.join(PROTOCOLS)} (the grid's protocols it runs "
@@ -418,9 +426,9 @@ def _methods(raw: Any, registry: Registry, problems: list[str], where: str) -> t
             label = ""
         if prefill not in PREFILLS:
             problems.append(f"{at}: prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}")
-        if name == "full" and layers != "global":
-            problems.append(f"{at}: full keeps the model's own sliding windows (it is the exact model); drop layers "
-                            "from it")  # fmt: skip
+        if _exact(table) and layers != "global":
+            problems.append(f"{at}: full keeps the model's own sliding windows (it is the exact model); drop "
+                            "hybrid_layers from it")  # fmt: skip
         if name == "full" and (prefill != "dense" or decode != "own"):
             problems.append(f"{at}: full is the exact model, always run with its exact prompt and KV cache; drop "
                             "prefill/decode from it")  # fmt: skip
@@ -566,9 +574,11 @@ def _alias_table(table: dict[str, Any], registry: Registry, problems: list[str],
     papers = PAPER_PARAMETERS.get(alias, {})
     own = registry.load(setting["name"]).hyperparameters
     given = {k: v for k, v in table.items() if k not in ("name", "label")}
-    changed = {k: v for k, v in given.items() if k not in ("protocols", "quantize")}  # where it runs, not what
+    changed = {k: v for k, v in given.items() if k not in ("protocols", "quantize", "hybrid_layers")}  # where it
+    # runs, not what
     label = alias + (f"({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else "")
     label += f" + {given['quantize']}" if given.get("quantize", "none") != "none" else ""
+    label += " [every layer]" if given.get("hybrid_layers", "global") == "all" else ""
     at = f"{where}: {label}"
     out = {**setting, "label": table.get("label", label)}
     for key, value in given.items():

@@ -79,12 +79,13 @@ def tokenizer_of(model_dir: Path) -> Any:
                              "answers") from None  # fmt: skip
 
 
-def estimated_bytes(config: dict[str, Any], n: int, methods: int) -> float:
+def estimated_bytes(config: dict[str, Any], n: int, methods: float, prefilled: int = 1) -> float:
     """What a unit at N holds at once: the weights (a tied vocabulary matrix once), the exact prompt's q/k/v of every
-    layer, each method's states (at most the exact KV cache each, room included: N positions in a global layer, its
-    window in a sliding one), one layer's working set over the prompt (q, k, v, the MLP's three intermediates,
-    residuals), the widest chunked score block (H2O: 256 queries × N per head) and the last position's logits (the
-    decoder keeps no others)."""
+    layer, the methods' states (`methods`: how many exact KV caches they hold together, room included: N positions in
+    a global layer, its window in a sliding one), one layer's working set over the prompt for the `prefilled` rows
+    that prefill together (q, k, v, the MLP's three intermediates, residuals; the methods sharing the exact prompt
+    prefill it once), the widest chunked score block (H2O: 256 queries × N per head) and the last position's logits
+    (the decoder keeps no others)."""
     values = settings(config)
     layers, hidden = values.get("num_hidden_layers", 1), values.get("hidden_size", 1)
     heads = values.get("num_attention_heads", 1)
@@ -98,14 +99,15 @@ def estimated_bytes(config: dict[str, Any], n: int, methods: int) -> float:
     positions = sum(n if window is None else min(n, window) for window in layer_windows(config) or [None] * layers)
     cache = 2 * kv_heads * head_dim * positions * FLOAT32
     record = layers * (heads + 2 * kv_heads) * head_dim * n * FLOAT32
-    layer = FLOAT32 * n * (3 * heads * head_dim + 3 * mlp + 3 * hidden) * max(1, methods // 4)
+    layer = FLOAT32 * n * (3 * heads * head_dim + 3 * mlp + 3 * hidden) * max(1, prefilled)
     scores = 2 * heads * 256 * n * FLOAT32
     logits = vocabulary * FLOAT32
     return weights + SLACK * (record + methods * cache + layer + scores + logits)
 
 
-def check(grid: GenerationGrid, model_dir: Path) -> Any:
-    """The grid against the model: PreflightError listing every problem, else the tokenizer."""
+def check(grid: GenerationGrid, model_dir: Path, device: str = "cpu", workers: int = 1) -> Any:
+    """The grid against the model (`workers` units at once): PreflightError listing every problem, else the
+    tokenizer."""
     config = model_limits(model_dir)
     if (reason := unrouted_reason(config)) is not None:  # before anything else is read: nothing here would run
         raise PreflightError(f"{model_dir} cannot generate with attnbench's methods: {reason}")
@@ -126,7 +128,8 @@ def check(grid: GenerationGrid, model_dir: Path) -> Any:
         tokenizer, problems = None, problems + [str(error)]
     if tokenizer is not None:
         problems += task_problems(grid, tokenizer, limit, fitting)
-    problems += memory_problems(grid, config)
+    problems += layer_problems(grid, config, model_dir)
+    problems += memory_problems(grid, config, device, workers)
     if problems:
         raise PreflightError("; ".join(problems))
     return tokenizer
@@ -159,14 +162,54 @@ def task_problems(grid: GenerationGrid, tokenizer: Any, limit: int | None, lengt
     return problems
 
 
-def memory_problems(grid: GenerationGrid, config: dict[str, Any]) -> list[str]:
-    """The largest N over 80% of the memory available now (the estimate errs high)."""
+def layer_problems(grid: GenerationGrid, config: dict[str, Any], model_dir: Path) -> list[str]:
+    """A method with nowhere to go: every layer of the model slides (a method goes into the global ones unless
+    `hybrid_layers = "all"`), or `hybrid_layers = "all"` on a model with no sliding layer (it would change nothing but
+    the labels)."""
+    windows = layer_windows(config)
+    methods = [m for m in grid.methods if not (m.variant.name == "full" and m.quantize == "none")]
+    problems = []
+    if windows and all(w is not None for w in windows) and any(m.layers == "global" for m in methods):
+        problems.append(f"every layer of {model_dir.name} attends through a sliding window: a method goes into the "
+                        "global layers, and there are none; give --hybrid-layers all (hybrid_layers = \"all\") to "
+                        "put the methods in place of the windows")  # fmt: skip
+    if not any(w is not None for w in windows) and any(m.layers == "all" for m in methods):
+        problems.append(f"{model_dir.name} has no sliding-window layer: hybrid_layers = \"all\" would change nothing "
+                        "but the labels; drop it (--hybrid-layers)")  # fmt: skip
+    return problems
+
+
+def held_caches(grid: GenerationGrid, n: int) -> float:
+    """How many exact KV caches the settings at N hold together: a share of it for a method that keeps its share
+    (its knob swept), the whole cache for any other (the exact model; Quest, which holds every key and reads a share)."""
+    from attnbench.registry import registry
+
+    held = 0.0
+    for setting in grid.settings(n):
+        try:
+            pages = registry.load(setting.method.variant.name).family == "block-sparse"
+        except Exception:
+            pages = True  # unknown here: counted whole
+        held += 1.0 if setting.share is None or pages else min(1.0, setting.share)
+    return held
+
+
+def memory_problems(grid: GenerationGrid, config: dict[str, Any], device: str = "cpu", workers: int = 1) -> list[str]:
+    """The largest N over 80% of the memory available now on `device`, `workers` units at once (the estimate errs
+    high: float32 sizes)."""
+    import torch
+
     from attnbench.measure.machine import available_memory_bytes
 
+    if device != "cpu" and not torch.cuda.is_available():  # a cluster's GPUs (ray --address): not seen from here
+        return []
     n = max(grid.seq_lens)
-    methods = len(grid.settings(n))
-    need, allowed = estimated_bytes(config, n, methods), 0.8 * available_memory_bytes("cpu")
+    settings = grid.settings(n)
+    prefilled = sum(s.method.prefill == "own" for s in settings)
+    need = workers * estimated_bytes(config, n, held_caches(grid, n), prefilled)
+    allowed = 0.8 * available_memory_bytes(device)
     if allowed and need > allowed:
-        return [f"N={n} with {methods} method settings would hold ~{need / 2**30:.1f} GiB, over 80% of the "
-                f"{allowed / 0.8 / 2**30:.1f} GiB available now: fewer --seq-lens or methods"]  # fmt: skip
+        at_once = f", {workers} units at once" if workers > 1 else ""
+        return [f"N={n} with {len(settings)} method settings{at_once} would hold ~{need / 2**30:.1f} GiB, over 80% "
+                f"of the {allowed / 0.8 / 2**30:.1f} GiB available now: fewer --seq-lens, methods or --jobs"]  # fmt: skip
     return []

@@ -2,7 +2,8 @@
 ends; the grid as resolved (grid.toml, what a resume reads back) and meta.json first. In this process, one unit
 after another (the model loaded once), or each unit a Ray task (`--executor ray`). Before it runs, what it will
 take (`grid_estimate`, for `attnbench generate --dry-run`): the grid's forward passes in FLOPs, at the speed of the
-model's own forward pass timed here.
+model's own forward pass timed here (on this machine's CPU when the placement's device is not here: a Ray cluster's
+nodes bring the GPUs).
 
 n - prompt tokens, t - tokens a row appends, c - positions a row attends to
 """
@@ -239,6 +240,20 @@ class GridEstimate:
     load_s: float  # loading the model, once per worker
     threads: int  # torch's threads per worker
     workers: int
+    timed_on: Placement = Placement()  # where the speed was timed: the grid's placement, or this machine's CPU
+
+
+def timing_placement(placement: Placement) -> tuple[Placement, str | None]:
+    """Where the estimate can time the model here: the placement itself, or, when its device is not on this machine
+    (a Ray cluster's nodes bring the GPUs), this machine's CPU in the same dtype, with the line that says so."""
+    from attnbench.generation.placement import cuda_problem
+
+    if cuda_problem(placement) is None:
+        return placement, None
+    cpu = Placement("cpu", placement.dtype)
+    return cpu, (f"{placement.device} is not available here (the units run on the cluster's nodes): the estimate "
+                 f"below is of this machine's CPU, the model timed on it in {cpu.dtype}, not of the nodes' "
+                 f"{placement.device} devices")  # fmt: skip
 
 
 def model_speed(model_dir: Path, threads: int, vocabulary: int, flops: ModelFlops,
@@ -281,15 +296,20 @@ def finish_time(durations: list[float], workers: int, start_s: float) -> float:
 
 
 def grid_estimate(grid: GenerationGrid, units: list[Unit], model_dir: Path, tokenizer: Any, *, executor: str,
-                  workers: int, placement: Placement = Placement()) -> GridEstimate:  # fmt: skip
+                  workers: int, placement: Placement = Placement(),
+                  say: Callable[[str], None] = lambda text: print(f"attnbench: {text}", file=sys.stderr),
+                  ) -> GridEstimate:  # fmt: skip
     """`units` of `grid` on this machine: their samples built (the tokenizer's lengths), their FLOPs at the model's
-    speed timed now with a worker's threads on the placement's device, shared out over the workers (a Ray run: one
-    unit at a time here)."""
+    speed timed now with a worker's threads on the placement's device (this machine's CPU where that device is not
+    here, `say`ing so), shared out over the workers (a Ray run: one unit at a time here)."""
     config = json.loads((model_dir / "config.json").read_text())
     flops = ModelFlops.of(config)
     workers = 1 if executor == "ray" else workers
     threads = unit_threads(executor, workers)
-    speed, load_s = model_speed(model_dir, threads, config.get("vocab_size", 1), flops, placement)
+    timed_on, why = timing_placement(placement)
+    if why is not None:
+        say(why)
+    speed, load_s = model_speed(model_dir, threads, config.get("vocab_size", 1), flops, timed_on)
     low, high = [], []
     for unit in units:
         samples = unit_samples(grid, unit, tokenizer)
@@ -298,4 +318,4 @@ def grid_estimate(grid: GenerationGrid, units: list[Unit], model_dir: Path, toke
         low.append(sum(r[0] for r in ranges) / speed)
         high.append(sum(r[1] for r in ranges) / speed)
     return GridEstimate(finish_time(low, workers, load_s), finish_time(high, workers, load_s), speed, load_s,
-                        threads, workers)  # fmt: skip
+                        threads, workers, timed_on)  # fmt: skip

@@ -3,10 +3,11 @@ with the exact model's step, as the decode mode times variants.
 
 A generation steps its rows together (batched caches, one forward pass for every method), so the time of a forward
 pass says little about one method. Here each row's state at one layer (the middle one: past the first layers that
-Quest keeps exact) is copied after the answer, and the rows take single-row steps in turns, round after round, in a
+Quest keeps exact; in a hybrid model a global one, and the model's own window step once beside it) is copied after the answer, and the rows take single-row steps in turns, round after round, in a
 shuffled order, each from a fresh copy (copied outside the clock): a slow stretch of the machine falls on all of
 them alike, and a method's ratio to the exact step is taken within each round. Its time inside attention per token
-is that step times its compressed layers plus the exact step times the layers it keeps exact. The steps are eager
+is that step times its compressed layers, plus the exact step times the layers it keeps exact, plus the window step
+times the sliding layers that keep their window. The steps are eager
 PyTorch (`FORM`), on one thread (a one-token step gains nothing from more, and on a busy machine they are
 noise); on the rows' device and in their dtype (`placement.Placement`), a GPU's queued work waited for before each
 clock read.
@@ -59,7 +60,7 @@ def row_step(rows: MethodRows, layer: int, row: int) -> Callable[[], Callable[[T
             return lambda q, k, v: attend_batched(mine, q, k, v)
 
         return fresh_batched
-    variant, own = rows.variant_at(row, layer), rows.own_decode(row)
+    variant, own = rows.variant_at(row, layer), rows.own_decode(row, layer)
 
     def fresh_own() -> Callable[[Tensor, Tensor, Tensor], Tensor]:
         mine: list[DecodeState] = [state.clone()]
@@ -79,8 +80,12 @@ def time_rows(rows: MethodRows, exact_row: int, layers: int, shapes: tuple[int, 
     heads, head dim, value dim); `layers` the model's self-attention layers; the steps' inputs on the placement's
     device, in its dtype (the rows' states')."""
     heads, kv_heads, d, e = shapes
-    layer = min(layers - 1, max(layers // 2, max(m.dense_layers for m in rows.methods)))  # past the dense ones
+    windows = (list(rows.windows) + [None] * layers)[:layers]  # each layer's own window (None: global)
+    sliding = [i for i, window in enumerate(windows) if window is not None]  # a hybrid model's own windows
+    layer = timed_layer(windows, max(m.dense_layers for m in rows.methods))
     makers = [row_step(rows, layer, row) for row in range(len(rows.methods))]
+    if sliding:  # the model's window step, once: every row that keeps the windows pays it in each sliding layer
+        makers.append(row_step(rows, sliding[0], exact_row))
     generator = torch.Generator().manual_seed(seed)
     inputs = [tuple(torch.randn(1, h, 1, width, generator=generator).to(placement.device, placement.torch_dtype)
                     for h, width in ((heads, d), (kv_heads, d), (kv_heads, e))) for _ in range(STEPS)]  # fmt: skip
@@ -92,15 +97,34 @@ def time_rows(rows: MethodRows, exact_row: int, layers: int, shapes: tuple[int, 
     finally:
         torch.set_num_threads(threads)
     exact = samples[exact_row]
+    window = samples[-1] if sliding else [0.0] * len(exact)
+
+    def per_token(row: int) -> list[float]:  # each layer's step: the window's, an exact one (dense), or the method's
+        kinds = ["window" if rows.keeps_window(row, i) else "exact" if i < rows.methods[row].dense_layers else "mine"
+                 for i in range(layers)]  # fmt: skip
+        return [kinds.count("window") * w + kinds.count("exact") * full + kinds.count("mine") * mine
+                for mine, full, w in zip(samples[row], exact, window)]  # fmt: skip
+
+    reference = per_token(exact_row)
     out = []
-    for row, method in enumerate(rows.methods):
-        dense = min(method.dense_layers, layers)
-        per_token = [(layers - dense) * mine + dense * full for mine, full in zip(samples[row], exact)]
-        ratios = [mine / (layers * full) for mine, full in zip(per_token, exact)]
+    for row in range(len(rows.methods)):
+        mine = per_token(row)
+        ratios = [cost / base for cost, base in zip(mine, reference)]
         interval = median_interval(ratios)
-        out.append(StepTime(statistics.median(samples[row]), statistics.median(per_token), interval.estimate,
+        out.append(StepTime(statistics.median(samples[row]), statistics.median(mine), interval.estimate,
                             interval.low, interval.high))  # fmt: skip
     return out
+
+
+def timed_layer(windows: list[int | None], dense: int) -> int:
+    """The layer whose steps are timed: the middle one, past the layers some method keeps exact (Quest's first two);
+    in a hybrid model the first global layer from there (a sliding layer runs the model's window in every row), else
+    the last global one."""
+    layers = len(windows)
+    layer = min(layers - 1, max(layers // 2, dense))
+    found = [i for i, window in enumerate(windows) if window is None]
+    later = [i for i in found if i >= layer]
+    return later[0] if later else (found[-1] if found else layer)
 
 
 def timed_rounds(makers: list, inputs: list, rounds: int, shuffle: random.Random,

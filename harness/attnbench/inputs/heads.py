@@ -17,7 +17,13 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from attnbench.inputs.heads_cache import DEFAULT_HEADS_MODEL, heads_folder, heads_problems, read_manifest
+from attnbench.inputs.heads_cache import (
+    DEFAULT_HEADS_MODEL,
+    heads_folder,
+    heads_problems,
+    held_positions,
+    read_manifest,
+)
 from attnbench.inputs.synthetic import Shape4
 
 
@@ -40,8 +46,9 @@ def real_heads(
         raise ValueError(problems[0])
     manifest = read_manifest(model)
     assert manifest is not None
-    if not causal or n > int(manifest["positions"]) or d != int(manifest["head_dim"]):
-        raise ValueError(f"{manifest.get('model', model)}'s heads: causal cells of N <= {manifest['positions']} and "
+    held = held_positions(manifest, text)[0]
+    if not causal or n > held or d != int(manifest["head_dim"]):
+        raise ValueError(f"{manifest.get('model', model)}'s heads on the {text}: causal cells of N <= {held} and "
                          f"head_dim {manifest['head_dim']} only (asked: causal={causal}, N={n}, head_dim={d})")  # fmt: skip
     layers, query_heads = len(manifest["layers"]), int(manifest["heads"])
     shift = float(torch.rand(1, generator=generator))

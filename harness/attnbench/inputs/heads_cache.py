@@ -62,10 +62,25 @@ def heads_problems(params: dict[str, Any]) -> list[str]:
     return []
 
 
+def held_positions(manifest: dict[str, Any], text: str) -> tuple[int, str | None]:
+    """The positions `text` was captured at (each text to its own length: a shorter one in the model's tokenizer
+    stops sooner), and what stopped it short of the model's, if anything."""
+    entry = manifest["texts"].get(text) or {}
+    held = int(entry.get("tokens", manifest["positions"]))
+    return held, entry.get("limited_by") or (manifest.get("limited_by") if held == int(manifest["positions"]) else None)
+
+
+def heads_head_dim(params: dict[str, Any]) -> int | None:
+    """The head_dim of the model whose heads a `heads` input (or needles planted in them) reads; None when they were
+    never captured (the config's validation says so)."""
+    manifest = read_manifest(params.get("model", DEFAULT_HEADS_MODEL))
+    return int(manifest["head_dim"]) if manifest is not None else None
+
+
 def heads_unfit(params: dict[str, Any], *, causal: bool, positions: int, head_dim: int) -> str | None:
     """Why a cell cannot be drawn from a model's captured heads (None when it can): they are a causal decoder's, so
-    causal cells only; no more positions than were captured (the model's own, at most: beyond them a rotary model
-    was never trained, and a tiled sequence is not its attention); the model's head_dim."""
+    causal cells only; no more positions than its text was captured at (the model's own, at most: beyond them a rotary
+    model was never trained, and a tiled sequence is not its attention); the model's head_dim."""
     model = params.get("model", DEFAULT_HEADS_MODEL)
     manifest = read_manifest(model)
     if manifest is None:
@@ -73,18 +88,21 @@ def heads_unfit(params: dict[str, Any], *, causal: bool, positions: int, head_di
     name = manifest.get("model", model)
     if not causal:
         return f"{name}'s heads are a causal decoder's: they judge causal cells only"
-    if positions > int(manifest["positions"]):
+    text = params.get("text", "prose")
+    held, limited_by = held_positions(manifest, text)
+    if positions > held:
         trained = int(manifest.get("trained_positions", manifest["positions"]))
-        if manifest.get("limited_by"):  # the shipped texts ran out before the model's positions
-            return (f"{name}'s heads were captured at {manifest['positions']} positions ({manifest['limited_by']}; "
-                    f"the model was trained on {trained}); this cell needs {positions}")  # fmt: skip
-        if int(manifest["positions"]) < trained:  # a short capture (`--positions`): capture again
-            return (f"{name}'s heads were captured at {manifest['positions']} positions (attnbench heads "
-                    f"--positions); this cell needs {positions}: capture them again without --positions")  # fmt: skip
-        return (f"{name}'s heads were captured at {manifest['positions']} positions (the model was trained on "
-                f"{trained}: beyond, its attention is not what it learned); this cell needs {positions}")  # fmt: skip
+        if limited_by:  # the shipped text ran out before the model's positions
+            return (f"{name}'s heads on the {text} were captured at {held} positions ({limited_by}; the model was "
+                    f"trained on {trained}); this cell needs {positions}")  # fmt: skip
+        if held < trained:  # a short capture (`--positions`): capture again
+            return (f"{name}'s heads were captured at {held} positions (attnbench heads --positions); this cell "
+                    f"needs {positions}: capture them again without --positions")  # fmt: skip
+        return (f"{name}'s heads were captured at {held} positions (the model was trained on {trained}: beyond, its "
+                f"attention is not what it learned); this cell needs {positions}")  # fmt: skip
     if head_dim != int(manifest["head_dim"]):
-        return f"{name}'s heads have head_dim {manifest['head_dim']}, this cell asks {head_dim}"
+        return (f"{name}'s heads have head_dim {manifest['head_dim']}, this cell asks {head_dim}: set head_dim = "
+                f"{manifest['head_dim']} in the config (naming the heads in --inputs sets it)")  # fmt: skip
     return None
 
 

@@ -68,11 +68,32 @@ def argument_problems(args: argparse.Namespace, specs: list[VariantSpec]) -> tup
         config = None
     if config is not None and text is not None and not any((args.model_dir / n).is_file() for n in TOKENIZER_FILES):
         problems.append(f"{args.model_dir} has no tokenizer files for --text: use --token-ids or --random-tokens")
+    if config is not None and (problem := no_global_layer(config)) is not None:
+        problems.append(f"{args.model_dir}: {problem}")
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         problems.append(f"--out {args.out}: {error.strerror or error}")
     return problems, text, config
+
+
+def no_global_layer(config: Any) -> str | None:
+    """Why no variant could change the model (every layer keeps its sliding window: Mistral with a window), or
+    None."""
+    from attnbench.model.layer_kinds import global_layers, layer_windows
+
+    windows = layer_windows(config)
+    if not windows or global_layers(config):
+        return None
+    return (f"every one of its {len(windows)} layers attends through a sliding window of {windows[0]} positions, "
+            "which the study keeps as the model's own (a variant goes into global layers only): no variant would "
+            "change anything")
+
+
+def swapped_where(layout: str | None, per_layer: bool) -> str:
+    """Where a variant goes, as the progress line says it: every layer, or a hybrid model's global layers."""
+    where = "every layer" if layout is None else "every global layer (the sliding-window layers keep their window)"
+    return where + (f" + each {'global ' if layout else ''}layer alone" if per_layer else "")
 
 
 def input_problems(config: Any, ids: Tensor, lengths: list[int]) -> list[str]:
@@ -142,7 +163,8 @@ def memory_problems(model: object, lengths: list[int], specs: list[VariantSpec],
 
 def model_command(args: argparse.Namespace, width: int) -> int:
     """`attnbench model`: check every argument before the model loads and every length's memory before any
-    forward pass; at each length, swap each variant setting into the model (every layer; each layer alone with
+    forward pass; at each length, swap each variant setting into the model (every layer, a hybrid model's global
+    ones; each layer alone with
     --per-layer; timed with --time), write model.csv after each, then the table (`width` columns) and the
     report. Returns the exit status."""
     from attnbench.measure.machine import machine_info
@@ -155,6 +177,7 @@ def model_command(args: argparse.Namespace, width: int) -> int:
         is_causal_model,
         load_model,
         masked_inputs,
+        swap_layout,
         write_rows,
     )
     from attnbench.runfolder.folder import new_run_dir, write_json_atomic
@@ -226,11 +249,14 @@ def model_command(args: argparse.Namespace, width: int) -> int:
         print(f"attnbench: {error}", file=sys.stderr)
         return Exit.USAGE
     run_dir = new_run_dir(args.out, f"model-{args.model_dir.resolve().name}")
+    layout = swap_layout(model.config)  # None: no sliding-window layer
+    if layout is not None:
+        print(f"attnbench: {args.model_dir.name}: {layout}", file=sys.stderr)
     meta = {
         "command": args.command_line,
         "started": clock.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": {"dir": str(args.model_dir), "type": model.config.model_type, "kind": kind, "layers": study.layers,
-                  "causal": study.causal},  # fmt: skip
+                  "causal": study.causal, "layout": layout},  # fmt: skip
         "seq_lens": lengths,
         "tokens_available": available,
         "text_source": text_source(args),
@@ -243,7 +269,7 @@ def model_command(args: argparse.Namespace, width: int) -> int:
         "dtype": "float32",
         "machine": machine_info([device_of(args)]),
     }
-    passes = f"every layer{' + each layer alone' if args.per_layer else ''}{', timed' if args.time else ''}"
+    passes = swapped_where(layout, args.per_layer) + (", timed" if args.time else "")
     print(f"attnbench: {len(specs)} variant setting(s) × {len(lengths)} length(s) ({', '.join(map(str, lengths))} "
           f"tokens), {passes} -> {run_dir}/", file=sys.stderr)  # fmt: skip
     rows = []

@@ -3,7 +3,8 @@ them (`attnbench.inputs.heads_cache`). `make model` runs it for SmolLM2-135M; an
 way (nothing is downloaded).
 
 Per text (prose and code, `attnbench.model.texts.HEADS_TEXTS`) the model runs once on its first P tokens, P the
-model's own positions (at most `MAX_POSITIONS`; fewer, said, where a shipped text is shorter in its tokenizer) and
+model's own positions (at most `MAX_POSITIONS`; each text to its own length, said, where it is shorter in the
+model's tokenizer: the manifest gives each text's positions, and `positions` the fewest) and
 `DECODE_HEADROOM` more (a decode cell's steps after a prompt of the model's full length: 0.8% past its trained
 positions at 8K, said in the manifest), and the post-rotary q/k/v of `DEPTHS` layers spread over its depth are
 written in float16 (the file the `captured` input reads too, with its description). A hybrid model (Gemma 3: five
@@ -74,17 +75,24 @@ def capture_heads(
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     tokens = {name: tokenizer(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids
               for name, path in HEADS_TEXTS.items()}  # fmt: skip
-    shortest = min(tokens, key=lambda name: tokens[name].shape[-1])
-    if asked is None and (given := tokens[shortest].shape[-1]) < positions:  # the default: as far as the texts go
-        say(f"note: the shipped {HEADS_TEXTS[shortest].name} gives {given} tokens with {model_dir.name}'s tokenizer, "
-            f"fewer than {prompt} positions and {DECODE_HEADROOM} for decode steps: every text is captured at "
-            f"{given - DECODE_HEADROOM} positions and {DECODE_HEADROOM} (no cell needing more than {given} is drawn "
-            "from them; a longer shipped text would reach the rest)")  # fmt: skip
-        prompt, positions = given - DECODE_HEADROOM, given
-    tokens = {name: ids[:, :positions] for name, ids in tokens.items()}
-    if short := [f"{HEADS_TEXTS[name].name} gives {ids.shape[-1]}" for name, ids in tokens.items() if ids.shape[-1] < positions]:
-        raise CaptureError(f"{', '.join(short)} tokens with this tokenizer, fewer than the {positions} asked "
-                           f"({prompt} and {DECODE_HEADROOM} for decode steps): give a smaller --positions")  # fmt: skip
+    given = {name: int(ids.shape[-1]) for name, ids in tokens.items()}
+    if asked is None:  # the default: each text as far as it goes, up to the model's positions and the headroom
+        limited = {name: f"the shipped {HEADS_TEXTS[name].name} gives {count} tokens with this tokenizer"
+                   for name, count in given.items() if count < positions}  # fmt: skip
+        for name in limited:
+            say(f"note: the shipped {HEADS_TEXTS[name].name} gives {given[name]} tokens with {model_dir.name}'s "
+                f"tokenizer, fewer than {prompt} positions and {DECODE_HEADROOM} for decode steps: the {name} is "
+                f"captured at {given[name]} (no cell needing more is drawn from it; a longer shipped text would reach "
+                "the rest)")  # fmt: skip
+    else:
+        limited = {}
+        short = [f"{HEADS_TEXTS[name].name} gives {count}" for name, count in given.items() if count < positions]
+        if short:
+            raise CaptureError(f"{', '.join(short)} tokens with this tokenizer, fewer than the {positions} asked "
+                               f"({prompt} and {DECODE_HEADROOM} for decode steps): give a smaller --positions")  # fmt: skip
+    if tiny := [HEADS_TEXTS[name].name for name, count in given.items() if count <= DECODE_HEADROOM]:
+        raise CaptureError(f"{', '.join(tiny)}: {DECODE_HEADROOM} tokens or fewer with this tokenizer: too short")
+    tokens = {name: ids[:, :positions] for name, ids in tokens.items()}  # (1, n): each text to its own length
     folder = heads_root() / model_dir.name
     try:  # written beside the folder and swapped in whole: a failed or stopped capture leaves the old one
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -92,8 +100,6 @@ def capture_heads(
     except OSError as error:
         raise CaptureError(f"{folder.parent}: cannot be written ({error.strerror or error}); set ATTNBENCH_HEADS to "
                            "a folder that can") from None  # fmt: skip
-    limited = None if asked is not None or prompt == min(MAX_POSITIONS, limit) else (
-        f"the shipped {HEADS_TEXTS[shortest].name} gives {positions} tokens with this tokenizer")  # fmt: skip
     try:
         return _capture_into(partial, folder, model_dir, tokens, limit, say, limited)
     finally:
@@ -102,9 +108,10 @@ def capture_heads(
 
 def _capture_into(
     partial: Path, folder: Path, model_dir: Path, tokens: dict[str, Any], limit: int, say: Callable[[str], None],
-    limited: str | None = None,
+    limited: dict[str, str] | None = None,
 ) -> Path:
-    """Run the model on each text's tokens, write its files and manifest into `partial`, then make it `folder`."""
+    """Run the model on each text's tokens, write its files and manifest into `partial`, then make it `folder`.
+    `limited`: the texts that gave fewer tokens than the model's positions, and why (their manifest entries say)."""
     import json
 
     from attnbench.atomic import write_text_atomic
@@ -133,6 +140,8 @@ def _capture_into(
                 "post_rotary": "post-rotary" in where, "causal": True, "scaling": scaling, "layers": kept}  # fmt: skip
         write_capture(partial / f"{name}.pt", tensors, meta)
         texts[name] = {"file": f"{name}.pt", "source": path.name, "tokens": int(ids.shape[-1])}
+        if limited and name in limited:  # this text ran out before the model's positions
+            texts[name]["limited_by"] = limited[name]
         say(f"{model_dir.name}: {len(kept)} layers' heads on the {name} ({path.name}, {ids.shape[-1]} tokens) in "
             f"{time.perf_counter() - started:.0f} s")  # fmt: skip
         del layers, tensors, half
@@ -140,7 +149,7 @@ def _capture_into(
     manifest = {
         "model": model_dir.name,
         "model_dir": str(model_dir),
-        "positions": min(entry["tokens"] for entry in texts.values()),
+        "positions": min(entry["tokens"] for entry in texts.values()),  # what every text serves; each its "tokens"
         "trained_positions": int(limit),  # the model's own; positions past it are a decode cell's headroom
         "layers": kept,
         "of_layers": int(getattr(config, "num_hidden_layers", len(kept))),
@@ -153,8 +162,8 @@ def _capture_into(
         "recorded_at": "attention function, post-rotary q/k, causal",
         "made": time.strftime("%Y-%m-%d"),
     }
-    if limited:  # fewer positions than the model's: what stopped them
-        manifest["limited_by"] = limited
+    if limited:  # fewer positions than the model's in some text: what stopped them (each text's entry says its own)
+        manifest["limited_by"] = "; ".join(limited.values())
     write_text_atomic(partial / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     old = folder.with_name(f".{folder.name}.old")
     shutil.rmtree(old, ignore_errors=True)

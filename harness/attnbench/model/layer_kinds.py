@@ -77,4 +77,4 @@ def layout_text(config: Any) -> str | None:
     return (f"{len(sliding)} of its {len(windows)} layers attend through a sliding window of {sizes} positions, "
             f"kept as the model's own cache in every row (never a method's, never counted as compressed); a method "
             f"goes into its {len(windows) - len(sliding)} global layers ({places}), and into every layer only where "
-            "its label says \"every layer\" (layers = \"all\")")
+            "its label says \"every layer\" (hybrid_layers = \"all\")")

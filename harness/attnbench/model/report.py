@@ -101,8 +101,10 @@ def check_text(raw: dict) -> str:
         f"{format_number(c.get('perplexity_difference'), '.1e')} in its perplexity"
         for n, c in native.items()
     ]
+    layers = ("every global layer (its own window, exact, in each sliding-window layer)"
+              if (raw.get("model") or {}).get("layout") else "every layer")
     text = (
-        "The exact model runs PyTorch SDPA in every layer through the same attention implementation; against the "
+        f"The exact model runs PyTorch SDPA in {layers} through the same attention implementation; against the "
         f"model's own SDPA attention it differs (relative) {'; '.join(parts) or 'by –'}."
     )
     head = raw.get("head_check")
@@ -116,6 +118,12 @@ def check_text(raw: dict) -> str:
     return text
 
 
+def swapped_layers(model: dict) -> str:
+    """Where the run put each variant, as the report says it: every self-attention layer, or (a hybrid model: its
+    layout in meta.json) every global one, the sliding-window layers keeping their own window."""
+    return "every global self-attention layer" if model.get("layout") else "every self-attention layer"
+
+
 def write_model_report(run_dir: Path) -> Path:
     """report.md, report.html and plots/ of a model run folder; returns the path of report.html."""
     frame = read_model_rows(run_dir)
@@ -125,23 +133,28 @@ def write_model_report(run_dir: Path) -> Path:
     lengths = sorted(frame.seq_len.unique())
     longest = lengths[-1]
     subtitle = f"{model.get('dir', '')}, {raw.get('text_source')}"
+    layout, where = model.get("layout"), swapped_layers(model)
     blocks = [
         Block("heading", f"attnbench model report: {run_dir.name}", level=1),
         Block("text", f"Reproduce: `{shlex.join(meta.command)}`."),
         Block(
             "text",
-            f"Model: `{model.get('dir')}` ({model.get('type')}, {model.get('kind')}, {model.get('layers')} "
-            f"self-attention layers, {'causal' if model.get('causal') else 'bidirectional'}); the first "
+            f"Model: `{model.get('dir')}` ({model.get('type')}, {model.get('kind')}, "
+            f"{'causal' if model.get('causal') else 'bidirectional'}; "
+            f"{layout or str(model.get('layers')) + ' self-attention layers'}); the first "
             f"{', '.join(map(str, lengths))} tokens of {raw.get('text_source')}"
             f"{', each length with its own exact model' if len(lengths) > 1 else ''}. {check_text(raw)}",
         ),
         Block("heading", "Verdict", level=2),
         Block(
             "text",
-            "Every self-attention layer swapped: the perplexity on the text with the variant, the exact model's, and "
-            "their ratio; the final output's (logits') relative error and cosine against the exact model."
+            f"{where[0].upper()}{where[1:]} swapped"
+            + (" (the sliding-window layers keep their own window, exact, as the model does)" if layout else "")
+            + ": the perplexity on the text with the variant, the exact model's, and their ratio; the final "
+            "output's (logits') relative error and cosine against the exact model."
             + (" The forward pass timed in turns with the exact one." if raw.get("timed") else "")
-            + (" 'Worst single layer': the largest attention-output error when that layer alone is swapped."
+            + (f" 'Worst single layer': the largest attention-output error when that {'global ' if layout else ''}"
+               "layer alone is swapped."
                if raw.get("per_layer") else "")  # fmt: skip
             + " Single-layer swaps (--per-layer) and timing (--time) are optional"
             + (": this run has neither." if not (raw.get("timed") or raw.get("per_layer")) else "."),
@@ -159,7 +172,7 @@ def write_model_report(run_dir: Path) -> Path:
             Block(
                 "image",
                 str(path.relative_to(run_dir)),
-                caption="How much each variant in every layer raises perplexity on the first N tokens of the text, "
+                caption=f"How much each variant in {where} raises perplexity on the first N tokens of the text, "
                 "over the exact model's at the same N: the ratio minus one (0.03: 3% higher; 100: 101×), against N, "
                 "log-log. Variants within float rounding of the exact perplexity are left out."
                 + exact_trend(finals),
@@ -174,10 +187,10 @@ def write_model_report(run_dir: Path) -> Path:
         if len(approximate) > 1:
             title += f"; {worst.label} drifts furthest ({worst.rel_error:.2g})"
         path = plot_layer_errors(ok, title, f"{subtitle}, {longest} tokens", plots / "layers.png", style)
-        caption = "The hidden state after each layer with every layer swapped"
+        caption = f"The hidden state after each layer with {where} swapped"
         if raw.get("per_layer"):
-            caption = (f"Left: {caption.lower()}. Right: each layer's attention output when only that layer is "
-                       "swapped (its input exact)")  # fmt: skip
+            caption = (f"Left: {caption[0].lower()}{caption[1:]}. Right: each {'global ' if layout else ''}layer's "
+                       "attention output when only that layer is swapped (its input exact)")  # fmt: skip
         caption += f", at {longest} tokens. Variants exact to float rounding are left out."
         blocks.append(Block("image", str(path.relative_to(run_dir)), caption=caption))
         timed = approximate[approximate.loss_change.notna() & approximate.speedup.notna()]
@@ -195,7 +208,7 @@ def write_model_report(run_dir: Path) -> Path:
                 Block(
                     "image",
                     str(path.relative_to(run_dir)),
-                    caption=f"Each variant swapped into every layer, at {longest} tokens: forward speedup (95% "
+                    caption=f"Each variant swapped into {where}, at {longest} tokens: forward speedup (95% "
                     "interval) and the loss change on the text.",
                 )
             )

@@ -8,6 +8,9 @@ through the same attention implementation, so nothing but the attention differs)
 - optionally (`single_layers`), one layer swapped at a time: that layer's attention output against the exact
   one (its input exact), so a reader sees which layers tolerate the variant;
 - optionally (`min_run_time`), the forward pass timed in turns with the exact one (paired speedup).
+A hybrid model's sliding-window layers (Gemma 3: five of each six) keep their own window, exact, as the model does
+(`attention.Routing`): "every layer" is then every global layer, and only those are swapped one at a time
+(`swap_layout` says it in words).
 Logits are never built whole (`attnbench.model.head`), so long sequences fit in memory. Two checks tie the
 study to transformers itself: the native check (every length: exact attention through attnbench against the
 model's own SDPA attention, final output and loss) and the head check (the sliced head and loss against
@@ -58,7 +61,7 @@ class ModelRow:
     label: str
     hparams: str  # JSON
     seq_len: int  # tokens: the first seq_len of the input, with the exact model at this length as the reference
-    swap: str  # "all": every self-attention layer swapped; "single": only `layer`
+    swap: str  # "all": every (global) self-attention layer swapped; "single": only `layer`
     layer: str  # "0", "1", …, or "final" (the model's output: logits with an LM head, else the last hidden state)
     status: str = "ok"
     reason: str = ""
@@ -157,6 +160,23 @@ def spec_problems(specs: list[VariantSpec]) -> list[str]:
     return problems
 
 
+def swap_layout(config: Any) -> str | None:
+    """A hybrid model's layers as the study swaps them (None without sliding-window layers): how many keep a
+    window of how many positions, and the global layers a variant goes into."""
+    from attnbench.model.layer_kinds import global_layers, layer_windows
+
+    windows = layer_windows(config)
+    sliding = [w for w in windows if w is not None]
+    if not sliding:
+        return None
+    places = global_layers(config)
+    sizes = "/".join(str(w) for w in sorted(set(sliding)))
+    return (f"{len(sliding)} of its {len(windows)} self-attention layers attend through a sliding window of {sizes} "
+            f"positions and keep it, exact, in every pass (the model's own attention there); a variant goes into its "
+            f"{len(places)} global layer{'s' if len(places) != 1 else ''}"
+            + (f" ({', '.join(map(str, places))})" if places else ": none, so no variant changes anything"))
+
+
 # ---- the study ------------------------------------------------------------------------------------
 
 
@@ -251,13 +271,14 @@ class ModelStudy:
                 "attention interface): nothing could be measured; not supported"
             )
         self.loss_exact = self.loss(self.exact.final)
+        self.swappable = swappable_layers(model.config, self.layers)
         self.native = self.native_check()
         if not self.native.worst() < NATIVE_TOLERANCE:
             raise ModelStudyError(
                 f"with exact attention through attnbench, {name}'s output differs from its own by "
                 f"{self.native.output_difference:.2g} and its perplexity by "
                 f"{self.native.perplexity_difference or 0.0:.2g} (relative): it uses an attention feature the "
-                "variants do not model (a sliding window, soft-capping, sink logits): not supported"
+                "variants do not model (soft-capping, sink logits): not supported"
             )
 
     @property
@@ -381,7 +402,7 @@ class ModelStudy:
             )
         rows.append(final)
         if self.single_layers:
-            for layer in range(self.layers):
+            for layer in self.swappable:
                 single = self.forward(Routing(everywhere=variant, only_layer=layer, outputs=KeptOutputs({layer})))
                 rel, cosine = compare(single.attention[layer], self.exact.attention[layer])
                 rows.append(ModelRow(**base, swap="single", layer=str(layer), rel_error=rel, cosine=cosine))
@@ -409,6 +430,17 @@ class ModelStudy:
         interval = paired_speedup(samples["exact"], samples["swapped"])
         exact, swapped = quantile(samples["exact"], 0.5), quantile(samples["swapped"], 0.5)
         return exact, swapped, interval.estimate, interval.low, interval.high
+
+
+def swappable_layers(config: Any, layers: int) -> list[int]:
+    """The self-attention calls a variant goes into: the global layers of a hybrid model (a sliding-window layer
+    keeps its window), every one of the `layers` calls otherwise (an encoder, a decoder without windows)."""
+    from attnbench.model.layer_kinds import global_layers, layer_windows
+
+    windows = layer_windows(config)
+    if len(windows) != layers or all(w is None for w in windows):
+        return list(range(layers))
+    return global_layers(config)
 
 
 def write_rows(path: Path, rows: list[ModelRow]) -> None:

@@ -32,7 +32,7 @@ from attnbench.plan.also import ALSO, differing, further_sweeps, narrowed, union
 from attnbench.plan.budget import DEFAULT_MAX_ERROR, budget_problems
 from attnbench.plan.cells import AXES, InputSpec, Plan, Spec, VariantSpec, compiled_label, expand, groups_of
 from attnbench.plan.devices import by_devices, causal_forms
-from attnbench.plan.fit import causal_only_input, input_unfit
+from attnbench.plan.fit import causal_only_input, heads_head_dims, input_unfit
 from attnbench.registry import Registry
 from attnbench.registry import registry as default_registry
 
@@ -321,6 +321,8 @@ def parse_config(
             problems += [f"{input_at(index, spec)}: {p}" for p in validate_input(item["name"], params)]
             config.axes["input"].append(spec)
 
+    if ("inputs" in flags or "head_dim" not in raw) and "head_dim" not in flags:  # real heads fix the head_dim
+        config.notes += _heads_head_dim(config.axes, heads_head_dims(config.axes["input"]), "inputs" in flags)
     config.axes["variant"], variant_problems = parse_variants(raw.get("variants"), registry, at("variants"))
     problems += variant_problems
     on_devices = by_devices(config.axes["variant"], config.axes["device"], registry,  # no `unsupported` rows
@@ -366,6 +368,19 @@ def parse_config(
     if problems:
         raise ConfigError(source, problems)
     return config
+
+
+def _heads_head_dim(axes: dict[str, list[Any]], dims: dict[int, list[str]], flagged: bool) -> list[str]:
+    """A run drawing a model's captured heads (`--inputs 'heads(model=Gemma-3-270M)'`, or a config that sets no
+    head_dim) takes that model's head_dim for every cell: the config's is the synthetic inputs' shape, and a head of
+    another width is not the model's. The note that says so, when it changes the config's."""
+    if not dims or sorted(dims) == sorted(axes["head_dim"]):
+        return []
+    was, axes["head_dim"] = axes["head_dim"], sorted(dims)
+    whose = "; ".join(f"{dim} for {', '.join(labels)}" for dim, labels in sorted(dims.items()))
+    given = "--inputs" if flagged else "the config sets no head_dim"
+    return [f"head_dim {', '.join(map(str, sorted(dims)))} (was {', '.join(map(str, was))}): the real heads the run "
+            f"draws have it ({whose}; {given}), and every input of the run is drawn at it"]  # fmt: skip
 
 
 def _axis_problems(axes: dict[str, list[Any]], at: Callable[[str], str], by: Blame) -> list[str]:

@@ -4,7 +4,7 @@ the run goes on; the plan times each setting on its first input that can be draw
 
 from __future__ import annotations
 
-from attnbench.inputs.heads_cache import heads_unfit
+from attnbench.inputs.heads_cache import heads_head_dim, heads_unfit
 from attnbench.inputs.needles import NEEDLE_DEFAULTS, needle_cell_problems
 from attnbench.plan.cells import Cell, InputSpec
 
@@ -12,6 +12,17 @@ from attnbench.plan.cells import Cell, InputSpec
 def causal_only_input(spec: InputSpec) -> bool:
     """Whether an input is a causal decoder's own heads (or needles planted in them): causal cells only."""
     return spec.name == "heads" or (spec.name == "needles" and dict(spec.params).get("background") == "heads")
+
+
+def heads_head_dims(specs: list[InputSpec]) -> dict[int, list[str]]:
+    """head_dim -> the inputs drawn from a model's captured heads that have it (those of models captured here): the
+    head_dim their cells must have (`heads_unfit`), which a run naming them in --inputs takes (`plan.config`)."""
+    dims: dict[int, list[str]] = {}
+    for spec in specs:
+        own = {key: value for key, value in spec.params if key not in NEEDLE_DEFAULTS}
+        if causal_only_input(spec) and (dim := heads_head_dim(own)) is not None:
+            dims.setdefault(dim, []).append(spec.label())
+    return dims
 
 
 def input_unfit(cell: Cell, decode_steps: int) -> str | None:

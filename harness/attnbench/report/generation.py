@@ -103,7 +103,7 @@ def header_text(folder: Path, rows: pd.DataFrame, meta: dict, reads: bool) -> st
     return (
         f"Made by `{' '.join(meta.get('command', []))}` on {meta.get('host', '?')}{placed(meta)} with the model in "
         f"`{meta.get('model_dir', '?')}`; {len(rows)} generations. The model generates greedily with each method inside "
-        "every self-attention layer (its own post-rotary q/k/v, its key/value heads); a KV-cache method builds its "
+        f"every {'global ' if meta.get('layers') else ''}self-attention layer (its own post-rotary q/k/v, its key/value heads); a KV-cache method builds its "
         f"cache from the exact prompt{protocol}, a method with its own prefill runs it. Question-agnostic: "
         "the context is compressed, then the question follows; question-aware: the question is inside the prompt. "
         f"A budget is the share of the cache a method keeps{quest}; the headline figure places each at the bytes its "

@@ -2,6 +2,6 @@
 
 from pathlib import Path
 
-TUTORIAL = Path(__file__).with_name("python_tutorial.txt")  # licence-clean English prose, ~32k SmolLM2 tokens
-ARGPARSE = Path(__file__).with_name("python_argparse.txt")  # licence-clean Python source code, ~22k SmolLM2 tokens
+TUTORIAL = Path(__file__).with_name("python_tutorial.txt")  # licence-clean English prose, ~41k SmolLM2 tokens
+ARGPARSE = Path(__file__).with_name("python_argparse.txt")  # licence-clean Python source, ~37k SmolLM2 tokens
 HEADS_TEXTS = {"prose": TUTORIAL, "code": ARGPARSE}  # what `attnbench heads` captures a model's heads on
