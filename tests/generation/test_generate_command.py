@@ -115,7 +115,11 @@ def test_bad_input_is_refused_before_any_folder(tmp_path: Path, tiny_model: Path
         assert main(["generate", *argv, "--out", str(out)]) == 2
         return capsys.readouterr().err
 
-    assert "no config.json" in refused(toml, "--model", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit) as stopped:  # argparse's refusal (`model_folder`): exit 2
+        main(["generate", toml, "--model", str(tmp_path / "nowhere"), "--out", str(out)])
+    assert stopped.value.code == 2 and "nowhere does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert "no config.json" in refused(toml, "--model", str(tmp_path / "empty"))
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(tiny_model / "config.json", bare / "config.json")

@@ -49,6 +49,7 @@ def test_a_placement_is_one_of_the_devices_and_dtypes() -> None:
 def test_cuda_without_a_gpu_is_refused_before_any_folder(tmp_path: Path) -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, even on a machine that has one
     out = tmp_path / "results"
+    (tmp_path / "no-model").mkdir()  # a folder without a model: --model takes it, the preflight would refuse it
     done = run_cli("generate", "--tasks", "passkey", "--seq-lens", "256", "--samples", "1", "--device", "cuda",
                    "--model", str(tmp_path / "no-model"), "--out", str(out), env=env)  # fmt: skip
     assert done.returncode == 2, done.stderr

@@ -221,7 +221,7 @@ def test_a_hybrid_model_s_layout_is_named_and_only_its_global_layers_are_swapped
     assert main(argv) == 0
     err = " ".join(capsys.readouterr().err.split())
     layout = ("3 of its 4 self-attention layers attend through a sliding window of 8 positions and keep it, exact, "
-              "in every pass (the model's own attention there); a variant goes into its 1 global layer (2)")  # fmt: skip
+              "in every pass (the model's own attention there); a variant goes into its 1 global layer (2)")
     assert f"gemma: {layout}" in err
     assert "every global layer (the sliding-window layers keep their window) + each global layer alone" in err
     assert ", every layer" not in err

@@ -97,7 +97,7 @@ def test_a_capture_takes_each_text_to_its_own_length(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNBENCH_HEADS", str(tmp_path / "heads"))
     (tmp_path / "long.txt").write_text("the long one " * 30)  # 390 bytes: past 128 + 64
     (tmp_path / "short.txt").write_text("short " * 25)  # 150 bytes: runs out
-    monkeypatch.setattr(texts, "HEADS_TEXTS", {"prose": tmp_path / "long.txt", "code": tmp_path / "short.txt"})
+    monkeypatch.setattr(texts, "HEADS_TEXTS", {"prose": (tmp_path / "long.txt",), "code": (tmp_path / "short.txt",)})
     said: list[str] = []
     folder = capture_heads(tiny_decoder(tmp_path / "Tiny", positions=128), say=said.append)
     manifest = json.loads((folder / "heads.json").read_text())
@@ -106,3 +106,15 @@ def test_a_capture_takes_each_text_to_its_own_length(tmp_path, monkeypatch):
     assert manifest["positions"] == 150 and "short.txt" in manifest["limited_by"]  # what every text serves
     assert read_tensors(folder / "prose.pt")["q"].shape[-2] == 128 + DECODE_HEADROOM
     assert any("the code is captured at 150" in line for line in said)
+
+
+def test_the_heads_texts_continue_the_shipped_ones_which_the_tasks_read_unchanged():
+    """`attnbench heads` reads each text with its continuation; the generation tasks and `calibrate` read the first
+    file alone, as it first shipped, so their draws do not move when a continuation grows."""
+    from attnbench.model import texts
+
+    for name, (first, more) in texts.HEADS_TEXTS.items():
+        whole = texts.heads_text(name)
+        assert whole == first.read_text(encoding="utf-8") + more.read_text(encoding="utf-8")
+        assert len(more.read_text(encoding="utf-8")) > 30_000
+    assert (texts.TUTORIAL, texts.ARGPARSE) == tuple(paths[0] for paths in texts.HEADS_TEXTS.values())

@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "accuracy on them: the presets list `heads` beside `realistic`; a config of your own names "
         '[[inputs]] name = "heads", model = "<folder name>", text = "prose" or "code". `make model` runs it for '
         "SmolLM2-135M (about 40 s on 2 cores, 315 MB), `make model MODEL=gemma-3-270m` for Gemma-3-270M (its 3 "
-        "global layers at 23,924 positions: 6 min 16 s at load 5, 421 MB). A capture that fails or is stopped leaves "
+        "global layers at 32,832 positions: 12 min at nice 19 on a loaded machine, 605 MB). A capture that fails or is stopped leaves "
         "the previous one.",
     )
     heads.add_argument("model_dir", type=model_argument, metavar="MODEL",

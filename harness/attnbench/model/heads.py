@@ -63,7 +63,7 @@ def capture_heads(
     from transformers import AutoTokenizer
 
     from attnbench.model.capture import CaptureError, model_config
-    from attnbench.model.texts import HEADS_TEXTS
+    from attnbench.model.texts import HEADS_TEXTS, heads_text
 
     say = say or (lambda line: print(f"attnbench: {line}", file=sys.stderr, flush=True))
     config = model_config(model_dir, "attnbench heads")
@@ -73,24 +73,23 @@ def capture_heads(
         raise CaptureError(f"--positions {prompt} is beyond the model's {limit} positions (what it was trained on)")
     asked, positions = positions, prompt + DECODE_HEADROOM
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    tokens = {name: tokenizer(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids
-              for name, path in HEADS_TEXTS.items()}  # fmt: skip
+    tokens = {name: tokenizer(heads_text(name), return_tensors="pt").input_ids for name in HEADS_TEXTS}
     given = {name: int(ids.shape[-1]) for name, ids in tokens.items()}
     if asked is None:  # the default: each text as far as it goes, up to the model's positions and the headroom
-        limited = {name: f"the shipped {HEADS_TEXTS[name].name} gives {count} tokens with this tokenizer"
+        limited = {name: f"the shipped {HEADS_TEXTS[name][0].name} gives {count} tokens with this tokenizer"
                    for name, count in given.items() if count < positions}  # fmt: skip
         for name in limited:
-            say(f"note: the shipped {HEADS_TEXTS[name].name} gives {given[name]} tokens with {model_dir.name}'s "
+            say(f"note: the shipped {HEADS_TEXTS[name][0].name} gives {given[name]} tokens with {model_dir.name}'s "
                 f"tokenizer, fewer than {prompt} positions and {DECODE_HEADROOM} for decode steps: the {name} is "
                 f"captured at {given[name]} (no cell needing more is drawn from it; a longer shipped text would reach "
                 "the rest)")  # fmt: skip
     else:
         limited = {}
-        short = [f"{HEADS_TEXTS[name].name} gives {count}" for name, count in given.items() if count < positions]
+        short = [f"{HEADS_TEXTS[name][0].name} gives {count}" for name, count in given.items() if count < positions]
         if short:
             raise CaptureError(f"{', '.join(short)} tokens with this tokenizer, fewer than the {positions} asked "
                                f"({prompt} and {DECODE_HEADROOM} for decode steps): give a smaller --positions")  # fmt: skip
-    if tiny := [HEADS_TEXTS[name].name for name, count in given.items() if count <= DECODE_HEADROOM]:
+    if tiny := [HEADS_TEXTS[name][0].name for name, count in given.items() if count <= DECODE_HEADROOM]:
         raise CaptureError(f"{', '.join(tiny)}: {DECODE_HEADROOM} tokens or fewer with this tokenizer: too short")
     tokens = {name: ids[:, :positions] for name, ids in tokens.items()}  # (1, n): each text to its own length
     folder = heads_root() / model_dir.name
@@ -117,14 +116,14 @@ def _capture_into(
     from attnbench.atomic import write_text_atomic
     from attnbench.inputs.captured import write_capture
     from attnbench.model.capture import CaptureError, load_base_model, record_qkv
-    from attnbench.model.texts import HEADS_TEXTS
+    from attnbench.model.texts import HEADS_TEXTS, heads_text
 
     model, config = load_base_model(model_dir, "attnbench heads")
     kept, attention = kept_layers(config)
     texts: dict[str, Any] = {}
     scaling: list[float] = []
     for name, ids in tokens.items():
-        path = HEADS_TEXTS[name]
+        source = " + ".join(path.name for path in HEADS_TEXTS[name])
         started = time.perf_counter()
         layers, where, causal, scaling = record_qkv(model, config, ids, model_dir=model_dir, keep=kept)
         if not causal or not where.startswith("attention") or len(layers["q"]) != len(kept):
@@ -135,14 +134,14 @@ def _capture_into(
         half = {role: tensor.half() for role, tensor in tensors.items()}
         if all(torch.isfinite(t).all() for t in half.values()):  # float16 halves the disk; kept float32 otherwise
             tensors = half
-        meta = {"model": str(model_dir), "model_type": getattr(config, "model_type", None), "text": path.name,
+        meta = {"model": str(model_dir), "model_type": getattr(config, "model_type", None), "text": source,
                 "positions": int(ids.shape[-1]), "recorded_at": where, "rotary": "rotary" in where,
                 "post_rotary": "post-rotary" in where, "causal": True, "scaling": scaling, "layers": kept}  # fmt: skip
         write_capture(partial / f"{name}.pt", tensors, meta)
-        texts[name] = {"file": f"{name}.pt", "source": path.name, "tokens": int(ids.shape[-1])}
+        texts[name] = {"file": f"{name}.pt", "source": source, "tokens": int(ids.shape[-1])}
         if limited and name in limited:  # this text ran out before the model's positions
             texts[name]["limited_by"] = limited[name]
-        say(f"{model_dir.name}: {len(kept)} layers' heads on the {name} ({path.name}, {ids.shape[-1]} tokens) in "
+        say(f"{model_dir.name}: {len(kept)} layers' heads on the {name} ({source}, {ids.shape[-1]} tokens) in "
             f"{time.perf_counter() - started:.0f} s")  # fmt: skip
         del layers, tensors, half
     q_heads = int(getattr(config, "num_attention_heads"))

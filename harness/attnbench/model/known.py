@@ -71,19 +71,40 @@ def known_names() -> str:
     return "; ".join(f"{m.name} ({', '.join(m.aliases)})" if m.aliases else m.name for m in KNOWN_MODELS)
 
 
+def close_names(word: str) -> str:
+    """' Did you mean: SmolLM2-135M?' when `word` is close to a known model's name or alias (any case), else ''."""
+    from attnbench.interface import did_you_mean  # the one closeness rule (torch: only on this refusal's path)
+
+    wanted = word.strip().lower()
+    close = [m.name for m in KNOWN_MODELS if did_you_mean(wanted, [m.name.lower(), *m.aliases])]
+    return f" Did you mean: {', '.join(close)}?" if close else ""
+
+
 def model_folder(name_or_path: str | Path) -> Path:
-    """A known model's name (or alias, any case) -> its cache folder; anything else is a folder path. A bare word
-    that is neither a known name nor an existing path: UnknownModel naming the known ones."""
+    """A known model's name (or alias, any case) -> its cache folder (written or not: the command says which make
+    writes it); anything else is an existing folder. UnknownModel, saying what to give instead, for an empty
+    argument, a bare word that is neither a known name nor a folder (with the close known names), a path that does
+    not exist, or a file (a model is its folder)."""
     if isinstance(name_or_path, Path):
         return name_or_path
     text = str(name_or_path)
+    give = (f"give a known model ({known_names()}: `make model MODEL=...` fetches them) or a local Hugging Face "
+            "model folder")  # fmt: skip
+    if not text.strip():
+        raise UnknownModel(f"the model is empty: {give}")
     if (model := known_model(text)) is not None and os.sep not in text:
         return model.folder
     path = Path(text).expanduser()
-    if path.exists() or os.sep in text or text.startswith("."):
+    if path.is_file():
+        raise UnknownModel(f"{text} is a file, give its folder ({path.parent}): a model is the folder holding its "
+                           "config.json and weights")  # fmt: skip
+    if path.exists():
         return path
+    if os.sep in text or text.startswith((".", "~")):
+        raise UnknownModel(f"{text} does not exist: {give}")
     raise UnknownModel(f"{text!r} is neither a known model nor an existing folder; known: {known_names()} "
-                       "(`make model MODEL=...` fetches them), or give a local Hugging Face model folder")  # fmt: skip
+                       "(`make model MODEL=...` fetches them), or give a local Hugging Face model folder."
+                       + close_names(text))  # fmt: skip
 
 
 def known_for_folder(folder: Path) -> KnownModel | None:

@@ -56,6 +56,33 @@ def missing_variants(claim: Claim) -> list[str]:
     return [name for name in claim.variants if name not in names]
 
 
+def quick_catalogue(claims: list[Claim]) -> tuple[list[Claim], list[Claim]]:
+    """The whole catalogue under --quick: (the claims it runs, those it leaves out: `Claim.quick_left_out`)."""
+    return [c for c in claims if not c.quick_left_out], [c for c in claims if c.quick_left_out]
+
+
+def model_missing(claim: Claim) -> str | None:
+    """Why a generation claim's model is not here, naming what writes it (None: not a generation claim, or its model
+    folder holds a config.json). Its model: the one its grid names (Gemma-3-270M for the claim at 10K), else the
+    folder `make model` writes SmolLM2-135M to ($ATTNBENCH_MODEL_DIR where set)."""
+    if not claim.generation:
+        return None
+    from attnbench.generation.grid import parse_grid
+    # the known models as generation's preflight names them (reproduce reaches attnbench.model through generation)
+    from attnbench.generation.preflight import KNOWN_MODELS, PreflightError, grid_model_dir, known_for_folder
+
+    try:
+        folder = grid_model_dir(parse_grid(claim.grid_config(), source=f"claim {claim.id}"))
+    except PreflightError as error:
+        return str(error)
+    if (folder / "config.json").is_file():
+        return None
+    known = known_for_folder(folder)
+    fetch = (f"`{known.make}` writes {known.name} there" if known is not None
+             else f"`make model` writes {KNOWN_MODELS[0].name} to {KNOWN_MODELS[0].folder}")  # fmt: skip
+    return f"needs the real model: {folder} holds no model (no config.json); {fetch}"
+
+
 def stored_meta(folder: Path) -> dict:
     """The folder's meta.json ({} when there is none), as `read_meta` reads it; an unreadable one is the folder's
     problem, said as such."""
@@ -123,12 +150,14 @@ def run_generation_claim(claim: Claim, out: Path, *, quick: bool) -> Checked:
 
     if missing := missing_variants(claim):
         return Checked(claim, None, Outcome(CANNOT, "–", f"needs variant(s) not installed here: {', '.join(missing)}"))
+    if (absent := model_missing(claim)) is not None:  # said with the make command, not generate's --model
+        return Checked(claim, None, Outcome(CANNOT, "–", absent))
     grid = parse_grid(claim.grid_config(quick), source=f"claim {claim.id}")
     try:  # the model the claim's grid names (Gemma-3-270M for a claim at 10K), else the one `make model` writes
         model = grid_model_dir(grid)
         check(grid, model)
-    except PreflightError as error:  # its message names the make command that writes the model
-        return Checked(claim, None, Outcome(CANNOT, "–", f"needs the real model: {error}"))
+    except PreflightError as error:
+        return Checked(claim, None, Outcome(CANNOT, "–", f"cannot generate with the real model: {error}"))
     return checked_grid(claim, out, quick, grid_toml(grid), GRID_FILE, GENERATIONS, read_generations,
                         lambda folder, command: run_grid(grid, folder, model, workers=2, command=command))  # fmt: skip
 
@@ -202,11 +231,13 @@ def document(results: list[Checked], quick: bool) -> str:
 
 
 def listing(claims: list[Claim]) -> str:
-    """--list: the claims, what each checks and whether it can run here."""
+    """--list: the claims, what each checks and whether it can run here (its variants registered, its model's
+    folder written), and which ones --quick runs only when named."""
     lines = []
     for claim in claims:
         missing = missing_variants(claim)
-        state = f"needs {', '.join(missing)}" if missing else "runs here"
+        state = f"needs {', '.join(missing)}" if missing else model_missing(claim) or "runs here"
+        state += "; --quick runs it only when named" if claim.quick_left_out else ""
         lines.append(f"{claim.id:<24} {claim.paper}, {claim.where} [{state}]\n{'':<24} {claim.statement}")
     return "\n".join(lines)
 
@@ -224,6 +255,11 @@ def command_reproduce(names: list[str], out: Path, *, quick: bool, progress: boo
     if list_only:
         print(listing(chosen))
         return Exit.OK
+    if quick and not names:  # the whole catalogue: a claim whose quick run is long runs only when named
+        chosen, left_out = quick_catalogue(chosen)
+        for claim in left_out:
+            print(f"attnbench: --quick leaves out {claim.id}: {claim.quick_left_out}; name it to run it",
+                  file=sys.stderr)  # fmt: skip
     results = []
     for index, claim in enumerate(chosen, 1):
         if progress:
