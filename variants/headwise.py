@@ -53,15 +53,13 @@ class RaggedCache(DecodeState):
     """Per-head caches of different lengths, packed: keys (p, d), values (p, e) of the prompt's kept positions, head
     (row, j) at offsets[row g + j] : offsets[row g + j + 1], in sequence order, and their positions (p,) in the
     prompt (for tests and comparisons; not held by a real cache); the tokens after the prompt, kept by every head, in
-    new_keys (b, g, capacity, d), new_values (b, g, capacity, e), filled up to `length` (a full buffer doubles)."""
+    `new`, a KV cache (b, g, ·, d|e) of its own."""
 
     keys: Tensor
     values: Tensor
     offsets: Tensor  # (b g + 1,) int64
     positions: Tensor  # (p,) int64
-    new_keys: Tensor
-    new_values: Tensor
-    length: int = 0
+    new: KVCache
 
     evicts = False  # it only appends after the prompt
 
@@ -80,8 +78,8 @@ class RaggedCache(DecodeState):
         b, g, n, d = k.shape
         offsets = F.pad(keep.sum(dim=-1).flatten().cumsum(0), (1, 0))
         positions = torch.arange(n, device=k.device).expand(b, g, n)[keep]
-        new_keys, new_values = k.new_empty(b, g, room, d), v.new_empty(b, g, room, v.shape[-1])
-        return cls(k[keep], v[keep], offsets, positions, new_keys, new_values)
+        new = KVCache.of(k.new_empty(b, g, 0, d), v.new_empty(b, g, 0, v.shape[-1]), room)
+        return cls(k[keep], v[keep], offsets, positions, new)
 
     @cached_property
     def bounds(self) -> list[int]:
@@ -91,27 +89,21 @@ class RaggedCache(DecodeState):
     @property
     def lengths(self) -> Tensor:
         """(b, g): the prompt's positions each head keeps."""
-        return (self.offsets[1:] - self.offsets[:-1]).view(self.new_keys.shape[:2])
+        return (self.offsets[1:] - self.offsets[:-1]).view(self.new.keys.shape[:2])
+
+    @property
+    def length(self) -> int:
+        """Tokens after the prompt."""
+        return self.new.length
 
     @property
     def new_k(self) -> Tensor:
         """(b, g, length, d): the tokens after the prompt."""
-        return self.new_keys[..., : self.length, :]
+        return self.new.k
 
     @property
     def new_v(self) -> Tensor:
-        return self.new_values[..., : self.length, :]
-
-    def append(self, k: Tensor, v: Tensor) -> None:
-        """Add tokens k (b, g, t, d), v (b, g, t, e) for every head, in place; the buffers double when full."""
-        t = k.shape[-2]
-        if self.length + t > self.new_keys.shape[-2]:
-            grown = max(2 * self.new_keys.shape[-2], self.length + t)
-            self.new_keys = torch.cat([self.new_k, k.new_empty(*k.shape[:-2], grown - self.length, k.shape[-1])], -2)
-            self.new_values = torch.cat([self.new_v, v.new_empty(*v.shape[:-2], grown - self.length, v.shape[-1])], -2)
-        self.new_keys[..., self.length : self.length + t, :] = k
-        self.new_values[..., self.length : self.length + t, :] = v
-        self.length += t
+        return self.new.v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """t new tokens join every head and attend: q (b, h, t, d), k (b, g, t, d), v (b, g, t, e) -> (b, h, t, e); new
@@ -122,8 +114,8 @@ class RaggedCache(DecodeState):
         max, index_add sums) at g = 3, r = 3, d = e = 64, 800 / 1000 / 1200 kept and 40 appended, one thread
         (torch.utils.benchmark): t = 1, 143 us against 613 us (masking every head's scores over all packed positions:
         195 us); t = 5, 294 us against 2011 us (1115 us). A uniform KVCache step over 1040 positions: 85 us."""
-        t, g = q.shape[-2], self.new_keys.shape[1]
-        self.append(k, v)
+        t, g = q.shape[-2], self.new.keys.shape[1]
+        self.new.append(k, v)
         scale = default_scale(q.shape[-1])
         grouped = rearrange(q, "b (g r) t d -> b g (r t) d", g=g)
         appended = torch.matmul(grouped, self.new_k.transpose(-1, -2)).mul_(scale)  # (b, g, r t, m)
@@ -147,8 +139,7 @@ class RaggedCache(DecodeState):
     def held_bytes(self) -> int:
         """The packed keys and values, their offsets, and the filled part of the appended buffers."""
         packed = sum(x.numel() * x.element_size() for x in (self.keys, self.values, self.offsets))
-        appended = sum(x[..., : self.length, :].numel() * x.element_size() for x in (self.new_keys, self.new_values))
-        return packed + appended
+        return packed + self.new.held_bytes
 
     @property
     def read_bytes(self) -> int:
@@ -162,7 +153,7 @@ class RaggedCache(DecodeState):
         return super().nbytes - self.positions.numel() * self.positions.element_size()
 
     def select_rows(self, rows: list[int]) -> "RaggedCache":
-        g, bounds = self.new_keys.shape[1], self.bounds
+        g, bounds = self.new.keys.shape[1], self.bounds
         spans = [slice(bounds[row * g], bounds[(row + 1) * g]) for row in rows]
         index = torch.tensor(rows, device=self.keys.device)
         lengths = self.lengths.index_select(0, index).flatten()
@@ -171,9 +162,7 @@ class RaggedCache(DecodeState):
             torch.cat([self.values[span] for span in spans]),
             F.pad(lengths.cumsum(0), (1, 0)),
             torch.cat([self.positions[span] for span in spans]),
-            self.new_keys.index_select(0, index),
-            self.new_values.index_select(0, index),
-            self.length,
+            self.new.select_rows(rows),
         )
 
 

@@ -61,9 +61,11 @@ class DecodeState:
     """
 
     def tensors(self) -> list[Tensor]:
+        """Every tensor the state holds, a nested state's (a field that is itself a DecodeState) included."""
         found: list[Tensor] = []
         for item in (getattr(self, f.name) for f in fields(self)):  # type: ignore[arg-type]
-            found += [t for t in (item if isinstance(item, (list, tuple)) else [item]) if isinstance(t, Tensor)]
+            for part in item if isinstance(item, (list, tuple)) else [item]:
+                found += part.tensors() if isinstance(part, DecodeState) else [part] if isinstance(part, Tensor) else []
         return found
 
     @property
@@ -111,7 +113,7 @@ class DecodeState:
         """A copy whose tensors share nothing with this state's (a step may write into its buffers)."""
 
         def copied(item: Any) -> Any:
-            if isinstance(item, Tensor):
+            if isinstance(item, (Tensor, DecodeState)):
                 return item.clone()
             return type(item)(copied(x) for x in item) if isinstance(item, (list, tuple)) else item
 

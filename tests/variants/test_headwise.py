@@ -112,6 +112,8 @@ def test_held_bytes_are_the_kept_positions_and_below_the_masked_cache() -> None:
 def test_a_clone_shares_nothing() -> None:
     state, _, (q, k, v) = adaptive_cache()
     copy = state.clone()
+    assert len(state.tensors()) == 6  # the packed four and the appended cache's two: a nested state is counted
+    assert {t.data_ptr() for t in copy.tensors()}.isdisjoint(t.data_ptr() for t in state.tensors())
     first = state.attend(q[:, :, N : N + 1], k[:, :, N : N + 1], v[:, :, N : N + 1])
     state.keys.zero_()
     assert copy.length == 0 and copy.keys.abs().sum() > 0
