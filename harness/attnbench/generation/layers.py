@@ -293,12 +293,18 @@ class MethodRows:
             if exact.masses and exact.masses[layer] is not None:
                 remember_mass(q, k, exact.masses[layer])
             context = contexts[layer] if contexts is not None else PromptContext(layer, len(exact.layers))
-            states = []
+            states: list[DecodeState] = []
+            window: DecodeState | None = None  # the model's own window here: built once, every row that keeps it
+            # shares it until `members_of` stacks them into one buffer
             for row in range(len(self.methods)):
+                if self.keeps_window(row, layer) and window is not None:
+                    states.append(window)
+                    continue
                 started = time.perf_counter()
                 variant = self.variant_at(row, layer)
                 variant = variant.for_prompt(context) if variant is not None else None
                 states.append(layer_state(variant, q, k, v, self.room, self.own_decode(row, layer)))
+                window = states[-1] if self.keeps_window(row, layer) else window
                 self.build_s[row] += time.perf_counter() - started
             self.states.append(states)
 

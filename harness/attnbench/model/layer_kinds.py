@@ -12,6 +12,7 @@ The window is transformers' count: a query sees the last `sliding_window` keys, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 # the decoders whose attention goes through transformers' attention interface with q/k/v and a sliding window
@@ -65,16 +66,33 @@ def unrouted_reason(config: Any) -> str | None:
             f"{', '.join(ROUTED_MODEL_TYPES)} decoders only")  # fmt: skip
 
 
-def layout_text(config: Any) -> str | None:
-    """A hybrid model's layers as a generation run says them (None for a model without sliding windows): how many
-    keep a window of how many positions, which are global, and where a method goes."""
+@dataclass(frozen=True)
+class HybridLayout:
+    """A model's mix of sliding-window and global layers, as the commands say it."""
+
+    layers: int  # every self-attention layer
+    sliding: int  # those that keep a window
+    sizes: str  # their window sizes, "512" (or "512/1024")
+    places: tuple[int, ...]  # the global layers' indices
+
+
+def hybrid_layout(config: Any) -> HybridLayout | None:
+    """The model's layout, None for a model without sliding-window layers."""
     windows = layer_windows(config)
     sliding = [w for w in windows if w is not None]
     if not sliding:
         return None
     sizes = "/".join(str(w) for w in sorted(set(sliding)))
-    places = ", ".join(str(i) for i in global_layers(config))
-    return (f"{len(sliding)} of its {len(windows)} layers attend through a sliding window of {sizes} positions, "
-            f"kept as the model's own cache in every row (never a method's, never counted as compressed); a method "
-            f"goes into its {len(windows) - len(sliding)} global layers ({places}), and into every layer only where "
+    return HybridLayout(len(windows), len(sliding), sizes, tuple(global_layers(config)))
+
+
+def layout_text(config: Any) -> str | None:
+    """A hybrid model's layers as a generation run says them (None for a model without sliding windows): how many
+    keep a window of how many positions, which are global, and where a method goes."""
+    if (layout := hybrid_layout(config)) is None:
+        return None
+    places = ", ".join(map(str, layout.places))
+    return (f"{layout.sliding} of its {layout.layers} layers attend through a sliding window of {layout.sizes} "
+            f"positions, kept as the model's own cache in every row (never a method's, never counted as compressed); "
+            f"a method goes into its {len(layout.places)} global layers ({places}), and into every layer only where "
             "its label says \"every layer\" (hybrid_layers = \"all\")")

@@ -163,17 +163,14 @@ def spec_problems(specs: list[VariantSpec]) -> list[str]:
 def swap_layout(config: Any) -> str | None:
     """A hybrid model's layers as the study swaps them (None without sliding-window layers): how many keep a
     window of how many positions, and the global layers a variant goes into."""
-    from attnbench.model.layer_kinds import global_layers, layer_windows
+    from attnbench.model.layer_kinds import hybrid_layout
 
-    windows = layer_windows(config)
-    sliding = [w for w in windows if w is not None]
-    if not sliding:
+    if (layout := hybrid_layout(config)) is None:
         return None
-    places = global_layers(config)
-    sizes = "/".join(str(w) for w in sorted(set(sliding)))
-    return (f"{len(sliding)} of its {len(windows)} self-attention layers attend through a sliding window of {sizes} "
-            f"positions and keep it, exact, in every pass (the model's own attention there); a variant goes into its "
-            f"{len(places)} global layer{'s' if len(places) != 1 else ''}"
+    places = layout.places
+    return (f"{layout.sliding} of its {layout.layers} self-attention layers attend through a sliding window of "
+            f"{layout.sizes} positions and keep it, exact, in every pass (the model's own attention there); a variant "
+            f"goes into its {len(places)} global layer{'s' if len(places) != 1 else ''}"
             + (f" ({', '.join(map(str, places))})" if places else ": none, so no variant changes anything"))
 
 
