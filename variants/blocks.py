@@ -21,6 +21,11 @@ from einops import einsum, rearrange
 from torch import Tensor
 
 
+def block_count(n: int, size: int) -> int:
+    """Blocks of `size` covering n positions (the last one may be partial)."""
+    return -(-n // size)
+
+
 def pad_sequence(x: Tensor, before: int, after: int) -> Tensor:
     """Zero-pad (b, h, n, d) along n."""
     return F.pad(x, (0, 0, before, after)) if before or after else x

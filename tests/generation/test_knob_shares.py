@@ -22,7 +22,7 @@ from attnbench.variants.decoding import WindowState
 from attnbench.variants.headwise import RaggedCache
 from attnbench.variants.kv_compression import HeavyHitterCache
 from attnbench.variants.think import ChannelCache
-from attnbench.variants.topk import QuestCache
+from attnbench.variants.quest_cache import QuestCache
 from torch import Tensor
 
 HEADS, KV_HEADS = 6, 2  # SmolLM2's grouping in small: 3 query heads a key/value head

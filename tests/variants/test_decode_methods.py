@@ -14,7 +14,8 @@ from attnbench.interface import AttentionVariant, DecodeState, UnsupportedOption
 from attnbench.ops import KVCache
 from attnbench.registry import registry
 from attnbench.variants.kv_compression import HeavyHitterCache, attention_mass
-from attnbench.variants.topk import QuestCache, score_blocks
+from attnbench.variants.quest_cache import QuestCache
+from attnbench.variants.topk import score_blocks
 from torch import Tensor
 
 

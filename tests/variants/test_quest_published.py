@@ -16,7 +16,7 @@ import torch
 from attnbench.interface import expand_kv_heads
 from attnbench.ops import dense_masked_attention
 from attnbench.registry import registry
-from attnbench.variants.topk import QuestCache
+from attnbench.variants.quest_cache import QuestCache
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 

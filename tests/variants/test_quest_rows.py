@@ -14,7 +14,7 @@ from itertools import product
 import pytest
 import torch
 from attnbench.registry import registry
-from attnbench.variants.topk import QuestCache
+from attnbench.variants.quest_cache import QuestCache
 
 KV_HEADS, GROUP, D, PAGE, PROMPT = 2, 3, 8, 4, 37
 RULES = [("query-head", False), ("query-head", True), ("kv-head", True), ("kv-head", False)]
