@@ -23,7 +23,7 @@ from attnbench.interface import (
     expand_kv_heads,
     query_group,
 )
-from attnbench.ops import KVCache, allowed_keys, dense_masked_attention, rows_with_visible_key, softmax_step
+from attnbench.ops import KVCache, allowed_keys, dense_masked_attention, rows_with_visible_key
 from einops import rearrange
 from torch import Tensor
 
@@ -70,8 +70,7 @@ class FullAttention(AttentionVariant):
         if not isinstance(state, KVCache):
             raise UnsupportedOptionError(f"full cannot step from a {type(state).__name__}")
         if self.kv_cache:
-            state.append(k, v)
-            return softmax_step(q, state.k, state.v), state
+            return state.step(q, k, v), state
         group = q.shape[1] // k.shape[1]
         state.append(torch.cat([q, expand_kv_heads(k, group)], dim=-1), expand_kv_heads(v, group))
         prefix_q, prefix_k = state.k.split(q.shape[-1], dim=-1)

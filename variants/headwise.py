@@ -36,7 +36,7 @@ from attnbench.interface import (
     expand_kv_heads,
     query_group,
 )
-from attnbench.ops import KVCache, default_scale, group_mean, softmax_step
+from attnbench.ops import KVCache, default_scale, group_mean
 from einops import einsum, rearrange
 from torch import Tensor
 
@@ -297,8 +297,7 @@ class DuoAttention(KVCompression):
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         if isinstance(state, KVCache):
-            state.append(k, v)
-            return softmax_step(q, state.k, state.v), state
+            return state.step(q, k, v), state
         if isinstance(state, RaggedCache):
             return state.attend(q, k, v), state
         raise UnsupportedOptionError(f"{self.name} cannot step from a {type(state).__name__}")

@@ -40,6 +40,8 @@ from attnbench.interface import (
     query_group,
     softmax_attention_flops,
 )
+from attnbench.kernels import usable
+from attnbench.kernels.steps import h2o_step
 from attnbench.ops import (
     SCORE_CHUNK,
     attention_mass,
@@ -169,9 +171,22 @@ class HeavyHitterCache(DecodeState):
 
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The new token (position t = length) attends to the cache and itself, q (b, h, 1, d), k, v (b, g, 1, d|e) ->
-        (b, h, 1, e); every key's mass grows by its weight; position t - recent then competes for a heavy slot."""
+        (b, h, 1, e); every key's mass grows by its weight; position t - recent then competes for a heavy slot. Fused
+        (float32 on the CPU): one call of the C kernel `h2o_step`; eager (`eager_steps`): the operations below."""
         t, heavy, ring = self.length, self.heavy, self.keys.shape[-2] - self.heavy
         slot = heavy + t % ring
+        leaving = t - (ring - 1)  # position t - recent: out of the window from the next step on
+        if usable(q, k, v, self.keys, self.values, self.mass):  # one call: write, attend, weigh, admit
+            visible = None
+            if not self.full:
+                visible = self.mass != float("-inf")
+                visible[..., slot] = True
+                self.full = bool(visible.all())
+            out = h2o_step(q, k, v, self.keys, self.values, self.mass, None if self.full else visible, slot=slot,
+                           source=heavy + leaving % ring if heavy and leaving >= 0 else -1, heavy=heavy,
+                           scale=default_scale(q.shape[-1]))  # fmt: skip
+            self.length += 1
+            return out
         self.keys[..., slot : slot + 1, :], self.values[..., slot : slot + 1, :] = k, v
         self.mass[..., slot] = 0.0
         grouped = rearrange(q, "b (g r) 1 d -> b g r d", g=self.keys.shape[1])
@@ -183,7 +198,6 @@ class HeavyHitterCache(DecodeState):
         weights = torch.softmax(scores, dim=-1)
         out = torch.matmul(weights, self.values)  # (b, g, r, e)
         self.mass += weights.mean(dim=-2).to(self.mass.dtype)  # the group's query heads averaged; -inf stays -inf
-        leaving = t - (ring - 1)  # position t - recent: out of the window from the next step on
         if heavy and leaving >= 0:
             self.admit(heavy + leaving % ring)
         self.length += 1

@@ -37,7 +37,7 @@ from attnbench.interface import (
     UnsupportedOptionError,
     VariantError,
 )
-from attnbench.ops import KVCache, softmax_step
+from attnbench.ops import KVCache
 from torch import Tensor
 
 from attnbench.variants.kv_compression import BUDGET, SELECT_PER, KVCompression, compress, heads_to_keep
@@ -148,8 +148,7 @@ class ScoredPress(KVCompression):
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
         k, v, _ = heads_to_keep(q, k, v, self.select_per)
         if isinstance(state, KVCache):
-            state.append(k, v)
-            return softmax_step(q, state.k, state.v), state
+            return state.step(q, k, v), state
         if hasattr(state, "attend"):  # a ragged (head-wise) cache
             return state.attend(q, k, v), state  # type: ignore[attr-defined]
         raise UnsupportedOptionError(f"{self.name} cannot step from a {type(state).__name__}")

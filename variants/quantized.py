@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from attnbench.interface import Cost, DecodeState, Hyperparameter, Shape, UnsupportedOptionError, VariantError
 from attnbench.interface import default_scale, expand_kv_heads, query_group
+from attnbench.kernels import usable
+from attnbench.kernels.steps import kivi_step
 from einops import rearrange
 from torch import Tensor
 
@@ -170,7 +172,10 @@ class QuantizedCache(DecodeState):
         """Positions k (b, g, t, d), v (b, g, t, e) join the residual, which is then flushed by KIVI's rule: the keys'
         `residual` oldest full tokens whole each time it holds that many, the values' every token beyond the last
         `residual` (llama_kivi.py's prefill and decode branches, one token or t at a time alike)."""
-        keys = torch.cat([self.key_residual, k], dim=-2)
+        self.absorb(torch.cat([self.key_residual, k], dim=-2), torch.cat([self.value_residual, v], dim=-2))
+
+    def absorb(self, keys: Tensor, values: Tensor) -> None:
+        """`append` with the residuals and the new positions already joined: keys (b, g, m, d), values (b, g, m', e)."""
         flushed = keys.shape[-2] // self.residual * self.residual
         if flushed:
             codes, scales, zeros = quantize(keys[..., :flushed, :], self.bits, self.group, dim=-2)
@@ -180,7 +185,6 @@ class QuantizedCache(DecodeState):
             self.key_zeros = written(self.key_zeros, at, zeros)
             self.keys += flushed
         self.key_residual = keys[..., flushed:, :].clone() if flushed else keys
-        values = torch.cat([self.value_residual, v], dim=-2)
         leaving = max(0, values.shape[-2] - self.residual)
         if leaving:
             codes, scales, zeros = quantize(values[..., :leaving, :], self.bits, self.group, dim=-1)
@@ -218,6 +222,12 @@ class QuantizedCache(DecodeState):
         repeat = self.key_residual.shape[1] // k.shape[1]
         k, v = expand_kv_heads(k, repeat), expand_kv_heads(v, repeat)
         t = q.shape[-2]
+        if t == 1 and self.group % (8 // self.bits) == 0 and usable(q, k, v, self.key_scales, self.key_residual):
+            keys, values = torch.cat([self.key_residual, k], dim=-2), torch.cat([self.value_residual, v], dim=-2)
+            filled = self.filled()[:6]
+            out = kivi_step(q, filled, keys, values, bits=self.bits, group=self.group, scale=default_scale(q.shape[-1]))
+            self.absorb(keys, values)
+            return out
         grouped = rearrange(q, "b (g r) t d -> b g (r t) d", g=k.shape[1]) * default_scale(q.shape[-1])
         keys = chain(self.chunks(), [self.key_residual, k])  # a chunk dequantized, scored, and let go
         scores = torch.cat([torch.matmul(grouped, part.transpose(-1, -2)) for part in keys], dim=-1)  # (b, g, r t, n)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from attnbench.interface import DecodeState, default_scale
+from attnbench.kernels import usable
+from attnbench.kernels.steps import quest_step
 from attnbench.ops import KVCache, softmax_step
 from attnbench.variants.block_scores import block_summaries
 from attnbench.variants.blocks import block_count, real_key_blocks
@@ -84,12 +85,16 @@ class QuestCache(KVCache):
         """(b, g, pages, d): each page's elementwise key minimum (a view)."""
         return self.bounds[..., self.keys.shape[-1] :]
 
-    def append(self, k: Tensor, v: Tensor) -> "QuestCache":
-        """Add positions k (b, g, t, d), v (b, g, t, e) and fold their keys into their pages' max and min."""
-        while self.length + k.shape[-2] > self.keys.shape[-2]:  # full: double the buffers (whole pages), metadata too
+    def grow(self, positions: int) -> None:
+        """Room for `positions` more: full buffers double (whole pages), their metadata too."""
+        while self.length + positions > self.keys.shape[-2]:
             self.keys, self.values, self.bounds = (
                 torch.cat([x, torch.zeros_like(x)], dim=-2) for x in (self.keys, self.values, self.bounds)
             )
+
+    def append(self, k: Tensor, v: Tensor) -> "QuestCache":
+        """Add positions k (b, g, t, d), v (b, g, t, e) and fold their keys into their pages' max and min."""
+        self.grow(k.shape[-2])
         t = self.length
         super().append(k, v)
         if k.shape[-2] > 1:  # the touched pages' bounds again, from their filled positions
@@ -200,21 +205,37 @@ class QuestCache(KVCache):
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The new token (position t = length) joins the cache and attends, by exact softmax, to the pages chosen
         for it (all of them when no more than top_k are ranked): q (b, h, 1, d), k, v (b, g, 1, d|e) -> (b, h, 1, e).
-        A step is ~20 operations: its pages are copied together once (one index_select each for keys and values,
-        (b, h, s page, d) when each query head chooses), then one fused attention reads them."""
+        Fused (float32 on the CPU): one call of the C kernel `quest_step` appends, ranks and reads the pages where
+        they lie. Eager (`eager_steps`, or the kernels unavailable): `select`, then `gathered_step`."""
+        if usable(q, k, v, self.keys, self.values, self.bounds):
+            self.grow(1)
+            t, page = self.length, self.page
+            ranked = self.ranked(t)
+            budget = torch.tensor(self.budgets(), dtype=torch.int64)
+            out = quest_step(q, k, v, self.keys, self.values, self.bounds, budget, t=t, page=page,
+                             choosers=self.choosers, ranked=ranked, slots=min(self.top_k, len(ranked)),
+                             keep_first=self.keep_first, whole_from=t // page - self.whole_pages(t),
+                             scale=default_scale(q.shape[-1]))  # fmt: skip
+            self.length += 1
+            return out
         self.append(k, v)
-        t, page = self.length - 1, self.page
-        if self.reads_every_page(t):
+        if self.reads_every_page(self.length - 1):
             return softmax_step(q, self.k, self.v)
-        chosen, reads = self.select(q)  # (b, g, r, s)
+        return self.gathered_step(q, *self.select(q))
+
+    def gathered_step(self, q: Tensor, chosen: Tensor, reads: Tensor | None) -> Tensor:
+        """The eager form of a step's read: the chosen pages copied together (one index_select each for keys and
+        values, (b, g r, s page, d)), then `softmax_step` (two matrix products: SDPA's one-query CPU path is ~2x
+        slower for the same keys)."""
+        t, page = self.length - 1, self.page
         rows = page_rows(chosen, self.keys.shape[-2] // page)
         held = (chosen.shape[-1] - 1) * page + t % page + 1  # the own page's positions after t are not keys yet
         keys, values = (pages_at(x, rows, chosen.shape[2], page)[..., :held, :] for x in (self.keys, self.values))
-        mask = None
-        if reads is not None:  # rows of smaller budgets leave their last ranked slots out (b, 1, 1, held)
+        visible = None
+        if reads is not None:  # rows of smaller budgets leave their last ranked slots out (b, 1, held)
             slots = torch.cat([reads, reads.new_ones(reads.shape[0], chosen.shape[-1] - reads.shape[-1])], dim=-1)
-            mask = slots.repeat_interleave(page, dim=-1)[:, None, None, :held]
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=keys.shape[1] != q.shape[1])
+            visible = slots.repeat_interleave(page, dim=-1)[:, None, :held]
+        return softmax_step(q, keys, values, visible)
 
     def steps(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """t new tokens at once, each reading what its own `step` would (its pages chosen by its query, among the

@@ -27,6 +27,8 @@ from attnbench.interface import (
     saved_scores_bytes,
     softmax_attention_flops,
 )
+from attnbench.kernels import usable
+from attnbench.kernels.steps import softmax_step as fused_softmax_step
 
 __all__ = [
     "KVCache",
@@ -227,6 +229,15 @@ class KVCache(DecodeState):
         self.length += t
         return self
 
+    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Exact decoding's step: the new token k (b, h, 1, d), v (b, h, 1, e) appended, then q (b, h', 1, d) attends to
+        every position (`softmax_step`: the write and the read in one call where fused) -> (b, h', 1, e)."""
+        if self.length == self.keys.shape[-2]:
+            self.append(k, v)
+            return softmax_step(q, self.k, self.v)
+        self.length += 1
+        return softmax_step(q, self.k, self.v, new=(k, v, self.length - 1))
+
     @property
     def read_bytes(self) -> int:
         """A step reads the filled part of both buffers."""
@@ -343,13 +354,21 @@ def prompt_mass(q: Tensor, k: Tensor) -> Tensor:
     return mass
 
 
-def softmax_step(q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None = None) -> Tensor:
+def softmax_step(
+    q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None = None, new: tuple[Tensor, Tensor, int] | None = None
+) -> Tensor:
     """One query per head against every key given: q (b, h, 1, d), k (b, g, n, d), v (b, g, n, e) -> (b, h, 1, e),
     softmax attention at SDPA's scale, h / g query heads sharing each key/value head (g = h without grouped-query
-    attention); `visible` (b|1, g|1, n) bool leaves keys out (None: every key is visible to the new token). Two
-    matrix products and a softmax over n, the group's queries together, so each head's cache is read once: on the
-    CPU this reads the cache at ~1.3x the rate SDPA's one-query path does (measured at n = 8192 and 16384), and a
-    step is bound by that read."""
+    attention); `visible` (b|1, g|1, n) bool leaves keys out (None: every key is visible to the new token); `new` =
+    (k (b, g, 1, d), v (b, g, 1, e), slot): the new token's key and value written into position `slot` of k and v
+    first. Fused (float32 on the CPU, `attnbench.kernels`): one C call, reading each key/value head's positions once
+    for its query heads, split across threads. Eager: two matrix products and a softmax over n, the group's queries
+    together (on the CPU ~1.3x the rate of SDPA's one-query path, measured at n = 8192 and 16384)."""
+    if usable(q, k, v, *(new[:2] if new else ())):
+        return fused_softmax_step(q, k, v, visible, default_scale(q.shape[-1]), new)
+    if new is not None:
+        new_k, new_v, slot = new
+        k[..., slot : slot + 1, :], v[..., slot : slot + 1, :] = new_k, new_v
     grouped = rearrange(q, "b (g r) 1 d -> b g r d", g=k.shape[1])
     scores = torch.matmul(grouped, k.transpose(-1, -2)).mul_(default_scale(q.shape[-1]))  # (b, g, r, n)
     if visible is not None:

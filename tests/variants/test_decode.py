@@ -133,9 +133,11 @@ def test_a_decode_run_self_checks_what_claims_to_be_exact(toy_registry) -> None:
 
 def one_step(variant, window: int) -> tuple[float, int, list[int]]:
     """One decode step after a prompt of 3 windows: its matmul FLOPs, the state's bytes after it, and the query
-    lengths of every SDPA call it made."""
+    lengths of every SDPA call it made; the eager form (a FLOP counter sees no C kernel; the fused form's outputs equal
+    the eager's: tests/variants/test_fused_steps.py)."""
     from unittest import mock
 
+    from attnbench.kernels import eager_steps
     from torch.utils.flop_counter import FlopCounterMode
 
     q, k, v = (torch.randn(1, 2, 3 * window + 1, 16) for _ in range(3))
@@ -149,7 +151,9 @@ def one_step(variant, window: int) -> tuple[float, int, list[int]]:
 
     with torch.no_grad():
         _, state = variant.prefill(q[:, :, :n], k[:, :, :n], v[:, :, :n], room=1)
-        with FlopCounterMode(display=False) as counter, mock.patch("torch.nn.functional.scaled_dot_product_attention", spy):
+        with eager_steps(), FlopCounterMode(display=False) as counter, mock.patch(
+            "torch.nn.functional.scaled_dot_product_attention", spy
+        ):
             _, state = variant.step(state, q[:, :, n:], k[:, :, n:], v[:, :, n:])
     return counter.get_total_flops(), state.nbytes, calls
 

@@ -52,7 +52,6 @@ from attnbench.ops import (
     attention_with_lse,
     masses_from_lse,
     remember_mass,
-    softmax_step,
 )
 
 PREFILLS = ("dense", "own")
@@ -158,8 +157,7 @@ def layer_step(
     assert isinstance(state, KVCache)
     if q.shape[-2] > 1:
         return attend_appended(state, q, k, v), state
-    state.append(k, v)
-    return softmax_step(q, state.k, state.v), state
+    return state.step(q, k, v), state
 
 
 @dataclass

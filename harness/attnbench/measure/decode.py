@@ -10,6 +10,9 @@ cache is the model's own (`cache_bytes`, `bytes_moved`); another keeps one per q
 variant's sequence restarts from a copy of its prefilled state, untimed, when it has no room left. The step's peak
 memory beyond its state is measured last. `bytes_moved` is what a step must read and write (the part of the state
 it reads, its q, k, v and output): over the machine's measured read (and write) bandwidth it is the step's roofline.
+A `compiled` decode cell times the step's fused form (`attnbench.kernels`: one C call where the uncompiled cell runs
+its eager PyTorch operations), in turns with the eager cell of the same setting; a step with no fused form (no kernel
+call in its first step) is `unsupported` there, never timed eager under the fused label.
 
 b - batch, h - heads, n - positions, d - head dim, e - value dim
 """
@@ -22,6 +25,7 @@ import torch
 
 from attnbench.inputs.catalogue import Inputs
 from attnbench.interface import AttentionVariant, DecodeState
+from attnbench.kernels import eager_steps, fused_calls, unavailable_reason
 from attnbench.measure.group import GROUP_STEP, GroupMeasurement, failure, timing_fields
 from attnbench.measure.machine import warm_allocator
 from attnbench.measure.memory import peak_memory
@@ -57,9 +61,10 @@ class Generation:
     """One variant's generation: the prefilled state, the live state, and the next step to take (0..T-1)."""
 
     def __init__(self, variant: AttentionVariant, prefilled: DecodeState, inputs: Inputs, prompt: int, steps: int,
-                 group: int = 1):  # fmt: skip
+                 group: int = 1, fused: bool = False):  # fmt: skip
         self.variant, self.prefilled, self.inputs, self.prompt, self.steps = variant, prefilled, inputs, prompt, steps
         self.group = group  # key/value heads shared by this many query heads (kv_group)
+        self.fused = fused  # the step's fused form (attnbench.kernels), else its eager one
         self.state = prefilled.clone()
         self.done = 0
 
@@ -73,7 +78,7 @@ class Generation:
         t = self.prompt + self.done
         q, k, v = (x[:, :, t : t + 1] for x in (self.inputs.q, self.inputs.k, self.inputs.v))
         k, v = kv_heads(self.variant, k, v, self.group)
-        with torch.no_grad():
+        with torch.no_grad(), eager_steps(not self.fused):
             out, self.state = self.variant.step(self.state, q, k, v)
         self.done += 1
         return out
@@ -90,6 +95,16 @@ class Generation:
         if not isinstance(self.state, DecodeState):
             raise DecodeContractError(f"step must return (output, DecodeState); its state is a {type(self.state).__name__}")
         return out
+
+
+def no_fused_step(variant: AttentionVariant, cell: Cell) -> str:
+    """Why a `compiled` decode cell (the fused step) cannot run: it would time the eager form under another name."""
+    why = unavailable_reason() or (
+        f"{cell.dtype} on {cell.device}: the kernels take float32 on the CPU"
+        if (cell.dtype, cell.device) != ("float32", "cpu")
+        else f"{variant.name}'s step has no fused form (attnbench.kernels); its eager step is the uncompiled cell"
+    )
+    return f"no fused decode step: {why}"
 
 
 class DecodeContractError(ValueError):
@@ -161,9 +176,12 @@ class DecodeMeasurement(GroupMeasurement):
                 if not passed:
                     reason = f"decode self-check against its own support failed: {self.fields[key]['self_check']}"
                     return self._fail(key, {"status": "error", "reason": reason})
-            generation = Generation(variant, state, inputs, n, self.steps, self.heads_per_kv)
+            generation = Generation(variant, state, inputs, n, self.steps, self.heads_per_kv, fused=cell.compiled)
             self.progress("steps", key)
+            calls = fused_calls()
             outputs = [generation.checked_step()]
+            if cell.compiled and fused_calls() == calls:
+                return self._fail(key, {"status": "unsupported", "reason": no_fused_step(variant, cell)})
             self.read_bytes[key] = generation.state.read_bytes  # what a step at a context of N reads
             outputs += [generation.checked_step() for _ in range(self.steps - 1)]
             outputs = torch.cat(outputs, dim=-2)  # (b, h, T, e)
@@ -219,6 +237,7 @@ class DecodeMeasurement(GroupMeasurement):
             io = 0 if token is None else 3 * token.numel() * token.element_size()  # q, k, v in; out is about v's
             self.fields[key]["bytes_moved"] = self.read_bytes[key] + io + io // 3
         self._speedups(samples, set(samples))
+        self._compiled_speedups(samples)  # each fused step against its eager twin, round by round
         return [(key, index, seconds) for key, values in samples.items() for index, seconds in enumerate(values)]
 
     def _step_memory(self, cell: Cell) -> None:
