@@ -85,20 +85,26 @@ class WindowState(DecodeState):
     def push(self, k: Tensor, v: Tensor) -> None:
         """Write the new token (b, h, 1, d|e) into its slot: a sink, or the ring slot of the position the new token
         no longer sees (window + 1 positions back)."""
-        slot = self.slot_of(self.length, self.columns, self.positions.shape[0] - self.columns - 1)
-        self.filled += int(self.positions[slot] < 0)
+        slot = self.take_slot()
         self.keys[..., slot, :], self.values[..., slot, :] = k[..., 0, :], v[..., 0, :]
+
+    def take_slot(self) -> int:
+        """The new token's slot (see `push`), its position recorded there: the caller writes its key and value."""
+        slot = self.slot_of(self.length, self.columns, self.positions.shape[0] - self.columns - 1)
+        if self.filled < self.positions.shape[0]:  # once every slot is filled none is empty again
+            self.filled += int(self.positions[slot] < 0)
         self.positions[slot] = self.length
         self.length += 1
+        return slot
 
     def visible(self) -> Tensor | None:
         """(n,) bool of the filled slots, None when every slot is (no mask needed)."""
         return None if self.filled == self.positions.shape[0] else self.positions >= 0
 
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """The new token joins the buffer, then sees every filled slot: (b, h, 1, e)."""
-        self.push(k, v)
-        return softmax_step(q, self.keys, self.values, self.visible())
+        """The new token joins the buffer, then sees every filled slot: (b, h, 1, e) (one call where fused)."""
+        slot = self.take_slot()
+        return softmax_step(q, self.keys, self.values, self.visible(), new=(k, v, slot))
 
     evicts = True  # a step writes over the position leaving the window
 
