@@ -37,8 +37,14 @@ FORBIDDEN = {
     # the published claims sit on the pipeline's top: they plan, run and read runs, never measure or report
     "attnbench.reproduce": {"attnbench.measure", "attnbench.report", "attnbench.model", "attnbench.variants",
                             "attnbench.cli", "attnbench.commands"},
+    # the fused decode steps: C calls on tensors, below everything (the interface's ops call them)
+    "attnbench.kernels": {"attnbench.interface", "attnbench.ops", "attnbench.measure", "attnbench.run",
+                          "attnbench.report", "attnbench.model", "attnbench.variants", "attnbench.generation",
+                          "attnbench.cli", "attnbench.commands", "attnbench.reproduce", "attnbench.plan"},
 }  # fmt: skip
-PUBLIC = {"attnbench", "attnbench.interface", "attnbench.ops"}  # what a variant (built-in or plugin) may import
+# what a variant (built-in or plugin) may import: the interface, ops and the fused decode steps (attnbench.kernels)
+PUBLIC = {"attnbench", "attnbench.interface", "attnbench.ops", "attnbench.kernels", "attnbench.kernels.steps",
+          "attnbench.kernels.recurrent_steps"}
 
 
 def imported_names(node: ast.AST, module: str, is_package: bool) -> list[str]:
@@ -142,7 +148,8 @@ def test_each_floor_imports_only_what_it_may(importer: str) -> None:
 
 
 def test_variants_import_only_the_public_surface() -> None:
-    """What a built-in variant may import is exactly what a plugin may: the interface, ops, and each other."""
+    """What a built-in variant may import is exactly what a plugin may: the interface, ops, the fused steps, and each
+    other."""
     wrong = sorted(
         (a, b) for a, b in ARROWS
         if room(a) == "attnbench.variants" and room(b) != "attnbench.variants" and b not in PUBLIC

@@ -86,7 +86,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "still measures",
     )
     run.add_argument("--seeds", type=comma_separated(int), help="comma-separated seeds")
-    run.add_argument("--threads", type=int, help="torch threads (default: the config's `threads`, 0 = torch's default)")
+    run.add_argument("--threads", type=int, help="torch threads (default: the config's `threads`; 0 = as many as the "
+                     "cores other processes leave idle, fitted before each timed group and recorded)")
     run.add_argument(
         "--processes",
         type=int,
@@ -260,8 +261,8 @@ def main(args: argparse.Namespace) -> int:
     if competing is not None and competing > NOISY_COMPETITION:
         print(
             f"attnbench: the machine is already busy (other processes use {competing:.1f} of {cores} cores): timings "
-            "will be noisy (each cell says so); in-turn speedups hold best when torch's threads fit the idle cores "
-            "(--threads)",
+            "will be noisy (each cell says so); without --threads each timed group takes the threads the idle cores "
+            "hold, and a group whose times are the scheduler's is measured again or left unusable",
             file=sys.stderr,
         )
     already = len(read_results(run_dir)) if args.resume is not None and (run_dir / "results.csv").exists() else 0

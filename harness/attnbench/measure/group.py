@@ -9,11 +9,15 @@ each variant once (a block of calls for very fast ones), in an order shuffled pe
 seed, until every variant has `min_run_time` seconds and at least `min_rounds` samples. A slow stretch of
 a shared machine then falls on all of them alike, and the speedup against the baseline is taken round by
 round (paired). Memory is measured after timing, outside it. A failure in one cell is that cell's row.
+A timed group runs at the torch threads the user set, else at as many as the idle cores hold
+(`attnbench.measure.threads`); one whose times are the scheduler's (`attnbench.measure.stalls`) is measured once more,
+at one thread unless the user set them, and where it still is, its rows are marked unusable.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -46,7 +50,9 @@ from attnbench.measure.estimate import (
 from attnbench.measure.machine import available_memory_bytes, device_description, peaks_for, warm_allocator
 from attnbench.measure.memory import call_memory
 from attnbench.measure.metrics import error_metrics, needle_fields
-from attnbench.measure.noise import LoadWatch, cpu_mhz, load_average, noise_reason
+from attnbench.measure.noise import MEASURED_AGAIN, LoadWatch, cpu_mhz, load_average, noise_reason
+from attnbench.measure.stalls import Timed, floor_seconds, scheduler_bound
+from attnbench.measure.threads import fit_threads, note_competing, usable_ceiling
 from attnbench.measure.reference import Reference, dropped_masses, exact_reference
 from attnbench.measure.timing import time_in_turns, timed_call
 from attnbench.ops import TOLERANCE, exactness_error
@@ -59,6 +65,9 @@ from attnbench.stats import Spread, paired_speedup
 
 GIB = 2**30
 DROPPED_MASS_MAX_N = 4096  # the dropped mass needs the variant's dense (N, N) pattern
+# what a row of an unusable group withholds: no ratio is drawn from the scheduler's times
+SPEEDUP_COLUMNS = ("speedup", "speedup_low", "speedup_high", "speedup_coverage",
+                   "compiled_speedup", "compiled_speedup_low", "compiled_speedup_high")  # fmt: skip
 
 
 @dataclass
@@ -204,14 +213,61 @@ class GroupMeasurement:
     # ---- the steps ----------------------------------------------------------------------------
 
     def run(self) -> GroupResult:
+        """The group measured at the threads the user set, else at those the idle cores hold (`fit_threads`). A group
+        whose times turn out to be the scheduler's (`scheduler_bound`) is measured once more from the start, at one
+        thread unless the user set them; where it still is, its rows are marked unusable (`noisy`) and carry no
+        speedup."""
         watch = LoadWatch.start()
-        threads = self.settings.threads or torch.get_num_threads()
+        choice = fit_threads(self.settings.threads, watch) if self.group.timed else None
+        threads = choice.threads if choice else self.settings.threads or usable_ceiling()
+        samples, competing, bound = self._measured_at(threads, watch)
+        if not bound:
+            return self._result(samples, threads, watch, competing, "")
+        again = type(self)(self.group, self.settings, self.registry, self_checks=self.self_checks,
+                           progress=self.progress)  # fmt: skip
+        retry = self.settings.threads or 1
+        watch = LoadWatch.start()
+        samples, competing, still = again._measured_at(retry, watch)
+        reruns = f"{MEASURED_AGAIN} {threads} thread{'s' * (threads > 1)} ({bound}): measured again at {retry}"
+        # the rows say the threads of the measurement they hold; `reruns` why there were two
+        return again._result(samples, retry, watch, competing, still, reruns)
+
+    def _measured_at(self, threads: int, watch: LoadWatch) -> tuple[list[tuple[str, int, float]], float | None, str]:
+        """Every cell prepared and measured at `threads` torch threads (restored after): the samples, the other
+        processes' load since `watch` started, and why the times are the scheduler's ('' when nothing says so)."""
+        previous = torch.get_num_threads()
         torch.set_num_threads(threads)
-        for cell in self.group.cells:
-            self._prepare(cell)
-        with fresh_compile_cache() if self.compiled else contextlib.nullcontext():
-            samples = self._measure()
+        try:
+            for cell in self.group.cells:
+                self._prepare(cell)
+            with fresh_compile_cache() if self.compiled else contextlib.nullcontext():
+                samples = self._measure()
+        finally:
+            torch.set_num_threads(previous)
         competing = watch.competing_cores()
+        note_competing(competing)  # the next group of this process fits its threads to it, without a watch of its own
+        return samples, competing, self._scheduler_bound(samples, threads, competing)
+
+    def _scheduler_bound(self, samples: list[tuple[str, int, float]], threads: int, competing: float | None) -> str:
+        """`scheduler_bound` on the group's timed cells: their medians, fastest samples and work's floors."""
+        by_key: dict[str, list[float]] = {}
+        for key, _round, seconds in samples:
+            by_key.setdefault(key, []).append(seconds)
+        s = self.setting
+        peak = peaks_for(s.device, (s.dtype,)).get(f"{s.device}/{s.dtype}", {})
+        timed = {}
+        for cell in self.group.cells:
+            values, fields = by_key.get(cell.key()), self.fields[cell.key()]
+            if not values or fields.get("time_median_s") is None or fields.get("status", "ok") != "ok":
+                continue
+            floor = floor_seconds(s.mode, fields.get("flops"), fields.get("bytes_moved"), peak)
+            timed[cell.label()] = Timed(fields["time_median_s"], min(values), len(values), floor)
+        return scheduler_bound(timed, threads=threads, competing=competing, cores=os.cpu_count() or 1)
+
+    def _result(self, samples: list[tuple[str, int, float]], threads: int, watch: LoadWatch, competing: float | None,
+                bound: str, reruns: str = "") -> GroupResult:  # fmt: skip
+        """The group's rows: each cell's fields, where and how it ran, its noise; `bound` (the scheduler's times)
+        makes each timed row unusable, its speedups withheld."""
         common = dict(
             host=socket.gethostname(),
             device_name=device_description(self.setting.device),
@@ -219,12 +275,15 @@ class GroupMeasurement:
             load_before=watch.load_before,
             load_after=load_average(),
             cpu_mhz=cpu_mhz(),
+            reruns=reruns,
         )
         rows = []
         for cell in self.group.cells:
             values = {**common, "timed": self.group.timed, **self.fields[cell.key()]}
             if values.get("time_median_s") is not None:
-                values["noisy"] = noise_reason(values["time_median_s"], values["time_iqr_s"], competing)
+                values["noisy"] = noise_reason(values["time_median_s"], values["time_iqr_s"], competing, bound)
+                if bound:
+                    values.update(dict.fromkeys(SPEEDUP_COLUMNS))
             rows.append(row_for(cell, **values))
         return GroupResult(rows, samples)
 

@@ -14,6 +14,10 @@ from pathlib import Path
 
 NOISY_IQR = 0.10  # IQR above 10% of the median: the spread alone makes a cell noisy
 NOISY_COMPETITION = 0.5  # other processes used more than half a core on average while the group ran
+# a row's `noisy` starting so: its group's times were the scheduler's (attnbench.measure.stalls), no speedup is drawn
+# from it and the report's verdict leaves it out (attnbench.report.unusable reads the same words)
+UNUSABLE = "unusable: scheduler-bound"
+MEASURED_AGAIN = "scheduler-bound at"  # a row's `reruns` starting so: its group was measured once more
 
 
 def load_average() -> float | None:
@@ -80,9 +84,10 @@ class LoadWatch:
         return max(0.0, (busy - self.busy_start - (_own_seconds() - self.own_start)) / wall)
 
 
-def noise_reason(median: float, iqr: float, competing: float | None) -> str:
-    """Why a cell's timing should not be read alone, or '' when nothing says so."""
-    reasons = []
+def noise_reason(median: float, iqr: float, competing: float | None, bound: str = "") -> str:
+    """Why a cell's timing should not be read alone, or '' when nothing says so; `bound`: why its group's times are
+    the scheduler's (`attnbench.measure.stalls.scheduler_bound`), which makes it unusable."""
+    reasons = [f"{UNUSABLE}: {bound}"] if bound else []
     if median > 0 and iqr / median > NOISY_IQR:
         reasons.append(f"IQR {100 * iqr / median:.0f}% of the median")
     if competing is not None and competing > NOISY_COMPETITION:

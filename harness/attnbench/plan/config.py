@@ -74,7 +74,7 @@ class Settings:
     min_rounds: int = 9  # rounds of turns at least, paired with the baseline: 9 gives a 96% order-statistic
     # interval of the median speedup without its two extremes (5 could only give min–max, 93.8%)
     baseline: str = "full"  # the variant every speedup in a group is measured against, round by round
-    threads: int = 0  # torch threads; 0: torch's default on this machine (recorded in every row either way)
+    threads: int = 0  # torch threads; 0: fitted to the idle cores before each timed group (recorded in every row)
     time_budget_s: float = 10.0  # median seconds per call above which larger N are skipped
     memory_limit_gb: float | None = None  # default: 80% of available memory
     error: bool = True  # error against float64 exact attention
@@ -457,7 +457,7 @@ def _setting_problems(s: Settings, at: Callable[[str], str]) -> list[str]:
     most = MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
     if not 0 <= s.threads <= most:
         problems.append(
-            f"{at('threads')}: must be between 0 (torch's default) and {most} ({MAX_THREADS_PER_CORE} per core of "
+            f"{at('threads')}: must be between 0 (fitted to the idle cores) and {most} ({MAX_THREADS_PER_CORE} per core of "
             f"this machine), got {s.threads}"
         )
     if s.memory_limit_gb is not None and not 0 < s.memory_limit_gb < math.inf:

@@ -132,21 +132,48 @@ def efficiency(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:
     return cells.apply(fraction, axis=1) if len(cells) else pd.Series(dtype=float)
 
 
+def step_bytes(row: pd.Series) -> tuple[float, float]:
+    """What a decode step reads and what it writes, in bytes: its `bytes_moved` (the part of its state it reads, the
+    token's q, k, v and its output) split, the written part being three token vectors (its output, and the token's
+    k and v where a cache grows)."""
+    itemsize = 2 if str(row["dtype"]) in ("float16", "bfloat16") else 8 if str(row["dtype"]) == "float64" else 4
+    shape = [row.get(column) for column in ("batch", "heads", "head_dim")]
+    written = 3 * itemsize * int(math.prod(shape)) if all(pd.notna(x) for x in shape) else 0
+    written = min(written, float(row["bytes_moved"]))
+    return float(row["bytes_moved"]) - written, written
+
+
 def step_roofline(row: pd.Series, peak: dict) -> float:
-    """A decode step's bandwidth roofline in seconds: what it must read (its part of the cache, the token's q, k, v:
-    `bytes_moved` less what it writes) over memory's read bandwidth (a stream past the last-level cache), plus what it
-    writes (its output, and the token's k and v where a cache grows: three token vectors) over the write bandwidth.
+    """A decode step's bandwidth roofline in seconds: what it must read (`step_bytes`) over memory's read bandwidth (a
+    stream past the last-level cache), plus what it writes over the write bandwidth.
     Memory's rate even where a state would fit in the last-level cache: timed in turns, a step starts after the other
     variants' steps have run, as a layer's step in a model starts after the other layers' (measured here: `full`'s
     8K step reads 34 GB/s in a loop of its own, 18 GB/s in turns with the decode preset; the memory stream, 25-26).
     A run before read and write bandwidths were measured falls back to the copy peak."""
     copy = peak.get("copy_bytes_per_s")
     read, write = peak.get("read_bytes_per_s") or copy, peak.get("write_bytes_per_s") or copy
-    itemsize = 2 if str(row["dtype"]) in ("float16", "bfloat16") else 8 if str(row["dtype"]) == "float64" else 4
-    shape = [row.get(column) for column in ("batch", "heads", "head_dim")]
-    written = 3 * itemsize * int(math.prod(shape)) if all(pd.notna(x) for x in shape) else 0
-    written = min(written, float(row["bytes_moved"]))
-    return (float(row["bytes_moved"]) - written) / read + written / write
+    reads, written = step_bytes(row)
+    return reads / read + written / write
+
+
+def read_bandwidth(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.DataFrame:
+    """Each decode row's achieved read bandwidth, `step_read_bytes_per_s` (what its step reads, `step_bytes`, over its
+    median time), and `read_share`, that over the machine's measured read bandwidth (a run before it was measured: its
+    copy peak). Above 1, the step read from cache. NaN in other modes and where a figure is missing."""
+
+    def rates(row: pd.Series) -> tuple[float, float]:
+        peak = peaks.get(f"{row['device']}/{row['dtype']}", {})
+        stream = peak.get("read_bytes_per_s") or peak.get("copy_bytes_per_s")
+        timed = row["status"] == "ok" and pd.notna(row["time_median_s"]) and row["time_median_s"] > 0
+        if not mode_of(row["mode"]).decode or not timed or pd.isna(row.get("bytes_moved")):
+            return float("nan"), float("nan")
+        rate = step_bytes(row)[0] / row["time_median_s"]
+        return rate, rate / stream if stream else float("nan")
+
+    columns = ["step_read_bytes_per_s", "read_share"]
+    if cells.empty:
+        return pd.DataFrame(columns=columns, index=cells.index, dtype=float)
+    return pd.DataFrame(cells.apply(rates, axis=1).tolist(), columns=columns, index=cells.index).astype(float)
 
 
 def of_roofline(cells: pd.DataFrame, peaks: dict[str, dict]) -> pd.Series:

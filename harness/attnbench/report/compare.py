@@ -26,6 +26,7 @@ import pandas as pd
 
 from attnbench.report.modes import mode_of
 from attnbench.report.text import format_number, interval_text, markdown_table, ratio_text
+from attnbench.report.unusable import is_unusable
 from attnbench.runfolder.folder import read_samples
 from attnbench.runfolder.meta import RunMeta
 from attnbench.runfolder.results import read_results
@@ -123,6 +124,16 @@ def _noise_cause(x: pd.Series, y: pd.Series) -> str:
     return "; ".join(causes)
 
 
+def _timing_apart(x: pd.Series, y: pd.Series) -> str:
+    """Why two rows' timings cannot be compared whatever their figures ('' when they can): a side whose times were
+    the scheduler's (`report.unusable`), or torch thread counts that differ (a run fits them to the idle cores)."""
+    causes = [f"{side}'s times scheduler-bound" for side, row in (("A", x), ("B", y)) if is_unusable(row.get("noisy"))]
+    threads = [row.get("threads") for row in (x, y)]
+    if all(pd.notna(t) for t in threads) and threads[0] != threads[1]:
+        causes.append(f"torch threads differ: {int(threads[0])} vs {int(threads[1])}")
+    return "; ".join(causes)
+
+
 def compare_runs(
     run_a: Path,
     run_b: Path,
@@ -169,7 +180,8 @@ def compare_runs(
                     x.speedup_low / y.speedup_high if y.speedup_high else float("nan"),
                     x.speedup_high / y.speedup_low if y.speedup_low else float("nan"),
                 )
-            cannot_decide = "" if x.baseline == y.baseline else f"baselines differ: {x.baseline} vs {y.baseline}"
+            baselines = "" if x.baseline == y.baseline else f"baselines differ: {x.baseline} vs {y.baseline}"
+            cannot_decide = "; ".join(cause for cause in (baselines, _timing_apart(x, y)) if cause)
         else:
             sa, sb = samples_a.get(key), samples_b.get(key)
             if sa and sb:
@@ -178,7 +190,7 @@ def compare_runs(
                 interval = Interval(y.time_median_s / x.time_median_s, float("nan"), float("nan"))
             missing = [side for side, found in (("A", sa), ("B", sb)) if not found]
             no_samples = f"no timing samples in {' and '.join(missing)}" if missing else ""
-            cannot_decide = "; ".join(cause for cause in (no_samples, machines_differ) if cause)
+            cannot_decide = "; ".join(cause for cause in (no_samples, machines_differ, _timing_apart(x, y)) if cause)
         rows.append(
             {
                 "cell_key": key,

@@ -62,7 +62,8 @@ DECODE_NOTE = (
     "is the cache kept at N (× the baseline's), prefill is the prompt's one call (timed once, so noisier), error is "
     "the steps' outputs against exact causal softmax over everything visible to each step (float64), and the "
     "roofline is the bytes one step must read over the run's measured read bandwidth (one stream, STREAM-like) plus "
-    "what it writes over the write bandwidth."
+    "what it writes over the write bandwidth; read GB/s is what a step reads over its median time, with its share of "
+    "that measured read bandwidth."
 )
 
 
@@ -95,3 +96,14 @@ def ms_text(seconds: float) -> str:
         return "–"
     ms = seconds * 1e3
     return f"{ms:.0f}" if ms >= 99.95 else f"{ms:.3g}"
+
+
+def read_rate_text(rate: float, share: float) -> str:
+    """A step's achieved read bandwidth in GB/s with three digits, and its share of the measured read bandwidth:
+    "4.21 (19%)"; a dash when missing."""
+    if rate is None or rate != rate:
+        return "–"
+    gb = rate / 1e9
+    percent = "–" if share is None or share != share else (
+        f"{100 * share:.0f}%" if share >= 0.095 else f"{100 * share:.2g}%")  # fmt: skip
+    return f"{gb:.0f} ({percent})" if gb >= 99.95 else f"{gb:#.3g} ({percent})"

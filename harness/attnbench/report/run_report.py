@@ -32,7 +32,7 @@ from attnbench.report.headlines import (
     speedup_title,
     time_title,
 )
-from attnbench.report.modes import mib_text, mode_of_rows, ms_text
+from attnbench.report.modes import mib_text, mode_of_rows, ms_text, read_rate_text
 from attnbench.report.plots import (
     plot_error,
     plot_pareto,
@@ -58,6 +58,7 @@ from attnbench.report.text import (
     with_machine,
 )
 from attnbench.report.evidence import Unfinished, evidence_markdown, opening_markdown, unfinished
+from attnbench.report.threads import threads_sentence
 from attnbench.report.tuning import tuning_plot, tuning_sentences, tuning_table
 from attnbench.report.verdict import (
     SETTING_COLUMNS,
@@ -212,7 +213,7 @@ def detail_blocks(
             )
         )
         if mode.decode:
-            blocks += _decode_blocks(cells, baseline, to_base)
+            blocks += _decode_blocks(cells, baseline, to_base) + _read_blocks(cells, peaks)
         peak_words = (
             "Peak memory of one step beyond its state, MiB (ratio to `{baseline}`): the scratch a step allocates; "
             "the cache it keeps is in the table above"
@@ -367,6 +368,26 @@ def _decode_blocks(cells: pd.DataFrame, baseline: str, to_base: Callable[[pd.Ser
             ),
         ),
     ] + _constant_state_blocks(cells, baseline)
+
+
+def _read_blocks(cells: pd.DataFrame, peaks: dict) -> list[Block]:
+    """A decode group's achieved read bandwidth by N (`analysis.read_bandwidth`, added by the view) and its share of
+    the machine's measured read bandwidth ([] where the rows have none)."""
+    if "step_read_bytes_per_s" not in cells or not cells.step_read_bytes_per_s.notna().any():
+        return []
+    first = cells.iloc[0]
+    peak = peaks.get(f"{first['device']}/{first['dtype']}", {})
+    stream = peak.get("read_bytes_per_s")
+    measured = f"{stream / 1e9:.1f} GB/s, one read stream" if stream else "its copy bandwidth: no read stream measured"
+    return [
+        _table(
+            f"Read bandwidth a step achieved, GB/s (share of this machine's measured read bandwidth, {measured}): what a "
+            "step reads (its part of the cache, the token's q, k and v) over its median time. Far below 100%, its time "
+            "goes to something other than reading its state (dispatch, compute, waiting); above it, it read from cache.",
+            _pivot(cells, lambda r: read_rate_text(r.step_read_bytes_per_s, r.read_share),
+                   highest(lambda r: _nan(r.read_share))),  # fmt: skip
+        )
+    ]
 
 
 CONSTANT = 1.01  # a cache within 1% over every N is a constant state (an RNN's, a window's ring)
@@ -633,9 +654,10 @@ def header_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Blo
         f"`attnbench run {shlex.quote(str(run_dir / 'config.toml'))}`. "
         f"Config: {config_line}.",
         f"Machine: {machine_words(meta.machine, threads, load)}.",
+        threads_sentence(meta.raw.get("threads"), frame),
         f"Measured {meta.started} to {meta.finished}. {noise_line(frame)} {reach_sentence(frame)}",
     ]
-    return [Block("heading", "This run", level=2)] + [Block("text", line) for line in lines]
+    return [Block("heading", "This run", level=2)] + [Block("text", line) for line in lines if line]
 
 
 def about_blocks(run_dir: Path, meta: RunMeta, frame: pd.DataFrame) -> list[Block]:

@@ -8,7 +8,7 @@ import pandas as pd
 
 from attnbench.atomic import write_text_atomic
 from attnbench.report.analysis import compile_sentence, implausible_timings, scaling_table
-from attnbench.report.modes import DECODE_NOTE, has_decode, mib_text, mode_of, ms_text
+from attnbench.report.modes import DECODE_NOTE, has_decode, mib_text, mode_of, ms_text, read_rate_text
 from attnbench.report.text import (
     GROUP_COLUMNS,
     MACHINE,
@@ -24,6 +24,7 @@ from attnbench.report.text import (
 )
 from attnbench.report.evidence import Unfinished, evidence_markdown, opening_markdown, opening_terminal, unfinished
 from attnbench.report.tuning import tuning_sentences
+from attnbench.report.unusable import unusable_mask
 from attnbench.report.verdict import verdict_markdown, verdict_terminal
 from attnbench.report.view import RunView
 
@@ -113,14 +114,15 @@ def summary_tables(frame: pd.DataFrame) -> str:
 
 
 def _decode_table(cells: pd.DataFrame, baseline: str) -> str:
-    """One decode group at one N: per variant its step time, speedup per token, the cache and prefill, the error."""
+    """One decode group at one N: per variant its step time, speedup per token, the cache and prefill, the read
+    bandwidth a step achieved (and its share of the machine's), the error."""
     base = cells[(cells.label == baseline) & (cells.status == "ok")]
     base_cache = base.cache_bytes.iloc[0] if len(base) and base.cache_bytes.iloc[0] else float("nan")
     interval = interval_label(cells.speedup_coverage[cells.speedup.notna()])
     rows = []
     for _, cell in cells.iterrows():
         if cell.status != "ok":
-            rows.append([cell.label, cell.status, "", "", "", "", "", shorten(str(cell.reason), 90)])
+            rows.append([cell.label, cell.status, "", "", "", "", "", "", shorten(str(cell.reason), 90)])
             continue
         notes = [f"rel {format_number(cell.err_rel_fro, '.2e')}"] + ([f"noisy: {cell.noisy}"] if cell.noisy else [])
         rows.append(
@@ -131,6 +133,7 @@ def _decode_table(cells: pd.DataFrame, baseline: str) -> str:
                 speedup_cell(cell, interval),
                 f"{mib_text(cell.cache_bytes)} ({ratio_text(cell.cache_bytes / base_cache)})",
                 ms_text(cell.prefill_s),
+                read_rate_text(cell.get("step_read_bytes_per_s"), cell.get("read_share")),
                 format_number(cell.err_vs_uniform, ".3g"),
                 "; ".join(notes),
             ]
@@ -142,6 +145,7 @@ def _decode_table(cells: pd.DataFrame, baseline: str) -> str:
         f"speedup per token vs {baseline} [{interval}]",
         f"cache MiB (× {baseline})",
         "prefill ms",
+        "read GB/s (of peak)",
         "err vs uniform",
         "notes",
     ]
@@ -178,10 +182,13 @@ def noise_line(frame: pd.DataFrame) -> str:
     if noisy.empty:
         return f"Noise: none of {len(ok)} timed cells is flagged noisy (IQR ≤ 10% of the median, machine quiet).{odd}"
     spread = noisy.noisy.str.contains("IQR").sum()
+    bound = int(unusable_mask(noisy).sum())
+    unusable = (f" {bound} of them are unusable: their group's times were the scheduler's (a thread waiting for a "
+                "core another process held), and no speedup or verdict is drawn from them.") if bound else ""
     return (
         f"Noise: {len(noisy)} of {len(ok)} timed cells are flagged noisy ({spread} by their spread, "
         f"{len(busy_cells(ok))} because other processes used the CPU while they ran); read their times with care, "
-        f"their in-turn speedups less so.{odd}"
+        f"their in-turn speedups less so.{unusable}{odd}"
     )
 
 

@@ -23,6 +23,7 @@ from attnbench.inputs.catalogue import LOCALITY_WINDOW
 from attnbench.plan.budget import UNIFORM_EQUIVALENT, AccuracyBudget
 from attnbench.report.analysis import ERROR_RESOLUTION, crossover_table, implausible_timings
 from attnbench.report.modes import DECODE_NOTE, FORWARD, Mode, mib_text, mode_of, ms_text
+from attnbench.report.unusable import unusable_mask, unusable_sentence, usable
 from attnbench.report.text import (
     GROUP_COLUMNS,
     MACHINE,
@@ -216,8 +217,9 @@ def _short_crossover(text: str) -> str:
 
 
 def _speed_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """The timed ok rows: the speed and memory of each setting, input, variant and N."""
-    timed = frame[(frame.status == "ok") & frame.time_median_s.notna()]
+    """The timed ok rows whose times may be read (not the scheduler's: `report.unusable`): the speed and memory of
+    each setting, input, variant and N."""
+    timed = usable(frame[(frame.status == "ok") & frame.time_median_s.notna()])
     return timed.drop_duplicates(SETTING_COLUMNS + ["input", "label", "seq_len"])
 
 
@@ -249,12 +251,12 @@ def verdicts(
     baseline = baseline_of(frame)
     varying = {c for c in SETTING_COLUMNS if frame[c].nunique(dropna=False) > 1}
     speed = _speed_rows(frame)
+    scheduler_bound = frame[unusable_mask(frame)]  # timed rows whose times were the scheduler's: no verdict from them
     out = []
     for setting, rows in frame.groupby(SETTING_COLUMNS, sort=False, dropna=False):
         key = setting_key(setting)
-        timed = speed
-        for column, value in zip(SETTING_COLUMNS, setting):
-            timed = timed[timed[column] == value] if value == value else timed[timed[column].isna()]
+        timed = _of_setting(speed, setting)
+        bound = _of_setting(scheduler_bound, setting)
         words = setting_words(rows.iloc[0], varying)
         mode = mode_of(rows.iloc[0]["mode"])
         recalls = needle_recalls(rows)
@@ -266,6 +268,8 @@ def verdicts(
                 {r.label: _short_crossover(r.faster_from) for r in crossings.itertuples()} if len(crossings) else {}
             )
             sentence = input_sentence(on_input)
+            if said := unusable_sentence(bound[bound["input"] == timed_input(bound, source)]):
+                sentence += " " + said
             contradicted = contradicted_lengths(own)
             verdict = InputVerdict(
                 words, str(source), baseline, sentence, str(timed_on), setting_key=key, budget=budget, mode=mode
@@ -283,6 +287,13 @@ def verdicts(
                     verdict.answers.append(answer)
             out.append(verdict)
     return out
+
+
+def _of_setting(rows: pd.DataFrame, setting: tuple) -> pd.DataFrame:
+    """The rows of one setting (its values of SETTING_COLUMNS; a missing value matches a missing one)."""
+    for column, value in zip(SETTING_COLUMNS, setting):
+        rows = rows[rows[column] == value] if value == value else rows[rows[column].isna()]
+    return rows
 
 
 def contradicted_lengths(timed: pd.DataFrame) -> dict[int, list[str]]:
@@ -365,8 +376,9 @@ def fastest(candidates: list[Choice]) -> list[Choice]:
 
 
 def fastest_labels(rows: pd.DataFrame, samples: dict[str, list[float]] | None = None) -> list[str]:
-    """`fastest` among the timed rows of one comparison group at one N (one row per label), fastest first."""
-    timed = rows[(rows.status == "ok") & rows.time_median_s.notna()].drop_duplicates("label")
+    """`fastest` among the timed rows of one comparison group at one N (one row per label), fastest first; none
+    from times marked unusable."""
+    timed = usable(rows[(rows.status == "ok") & rows.time_median_s.notna()]).drop_duplicates("label")
     if timed.empty:
         return []
     return [c.label for c in fastest(_candidates(timed, timed, baseline_of(timed), {}, samples or {}))]

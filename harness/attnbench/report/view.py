@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.plan.budget import AccuracyBudget
-from attnbench.report.analysis import of_roofline, raised_peaks
+from attnbench.report.analysis import of_roofline, raised_peaks, read_bandwidth
 from attnbench.report.evidence import Evidence, evidence
 from attnbench.report.verdict import InputVerdict, VerdictBlock, verdict_blocks, verdicts
 from attnbench.runfolder.folder import read_samples
@@ -41,7 +41,8 @@ class RunView:
         min_recall: float | None = None,
     ) -> RunView:
         """The view of `run_dir` (`frame`: its results.csv where the caller has read it already), each row with its
-        share of the roofline (`of_roofline`) at the run's peaks, judged with the accuracy budget the run recorded
+        share of the roofline (`of_roofline`) and a decode row with its achieved read bandwidth (`read_bandwidth`)
+        at the run's peaks, judged with the accuracy budget the run recorded
         (`max_error`, `min_speedup`: `attnbench report`'s flags in its place, already checked)."""
         frame = read_results(run_dir) if frame is None else frame
         meta = RunMeta.read(run_dir)
@@ -50,7 +51,7 @@ class RunView:
             raise RunFolderUnreadable(f"{run_dir / 'meta.json'}: its config's budget is not one a run writes "
                                       f"({'; '.join(problems)}): restore it, or give --max-error")  # fmt: skip
         peaks, _ = raised_peaks(frame, meta.peaks)
-        frame = frame.assign(of_roofline=of_roofline(frame, peaks))
+        frame = frame.assign(of_roofline=of_roofline(frame, peaks), **read_bandwidth(frame, peaks))
         samples = read_samples(run_dir)
         found = verdicts(frame, samples, budget)
         return cls(run_dir, frame, samples, meta, peaks, found, verdict_blocks(found), budget,

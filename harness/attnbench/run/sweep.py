@@ -22,6 +22,8 @@ import torch
 from tqdm import tqdm
 
 from attnbench.measure.machine import allocator_note, machine_info, measure_peaks, remember_peaks
+from attnbench.measure.noise import MEASURED_AGAIN, UNUSABLE
+from attnbench.measure.threads import RULE, fit_threads
 from attnbench.plan.cells import Cell, Group, Plan
 from attnbench.plan.config import Settings, SweepConfig
 from attnbench.registry import Registry
@@ -83,6 +85,23 @@ def _measure_peaks(config: SweepConfig, trials: int = 5, streams: bool = True) -
     return peaks
 
 
+def _thread_choice(requested: int, watched: bool = True) -> dict[str, Any]:
+    """meta.json's record of how the run picks torch threads: the user's count, or the rule, and (`watched`) what it
+    gives as the run starts (each timed group fits them again just before it: `attnbench.measure.threads`)."""
+    chosen = {"requested": requested, "rule": "the user's count" if requested else RULE}
+    return {**chosen, "at_start": fit_threads(requested).as_meta()} if watched else chosen
+
+
+def _threads_by_group(frame: Any) -> dict[str, Any]:
+    """What the timed groups ran at: groups per thread count, those measured again at one thread because their
+    times were the scheduler's, and those left unusable."""
+    groups = frame[frame.time_median_s.notna()].drop_duplicates("group_key")
+    by_threads = groups.threads.dropna().value_counts().sort_index()
+    return {
+        "groups_by_threads": {str(int(t)): int(n) for t, n in by_threads.items()},
+        "measured_again": int(groups.reruns.fillna("").astype(str).str.startswith(MEASURED_AGAIN).sum()),
+        "unusable": int(groups.noisy.fillna("").astype(str).str.startswith(UNUSABLE).sum()),
+    }
 
 
 def _executor(
@@ -150,6 +169,7 @@ def run_plan(
                     "cpu_allocator": allocator_note(),
                     "isolated": isolate,
                     "executor": executor if address is None else f"{executor} at {address}",
+                    "threads": _thread_choice(config.settings.threads),
                 }
             folder.write_meta(meta)  # first, before any work: a run killed at once is still a run folder
             if not resume:
@@ -207,6 +227,8 @@ def run_plan(
                 noisy_cells=int((frame.noisy.fillna("") != "").sum()),
                 peaks_at_end=interruptible(lambda: _measure_peaks(config)),
             )
+            meta.setdefault("threads", _thread_choice(config.settings.threads, watched=False))  # a run from before
+            meta["threads"].update(_threads_by_group(frame))
             folder.write_meta(meta)
     finally:
         measuring.close()  # Ray: outstanding tasks cancelled, a runtime we started stopped (again: idempotent)
