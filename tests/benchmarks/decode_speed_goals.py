@@ -28,7 +28,15 @@ from attnbench.plan.cells import Spec
 from attnbench.registry import registry
 from attnbench.stats import paired_speedup
 
-DEFAULT = "band(window=256),band(window=256,sinks=4),topk,h2o,snapkv,kivi"
+NEEDS_A_MODEL = ("kvzip",)  # its scores come from a pass of the model (attnbench generate)
+
+
+def kv_methods() -> str:
+    """Every decoding method that reads a cache of positions (the goal's 'every KV method'), StreamingLLM's ring too."""
+    names = [name for name in registry.names() if registry.load(name).decodes() and name not in NEEDS_A_MODEL
+             and registry.load(name).family in ("kv-cache", "block-sparse", "band", "strided")]  # fmt: skip
+    return ",".join(["band(window=256,sinks=4)" if name == "band" else name for name in names] + ["band(window=256)"])
+
 STEPS = 64  # steps a sequence takes before it restarts from a copy of its prefilled state (untimed)
 
 
@@ -52,8 +60,8 @@ def stepper(variant, state: DecodeState, q, k, v, n: int, eager: bool) -> Callab
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-lens", default="4096,8192,16384")
-    parser.add_argument("--variants", default=DEFAULT)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--variants", default="", help="comma-separated settings (default: every KV method)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default; 1 on a busy machine)")
     parser.add_argument("--min-run-time", type=float, default=1.0)
     args = parser.parse_args()
     if args.threads:
@@ -68,7 +76,7 @@ def main() -> None:
     for n in [int(x) for x in args.seq_lens.split(",")]:
         torch.manual_seed(0)
         q, k, v = (torch.randn(1, 8, n + STEPS, 64) for _ in range(3))
-        settings = Spec.parse("full," + args.variants)
+        settings = Spec.parse("full," + (args.variants or kv_methods()))
         calls, before, reads = {}, {}, {}
         for spec in settings:
             variant, label = registry.create(spec.name, **dict(spec.params)), spec.label()

@@ -21,6 +21,8 @@ SMALL = {  # settings that reach each method's eviction, ranking or flushing wit
                                              "select_per": "kv-head"}],
     "h2o": [{"budget": 48, "recent": 16}],
     "kivi": [{"group": 16, "residual": 32}, {"bits": 2, "group": 16, "residual": 32}],
+    "duo-attention": [{"sinks": 4, "recent": 16}],  # streaming heads: a head-wise (ragged) cache
+    "snapkv": [{"heads": "adaptive", "budget": 48}],  # AdaKV's head-wise budgets: ragged too
 }
 EAGER_ONLY = {  # decoding variants whose step has no fused form yet (each still steps, eagerly)
     "strided": "two parts (the local run and the column) under one softmax: softmax_over_parts has no fused form",

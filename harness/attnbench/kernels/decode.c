@@ -52,6 +52,16 @@ static void fold_group(const float *q, int64_t rows, const float *k, const float
     }
 }
 
+/* Ask the memory system for `count` positions' keys and values ahead of their reading: a page chosen by index
+ * starts where no hardware prefetcher can guess. */
+static void prefetch_rows(const float *k, const float *v, int64_t count, int64_t kn, int64_t vn, int64_t d,
+                          int64_t e) {
+    for (int64_t j = 0; j < count; j++) {
+        for (int64_t x = 0; x < d; x += 16) __builtin_prefetch(k + j * kn + x);
+        for (int64_t x = 0; x < e; x += 16) __builtin_prefetch(v + j * vn + x);
+    }
+}
+
 /* Quest's whole step for one new token at position t, in place: its key and value written into slot t, its key
  * folded into its page's max and min (the page's first key sets them), then per key/value head (b, g) and chooser
  * (each query head, R = H / G, or the group's mean bound, R = 1): the bound sum_d max(q_d hi_d, q_d lo_d) of every
@@ -108,8 +118,16 @@ void quest_step(const float *q, const float *k_new, const float *v_new, float *k
             float m[heads], l[heads], acc[heads * E];
             for (int64_t j = 0; j < heads; j++) m[j] = -FLT_MAX, l[j] = 0.f;
             memset(acc, 0, sizeof(float) * heads * E);
+            for (int64_t s = 1; s < reads; s++) /* in address order: neighbouring pages read as one stream */
+                for (int64_t u = s; u > 0 && best[u] < best[u - 1]; u--) {
+                    int64_t swap = best[u];
+                    best[u] = best[u - 1], best[u - 1] = swap;
+                }
             for (int64_t s = 0; s < reads; s++) {
                 int64_t first = (rank_from + best[s]) * page;
+                if (s + 1 < reads) /* the next page's keys and values on their way while this one is read */
+                    prefetch_rows(kh + (rank_from + best[s + 1]) * page * kn, vh + (rank_from + best[s + 1]) * page * vn,
+                                  page, kn, vn, D, E);
                 fold_group(qh, heads, kh + first * kn, vh + first * vn, NULL, page, kn, vn, D, E, scale, m, l, acc);
             }
             if (keep_first && own > 0)
@@ -334,5 +352,32 @@ void kivi_step(const float *q, const uint8_t *kc, const float *ks, const float *
                 for (int64_t x = 0; x < E; x++) o[x] += w * value[x];
             }
         }
+    }
+}
+
+/* A head-wise (ragged) cache's step (RaggedCache.attend, one token): each key/value head (b, g) keeps its own number
+ * of the prompt's positions, packed head after head (keys (P, D), values (P, E), head kv's from offsets[kv] to
+ * offsets[kv + 1]), and every head the same `count` tokens after the prompt in buffers strided (b, g, position), the
+ * new token written into position count - 1 of them first (k_new (B, G, D), v_new (B, G, E)). The group's query rows
+ * read their head's packed part, then its appended part, in one online softmax. q (B, H, D); out (B, H, E). */
+void ragged_step(const float *q, const float *keys, const float *values, const int64_t *offsets, float *k, float *v,
+                 const float *k_new, const float *v_new, float *out, int64_t B, int64_t H, int64_t G, int64_t count,
+                 int64_t D, int64_t E, int64_t kb, int64_t kg, int64_t kn, int64_t vb, int64_t vg, int64_t vn,
+                 float scale, int threads) {
+    int64_t rows = H / G;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t kv = 0; kv < B * G; kv++) {
+        int64_t b = kv / G, g = kv % G, start = offsets[kv], kept = offsets[kv + 1] - start;
+        float *kh = k + b * kb + g * kg, *vh = v + b * vb + g * vg;
+        memcpy(kh + (count - 1) * kn, k_new + kv * D, sizeof(float) * D);
+        memcpy(vh + (count - 1) * vn, v_new + kv * E, sizeof(float) * E);
+        const float *qg = q + (b * H + g * rows) * D;
+        float m[rows], l[rows], acc[rows * E];
+        for (int64_t r = 0; r < rows; r++) m[r] = -FLT_MAX, l[r] = 0.f;
+        memset(acc, 0, sizeof(float) * rows * E);
+        fold_group(qg, rows, keys + start * D, values + start * E, NULL, kept, D, E, D, E, scale, m, l, acc);
+        fold_group(qg, rows, kh, vh, NULL, count, kn, vn, D, E, scale, m, l, acc);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t x = 0; x < E; x++) out[(b * H + g * rows + r) * E + x] = acc[r * E + x] / l[r];
     }
 }

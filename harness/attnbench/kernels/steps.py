@@ -103,3 +103,21 @@ def kivi_step(q: Tensor, quantized: list[Tensor], keys: Tensor, values: Tensor, 
         strides.data_ptr(), scale, torch.get_num_threads(),
     )  # fmt: skip
     return out
+
+
+def ragged_step(q: Tensor, keys: Tensor, values: Tensor, offsets: Tensor, k_buffer: Tensor, v_buffer: Tensor,
+                k: Tensor, v: Tensor, *, count: int, scale: float) -> Tensor:
+    """A head-wise cache's one-token step in one call (decode.c's `ragged_step`): keys (P, d), values (P, e) packed
+    head after head from offsets (b g + 1,) int64; k_buffer (b, g, n, d), v_buffer (b, g, n, e) the tokens after the
+    prompt, the new k (b, g, 1, d), v (b, g, 1, e) written into position count - 1 first; q (b, h, 1, d) ->
+    (b, h, 1, e)."""
+    b, h, _, d = q.shape
+    g, e = k_buffer.shape[1], v_buffer.shape[-1]
+    q, k, v, offsets = q.contiguous(), k.contiguous(), v.contiguous(), offsets.contiguous()
+    out = q.new_empty(b, h, 1, e)
+    kernel("ragged_step", *[PTR] * 9, *[I64] * 12, F32, INT)(
+        q.data_ptr(), keys.data_ptr(), values.data_ptr(), offsets.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(),
+        k.data_ptr(), v.data_ptr(), out.data_ptr(), b, h, g, count, d, e, k_buffer.stride(0), k_buffer.stride(1),
+        k_buffer.stride(2), v_buffer.stride(0), v_buffer.stride(1), v_buffer.stride(2), scale, torch.get_num_threads(),
+    )  # fmt: skip
+    return out
