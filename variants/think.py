@@ -34,6 +34,8 @@ from attnbench.interface import (
     VariantError,
     query_group,
 )
+from attnbench.kernels import usable
+from attnbench.kernels.steps import two_keys_step
 from attnbench.ops import default_scale, group_mean
 from einops import rearrange
 from torch import Tensor
@@ -115,9 +117,14 @@ class ChannelCache(DecodeState):
 
     def attend(self, q: Tensor) -> Tensor:
         """One query per head against every position held: q (b, h, 1, d) -> (b, h, 1, e); the query sliced to each
-        head's kept channels for the pruned keys, whole for the others; one softmax over all, at the scale 1/sqrt(d)."""
+        head's kept channels for the pruned keys, whole for the others; one softmax over all, at the scale 1/sqrt(d).
+        Fused (float32 on the CPU): one C call (`two_keys_step`) after the query's channels are gathered."""
         grouped = rearrange(q, "b (g r) 1 d -> b g r d", g=self.channels.shape[1])
         sliced = grouped.gather(-1, self.channels[:, :, None, :].expand(*grouped.shape[:-1], self.channels.shape[-1]))
+        pruned, later = self.pruned[..., : self.pruned_length, :], self.whole[..., : self.length - self.pruned_length, :]
+        if usable(q, pruned, later, self.values):  # one call: both runs of keys read where they lie
+            values = self.values[..., : self.length, :]
+            return two_keys_step(sliced, q, pruned, later, values, scale=default_scale(q.shape[-1]))
         scores = torch.matmul(sliced, self.pruned[..., : self.pruned_length, :].transpose(-1, -2))  # (b, g, r, n)
         if self.length > self.pruned_length:
             later = self.whole[..., : self.length - self.pruned_length, :]

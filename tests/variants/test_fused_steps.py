@@ -23,10 +23,10 @@ SMALL = {  # settings that reach each method's eviction, ranking or flushing wit
     "kivi": [{"group": 16, "residual": 32}, {"bits": 2, "group": 16, "residual": 32}],
     "duo-attention": [{"sinks": 4, "recent": 16}],  # streaming heads: a head-wise (ragged) cache
     "snapkv": [{"heads": "adaptive", "budget": 48}],  # AdaKV's head-wise budgets: ragged too
+    "think": [{"prune_new": True}],  # later keys pruned too: one run of keys
 }
 EAGER_ONLY = {  # decoding variants whose step has no fused form yet (each still steps, eagerly)
     "strided": "two parts (the local run and the column) under one softmax: softmax_over_parts has no fused form",
-    "think": "ThinK's pruned key channels: its own product of queries and kept channels",
 }
 PROMPT, STEPS = 131, 9
 

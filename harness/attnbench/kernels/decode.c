@@ -381,3 +381,27 @@ void ragged_step(const float *q, const float *keys, const float *values, const i
             for (int64_t x = 0; x < E; x++) out[(b * H + g * rows + r) * E + x] = acc[r * E + x] / l[r];
     }
 }
+
+/* One token against positions whose keys lie in two buffers of different widths, one softmax over both (ThinK's
+ * ChannelCache.attend): the first n1 positions' keys k1 (c channels each, read with q1, the query on those channels,
+ * (B, G, H / G, c) contiguous), the next n2 positions' keys k2 (D channels, read with q (B, H, D)), and values v of
+ * all n1 + n2 positions in order; strides (b, g, position) for k1, k2, v; out (B, H, E). */
+void two_keys_step(const float *q1, const float *q, const float *k1, const float *k2, const float *v, float *out,
+                   int64_t B, int64_t H, int64_t G, int64_t C, int64_t D, int64_t E, int64_t n1, int64_t n2,
+                   int64_t ab, int64_t ag, int64_t an, int64_t kb, int64_t kg, int64_t kn, int64_t vb, int64_t vg,
+                   int64_t vn, float scale, int threads) {
+    int64_t rows = H / G;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t kv = 0; kv < B * G; kv++) {
+        int64_t b = kv / G, g = kv % G;
+        const float *vh = v + b * vb + g * vg;
+        float m[rows], l[rows], acc[rows * E];
+        for (int64_t r = 0; r < rows; r++) m[r] = -FLT_MAX, l[r] = 0.f;
+        memset(acc, 0, sizeof(float) * rows * E);
+        fold_group(q1 + kv * rows * C, rows, k1 + b * ab + g * ag, vh, NULL, n1, an, vn, C, E, scale, m, l, acc);
+        fold_group(q + (b * H + g * rows) * D, rows, k2 + b * kb + g * kg, vh + n1 * vn, NULL, n2, kn, vn, D, E, scale,
+                   m, l, acc);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t x = 0; x < E; x++) out[(b * H + g * rows + r) * E + x] = acc[r * E + x] / l[r];
+    }
+}

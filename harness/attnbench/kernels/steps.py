@@ -121,3 +121,19 @@ def ragged_step(q: Tensor, keys: Tensor, values: Tensor, offsets: Tensor, k_buff
         k_buffer.stride(2), v_buffer.stride(0), v_buffer.stride(1), v_buffer.stride(2), scale, torch.get_num_threads(),
     )  # fmt: skip
     return out
+
+
+def two_keys_step(q_part: Tensor, q: Tensor, k_part: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor:
+    """One token against two runs of keys under one softmax (decode.c's `two_keys_step`): k_part (b, g, n1, c) read
+    with q_part (b, g, r, c) (the query on those c channels), then k (b, g, n2, d) read with q (b, h, 1, d); v (b, g,
+    n1 + n2, e) the values of both runs in order -> (b, h, 1, e)."""
+    b, h, _, d = q.shape
+    g, c, e = k.shape[1], k_part.shape[-1], v.shape[-1]
+    q_part, q = q_part.contiguous(), q.contiguous()
+    out = q.new_empty(b, h, 1, e)
+    kernel("two_keys_step", *[PTR] * 6, *[I64] * 17, F32, INT)(
+        q_part.data_ptr(), q.data_ptr(), k_part.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), b, h, g, c, d,
+        e, k_part.shape[-2], k.shape[-2], k_part.stride(0), k_part.stride(1), k_part.stride(2), k.stride(0),
+        k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), scale, torch.get_num_threads(),
+    )  # fmt: skip
+    return out
