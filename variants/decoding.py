@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 from attnbench.interface import DecodeState
+from attnbench.kernels import usable
+from attnbench.kernels.steps import parts_step
 from attnbench.ops import default_scale, softmax_step
 from einops import einsum, rearrange
 from torch import Tensor
@@ -20,7 +22,9 @@ def softmax_over_parts(q: Tensor, parts: list[tuple[Tensor, Tensor, Tensor | Non
     """One query per head against several sets of keys at once, one softmax over their union: q (b, h, 1, d), each
     part (k (b, g, n, d), v (b, g, n, e), visible (b|1, g|1, n) bool or None = all) -> (b, h, 1, e), h / g query heads
     sharing each key/value head. The parts are read where they lie (a ring buffer, the sinks, the new token), never
-    concatenated."""
+    concatenated: fused (float32 on the CPU), one C call (`parts_step`)."""
+    if usable(q, *(x for k, v, _ in parts for x in (k, v))):
+        return parts_step(q, parts, default_scale(q.shape[-1]))
     return attend_over_parts(q, parts)[0]
 
 
@@ -147,7 +151,8 @@ class WindowState(DecodeState):
 class FeatureState(DecodeState):
     """A feature-map attention as an RNN: the sum of phi(k_j) [v_j 1] over the positions so far (the normalizer in
     the last column), relative to exp(scale) when the features are stabilized. state (b, h, m, e + 1), scale
-    (b, h, 1, 1) (0 when unscaled)."""
+    (b, h, 1, 1) (0 when unscaled). `step` is the eager form; a variant's fused step (one C call,
+    attnbench.kernels.recurrent_steps) updates `state` and `scale` in place as it does."""
 
     state: Tensor
     scale: Tensor
@@ -162,14 +167,15 @@ class FeatureState(DecodeState):
             self.state.mul_((self.scale - key_log_scale).exp())
             self.scale = key_log_scale
         self.state.add_(einsum(phi_k, with_ones(v, self.state.dtype), "b h i m, b h i e -> b h m e"))
-        self.length += 1
+        self.length += phi_k.shape[-2]
         return normalized(einsum(phi_q, self.state, "b h i m, b h m e -> b h i e")).to(v.dtype)
 
 
 @dataclass
 class RecurrentState(DecodeState):
     """A linear recurrence's state after `length` positions (gated linear attention, the delta rule): state
-    (b, h, d, e), in float32 or wider, constant in N."""
+    (b, h, d, e), in float32 or wider, constant in N. A fused step (one C call) updates `state` in place; the eager
+    form replaces it."""
 
     state: Tensor
     length: int

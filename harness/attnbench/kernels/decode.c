@@ -405,3 +405,29 @@ void two_keys_step(const float *q1, const float *q, const float *k1, const float
             for (int64_t x = 0; x < E; x++) out[(b * H + g * rows + r) * E + x] = acc[r * E + x] / l[r];
     }
 }
+
+#define PART_FIELDS 12 /* k, v, count, k strides (b, g, position), v strides, visible, its strides (b, g) */
+
+/* One token per query head against several runs of positions under one softmax (softmax_over_parts): `nparts` runs,
+ * each described by PART_FIELDS int64 in `parts`: its keys' and values' addresses, its position count, the keys'
+ * strides (b, g, position) and the values', and a visible (b, g, position) uint8 address (0: every position) with
+ * its strides (b, g; position stride 1). q (B, H, D); out (B, H, E). */
+void parts_step(const float *q, const int64_t *parts, int64_t nparts, float *out, int64_t B, int64_t H, int64_t G,
+                int64_t D, int64_t E, float scale, int threads) {
+    int64_t rows = H / G;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t kv = 0; kv < B * G; kv++) {
+        int64_t b = kv / G, g = kv % G;
+        float m[rows], l[rows], acc[rows * E];
+        for (int64_t r = 0; r < rows; r++) m[r] = -FLT_MAX, l[r] = 0.f;
+        memset(acc, 0, sizeof(float) * rows * E);
+        for (int64_t p = 0; p < nparts; p++) {
+            const int64_t *f = parts + p * PART_FIELDS;
+            const float *k = (const float *)f[0] + b * f[3] + g * f[4], *v = (const float *)f[1] + b * f[6] + g * f[7];
+            const uint8_t *shown = f[9] ? (const uint8_t *)f[9] + b * f[10] + g * f[11] : NULL;
+            fold_group(q + (b * H + g * rows) * D, rows, k, v, shown, f[2], f[5], f[8], D, E, scale, m, l, acc);
+        }
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t x = 0; x < E; x++) out[(b * H + g * rows + r) * E + x] = acc[r * E + x] / l[r];
+    }
+}

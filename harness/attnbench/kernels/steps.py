@@ -137,3 +137,27 @@ def two_keys_step(q_part: Tensor, q: Tensor, k_part: Tensor, k: Tensor, v: Tenso
         k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), scale, torch.get_num_threads(),
     )  # fmt: skip
     return out
+
+
+def parts_step(q: Tensor, parts: list[tuple[Tensor, Tensor, Tensor | None]], scale: float) -> Tensor:
+    """`softmax_over_parts` in one call (decode.c's `parts_step`): q (b, h, 1, d), each part (k (b, g, n, d), v (b, g,
+    n, e), visible (b|1, g|1, n) bool or None), every part read where it lies (a slice with a step included) ->
+    (b, h, 1, e)."""
+    b, h, _, d = q.shape
+    g, e = parts[0][0].shape[1], parts[0][1].shape[-1]
+    q = q.contiguous()
+    fields, masks = [], []
+    for k, v, visible in parts:
+        mask, strides = 0, [0, 0]
+        if visible is not None:
+            shown = visible[(None,) * (3 - visible.dim())]
+            shown = (shown if shown.stride(-1) == 1 else shown.contiguous()).view(torch.uint8)
+            masks.append(shown)  # alive through the call
+            mask, strides = shown.data_ptr(), [shown.stride(axis) if shown.shape[axis] > 1 else 0 for axis in (0, 1)]
+        fields += [k.data_ptr(), v.data_ptr(), k.shape[-2], *k.stride()[:3], *v.stride()[:3], mask, *strides]
+    table = torch.tensor(fields, dtype=torch.int64)
+    out = q.new_empty(b, h, 1, e)
+    kernel("parts_step", PTR, PTR, I64, PTR, *[I64] * 5, F32, INT)(
+        q.data_ptr(), table.data_ptr(), len(parts), out.data_ptr(), b, h, g, d, e, scale, torch.get_num_threads()
+    )
+    return out
