@@ -7,8 +7,9 @@ Quest keeps exact; in a hybrid model a global one, and the model's own window st
 shuffled order, each from a fresh copy (copied outside the clock): a slow stretch of the machine falls on all of
 them alike, and a method's ratio to the exact step is taken within each round. Its time inside attention per token
 is that step times its compressed layers, plus the exact step times the layers it keeps exact, plus the window step
-times the sliding layers that keep their window. The steps are eager
-PyTorch (`FORM`), on one thread (a one-token step gains nothing from more, and on a busy machine they are
+times the sliding layers that keep their window. The steps run in the form a generation runs them (`step_form`):
+fused (one C call a step where the method has one, `attnbench.kernels`: float32 on the CPU), else eager PyTorch; on
+one thread (a one-token step gains nothing from more, and on a busy machine they are
 noise); on the rows' device and in their dtype (`placement.Placement`), a GPU's queued work waited for before each
 clock read.
 
@@ -30,9 +31,15 @@ from attnbench.generation.kept import attend_batched
 from attnbench.generation.layers import MethodRows, layer_step
 from attnbench.generation.placement import Placement
 from attnbench.interface import DecodeState
+from attnbench.kernels import unavailable_reason
 from attnbench.stats import median_interval
 
-FORM = "eager"  # how the steps run: PyTorch operations one by one (no compiled or fused kernel)
+def step_form(placement: Placement) -> str:
+    """How the steps run on this placement: "fused" (attnbench.kernels' C steps: float32 on the CPU, where built),
+    else "eager" (PyTorch operations one by one)."""
+    fused = placement.device == "cpu" and placement.dtype == "float32" and unavailable_reason() is None
+    return "fused" if fused else "eager"
+
 ROUNDS = 15
 STEPS = 4  # consecutive steps timed together from one copy (a step's time is their mean)
 
@@ -47,6 +54,7 @@ class StepTime:
     ratio: float
     low: float
     high: float
+    form: str = "eager"  # how the steps ran (`step_form`)
 
 
 def row_step(rows: MethodRows, layer: int, row: int) -> Callable[[], Callable[[Tensor, Tensor, Tensor], Tensor]]:
@@ -112,7 +120,7 @@ def time_rows(rows: MethodRows, exact_row: int, layers: int, shapes: tuple[int, 
         ratios = [cost / base for cost, base in zip(mine, reference)]
         interval = median_interval(ratios)
         out.append(StepTime(statistics.median(samples[row]), statistics.median(mine), interval.estimate,
-                            interval.low, interval.high))  # fmt: skip
+                            interval.low, interval.high, step_form(placement)))  # fmt: skip
     return out
 
 

@@ -22,7 +22,7 @@ from attnbench.generation.grid import JSONL, GenerationGrid, Setting, Unit, row_
 from attnbench.generation.layers import Method, MethodRows
 from attnbench.generation.placement import Placement
 from attnbench.generation.repeat_pass import RepeatPrompt
-from attnbench.generation.step_timing import FORM, StepTime, time_rows
+from attnbench.generation.step_timing import StepTime, time_rows
 from attnbench.generation.tasks import Sample, build_samples, jsonl_samples, needs_lines, read_jsonl, score
 from attnbench.registry import registry
 from attnbench.runfolder.generations import GenerationRow
@@ -252,7 +252,7 @@ def sample_rows(job: UnitJob, sample: Sample, prompt_tokens: int, settings: list
         row.prefill_s = result.prefill_s
         if times is not None:
             timed = times[index]
-            row.attention_s, row.step_form = timed.attention_s, FORM
+            row.attention_s, row.step_form = timed.attention_s, timed.form
             row.attention_ratio, row.attention_low, row.attention_high = timed.ratio, timed.low, timed.high
         rows.append(row)
     return rows

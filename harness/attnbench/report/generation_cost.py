@@ -21,7 +21,10 @@ from attnbench.report.text import share_text
 
 SAMPLE_KEY = ["task", "seq_len", "protocol", "sample"]  # the rows of one prompt: every method on one sample
 TIMED = ("attention_s", "attention_ratio", "attention_low", "attention_high", "step_form", "final_cache_bytes")
-FORMS = {"eager": "eager PyTorch (operations one by one, no compiled or fused kernel)"}  # a step form, in words
+FORMS = {  # a step form, in words
+    "eager": "eager PyTorch (operations one by one, no compiled or fused kernel)",
+    "fused": "fused (one call of attnbench's C kernels a step where the method has one, float32 on the CPU)",
+}
 COST_COLUMNS = ["method", "share", "seq_len", "cache_share", "final_share", "read_share", "attention_s", "ratio", "low",
                 "high", "timed", "forms", "ppl_ratio", "exact_method"]  # fmt: skip
 
