@@ -221,3 +221,23 @@ def test_a_captured_grouped_query_model_is_decoded_with_its_own_key_value_heads(
     assert frame.loc[BAND].cache_bytes == 2 * slots * row_bytes + slots * 8  # 2 heads' slots, and their positions
     assert frame.loc["linear"].cache_bytes > 0 and (frame.status == "ok").all()
     assert frame.loc["full"].err_vs_uniform < 1e-5  # exact, grouped
+
+
+def test_a_compiled_decode_cell_times_the_fused_step_beside_the_eager_one(tmp_path: Path, monkeypatch) -> None:
+    """In decode, `compile` pairs each setting's eager step with its fused one (attnbench.kernels), in turns: the same
+    outputs (the same error), a paired ratio; a step with no fused form is unsupported there, never the eager step
+    timed under the fused label."""
+    from attnbench.kernels import unavailable_reason
+
+    if unavailable_reason():
+        pytest.skip(f"no kernels: {unavailable_reason()}")
+    fast_runs(monkeypatch)
+    config = write_tiny(tmp_path / "decode.toml", "compile = [false, true]\n" + DECODE, seq_lens=[128], heads=2,
+                        head_dim=16)  # fmt: skip
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--no-report"]) == 0
+    rows = read_results(only_run(tmp_path / "out")).set_index("label")
+    fused, eager = rows.loc[f"{BAND} compiled"], rows.loc[BAND]
+    assert fused.status == "ok" and fused.compiled_speedup > 0
+    assert float(fused.err_vs_uniform) == pytest.approx(float(eager.err_vs_uniform), rel=1e-4)
+    recomputed = rows.loc["full(kv_cache=False) compiled"]
+    assert recomputed.status == "unsupported" and "no fused decode step" in recomputed.reason
