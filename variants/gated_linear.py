@@ -41,6 +41,8 @@ from attnbench.interface import (
     UnsupportedOptionError,
     kept_on_instance,
 )
+from attnbench.kernels import usable
+from attnbench.kernels.recurrent_steps import delta_step, gated_linear_step
 from attnbench.variants.decoding import RecurrentState
 from attnbench.variants.gated_kernels import (
     gated_delta_chunkwise,
@@ -120,13 +122,28 @@ class GatedRecurrence(AttentionVariant):
         return out, RecurrentState(state, k.shape[-2])
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
-        """One token through the recurrent form, from the state so far."""
+        """One token through the recurrent form, from the state so far. Fused (float32 on the CPU, one token): the
+        state updated in place by one C call (`fused_step`). Eager: the recurrent kernel, a new state."""
         if not isinstance(state, RecurrentState):
             raise UnsupportedOptionError(f"{self.name} cannot step from a {type(state).__name__}")
-        q, k, v, gates = self._inputs(q, k, v, None)
-        out, state.state = self._run(False, q, k, v, gates, initial_state=state.state, output_final_state=True)
-        state.length += k.shape[-2]  # one token, as the protocol steps; several work too
+        tokens = k.shape[-2]  # one, as the protocol steps; several work too (eager)
+        if tokens == 1 and usable(q, k, v, state.state):
+            out = self.fused_step(state.state, q, k, v)
+        else:
+            q, k, v, gates = self._inputs(q, k, v, None)
+            out, state.state = self._run(False, q, k, v, gates, initial_state=state.state, output_final_state=True)
+        state.length += tokens
         return out, state
+
+    def fused_step(self, state: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """One token q, k (b, h, 1, d), v (b, h, 1, e) through the operator's C step, the state (b, h, d, e) float32
+        updated in place -> (b, h, 1, e): the gates from `gates` (torch ops), handed to the kernel. A subclass whose
+        gates the kernel computes itself from k (GLA's, the delta rule's projections) overrides it: one call."""
+        gates = {name: None if g is None else g.float() for name, g in self.gates(k).items()}
+        scale = q.shape[-1] ** -0.5
+        if self.delta_rule:
+            return delta_step(q, k, v, state, scale=scale, beta=gates["beta"], g=gates["g"])
+        return gated_linear_step(q, k, v, state, scale=scale, gk=gates["gk"])
 
     def gate_matmul_flops(self, n: int, head_dim: int) -> float:
         """The matmul FLOPs of the gates' seeded projection of n keys, per batch and head (0: none)."""
@@ -147,10 +164,20 @@ class RetNet(GatedRecurrence):
 
     name = "retnet"
 
+    @kept_on_instance
+    def log_decays(self, heads: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """log gamma_h for heads 0..h-1: (1, h, 1, 1), computed once (a decode step then costs no op for its gate)."""
+        log_gamma = torch.log1p(-torch.exp2(-5.0 - torch.arange(heads, device=device, dtype=dtype)))  # (h,)
+        return log_gamma[None, :, None, None]
+
     def gates(self, k: Tensor) -> dict[str, Tensor | None]:
-        heads = torch.arange(k.shape[1], device=k.device, dtype=accumulation_dtype(k.dtype))
-        log_gamma = torch.log1p(-torch.exp2(-5.0 - heads))  # (h,)
-        return {"gk": log_gamma[None, :, None, None].expand(k.shape[0], -1, k.shape[2], 1)}
+        log_gamma = self.log_decays(k.shape[1], k.device, accumulation_dtype(k.dtype))
+        return {"gk": log_gamma.expand(k.shape[0], -1, k.shape[2], 1)}
+
+    def fused_step(self, state: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The kept decays handed to the kernel as they are, (1, h, 1, 1): one call."""
+        gk = self.log_decays(k.shape[1], k.device, k.dtype)
+        return gated_linear_step(q, k, v, state, scale=k.shape[-1] ** -0.5, gk=gk)
 
 
 GATE_RANK = 16  # GLA's gate projection is low-rank: d -> 16 -> d (the paper's)
@@ -169,6 +196,13 @@ class GLA(GatedRecurrence):
         down, up = self.projections(((d, GATE_RANK), (GATE_RANK, d)), k.device, work)
         logits = (k.to(work) @ down) @ up  # (b, h, n, 16), then (b, h, n, d)
         return {"gk": _decay_gate(logits, self.gate_normalizer)}
+
+    def fused_step(self, state: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The gate's low-rank projection and log sigmoid inside the kernel: one call."""
+        d = k.shape[-1]
+        low_rank = self.projections(((d, GATE_RANK), (GATE_RANK, d)), k.device, k.dtype)
+        return gated_linear_step(q, k, v, state, scale=d**-0.5, low_rank=tuple(low_rank),
+                                 normalizer=self.gate_normalizer)  # fmt: skip
 
     def gate_matmul_flops(self, n: int, head_dim: int) -> float:
         return 2 * n * GATE_RANK * 2 * head_dim
@@ -196,6 +230,13 @@ class DeltaNet(GatedRecurrence):
         beta = torch.sigmoid(logits[..., 0])
         g = _decay_gate(logits[..., 1], self.gate_normalizer) if self.decayed else None
         return {"beta": beta, "g": g}  # q and k are L2-normalised in the kernel
+
+    def fused_step(self, state: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """beta and the decay from k's projection inside the kernel: one call."""
+        d = k.shape[-1]
+        (weights,) = self.projections(((d, 2),), k.device, k.dtype)
+        normalizer = self.gate_normalizer if self.decayed else 1.0
+        return delta_step(q, k, v, state, scale=d**-0.5, weights=weights, decayed=self.decayed, normalizer=normalizer)
 
     def gate_matmul_flops(self, n: int, head_dim: int) -> float:
         return 2 * n * head_dim * 2  # beta's and the decay's columns

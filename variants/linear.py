@@ -29,6 +29,8 @@ from attnbench.interface import (
     UnsupportedOptionError,
     kept_on_instance,
 )
+from attnbench.kernels import usable
+from attnbench.kernels.recurrent_steps import linear_step, performer_step
 from attnbench.variants.decoding import FeatureState
 from attnbench.variants.feature_attention import (
     accumulation_dtype,
@@ -103,8 +105,14 @@ class LinearAttention(AttentionVariant):
         return self(q, k, v, causal=True), FeatureState(key_state(phi_k, v), phi_k.new_zeros(()), k.shape[-2])
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        """Fused (float32 on the CPU, one token): one call of the C kernel `linear_step`, features and all. Eager:
+        the features, then `FeatureState.step`."""
         if not isinstance(state, FeatureState):
             raise UnsupportedOptionError(f"linear cannot step from a {type(state).__name__}")
+        if q.shape[-2] == 1 and usable(q, k, v, state.state):
+            out = linear_step(q, k, v, state.state)
+            state.length += 1
+            return out, state
         work = state.state.dtype
         return state.step(F.elu(q.to(work)).add_(1), F.elu(k.to(work)).add_(1), v), state
 
@@ -242,8 +250,15 @@ class PerformerAttention(AttentionVariant):
         return self(q, k, v, causal=True), FeatureState(key_state(_exp(_minus(log_k, top)), v), top, k.shape[-2])
 
     def step(self, state: DecodeState, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, DecodeState]:
+        """Fused (float32 on the CPU, one token): one call of the C kernel `performer_step`, the features' projection
+        and the running scale included. Eager: the features, then `FeatureState.step`."""
         if not isinstance(state, FeatureState):
             raise UnsupportedOptionError(f"performer cannot step from a {type(state).__name__}")
+        if q.shape[-2] == 1 and usable(q, k, v, state.state, state.scale):
+            features = self.projection(q.shape[-1], q.device, q.dtype)
+            out = performer_step(q, k, v, state.state, state.scale, features)
+            state.length += 1
+            return out, state
         work = state.state.dtype
         log_k = self._log_key(k.to(work))
         top = torch.maximum(state.scale, log_k.amax(dim=-1, keepdim=True))  # (b, h, 1, 1)

@@ -90,21 +90,20 @@ def kernels() -> ctypes.CDLL | None:
     return _build().library
 
 
-@functools.cache
-def _function(name: str, *arguments: type) -> Callable[..., None]:
-    function = getattr(kernels(), name)
-    function.argtypes, function.restype = list(arguments), None
-    return function
-
-
+_FUNCTIONS: dict[str, Callable[..., None]] = {}  # by name: each function has one signature
 _CALLS = [0]
 
 
 def kernel(name: str, *arguments: type) -> Callable[..., None]:
-    """The library's function `name`, its argument types declared (ctypes then converts Python ints and floats
-    without guessing), counted as one fused call (`fused_calls`); call only where `usable` said yes."""
+    """The library's function `name`, its argument types declared at its first use (ctypes then converts Python ints
+    and floats without guessing), counted as one fused call (`fused_calls`); call only where `usable` said yes."""
     _CALLS[0] += 1
-    return _function(name, *arguments)
+    function = _FUNCTIONS.get(name)
+    if function is None:
+        function = getattr(kernels(), name)
+        function.argtypes, function.restype = list(arguments), None
+        _FUNCTIONS[name] = function
+    return function
 
 
 def fused_calls() -> int:
@@ -132,7 +131,12 @@ def unavailable_reason() -> str | None:
 
 
 def usable(*tensors: torch.Tensor) -> bool:
-    """The kernels take these tensors: built, float32 on the CPU, outside autograd, last axis contiguous."""
-    if _EAGER[0] or kernels() is None or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+    """The kernels take these tensors: built, float32 on the CPU, outside autograd, last axis contiguous (a plain
+    loop: this is asked once a step, ~1 µs)."""
+    if _EAGER[0] or kernels() is None:
         return False
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if not t.is_cpu or t.dtype is not torch.float32 or t.stride(-1) != 1 or (grad and t.requires_grad):
+            return False
+    return True
