@@ -141,16 +141,16 @@ class BandAttention(FlexBackend, AttentionVariant):
             * shape.heads
             * (shape.n_q * shape.head_dim + shape.n_k * (shape.head_dim + 2 * shape.value_dim))
         )
-        padded_keys = shape.batch * shape.heads * shape.n_k * (shape.head_dim + shape.value_dim) * shape.dtype_bytes
-        # the bool pattern and the additive mask SDPA makes of it, and one padded copy of k and v; with columns,
-        # their (n, c) pattern, the parts' outputs and log-sum-exps merged, and the global rows' scores
-        merged = 2 * heads * shape.n_q * (shape.value_dim + 1) * shape.dtype_bytes if columns else 0
+        # a chunk of query blocks at a time (`attnbench.variants.window`): its output and log-sum-exp, and under key
+        # padding its own (b h) pattern and bias; with columns, its (rows, c) scores and weights; the global rows'
+        # scores. The patterns of unpadded calls are kept between calls (state, not per-call memory).
+        chunk = heads * min(layout.chunk_blocks(heads), -(-shape.n_q // layout.block)) * layout.block  # query rows
         working = (
-            shape.n_q * (layout.span + columns) * (1 + shape.dtype_bytes)
-            + padded_keys
-            + merged
+            chunk * ((shape.value_dim + 1 + 3 * columns) * shape.dtype_bytes + layout.span * (1 + shape.dtype_bytes))
             + 2 * heads * rows * shape.n_k * shape.dtype_bytes
         )
+        # under autograd every chunk's output and log-sum-exp are kept, then concatenated
+        kept = 2 * heads * shape.n_q * (shape.value_dim + 1) * shape.dtype_bytes
         return Cost(
             flops=matmul + other,
             useful_flops=needed,
@@ -159,6 +159,7 @@ class BandAttention(FlexBackend, AttentionVariant):
             matmul_flops=matmul,
             # autograd keeps each block's weights and its gathered key and value windows for the backward
             backward_working_bytes=working
+            + kept
             + band_scores * shape.dtype_bytes * (1 + (shape.head_dim + shape.value_dim) / layout.block)
             + extra_scores * shape.dtype_bytes * 2,
         )

@@ -6,6 +6,7 @@ b - batch, h - heads, i - query, c - key block, j - key in block, d - head dim
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor
@@ -14,7 +15,10 @@ from torch import Tensor
 def block_summaries(k: Tensor, real: Tensor, size: int, score: str) -> tuple[Tensor, ...]:
     """What each key block is scored from, (b, h, c, d) each: its mean real key ("mean"), or the per-dimension
     maximum and minimum over its real keys ("minmax"); a block with no real key gives zeros (it is masked after)."""
-    keys = rearrange(F.pad(k, (0, 0, 0, real.shape[1] * size - k.shape[-2])), "b h (c j) d -> b h c j d", j=size)
+    n = k.shape[-2]
+    if bool(real.flatten(1)[:, :n].all()):  # no key padding: reduced from views of k, never a copy of it
+        return whole_block_summaries(k, size, score)
+    keys = rearrange(F.pad(k, (0, 0, 0, real.shape[1] * size - n)), "b h (c j) d -> b h c j d", j=size)
     weight = real[:, None, :, :, None]  # (b, 1, c, j, 1)
     if score == "mean":
         counts = real.sum(dim=-1).clamp(min=1)[:, None, :, None]  # (b, 1, c, 1)
@@ -23,6 +27,18 @@ def block_summaries(k: Tensor, real: Tensor, size: int, score: str) -> tuple[Ten
     high = keys.masked_fill(~weight, float("-inf")).amax(dim=3).masked_fill(empty, 0.0)
     low = keys.masked_fill(~weight, float("inf")).amin(dim=3).masked_fill(empty, 0.0)
     return high, low
+
+
+def whole_block_summaries(k: Tensor, size: int, score: str) -> tuple[Tensor, ...]:
+    """`block_summaries` where every key is real: the whole blocks reduced from a view of k, a partial last block
+    apart (b, h, c, d each)."""
+    n = k.shape[-2]
+    whole = n - n % size
+    parts = [rearrange(k[..., :whole, :], "b h (c j) d -> b h c j d", j=size)]
+    if whole < n:
+        parts.append(k[..., None, whole:, :])  # (b, h, 1, j', d): the last block's keys
+    reductions = (torch.mean,) if score == "mean" else (torch.amax, torch.amin)
+    return tuple(torch.cat([reduce(part, dim=3) for part in parts], dim=2) for reduce in reductions)
 
 
 def score_blocks(q: Tensor, summaries: tuple[Tensor, ...]) -> Tensor:

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from attnbench.interface import kept_between_calls
 from attnbench.ops import causal_allows, default_scale
 from einops import einsum, rearrange
 from torch import Tensor
@@ -38,23 +37,30 @@ def query_blocks(q: Tensor, block: int) -> Tensor:
     return rearrange(padded, "b h (n i) d -> (b h) n i d", i=block)
 
 
+def windows_of(x: Tensor, low: int, high: int, step: int, span: int) -> Tensor:
+    """((b h), c, span, d): windows of `span` positions of x (b, h, n, d), one every `step`, the first at `low`, the
+    last ending at `high`; positions outside [0, n) are zeros. A strided view of x (no copy) where [low, high) lies
+    inside it, else of a zero-padded copy of the slice it needs: the cost of a chunk, never of the whole sequence."""
+    n = x.shape[-2]
+    part = pad_sequence(x[:, :, max(low, 0) : min(high, n)], max(0, -low), max(0, high - n))
+    return rearrange(part.unfold(2, span, step), "b h c d j -> (b h) c j d")
+
+
 def key_windows(k: Tensor, block: int, before: int, after: int) -> Tensor:
     """((b h), blocks, before + block + after, d): for query block c, keys [c*block - before, (c+1)*block + after).
 
     A strided view of one padded copy of k: overlapping windows share memory.
     """
-    n = k.shape[-2]
-    blocks = -(-n // block)
-    span = before + block + after
-    padded = pad_sequence(k, before, blocks * block - n + after)
-    return rearrange(padded.unfold(2, span, block), "b h n d j -> (b h) n j d")
+    blocks = block_count(k.shape[-2], block)
+    return windows_of(k, -before, blocks * block + after, block, before + block + after)
 
 
-@kept_between_calls(maxsize=64)
-def window_positions(n: int, block: int, before: int, span: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Query positions (blocks, block, 1) and key positions (blocks, 1, span) of the `key_windows` layout."""
-    blocks = -(-n // block)
-    starts = torch.arange(blocks, device=device).view(blocks, 1, 1) * block
+def window_positions(
+    first: int, last: int, block: int, before: int, span: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Query positions (c, block, 1) and key positions (c, 1, span) of query blocks first..last-1 in the
+    `key_windows` layout."""
+    starts = torch.arange(first, last, device=device).view(-1, 1, 1) * block
     queries = starts + torch.arange(block, device=device).view(1, block, 1)
     keys = starts - before + torch.arange(span, device=device).view(1, 1, span)
     return queries, keys
@@ -69,13 +75,33 @@ def real_key_blocks(batch: int, n: int, block: int, key_padding_mask: Tensor | N
     return rearrange(real.expand(batch, -1), "b (c j) -> b c j", j=block)
 
 
-def key_validity_windows(key_padding_mask: Tensor | None, n: int, block: int, before: int, after: int) -> Tensor | None:
-    """(b, blocks, 1, span) bool, True where the windowed key is a real (non-padding) key; None if all are."""
-    if key_padding_mask is None:
-        return None
-    real = (~key_padding_mask)[:, None, :, None].to(torch.float32)  # (b, 1, n, 1)
-    windows = key_windows(real, block, before, after)  # (b, blocks, span, 1); padding outside [0, n) is 0
-    return rearrange(windows, "b n j one -> b n one j") > 0
+def needs_grad(*tensors: Tensor) -> bool:
+    """Autograd records this call: it keeps what the backward needs, so working in place or in chunks buys nothing."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+class Rows:
+    """A (b, h, n, ...) result assembled from consecutive runs of its rows, in order. Without autograd each run is
+    copied into one tensor allocated at the first: the memory of the result and of one run. Under autograd the runs
+    are concatenated at the end (the backward keeps them anyway; copying each into one tensor would cost the
+    backward a pass over all of it per run)."""
+
+    def __init__(self, n: int, keep_graph: bool) -> None:
+        self.n, self.keep_graph = n, keep_graph
+        self.runs: list[Tensor] = []
+        self.out: Tensor | None = None
+
+    def add(self, start: int, run: Tensor) -> None:
+        """Rows start..start + r - 1: run (b, h, r, ...)."""
+        if self.keep_graph:
+            self.runs.append(run)
+            return
+        if self.out is None:
+            self.out = run.new_empty(*run.shape[:2], self.n, *run.shape[3:])
+        self.out[:, :, start : start + run.shape[2]] = run
+
+    def result(self) -> Tensor:
+        return torch.cat(self.runs, dim=2) if self.keep_graph else self.out
 
 
 def with_causal(allowed: Tensor, i: Tensor, j: Tensor, causal: bool) -> Tensor:
@@ -168,6 +194,14 @@ class Pattern:
                 self._biases[dtype] = self._without_nan_rows(torch.where(self.allowed, zero, float("-inf")))
         return self._biases[dtype]
 
+    def narrow(self, dim: int, start: int, length: int) -> "Pattern":
+        """Entries start..start + length - 1 along `dim` (not the last two): views of this pattern and of the biases
+        made so far, so a part of a kept pattern costs nothing."""
+        part = Pattern(self.allowed.narrow(dim, start, length))
+        part.has_key = self.has_key.narrow(dim, start, length)
+        part._biases = {dtype: bias.narrow(dim, start, length) for dtype, bias in self._biases.items()}
+        return part
+
     def restricted_to(self, valid_keys: Tensor | None, heads: int) -> "Pattern":
         """This pattern and'ed with per-batch key validity (b, ..., 1, j), expanded to the (b h) axis."""
         if valid_keys is None:
@@ -212,11 +246,10 @@ def partial_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern) -> Part
     Without autograd on the CPU this runs PyTorch's fused flash kernel, which also returns the log-sum-exp;
     with autograd it is written out (block-sized scores only) so gradients flow through the log-sum-exp too.
     """
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     accumulate = torch.promote_types(q.dtype, torch.float32)  # the log-sum-exp in at least float32
     flash = _flash_with_lse()
     fused = flash is not None and q.device.type == "cpu" and q.dim() == 4 and q.shape[-1] == v.shape[-1]
-    if fused and not needs_grad:
+    if fused and not needs_grad(q, k, v):
         out, lse = flash(q, k, v, attn_mask=pattern.bias(q.dtype), scale=default_scale(q.shape[-1]))
     else:
         allowed = pattern.allowed

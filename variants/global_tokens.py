@@ -13,9 +13,10 @@ key are the first g (the "rows"). Causal keeps j <= i throughout, so there a glo
 `global_tokens` adds little beyond sinks (Longformer's global attention is bidirectional); key padding removes
 padded keys everywhere.
 
-Computed without any N x N tensor: the band part (`band_partial`, with its log-sum-exp); each query's scores
-against the c column keys *outside its window* (a key inside both is counted once, in the band part), folded into
-the band's output in one softmax over both (`with_columns`); then the g global rows whole (g x N scores).
+Computed without any N x N tensor, a chunk of query blocks at a time (`band_partials`): the band part, with its
+log-sum-exp; each query's scores against the c column keys *outside its window* (a key inside both is counted once,
+in the band part), folded into the band's output in one softmax over both (`with_columns`), written into the one
+output; then the g global rows whole (g x N scores), written over their rows.
 
 b - batch, h - heads, n - sequence, c - column keys, g - global rows, d - head dim, e - value dim
 """
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 import torch
 from attnbench.ops import allowed_keys, band_allows, causal_allows, default_scale, dense_masked_attention
-from attnbench.variants.blocks import Partial, with_causal
-from attnbench.variants.window import band_mask, band_partial
+from attnbench.variants.blocks import Partial, Rows, needs_grad, with_causal
+from attnbench.variants.window import band_mask, band_partials
 from einops import einsum, rearrange
 from torch import Tensor
 
@@ -122,13 +123,18 @@ def band_with_global_tokens(
     -> (b, h, n, e). Exact on `global_band_mask`."""
     n = q.shape[-2]
     columns, rows = columns_and_rows(sinks, global_tokens, n)
-    band = band_partial(q, k, v, window=window, causal=causal, key_padding_mask=key_padding_mask, block_size=block_size)
     allowed = column_support(
         n, window=window, causal=causal, key_padding_mask=key_padding_mask, columns=columns, device=q.device
-    )
-    out = with_columns(band, q, k[..., :columns, :], v[..., :columns, :], allowed)  # one softmax over both
-    if rows == 0:
-        return out
-    every_key = allowed_keys(rows, n, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
-    global_rows = dense_masked_attention(q[:, :, :rows], k, v, every_key)  # (b, h, g, e): g x N scores
-    return torch.cat([global_rows.to(out.dtype), out[:, :, rows:]], dim=2)
+    )  # (b|1, 1, n, c)
+    k_columns, v_columns = k[..., :columns, :], v[..., :columns, :]
+    out = Rows(n, needs_grad(q, k, v))
+    options = {"window": window, "causal": causal, "key_padding_mask": key_padding_mask, "block_size": block_size}
+    for start, band in band_partials(q, k, v, **options):
+        stop = start + band.out.shape[2]
+        out.add(start, with_columns(band, q[:, :, start:stop], k_columns, v_columns, allowed[:, :, start:stop]))
+        del band  # dropped before the next chunk's is made
+    merged = out.result()
+    if rows:
+        every_key = allowed_keys(rows, n, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+        merged[:, :, :rows] = dense_masked_attention(q[:, :, :rows], k, v, every_key)  # (b, h, g, e): g x N scores
+    return merged

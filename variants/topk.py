@@ -20,13 +20,19 @@ own block is kept either way: a causal query in the first block has no other). T
 `support_for` returns the one chosen, for the self-check and the dropped mass. top_k >= the number of other blocks
 is exact softmax attention.
 
-Computed without an N x N tensor: the block scores are taken 16 query blocks at a time (held: 16 N scores);
+Computed without an N x N tensor: the block scores are taken 16 query blocks at a time (held: 16 N scores; causal:
+only the blocks before the chunk's last query's own, so about half the scores of all blocks), from block summaries
+reduced from views of the keys (no copy of them without key padding);
 the chosen (query, block) pairs are grouped by key block, each group cut into chunks of `queries_per_chunk` queries,
 and every chunk attends to its block's keys through the fused SDPA kernel (queries gathered, keys one block each);
 the kept first block is one more chosen block, read by every query outside it; the parts are merged by their
 log-sum-exp, with the own block's part computed block-diagonally. Without autograd the chunks go in batches of
 half the queries' slots, each merged into a running sum (`OnlineMerge`) and dropped: the memory of a batch, not of
-all (top_k + 1) N gathered queries and outputs at once (28x band's at N=8192 before, about band's now).
+all (top_k + 1) N gathered queries and outputs at once. At N=8192 (B=1, H=8, D=64) a call peaks at 2.7x exact
+attention's fused kernel (46 MiB against 17.4): the choices and their pairs hold (top_k + 1) ids a query and head
+where full holds one log-sum-exp, and the tiles need the whole sequence's pairs grouped by key block: cut into ranges
+of queries small enough to fit full's peak, a range leaves a handful of queries per key block, and the kernel runs
+tiles of 16 queries at 136 M scores/s against 176 for tiles of 128 (16K, one core, 2026-11-28).
 
 Decode (`prefill` / `step`) is Quest's, whatever `score` (ported from its authors' code: the decode path of
 quest/models/QuestAttention.py, whose kernels' reference is `_ref_self_approx_attention` in
@@ -72,7 +78,15 @@ from attnbench.ops import causal_allows
 from attnbench.variants.block_scores import block_summaries, score_blocks
 from attnbench.variants.quest_cache import QuestCache
 from attnbench.variants.topk_shared import SHARED_AT_ONCE, shared_attention, shared_selection
-from attnbench.variants.blocks import Pattern, block_count, expand_over_heads, partial_attention, query_blocks, real_key_blocks
+from attnbench.variants.blocks import (
+    Pattern,
+    block_count,
+    expand_over_heads,
+    needs_grad,
+    partial_attention,
+    query_blocks,
+    real_key_blocks,
+)
 from attnbench.variants.window import unblocked
 from einops import rearrange
 from torch import Tensor
@@ -105,12 +119,12 @@ def largest(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     width = scores.shape[-1]
     if width < NARROW_FROM or k * GROUP >= width:
         return scores.topk(k, dim=-1)
-    padded = F.pad(scores, (0, -width % GROUP), value=float("-inf")) if width % GROUP else scores  # (no copy)
-    grouped = rearrange(padded, "... (g m) -> ... g m", m=GROUP)
-    groups = grouped.amax(dim=-1).topk(k, dim=-1, sorted=False).indices  # (..., k)
-    candidates = grouped.gather(-2, groups[..., None].expand(*groups.shape, GROUP))  # (..., k, m)
-    values, within = rearrange(candidates, "... k m -> ... (k m)").topk(k, dim=-1)
-    return values, groups.gather(-1, within // GROUP) * GROUP + within % GROUP
+    padded = F.pad(scores, (0, -width % GROUP), value=float("-inf")) if width % GROUP else scores
+    groups = rearrange(padded, "... (g m) -> ... g m", m=GROUP).amax(dim=-1).topk(k, dim=-1, sorted=False).indices
+    members = groups[..., None] * GROUP + torch.arange(GROUP, device=scores.device)  # (..., k, m): their scores' places
+    members = rearrange(members, "... k m -> ... (k m)")
+    values, within = padded.gather(-1, members).topk(k, dim=-1)  # a gather along the last axis: the fast one
+    return values, members.gather(-1, within)
 
 
 @dataclass
@@ -148,38 +162,33 @@ def select_blocks(
     has_real = real.any(dim=-1)[:, None, None, :]  # (b, 1, 1, c)
     every_block_real = bool(has_real.all())
     chunk = score_chunk(size)
-    ids, chosen = [], []
+    ids = torch.zeros(b, h, n, slots + keep_first, dtype=torch.long, device=q.device)  # the kept first block: id 0
+    chosen = torch.zeros(b, h, n, slots + keep_first, dtype=torch.bool, device=q.device)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
-        scores = score_blocks(q[:, :, start:stop].to(work), summaries)  # (b, h, r, c)
+        width = blocks
+        if causal:  # blocks from the chunk's last query's own one on are never chosen: not scored (whole GROUPs)
+            width = min(blocks, max(slots, -(-((stop - 1) // size) // GROUP) * GROUP))
+        chunk_summaries = tuple(summary[:, :, :width] for summary in summaries)
+        scores = score_blocks(q[:, :, start:stop].to(work), chunk_summaries)  # (b, h, r, c')
         if poisoned:
             scores.nan_to_num_(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
         own = torch.arange(start, stop, device=q.device)[:, None] // size  # (r, 1)
         if causal:  # the own block and later ones out
-            scores.masked_fill_(torch.arange(blocks, device=q.device)[None, :] >= own, float("-inf"))
+            scores.masked_fill_(torch.arange(width, device=q.device)[None, :] >= own, float("-inf"))
         else:  # the own block out
             scores.scatter_(-1, own.expand(b, h, stop - start, 1), float("-inf"))
         if not every_block_real:
-            scores.masked_fill_(~has_real, float("-inf"))
+            scores.masked_fill_(~has_real[..., :width], float("-inf"))
         if keep_first:  # kept, so not among the scored
             scores[..., 0] = float("-inf")
         values, indices = largest(scores, slots)  # (b, h, r, s)
-        ids.append(indices)
-        chosen.append(values > float("-inf"))
-    selection = Selection(ids=torch.cat(ids, dim=2), chosen=torch.cat(chosen, dim=2))
-    return with_first_block(selection, real, size) if keep_first else selection
-
-
-def with_first_block(selection: Selection, real: Tensor, size: int) -> Selection:
-    """`selection` with the first key block in one more slot, for every query outside it, where it has a real key.
-    real: (b, c, j), as from `real_key_blocks`."""
-    b, h, n, _ = selection.ids.shape
-    outside = torch.arange(n, device=real.device) >= size  # (i,) queries not in the first block
-    kept = real[:, 0].any(dim=-1)[:, None] & outside  # (b, i)
-    return Selection(
-        ids=F.pad(selection.ids, (0, 1), value=0),
-        chosen=torch.cat([selection.chosen, kept[:, None, :, None].expand(b, h, n, 1)], dim=-1),
-    )
+        ids[:, :, start:stop, :slots] = indices
+        chosen[:, :, start:stop, :slots] = values > float("-inf")
+    if keep_first:  # the last slot: the first block, for every query outside it, where it has a real key
+        outside = torch.arange(n, device=q.device) >= size  # (i,) queries not in the first block
+        chosen[..., slots] = (real[:, 0].any(dim=-1)[:, None] & outside)[:, None, :]  # (b, 1, i)
+    return Selection(ids=ids, chosen=chosen)
 
 
 def selected_support(selection: Selection, n_k: int, size: int, causal: bool) -> Tensor:
@@ -226,16 +235,19 @@ def chunk_pairs(selection: Selection, blocks: int, per_chunk: int) -> Chunks:
         pair = selection.chosen.flatten().nonzero().squeeze(1)  # (p,) the filled slots of (b h i s)
         group = group[pair]
     group, order = torch.sort(group, stable=True)
-    row = (order if pair is None else pair[order]) // slots  # (p,) the (b h i) row of each pair, by group
-    group = group.long()
+    row = (order if pair is None else pair[order]).floor_divide_(slots)  # (p,) the (b h i) row of each pair, by group
+    del order, pair  # each (p,) int64: dropped as soon as used, as below
     counts = torch.bincount(group, minlength=b * h * blocks)  # (b h c)
     chunks_per_group = -(-counts // per_chunk)
     first_slot = (torch.cumsum(chunks_per_group, 0) - chunks_per_group) * per_chunk  # of each group's first chunk
     first_pair = torch.cumsum(counts, 0) - counts
-    slot = first_slot[group] + torch.arange(len(group), device=device) - first_pair[group]  # (p,) in (t r)
+    slot = (first_slot - first_pair).index_select(0, group).add_(torch.arange(len(group), device=device))  # in (t r)
+    del group
     total = int(chunks_per_group.sum()) * per_chunk
     rows = torch.zeros(total, dtype=torch.long, device=device).index_put_((slot,), row)
+    del row
     used = torch.zeros(total, dtype=torch.bool, device=device).index_fill_(0, slot, True)
+    del slot
     chunk_group = torch.repeat_interleave(torch.arange(b * h * blocks, device=device), chunks_per_group)
     return Chunks(rows, used, chunk_group)
 
@@ -351,8 +363,8 @@ class BlockTopKAttention(AttentionVariant):
         if not bool(selection.chosen.any()):
             return rearrange(own[0], "(b h) i e -> b h i e", b=b)
         chunks = chunk_pairs(selection, blocks, self.queries_per_chunk)
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        if needs_grad:  # autograd keeps every chunk's output for the backward pass anyway: one merge
+        del selection  # its pairs are in `chunks`: dropped before the batches take their memory
+        if needs_grad(q, k, v):  # autograd keeps every chunk's output for the backward pass anyway: one merge
             out, lse = self.chosen_blocks(q, k, v, real, chunks)  # ((t r), e), ((t r),)
             return rearrange(merge_chunks(own, out, lse, chunks), "(b h) i e -> b h i e", b=b)
         merged = OnlineMerge(*own)

@@ -7,6 +7,9 @@ Targets: band with 4 sinks <= 1.10x the same band; Nyströmformer (m=64) >= 15x 
 `topk(select_for=block)` (issue 48: one selection per query block) >= 6x full at N=16384 causal.
 Run: `.venv/bin/python tests/benchmarks/choices_targets.py [--seq-lens 4096,16384] [--min-run-time 5] [--causal]`; prints a
 Markdown table: median ms per call, and paired ratios (median over rounds) with their order-statistic intervals.
+`--topk-limits` (issue 58): what bounds top-k's speedup, causal, in turns: its whole call, its selection alone, and the
+fused kernel alone on the tiles it attends to (gathered beforehand: (query chunk, key block) tiles, and the own
+blocks), with each one's rate in scores per second beside full's; and the kernel's rate on 64-key tiles of r queries.
 """
 
 from __future__ import annotations
@@ -86,12 +89,57 @@ HEADER = [
 ]
 
 
+def topk_limits(n: int, min_run_time: float) -> list[str]:
+    """Markdown rows: full, topk, its selection, and the fused kernel alone on topk's tiles, causal at N=n: ms per call,
+    full's time / its (paired, [95%]), and scores per second (masked and padded ones included)."""
+    from attnbench.variants.topk import chunk_pairs
+
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, n, 64, generator=generator) for _ in range(3))
+    variant = registry.create("topk")
+    size, r = variant.block_size, variant.queries_per_chunk
+    with torch.no_grad():
+        tiles = len(chunk_pairs(variant.select(q, k, True, None), -(-n // size), r).group)
+    tile_q, tile_kv = torch.randn(tiles, 1, r, 64), torch.randn(tiles, 1, size, 64)  # (t, 1, r|j, d)
+    own = [x.reshape(8, n // size, size, 64) for x in (q, k, v)]  # ((b h), c, j, d): the own blocks
+    calls = {
+        "full": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "topk": lambda: variant(q, k, v, causal=True),
+        "topk: its selection alone": lambda: variant.select(q, k, True, None),
+        f"kernel alone: topk's {tiles} tiles of {r} x {size}": lambda: flash(tile_q, tile_kv, tile_kv),
+        "kernel alone: the own blocks, causal": lambda: flash(*own, is_causal=True),
+    }
+    scores = {"full": 8 * n * (n + 1) / 2, list(calls)[3]: tiles * r * size, list(calls)[4]: 8 * n * size}
+    for rows in (16, 32, 64, 256):  # the same scores in tiles of fewer or more queries
+        count = tiles * r // rows
+        tiled_q = torch.randn(count, 1, rows, 64)
+        tiled_kv = torch.randn(count, 1, size, 64)
+        label = f"kernel alone: {count} tiles of {rows} x {size}"
+        calls[label] = lambda tiled_q=tiled_q, tiled_kv=tiled_kv: flash(tiled_q, tiled_kv, tiled_kv)
+        scores[label] = count * rows * size
+    with torch.no_grad():
+        samples = time_in_turns(calls, torch.device("cpu"), min_rounds=7, min_run_time=min_run_time)
+    rows = []
+    for label, seconds in samples.items():
+        median = Spread.of(seconds).median
+        rate = f"{scores[label] / median / 1e6:.0f}" if label in scores else ""
+        rows.append(f"| {n} | {label} | {median * 1e3:.1f} | {interval(samples['full'], seconds)} | {rate} |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-lens", default="4096,16384")
     parser.add_argument("--min-run-time", type=float, default=5.0)
     parser.add_argument("--causal", action="store_true", help="causal calls (issue 48's top-k goal is causal)")
+    parser.add_argument("--topk-limits", action="store_true", help="what bounds top-k's speedup (issue 58), causal")
     args = parser.parse_args()
+    if args.topk_limits:
+        print("| N | call | ms per call | full's time / its [95%] | M scores/s |\n|---|---|---|---|---|")
+        for n in (int(x) for x in args.seq_lens.split(",")):
+            print("\n".join(topk_limits(n, args.min_run_time)), flush=True)
+        return
     print("\n".join(HEADER))
     for n in (int(x) for x in args.seq_lens.split(",")):
         print("\n".join(table_rows(n, in_turns(n, args.min_run_time, args.causal))), flush=True)
