@@ -285,7 +285,8 @@ class KIVI(KVCompression):
         "bits": Hyperparameter(4, "bits per key and value code (KIVI-4, KIVI-2; KIVI's authors advise 4 for grouped-"
                                "query models, whose caches are small already)", choices=BITS),
         "group": Hyperparameter(32, "tokens (keys) or channels (values) sharing a scale and a zero point (KIVI's "
-                                "LongBench runs: 32)", minimum=1),
+                                "LongBench runs: 32; the fused step takes a multiple of the codes a byte holds, 2 or "
+                                "4, else the step is eager)", minimum=1),
         "residual": Hyperparameter(128, "recent tokens kept in full precision, a multiple of the group (KIVI's "
                                    "LongBench runs: 128)", minimum=1),
     }  # fmt: skip

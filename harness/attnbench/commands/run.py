@@ -56,7 +56,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_const",
         const=[False, True],
         help="each variant setting eager and under torch.compile, timed in turns (the config's `compile = [false, "
-        "true]`); compilation time is kept apart in compile_s",
+        "true]`); compilation time is kept apart in compile_s. In --mode decode: each step eager and fused (one call "
+        "of attnbench's C kernels) instead",
     )
     compiling.add_argument(
         "--compile-only",

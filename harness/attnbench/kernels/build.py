@@ -25,7 +25,7 @@ import torch
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))  # one library of every kernel file here
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")  # fast-math: exp vectorized (libmvec)
-DISABLE = "ATTNBENCH_NO_KERNELS"  # set (to anything but "" or "0"): every caller takes its eager form
+DISABLE = "ATTNBENCH_NO_KERNELS"  # 1, true, yes or on: every caller takes its eager form
 I64, F32, INT, PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p  # argument types, for callers
 
 
@@ -57,10 +57,36 @@ class _Build:
     reason: str | None = None
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _compile(compiler: str, link: list[str], target: Path) -> str | None:
+    """Build the library into `target` (a temporary name, then renamed, its SHA-256 beside it): None, or why not."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        built = Path(work) / target.name
+        run = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(built), *link, "-lm"],
+                             capture_output=True, text=True)  # fmt: skip
+        if run.returncode != 0:
+            said = run.stderr.strip()[-500:] or f"exit status {run.returncode}, nothing on stderr"
+            return f"building {', '.join(p.name for p in SOURCES)} failed ({compiler}): {said}"
+        Path(work, "digest").write_text(_digest(built))
+        os.replace(Path(work, "digest"), target.with_suffix(".sha256"))
+        os.replace(built, target)
+    return None
+
+
+def _intact(target: Path) -> bool:
+    """The cached library is the one built (its SHA-256 as recorded): a truncated or damaged file is never loaded
+    (loading one can kill the process)."""
+    recorded = target.with_suffix(".sha256")
+    return target.exists() and recorded.exists() and recorded.read_text().strip() == _digest(target)
+
+
 @functools.cache
 def _build() -> _Build:
     result = _Build()
-    if os.environ.get(DISABLE, "") not in ("", "0"):
+    if os.environ.get(DISABLE, "").strip().lower() in ("1", "true", "yes", "on"):
         result.reason = f"disabled by {DISABLE}"
         return result
     compiler = _compiler()
@@ -71,17 +97,15 @@ def _build() -> _Build:
     link = _torch_openmp()
     key = hashlib.sha256("\n".join([*sources, compiler, *FLAGS, *link, _cpu_flags()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"decode-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as work:
-            built = Path(work) / target.name
-            run = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(built), *link, "-lm"],
-                                 capture_output=True, text=True)  # fmt: skip
-            if run.returncode != 0:
-                result.reason = f"building {', '.join(p.name for p in SOURCES)} failed ({compiler}): {run.stderr.strip()[-500:]}"
+    try:
+        if not _intact(target):  # missing or damaged: built (again)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            result.reason = _compile(compiler, link, target)
+            if result.reason:
                 return result
-            os.replace(built, target)
-    result.library = ctypes.CDLL(str(target))
+        result.library = ctypes.CDLL(str(target))
+    except OSError as error:
+        result.reason = f"the kernel library in {target.parent} could not be built or loaded: {error}"
     return result
 
 
@@ -126,7 +150,8 @@ def eager_steps(eager: bool = True) -> Iterator[None]:
 
 
 def unavailable_reason() -> str | None:
-    """Why the kernels are not in use, or None when they are."""
+    """Why the kernels cannot be used in this process (no compiler, a failed build, disabled), or None when they can
+    (`eager_steps` still chooses the eager form inside it)."""
     return _build().reason
 
 

@@ -97,14 +97,17 @@ class Generation:
         return out
 
 
-def no_fused_step(variant: AttentionVariant, cell: Cell) -> str:
+def no_fused_step(cell: Cell) -> str:
     """Why a `compiled` decode cell (the fused step) cannot run: it would time the eager form under another name."""
+    label = cell.variant.label()
     why = unavailable_reason() or (
         f"{cell.dtype} on {cell.device}: the kernels take float32 on the CPU"
         if (cell.dtype, cell.device) != ("float32", "cpu")
-        else f"{variant.name}'s step has no fused form (attnbench.kernels); its eager step is the uncompiled cell"
+        else f"{label}'s step took no fused form at these settings (attnbench.kernels); its eager step is the "
+        "uncompiled cell"
     )
-    return f"no fused decode step: {why}"
+    remedy = "; install a C compiler (gcc), or time the eager steps (compile = false)" if unavailable_reason() else ""
+    return f"no fused decode step: {why}{remedy}"
 
 
 class DecodeContractError(ValueError):
@@ -181,7 +184,7 @@ class DecodeMeasurement(GroupMeasurement):
             calls = fused_calls()
             outputs = [generation.checked_step()]
             if cell.compiled and fused_calls() == calls:
-                return self._fail(key, {"status": "unsupported", "reason": no_fused_step(variant, cell)})
+                return self._fail(key, {"status": "unsupported", "reason": no_fused_step(cell)})
             self.read_bytes[key] = generation.state.read_bytes  # what a step at a context of N reads
             outputs += [generation.checked_step() for _ in range(self.steps - 1)]
             outputs = torch.cat(outputs, dim=-2)  # (b, h, T, e)

@@ -168,7 +168,17 @@ def detail_blocks(
         return row[column] / base.loc[row.seq_len, column]
 
     compiled = cells[(cells.status == "ok") & cells.compiled_speedup.notna()] if "compiled" in cells else cells[:0]
-    if len(compiled):
+    if len(compiled) and mode.decode:  # in decode a compiled cell is the fused step: nothing compiled, no graphs
+        blocks.append(
+            _table(
+                "Fused against eager: in decode a *compiled* cell is the step's fused form (one call of attnbench's C "
+                "kernels, `attnbench.kernels`), not torch.compile; the eager step's time over the fused step's, per "
+                "round (timed in turns), with its interval.",
+                _pivot(compiled, lambda r: interval_text(r.compiled_speedup, r.compiled_speedup_low,
+                                                         r.compiled_speedup_high)),  # fmt: skip
+            )
+        )
+    elif len(compiled):
         blocks.append(
             _table(
                 "Compiled against eager: the eager call's time over the compiled call's, per round (timed in turns), "
