@@ -33,6 +33,7 @@ from attnbench.kernels import usable
 from attnbench.kernels.recurrent_steps import linear_step, performer_step
 from attnbench.variants.decoding import FeatureState
 from attnbench.variants.feature_attention import (
+    GROUP,
     accumulation_dtype,
     key_state,
     causal_feature_attention,
@@ -53,12 +54,15 @@ def _drop_padded(phi_k: Tensor, key_padding_mask: Tensor | None) -> Tensor:
     return phi_k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
 
 
-def _feature_cost(shape: Shape, features: int, chunk: int, feature_matmul: float, feature_other: float) -> Cost:
+def _feature_cost(
+    shape: Shape, features: int, chunk: int, feature_matmul: float, feature_other: float, decayed: bool = False
+) -> Cost:
     """Cost of feature attention (feature_attention.py), given the feature maps' own FLOPs per batch and head.
 
     Non-causal: phi(K)^T [V 1], then phi(Q) times that state. Causal, over the sequence padded to whole
     chunks: per chunk the scores phi(q_c) phi(k_c)^T and scores [v_c 1], the chunk sum phi(k_c)^T [v_c 1]
-    and phi(q_c) times the state of earlier chunks.
+    and phi(q_c) times the state of earlier chunks; those states a cumulative sum, or (`decayed`, a key_log_scale)
+    `decayed_exclusive_prefix`'s matmuls: inside groups of GROUP chunks, the groups' totals, across the groups.
     """
     s, m = shape, features
     bh, e1 = s.batch * s.heads, s.value_dim + 1  # values carry a column of ones: the normalizer
@@ -68,6 +72,10 @@ def _feature_cost(shape: Shape, features: int, chunk: int, feature_matmul: float
         chunks = padded // chunk
         matmul = 2 * padded * (chunk * (m + e1) + 2 * m * e1)
         other = padded * (2 * chunk + 2 * e1) + chunks * m * e1  # masks and decays, sums, the carried state
+        if decayed:
+            groups = -(-chunks // GROUP)
+            matmul += 2 * m * e1 * groups * (GROUP * GROUP + GROUP + groups)
+            other += groups * GROUP * m * e1  # each state's share of the state before its group
         held = padded * (2 * m + chunk + 2 * e1) + 2 * chunks * m * e1  # chunked features, scores, states
     else:
         matmul = 2 * (s.n_k + s.n_q) * m * e1
@@ -320,4 +328,6 @@ class PerformerAttention(AttentionVariant):
         projection = 2 * (shape.n_q + shape.n_k) * shape.head_dim * self.features
         stabilized_exp = 4 * (shape.n_q + shape.n_k) * self.features
         width = self.features * (2 if self.kernel == "trig" else 1)  # sin and cos: two features per direction
-        return _feature_cost(shape, width, self.chunk_size, feature_matmul=projection, feature_other=stabilized_exp)
+        return _feature_cost(
+            shape, width, self.chunk_size, feature_matmul=projection, feature_other=stabilized_exp, decayed=True
+        )

@@ -14,8 +14,10 @@ Each rule is one function of query and key positions (`column_allows`, ...; the 
 `band_allows`): the parts' patterns, `support_mask` and the flex backend's mask_mod are all evaluated from them.
 
 Work is proportional to the support: the local run is band attention over blocks (band.py's); the stride part is
-attention along columns of the sequence laid out as (rows of l) — the stride axis made contiguous, as in
-OpenAI's reference — O(N * (l + N/l) * D); the summary part is O(N * (l + N * summary / l) * D).
+attention along columns of the sequence laid out as (rows of l), as in OpenAI's reference, read in place as strided
+views (the fused kernel takes any strides, and writes its output back in sequence order), under one (rows, rows)
+pattern shared by every column — O(N * (l + N/l) * D); the summary part is O(N * (l + N * summary / l) * D). The
+second part is folded into the first's output in place, by its share of their log-sum-exps.
 
 Decode (`prefill` / `step`): the stride is fixed at prefill, `stride` or default_stride of the prompt's length; a
 step reads only the keys its pattern selects, as views of its cache (no copy): `strided` a KV cache of every
@@ -35,6 +37,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from attnbench.interface import (
     AttentionVariant,
     Capabilities,
@@ -54,6 +57,7 @@ from attnbench.variants.blocks import (
     all_pairs,
     combine,
     expand_over_heads,
+    needs_grad,
     pad_sequence,
     partial_attention,
     real_key_blocks,
@@ -112,6 +116,12 @@ def _real_positions(n: int, stride: int, key_padding_mask: Tensor | None, device
     return real_key_blocks(batch, n, stride, key_padding_mask, device)
 
 
+def _some_key_padded(n: int, stride: int, causal: bool, key_padding_mask: Tensor | None) -> bool:
+    """Whether a query may see a padding key of the (rows, l) grid: a masked key, or (not causal) the zeros padding
+    the last row. Causal, those zeros lie past every real query and the causal rule already hides them."""
+    return key_padding_mask is not None or (not causal and n % stride != 0)
+
+
 # ---- the parts, each returning its output and log-sum-exp in (b, h, n, .) order --------------------
 
 
@@ -123,30 +133,43 @@ def local_part(
 
 
 @kept_between_calls(maxsize=64)
-def _column_rows(rows: int, stride: int, causal: bool, exclude_local: bool, device: torch.device) -> Tensor:
-    """(rows, rows) bool: which rows of the same column a query row sees. The rules are evaluated at column 0's
-    positions: they read only i - j, which is the same in every column."""
+def _column_rows(rows: int, stride: int, causal: bool, exclude_local: bool, device: torch.device) -> tuple[Tensor, int]:
+    """(rows, rows) bool: which rows of the same column a query row sees, and the first row that sees any (rows if
+    none does). The rules are evaluated at column 0's positions: they read only i - j, the same in every column."""
     position = torch.arange(rows, device=device) * stride  # column 0 of the (rows, l) grid
     i, j = position[:, None], position[None, :]  # (r, 1), (1, r)
     allowed = with_causal(column_allows(i, j, stride), i, j, causal)
     # the local run i - l .. i + l already holds the same column's keys one row away and the query's own
-    return allowed & ~band_allows(i, j, stride) if exclude_local else allowed
+    allowed = allowed & ~band_allows(i, j, stride) if exclude_local else allowed
+    seen = allowed.any(dim=-1)
+    return allowed, int(seen.int().argmax()) if bool(seen.any()) else rows
 
 
 def column_part(
     q: Tensor, k: Tensor, v: Tensor, *, stride: int, causal: bool, key_padding_mask: Tensor | None, exclude_local: bool
-) -> Partial:
-    """Every j with (i - j) mod l == 0: attention along the columns of the (rows, l) grid."""
+) -> tuple[int, Partial] | None:
+    """Every j with (i - j) mod l == 0: attention along the columns of the (rows, l) grid, read as strided views of
+    q, k, v (copied only to pad the last row). The rows' rule is one (rows, rows) pattern shared by every column;
+    only padding keys (a key padding mask, or the padded last row when not causal) make it per column.
+
+    Returns (start, part), the part for positions start..n-1: the grid's first rows that see no key of it (causal
+    and exclusive: two, their column keys all in the local run) are left out of the kernel's call rather than
+    computed and zeroed. None when no query sees a key."""
     b, h, n, _ = q.shape
     qc, kc, vc = (rearrange(_as_grid(x, stride), "b h r c d -> (b h) c r d") for x in (q, k, v))
-    rows = qc.shape[-2]
-    real = rearrange(_real_positions(n, stride, key_padding_mask, q.device), "b r c -> b c 1 r")  # keys
-    allowed = _column_rows(rows, stride, causal, exclude_local, q.device) & real  # (b|1, c, r, r)
-    pattern = Pattern(allowed if key_padding_mask is None else expand_over_heads(allowed, h))
-    part = partial_attention(qc, kc, vc, pattern)
-    return Partial(
-        out=rearrange(part.out, "(b h) c r e -> b h (r c) e", b=b)[:, :, :n],
-        lse=rearrange(part.lse, "(b h) c r -> b h (r c)", b=b)[:, :, :n],
+    allowed, first = _column_rows(qc.shape[-2], stride, causal, exclude_local, q.device)  # (r, r)
+    start = first * stride
+    if start >= n:
+        return None
+    allowed = allowed[first:]  # (r - first, r): the query rows from the first with a key
+    if _some_key_padded(n, stride, causal, key_padding_mask):
+        real = rearrange(_real_positions(n, stride, key_padding_mask, q.device), "b r c -> b c 1 r")  # keys
+        allowed = allowed & real  # (b|1, c, r - first, r)
+        allowed = allowed if key_padding_mask is None else expand_over_heads(allowed, h)
+    part = partial_attention(qc[:, :, first:], kc, vc, Pattern(allowed))  # the kernel writes (r c) order: views
+    return start, Partial(
+        out=rearrange(part.out, "(b h) c r e -> b h (r c) e", b=b)[:, :, : n - start],
+        lse=rearrange(part.lse, "(b h) c r -> b h (r c)", b=b)[:, :, : n - start],
     )
 
 
@@ -164,9 +187,11 @@ def block_part(
     """Own block of l positions (causal: up to i)."""
     b, h, n, _ = q.shape
     qr, kr, vr = (rearrange(_as_grid(x, stride), "b h r c d -> (b h) r c d") for x in (q, k, v))
-    real = _real_positions(n, stride, key_padding_mask, q.device)[:, :, None, :]  # (b|1, r, 1, c)
-    allowed = _own_block(stride, causal, q.device) & real  # (b|1, r, c, c)
-    pattern = Pattern(allowed if key_padding_mask is None else expand_over_heads(allowed, h))
+    allowed = _own_block(stride, causal, q.device)  # (c, c), the same in every block
+    if _some_key_padded(n, stride, causal, key_padding_mask):
+        allowed = allowed & _real_positions(n, stride, key_padding_mask, q.device)[:, :, None, :]  # (b|1, r, c, c)
+        allowed = allowed if key_padding_mask is None else expand_over_heads(allowed, h)
+    pattern = Pattern(allowed)
     part = partial_attention(qr, kr, vr, pattern)
     return Partial(
         out=rearrange(part.out, "(b h) r c e -> b h (r c) e", b=b)[:, :, :n],
@@ -209,6 +234,22 @@ def summary_part(
         out=rearrange(part.out, "(b h) 1 n e -> b h n e", b=b)[:, :, :n],
         lse=rearrange(part.lse, "(b h) 1 n -> b h n", b=b)[:, :, :n],
     )
+
+
+def merged(first: Partial, second: tuple[int, Partial] | None) -> Tensor:
+    """One softmax over two disjoint parts, `first` over every position, `second` (start, part) over positions
+    start..n-1 (None: no key): first's output moved toward second's by second's share of their total weight,
+    sigmoid(lse2 - lse1) (a part with no key for a query has lse -inf: share 0 or 1; no key in either: zeros).
+    Without autograd in place on first's output, one pass (`combine`'s weights take several); with it, `combine`."""
+    if second is None:
+        return first.out
+    start, part = second
+    if needs_grad(first.out, part.out):
+        whole = Partial(out=F.pad(part.out, (0, 0, start, 0)), lse=F.pad(part.lse, (start, 0), value=float("-inf")))
+        return combine([first, whole])
+    share = torch.sigmoid(part.lse - first.lse[:, :, start:]).nan_to_num_(0.0)  # (b, h, n - start); both -inf: 0
+    first.out[:, :, start:].lerp_(part.out, share[..., None].to(first.out.dtype))
+    return first.out
 
 
 def strided_support(n: int, *, stride: int, pattern: str, summary: int, causal: bool) -> Tensor:
@@ -381,20 +422,20 @@ class StridedAttention(FlexBackend, AttentionVariant):
             second = lambda x, y, z, exclusive: column_part(x, y, z, exclude_local=exclusive, **options)  # noqa: E731
         else:
             first = lambda x, y, z: block_part(x, y, z, **options)  # noqa: E731
-            second = lambda x, y, z, exclusive: summary_part(  # noqa: E731
-                x, y, z, summary=self.summary, exclude_own_block=exclusive, **options
+            second = lambda x, y, z, exclusive: (  # noqa: E731
+                0, summary_part(x, y, z, summary=self.summary, exclude_own_block=exclusive, **options)
             )
         if not self.factorize:
-            # a few heads at a time past HEAD_CHUNK_BYTES: each part lays its heads out anew (the grid's copies of
-            # q, k, v, its output and log-sum-exp), so all heads at once held ~6x full's peak at N=8192
+            # a few heads at a time past HEAD_CHUNK_BYTES: each part holds its own output and log-sum-exp (and, for a
+            # padded last row, copies of q, k, v): at N=8192 all heads at once peak at 4.6x full's, one head 1.5x
             heads = max(1, HEAD_CHUNK_BYTES // max(1, q.shape[0] * n * q.shape[-1] * q.element_size()))
             if heads >= q.shape[1]:
-                return combine([first(q, k, v), second(q, k, v, True)])
+                return merged(first(q, k, v), second(q, k, v, True))
             out = q.new_empty(*q.shape[:-1], v.shape[-1])
             for start in range(0, q.shape[1], heads):
                 part = slice(start, start + heads)
                 x, y, z = q[:, part], k[:, part], v[:, part]
-                out[:, part] = combine([first(x, y, z), second(x, y, z, True)])
+                out[:, part] = merged(first(x, y, z), second(x, y, z, True))
             return out
         if q.shape[1] < 2:
             raise UnsupportedOptionError(
@@ -403,8 +444,10 @@ class StridedAttention(FlexBackend, AttentionVariant):
             )
         out = q.new_zeros(*q.shape[:-1], v.shape[-1])
         even, odd = slice(0, None, 2), slice(1, None, 2)
-        out[:, even] = combine([first(q[:, even], k[:, even], v[:, even])])
-        out[:, odd] = combine([second(q[:, odd], k[:, odd], v[:, odd], False)])
+        # each part alone: its output is the softmax over it (a query with no key of it zeros); the second, not
+        # exclusive, starts at 0 (every query sees its own position)
+        out[:, even] = first(q[:, even], k[:, even], v[:, even]).out
+        out[:, odd] = second(q[:, odd], k[:, odd], v[:, odd], False)[1].out
         return out
 
     @property
@@ -456,7 +499,9 @@ class StridedAttention(FlexBackend, AttentionVariant):
         # scores computed per head by each part, masked ones included (as the parts above lay them out)
         if self.pattern == "strided":
             first = band_layout(n, stride, shape.causal, None).scores(n)  # local run: band blocks, as local_part
-            second = stride * rows * rows  # columns: each row of the grid against every row
+            # columns: each row of the grid from the first that sees a key of the part against every row
+            seen_from = _column_rows(rows, stride, shape.causal, not self.factorize, torch.device("cpu"))[1]
+            second = stride * (rows - seen_from) * rows
         else:
             first = rows * stride * stride  # own block
             second = rows * stride * rows * min(self.summary, stride)  # each position against every summary
