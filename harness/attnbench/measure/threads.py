@@ -20,7 +20,7 @@ import torch
 from attnbench.measure.machine import usable_cores
 from attnbench.measure.noise import LoadWatch
 
-IDLE_WINDOW_S = 0.25  # how long the other processes' load is watched before a group (4 ms of it on 2 cores is 1%)
+IDLE_WINDOW_S = 0.1  # how long the other processes' load is watched before a group (/proc/stat counts 10 ms ticks: 5% of 2 cores)
 RECENT_S = 1.0  # a load watched over a window that ended this recently (the previous group) stands for a new watch
 TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own count (its physical cores, or OMP_NUM_THREADS)
 RULE = (f"the machine's cores minus the cores' worth other processes used in the {IDLE_WINDOW_S:g} s before each timed "
