@@ -52,6 +52,18 @@ static void fold_group(const float *q, int64_t rows, const float *k, const float
     }
 }
 
+/* A running softmax of `rows` query rows starting empty: max, sum and accumulated values. */
+static void start_rows(int64_t rows, int64_t e, float *m, float *l, float *acc) {
+    for (int64_t r = 0; r < rows; r++) m[r] = -FLT_MAX, l[r] = 0.f;
+    memset(acc, 0, sizeof(float) * rows * e);
+}
+
+/* Its outputs, each row's accumulated values over its sum, into `rows` consecutive rows of out. */
+static void finish_rows(int64_t rows, int64_t e, const float *l, const float *acc, float *out) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t x = 0; x < e; x++) out[r * e + x] = acc[r * e + x] / l[r];
+}
+
 /* Ask the memory system for `count` positions' keys and values ahead of their reading: a page chosen by index
  * starts where no hardware prefetcher can guess. */
 static void prefetch_rows(const float *k, const float *v, int64_t count, int64_t kn, int64_t vn, int64_t d,
@@ -116,8 +128,7 @@ void quest_step(const float *q, const float *k_new, const float *v_new, float *k
             int64_t row = b * H + head0;
             const float *qh = q + row * D;
             float m[heads], l[heads], acc[heads * E];
-            for (int64_t j = 0; j < heads; j++) m[j] = -FLT_MAX, l[j] = 0.f;
-            memset(acc, 0, sizeof(float) * heads * E);
+            start_rows(heads, E, m, l, acc);
             for (int64_t s = 1; s < reads; s++) /* in address order: neighbouring pages read as one stream */
                 for (int64_t u = s; u > 0 && best[u] < best[u - 1]; u--) {
                     int64_t swap = best[u];
@@ -134,8 +145,7 @@ void quest_step(const float *q, const float *k_new, const float *v_new, float *k
                 fold_group(qh, heads, kh, vh, NULL, page, kn, vn, D, E, scale, m, l, acc);
             int64_t from = whole_from * page;
             fold_group(qh, heads, kh + from * kn, vh + from * vn, NULL, t + 1 - from, kn, vn, D, E, scale, m, l, acc);
-            for (int64_t j = 0; j < heads; j++)
-                for (int64_t x = 0; x < E; x++) out[(row + j) * E + x] = acc[j * E + x] / l[j];
+            finish_rows(heads, E, l, acc, out + row * E);
         }
     }
 }
@@ -160,8 +170,7 @@ void softmax_step(const float *q, float *k, float *v, const float *k_new, const 
         int64_t kv = task / parts, part = task % parts, b = kv / G, g = kv % G;
         int64_t from = count * part / parts, to = count * (part + 1) / parts;
         float *m = partial + task * width, *l = m + rows, *acc = l + rows;
-        for (int64_t r = 0; r < rows; r++) m[r] = -FLT_MAX, l[r] = 0.f;
-        memset(acc, 0, sizeof(float) * rows * E);
+        start_rows(rows, E, m, l, acc);
         const uint8_t *shown = visible == NULL ? NULL : visible + b * mb + g * mg + from;
         fold_group(q + (b * H + g * rows) * D, rows, k + b * kb + g * kg + from * kn, v + b * vb + g * vg + from * vn,
                    shown, to - from, kn, vn, D, E, scale, m, l, acc);
@@ -373,12 +382,10 @@ void ragged_step(const float *q, const float *keys, const float *values, const i
         memcpy(vh + (count - 1) * vn, v_new + kv * E, sizeof(float) * E);
         const float *qg = q + (b * H + g * rows) * D;
         float m[rows], l[rows], acc[rows * E];
-        for (int64_t r = 0; r < rows; r++) m[r] = -FLT_MAX, l[r] = 0.f;
-        memset(acc, 0, sizeof(float) * rows * E);
+        start_rows(rows, E, m, l, acc);
         fold_group(qg, rows, keys + start * D, values + start * E, NULL, kept, D, E, D, E, scale, m, l, acc);
         fold_group(qg, rows, kh, vh, NULL, count, kn, vn, D, E, scale, m, l, acc);
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t x = 0; x < E; x++) out[(b * H + g * rows + r) * E + x] = acc[r * E + x] / l[r];
+        finish_rows(rows, E, l, acc, out + (b * H + g * rows) * E);
     }
 }
 
@@ -396,13 +403,11 @@ void two_keys_step(const float *q1, const float *q, const float *k1, const float
         int64_t b = kv / G, g = kv % G;
         const float *vh = v + b * vb + g * vg;
         float m[rows], l[rows], acc[rows * E];
-        for (int64_t r = 0; r < rows; r++) m[r] = -FLT_MAX, l[r] = 0.f;
-        memset(acc, 0, sizeof(float) * rows * E);
+        start_rows(rows, E, m, l, acc);
         fold_group(q1 + kv * rows * C, rows, k1 + b * ab + g * ag, vh, NULL, n1, an, vn, C, E, scale, m, l, acc);
         fold_group(q + (b * H + g * rows) * D, rows, k2 + b * kb + g * kg, vh + n1 * vn, NULL, n2, kn, vn, D, E, scale,
                    m, l, acc);
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t x = 0; x < E; x++) out[(b * H + g * rows + r) * E + x] = acc[r * E + x] / l[r];
+        finish_rows(rows, E, l, acc, out + (b * H + g * rows) * E);
     }
 }
 
@@ -419,15 +424,13 @@ void parts_step(const float *q, const int64_t *parts, int64_t nparts, float *out
     for (int64_t kv = 0; kv < B * G; kv++) {
         int64_t b = kv / G, g = kv % G;
         float m[rows], l[rows], acc[rows * E];
-        for (int64_t r = 0; r < rows; r++) m[r] = -FLT_MAX, l[r] = 0.f;
-        memset(acc, 0, sizeof(float) * rows * E);
+        start_rows(rows, E, m, l, acc);
         for (int64_t p = 0; p < nparts; p++) {
             const int64_t *f = parts + p * PART_FIELDS;
             const float *k = (const float *)f[0] + b * f[3] + g * f[4], *v = (const float *)f[1] + b * f[6] + g * f[7];
             const uint8_t *shown = f[9] ? (const uint8_t *)f[9] + b * f[10] + g * f[11] : NULL;
             fold_group(q + (b * H + g * rows) * D, rows, k, v, shown, f[2], f[5], f[8], D, E, scale, m, l, acc);
         }
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t x = 0; x < E; x++) out[(b * H + g * rows + r) * E + x] = acc[r * E + x] / l[r];
+        finish_rows(rows, E, l, acc, out + (b * H + g * rows) * E);
     }
 }

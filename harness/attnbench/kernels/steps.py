@@ -12,6 +12,17 @@ from torch import Tensor
 from attnbench.kernels.build import F32, I64, INT, PTR, kernel
 
 
+def byte_mask(visible: Tensor | None) -> tuple[Tensor | None, tuple[int, int]]:
+    """A visible mask (b|1, g|1, n) bool, leading axes possibly left out, as the kernels read it: uint8 where it lies
+    (bool is one byte; copied only if its last axis is not contiguous), and its (b, g) strides, 0 on a broadcast axis.
+    None: every position visible."""
+    if visible is None:
+        return None, (0, 0)
+    visible = visible[(None,) * (3 - visible.dim())]  # (n,) or (g, n) as (1, 1, n) or (1, g, n)
+    mask = (visible if visible.stride(-1) == 1 else visible.contiguous()).view(torch.uint8)
+    return mask, (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1) if mask.shape[1] > 1 else 0)
+
+
 def quest_step(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, bounds: Tensor, budget: Tensor, *,
                t: int, page: int, choosers: int, ranked: range, slots: int, keep_first: bool, whole_from: int,
                scale: float) -> Tensor:
@@ -47,11 +58,7 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None, scale:
     q = q.contiguous()
     out = q.new_empty(b, h, 1, e)
     partial = q.new_empty(b * g * parts * (h // g) * (e + 2))
-    mask, strides = None, (0, 0)
-    if visible is not None:  # bool is one byte: read as uint8 where it lies, broadcast axes at stride 0
-        visible = visible[(None,) * (3 - visible.dim())]  # (n,) or (g, n) as (1, 1, n) or (1, g, n)
-        mask = (visible if visible.stride(-1) == 1 else visible.contiguous()).view(torch.uint8)
-        strides = tuple(mask.stride(axis) if mask.shape[axis] > 1 else 0 for axis in (0, 1))
+    mask, strides = byte_mask(visible)
     k_new, v_new, slot = (None, None, -1) if new is None else (new[0].contiguous(), new[1].contiguous(), new[2])
     kernel("softmax_step", *[PTR] * 3, *[PTR] * 2, I64, *[PTR] * 3, *[I64] * 15, F32, INT)(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), None if k_new is None else k_new.data_ptr(),
@@ -148,12 +155,9 @@ def parts_step(q: Tensor, parts: list[tuple[Tensor, Tensor, Tensor | None]], sca
     q = q.contiguous()
     fields, masks = [], []
     for k, v, visible in parts:
-        mask, strides = 0, [0, 0]
-        if visible is not None:
-            shown = visible[(None,) * (3 - visible.dim())]
-            shown = (shown if shown.stride(-1) == 1 else shown.contiguous()).view(torch.uint8)
-            masks.append(shown)  # alive through the call
-            mask, strides = shown.data_ptr(), [shown.stride(axis) if shown.shape[axis] > 1 else 0 for axis in (0, 1)]
+        shown, strides = byte_mask(visible)
+        masks.append(shown)  # alive through the call
+        mask = 0 if shown is None else shown.data_ptr()
         fields += [k.data_ptr(), v.data_ptr(), k.shape[-2], *k.stride()[:3], *v.stride()[:3], mask, *strides]
     table = torch.tensor(fields, dtype=torch.int64)
     out = q.new_empty(b, h, 1, e)
